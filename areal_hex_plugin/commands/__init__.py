@@ -1,0 +1,1 @@
+"""One module per ``areal-hex`` subcommand (see ``areal_hex_plugin.cli``)."""

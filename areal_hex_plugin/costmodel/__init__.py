@@ -1,0 +1,1 @@
+"""Analytic, calibration-aware cost models (no solver code, no areal/torch imports)."""

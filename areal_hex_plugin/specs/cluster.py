@@ -1,0 +1,150 @@
+"""Cluster inventory: pools of identical machines and the links between them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.specs.catalog import GpuCatalog, GpuSpec
+from areal_hex_plugin.specs.config import ClusterConfig, PoolConfig
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    gpu: GpuSpec
+    gpus_per_machine: int
+    machines: int
+    hosts: tuple[str, ...]
+    price_per_gpu_hour: float
+    intra_machine_gb_per_s: float
+    inter_machine_gb_per_s: float
+
+    @property
+    def gpu_type(self) -> str:
+        return self.gpu.name
+
+    @property
+    def n_gpus(self) -> int:
+        return self.gpus_per_machine * self.machines
+
+    @property
+    def price_per_machine_hour(self) -> float:
+        return self.price_per_gpu_hour * self.gpus_per_machine
+
+    def host(self, index: int) -> str:
+        """Host name of machine ``index`` (a placeholder name when the pool gives only a count)."""
+        return self.hosts[index] if self.hosts else f"{self.name}-{index}"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    pools: tuple[Pool, ...]
+    cross_pool_gb_per_s: float
+    # Pair overrides, keyed by the sorted pair of pool names.
+    links: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def pool(self, name: str) -> Pool:
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(name)
+
+    def link_gb_per_s(self, a: str, b: str) -> float:
+        """Machine-to-machine bandwidth between pools ``a`` and ``b`` (inside one pool when a == b)."""
+        if a == b:
+            return self.pool(a).inter_machine_gb_per_s
+        return self.links.get(tuple(sorted((a, b))), self.cross_pool_gb_per_s)
+
+    @property
+    def n_gpus(self) -> int:
+        return sum(p.n_gpus for p in self.pools)
+
+    @property
+    def price_per_hour(self) -> float:
+        return sum(p.n_gpus * p.price_per_gpu_hour for p in self.pools)
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return sorted({p.gpu_type for p in self.pools})
+
+
+def _positive(value: float | int | None, path: str, what: str) -> None:
+    if value is None or value <= 0:
+        raise HexError(path, f"must be a positive {what}, got {value!r}", f"set {path} to a value > 0")
+
+
+def build_pool(cfg: PoolConfig, catalog: GpuCatalog, path: str) -> Pool:
+    if not cfg.name:
+        raise HexError(f"{path}.name", "is missing", "name the pool, e.g. 'h20' (letters, digits, - and _)")
+    if not _NAME.match(cfg.name):
+        raise HexError(f"{path}.name", f"{cfg.name!r} is not a valid pool name", "use letters, digits, - and _")
+    if not cfg.gpu_type:
+        raise HexError(f"{path}.gpu_type", "is missing", f"set it to one of {', '.join(catalog.names)}")
+    gpu = catalog.get(cfg.gpu_type, f"{path}.gpu_type")
+    _positive(cfg.gpus_per_machine, f"{path}.gpus_per_machine", "whole number")
+    if cfg.hosts:
+        if len(set(cfg.hosts)) != len(cfg.hosts):
+            raise HexError(f"{path}.hosts", "lists a host twice", "list each machine once")
+        if cfg.machines is not None and cfg.machines != len(cfg.hosts):
+            raise HexError(
+                f"{path}.machines",
+                f"is {cfg.machines} but hosts lists {len(cfg.hosts)} machines",
+                "give either machines or hosts, or make them agree",
+            )
+        machines = len(cfg.hosts)
+    else:
+        if cfg.machines is None:
+            raise HexError(f"{path}.machines", "is missing", "give the machine count, or list the hosts")
+        _positive(cfg.machines, f"{path}.machines", "whole number")
+        machines = cfg.machines
+    if cfg.price_per_gpu_hour is None:
+        raise HexError(
+            f"{path}.price_per_gpu_hour",
+            "is missing",
+            "give what one GPU-hour of this pool costs you (there are no default prices)",
+        )
+    _positive(cfg.price_per_gpu_hour, f"{path}.price_per_gpu_hour", "price")
+    intra = gpu.link_gb_per_s if cfg.intra_machine_gb_per_s is None else cfg.intra_machine_gb_per_s
+    _positive(intra, f"{path}.intra_machine_gb_per_s", "bandwidth in GB/s")
+    _positive(cfg.inter_machine_gb_per_s, f"{path}.inter_machine_gb_per_s", "bandwidth in GB/s")
+    return Pool(
+        name=cfg.name,
+        gpu=gpu,
+        gpus_per_machine=cfg.gpus_per_machine,
+        machines=machines,
+        hosts=tuple(cfg.hosts),
+        price_per_gpu_hour=cfg.price_per_gpu_hour,
+        intra_machine_gb_per_s=intra,
+        inter_machine_gb_per_s=cfg.inter_machine_gb_per_s,
+    )
+
+
+def build_cluster(cfg: ClusterConfig, catalog: GpuCatalog, path: str = "hex.cluster") -> Cluster:
+    if not cfg.pools:
+        raise HexError(f"{path}.pools", "is empty", "describe at least one pool of machines (see recipes/)")
+    pools = tuple(build_pool(p, catalog, f"{path}.pools[{i}]") for i, p in enumerate(cfg.pools))
+    seen: set[str] = set()
+    for i, pool in enumerate(pools):
+        if pool.name in seen:
+            raise HexError(f"{path}.pools[{i}].name", f"pool {pool.name!r} is named twice", "give pools unique names")
+        seen.add(pool.name)
+    hosts = [h for p in pools for h in p.hosts]
+    duplicated = sorted({h for h in hosts if hosts.count(h) > 1})
+    if duplicated:
+        raise HexError(f"{path}.pools", f"host {duplicated[0]!r} is in two pools", "put each machine in one pool")
+    _positive(cfg.cross_pool_gb_per_s, f"{path}.cross_pool_gb_per_s", "bandwidth in GB/s")
+    links: dict[tuple[str, str], float] = {}
+    for i, link in enumerate(cfg.links):
+        lpath = f"{path}.links[{i}]"
+        if len(link.pools) != 2 or link.pools[0] == link.pools[1]:
+            raise HexError(f"{lpath}.pools", "must name two different pools", "write pools: [POOL_A, POOL_B]")
+        for name in link.pools:
+            if name not in seen:
+                raise HexError(f"{lpath}.pools", f"unknown pool {name!r}", f"use one of {', '.join(sorted(seen))}")
+        _positive(link.gb_per_s, f"{lpath}.gb_per_s", "bandwidth in GB/s")
+        links[tuple(sorted(link.pools))] = link.gb_per_s
+    return Cluster(pools=pools, cross_pool_gb_per_s=cfg.cross_pool_gb_per_s, links=links)

@@ -1,0 +1,115 @@
+"""The ``hex:`` section of a recipe, as plain dataclasses.
+
+The same classes serve both readers: the core loads them with omegaconf (no areal import), and the integration
+side nests :class:`HexConfig` in ``HexGRPOConfig(GRPOConfig)`` so upstream's ``load_expr_config`` loads the very same
+recipe. Units: bandwidths in GB/s (1e9 bytes/s) per direction, prices in $ per GPU-hour, times in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GpuTypeConfig:
+    """Override catalog figures of a GPU type, or describe a new one (then all four are needed)."""
+
+    tflops_bf16: float | None = None
+    hbm_gb: float | None = None
+    hbm_tb_per_s: float | None = None
+    link_gb_per_s: float | None = None
+
+
+@dataclass
+class PoolConfig:
+    """A pool of identical machines."""
+
+    name: str = ""
+    gpu_type: str = ""
+    gpus_per_machine: int = 8
+    # Either a machine count or the host names (then the count is their number).
+    machines: int | None = None
+    hosts: list[str] = field(default_factory=list)
+    # User input: prices differ by provider and contract, so there is no default.
+    price_per_gpu_hour: float | None = None
+    # GPU-to-GPU bandwidth inside one machine; None takes the catalog's link figure.
+    intra_machine_gb_per_s: float | None = None
+    # Machine-to-machine bandwidth inside the pool (100 GbE = 12.5 GB/s).
+    inter_machine_gb_per_s: float = 12.5
+
+
+@dataclass
+class LinkConfig:
+    """Bandwidth between two pools, overriding ``cluster.cross_pool_gb_per_s`` for that pair."""
+
+    pools: list[str] = field(default_factory=list)
+    gb_per_s: float = 0.0
+
+
+@dataclass
+class ClusterConfig:
+    pools: list[PoolConfig] = field(default_factory=list)
+    # Default machine-to-machine bandwidth between different pools (the paper's H800<->H20 figure).
+    cross_pool_gb_per_s: float = 1.5
+    links: list[LinkConfig] = field(default_factory=list)
+
+
+@dataclass
+class OutputLengthConfig:
+    """Distribution of generated tokens per sample.
+
+    ``lognormal``: a long tail with the given mean and log-space sigma, truncated at ``gconfig.max_new_tokens``.
+    ``file``: profiled lengths, one integer per line (or a JSON list), at ``path``.
+    """
+
+    kind: str = "lognormal"
+    mean_tokens: float | None = None
+    sigma: float = 0.8
+    path: str | None = None
+
+
+@dataclass
+class WorkloadConfig:
+    # A built-in model name or a local HF model directory / config.json; None takes ``actor.path``.
+    model: str | None = None
+    # Mean prompt length in tokens; None takes half of ``train_dataset.max_length`` (or 512).
+    prompt_tokens: int | None = None
+    output_lengths: OutputLengthConfig = field(default_factory=OutputLengthConfig)
+    # Reward: CPU-seconds per sample spread over reward_cpus cores (rule-based math: about 0).
+    reward_cpu_s_per_sample: float = 0.0
+    reward_cpus: int = 16
+
+
+@dataclass
+class ObjectiveConfig:
+    """What to optimise. Neither set: max tokens/s on the whole inventory."""
+
+    # Max tokens/s under this $/h, choosing which machines of the inventory to use.
+    budget_per_hour: float | None = None
+    # Min $/h reaching this tokens/s.
+    target_tokens_per_s: float | None = None
+
+
+@dataclass
+class SolverConfig:
+    time_limit_s: float = 60.0
+    num_workers: int = 2
+    seed: int = 0
+    # Stop the repartition loop once max(C_T, C_I) is stable for this many iterations (the paper's K).
+    stable_iterations: int = 20
+    max_pp_stages: int = 4
+
+
+@dataclass
+class HexConfig:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    gpu_catalog: dict[str, GpuTypeConfig] = field(default_factory=dict)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    solver: SolverConfig = field(default_factory=SolverConfig)
+    # Weight transport between GPU types: "relay" (ours) or "upstream" (AReaL's own xccl/disk path).
+    transport: str = "relay"
+    # Load this saved plan instead of solving at start.
+    plan_path: str | None = None
+    # Print the rewritten upstream config and the placement, then exit.
+    dry_run: bool = False

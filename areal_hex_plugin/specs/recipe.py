@@ -1,0 +1,248 @@
+"""Read a recipe (an upstream AReaL GRPO YAML plus a ``hex:`` section) without importing areal."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from areal_hex_plugin.costmodel.memory import min_rollout_gpus, min_train_gpus
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.specs import typed
+from areal_hex_plugin.specs.catalog import GpuCatalog, build_catalog
+from areal_hex_plugin.specs.cluster import Cluster, build_cluster
+from areal_hex_plugin.specs.config import HexConfig
+from areal_hex_plugin.specs.models import resolve_model
+from areal_hex_plugin.specs.workload import RLSettings, WorkloadSpec, build_lengths
+
+TRANSPORTS = ("relay", "upstream")
+
+# The upstream fields the planner reads, with upstream AReaL 1.0.4's defaults (a test checks them against
+# areal.api.cli_args).
+UPSTREAM_FIELDS: dict[str, tuple[type, Any]] = {
+    "actor.path": (str, ""),
+    "train_dataset.batch_size": (int, 1),
+    "train_dataset.max_length": (int, None),
+    "gconfig.n_samples": (int, 1),
+    "gconfig.max_new_tokens": (int, 16384),
+    "rollout.max_head_offpolicyness": (int, 0),
+    "rollout.max_concurrent_rollouts": (int, None),
+    "rollout.consumer_batch_size": (int, 1),
+    "actor.ppo_n_minibatches": (int, 4),
+    "actor.recompute_logprob": (bool, False),
+    "actor.use_decoupled_loss": (bool, False),
+    "actor.kl_ctl": (float, 0.1),
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    path: Path
+    config: dict  # the whole recipe after overrides and interpolation (plain containers)
+    hex: HexConfig
+    upstream: dict[str, Any]  # UPSTREAM_FIELDS values
+    catalog: GpuCatalog
+    cluster: Cluster
+    workload: WorkloadSpec
+
+
+def read_yaml(path: str | Path, what: str = "recipe") -> dict:
+    """A YAML mapping from ``path``, with one clear error for every way a file can be unusable."""
+    file = Path(path).expanduser()
+    if not file.exists():
+        raise HexError(what, f"no file at {file}", "check the path (recipes live under recipes/)")
+    if file.is_dir():
+        raise HexError(what, f"{file} is a directory", "give the path of a .yaml file inside it")
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise HexError(what, f"cannot read {file}: {exc.strerror}", "check the file's permissions") from None
+    if not data.strip():
+        raise HexError(what, f"{file} is empty", "start from a shipped recipe under recipes/")
+    if b"\x00" in data:
+        raise HexError(what, f"{file} is a binary file, not YAML", "give the recipe's .yaml file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HexError(what, f"{file} is not UTF-8 text", "save the recipe as UTF-8 YAML") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise HexError(what, f"YAML syntax error in {file}{where}: {problem}", "fix the YAML at that spot") from None
+    if not isinstance(loaded, dict):
+        raise HexError(what, f"{file} holds a {type(loaded).__name__}, not a mapping", "write 'key: value' lines")
+    return loaded
+
+
+def apply_overrides(config: dict, overrides: list[str]) -> dict:
+    """Apply Hydra-style ``a.b=c``, ``+a.b=c``, ``++a.b=c`` and ``~a.b`` overrides, as upstream accepts them."""
+    cfg = OmegaConf.create(config)
+    for item in overrides:
+        if item.startswith("~"):
+            key = item[1:].split("=", 1)[0]
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(cfg, parent) if parent else cfg
+            if node is None or leaf not in node:
+                raise HexError(f"override {item!r}", f"there is no {key!r} to delete", "check the key's spelling")
+            del node[leaf]
+            continue
+        if "=" not in item:
+            raise HexError(f"override {item!r}", "is not key=value", "write overrides as key=value, e.g. hex.solver.seed=1")
+        key, value = item.split("=", 1)
+        key = key.lstrip("+")
+        if not key:
+            raise HexError(f"override {item!r}", "has no key", "write overrides as key=value")
+        try:
+            parsed = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError:
+            parsed = value
+        try:
+            OmegaConf.update(cfg, key, parsed, force_add=True)
+        except OmegaConfBaseException as exc:
+            raise HexError(f"override {item!r}", str(exc).splitlines()[0], "check the key path") from None
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise HexError("recipe", f"cannot resolve an interpolation: {str(exc).splitlines()[0]}", "fix the ${...} reference") from None
+
+
+def _upstream_values(config: dict) -> dict[str, Any]:
+    cfg = OmegaConf.create(config)
+    values: dict[str, Any] = {}
+    for key, (kind, default) in UPSTREAM_FIELDS.items():
+        value = OmegaConf.select(cfg, key, default=default)
+        values[key] = None if value is None else typed._scalar(kind, value, key)
+    return values
+
+
+def _rl_settings(up: dict[str, Any], config: dict) -> RLSettings:
+    for key in ("train_dataset.batch_size", "gconfig.n_samples", "gconfig.max_new_tokens", "rollout.consumer_batch_size"):
+        if up[key] <= 0:
+            raise HexError(key, f"must be a positive whole number, got {up[key]}", f"set {key} to a value > 0")
+    eta = up["rollout.max_head_offpolicyness"]
+    if eta < 0:
+        raise HexError(
+            "rollout.max_head_offpolicyness",
+            f"the staleness bound η must be >= 0, got {eta}",
+            "use 0 for on-policy, or a small bound such as 4 (code) or 8 (math)",
+        )
+    mcr = up["rollout.max_concurrent_rollouts"]
+    if mcr is not None and mcr <= 0:
+        raise HexError("rollout.max_concurrent_rollouts", f"must be positive, got {mcr}", "set it > 0 or remove it")
+    ref = config.get("ref") is not None
+    return RLSettings(
+        batch_size=up["train_dataset.batch_size"],
+        n_samples=up["gconfig.n_samples"],
+        max_new_tokens=up["gconfig.max_new_tokens"],
+        max_head_offpolicyness=eta,
+        max_concurrent_rollouts=mcr,
+        consumer_batch_size=up["rollout.consumer_batch_size"],
+        ppo_n_minibatches=up["actor.ppo_n_minibatches"],
+        recompute_logprob=up["actor.recompute_logprob"],
+        use_decoupled_loss=up["actor.use_decoupled_loss"],
+        ref_model=ref and up["actor.kl_ctl"] > 0,
+    )
+
+
+def _check_knobs(hex_cfg: HexConfig) -> None:
+    if hex_cfg.transport not in TRANSPORTS:
+        raise HexError("hex.transport", f"unknown transport {hex_cfg.transport!r}", f"use one of {', '.join(TRANSPORTS)}")
+    solver = hex_cfg.solver
+    for name in ("time_limit_s", "num_workers", "stable_iterations", "max_pp_stages"):
+        if getattr(solver, name) <= 0:
+            raise HexError(f"hex.solver.{name}", f"must be positive, got {getattr(solver, name)}", "set it > 0")
+    obj = hex_cfg.objective
+    if obj.budget_per_hour is not None and obj.target_tokens_per_s is not None:
+        raise HexError(
+            "hex.objective",
+            "sets both budget_per_hour and target_tokens_per_s",
+            "set budget_per_hour to maximise throughput under a budget, or target_tokens_per_s to minimise cost",
+        )
+    for name in ("budget_per_hour", "target_tokens_per_s"):
+        value = getattr(obj, name)
+        if value is not None and value <= 0:
+            raise HexError(f"hex.objective.{name}", f"must be positive, got {value}", "set it > 0 or remove it")
+    wl = hex_cfg.workload
+    if wl.reward_cpu_s_per_sample < 0:
+        raise HexError("hex.workload.reward_cpu_s_per_sample", "must be >= 0", "set the profiled CPU-seconds per sample")
+    if wl.reward_cpus <= 0:
+        raise HexError("hex.workload.reward_cpus", "must be positive", "set the number of CPU cores for reward")
+    if wl.prompt_tokens is not None and wl.prompt_tokens <= 0:
+        raise HexError("hex.workload.prompt_tokens", "must be positive", "set the mean prompt length in tokens")
+
+
+def cheapest_deployment(cluster: Cluster, workload: WorkloadSpec) -> tuple[float, str] | None:
+    """The cheapest whole-machine split into one rollout replica and one trainer, or None if nothing fits."""
+    model = workload.model
+    best: tuple[float, str] | None = None
+    for rp in cluster.pools:
+        r_machines = math.ceil(min_rollout_gpus(model, rp.gpu) / rp.gpus_per_machine)
+        for tp in cluster.pools:
+            t_machines = math.ceil(min_train_gpus(model, tp.gpu) / tp.gpus_per_machine)
+            fits = r_machines + t_machines <= rp.machines if rp is tp else (
+                r_machines <= rp.machines and t_machines <= tp.machines
+            )
+            if not fits:
+                continue
+            cost = r_machines * rp.price_per_machine_hour + t_machines * tp.price_per_machine_hour
+            what = f"{t_machines} {tp.name} machine(s) training + {r_machines} {rp.name} machine(s) generating"
+            if best is None or cost < best[0]:
+                best = (cost, what)
+    return best
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Load and validate a recipe; every problem raises :class:`HexError` naming the field."""
+    file = Path(path).expanduser()
+    config = apply_overrides(read_yaml(file), list(overrides))
+    if "hex" not in config:
+        raise HexError("hex", "the recipe has no hex: section", "add one describing the cluster (see recipes/paper/7b.yaml)")
+    hex_cfg: HexConfig = typed.build(HexConfig, config["hex"], "hex")
+    _check_knobs(hex_cfg)
+    upstream = _upstream_values(config)
+    rl = _rl_settings(upstream, config)
+    catalog = build_catalog({name: vars(fig) for name, fig in hex_cfg.gpu_catalog.items()})
+    cluster = build_cluster(hex_cfg.cluster, catalog)
+
+    model_spec = hex_cfg.workload.model or upstream["actor.path"]
+    if not model_spec:
+        raise HexError("hex.workload.model", "no model given", "set actor.path or hex.workload.model")
+    model_field = "hex.workload.model" if hex_cfg.workload.model else "actor.path"
+    model = resolve_model(model_spec, model_field)
+    max_prompt = upstream["train_dataset.max_length"]
+    prompt_tokens = hex_cfg.workload.prompt_tokens or (max_prompt // 2 if max_prompt else 512)
+    lengths = build_lengths(
+        hex_cfg.workload.output_lengths, rl.max_new_tokens, file.parent, "hex.workload.output_lengths"
+    )
+    workload = WorkloadSpec(
+        model=model,
+        rl=rl,
+        prompt_tokens=prompt_tokens,
+        output_lengths=lengths,
+        reward_cpu_s_per_sample=hex_cfg.workload.reward_cpu_s_per_sample,
+        reward_cpus=hex_cfg.workload.reward_cpus,
+    )
+    cheapest = cheapest_deployment(cluster, workload)
+    if cheapest is None:
+        raise HexError(
+            model_field,
+            f"{model.name} ({model.params / 1e9:.1f}B parameters) fits no split of this cluster into a trainer "
+            "and a rollout replica",
+            "add machines or GPUs with more memory, or choose a smaller model",
+        )
+    budget = hex_cfg.objective.budget_per_hour
+    if budget is not None and budget < cheapest[0]:
+        raise HexError(
+            "hex.objective.budget_per_hour",
+            f"${budget:g}/h is below the cheapest deployment that fits, ${cheapest[0]:.2f}/h ({cheapest[1]})",
+            f"raise the budget to at least {cheapest[0]:.2f}, or add cheaper machines",
+        )
+    return Recipe(file, config, hex_cfg, upstream, catalog, cluster, workload)

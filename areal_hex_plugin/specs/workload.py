@@ -1,0 +1,173 @@
+"""Workload: the model, the RL settings the planner needs, and the output-length distribution."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.specs.config import OutputLengthConfig
+from areal_hex_plugin.specs.models import ModelShape
+
+LENGTH_KINDS = ("lognormal", "file")
+
+
+@dataclass(frozen=True)
+class LengthDistribution:
+    """Generated tokens per sample, as a sorted sample of lengths (quantiles are exact on it).
+
+    A parametric distribution is represented by a fixed, deterministic 4,096-point quantile grid so that every
+    consumer (cost model, scheduler, simulator) sees the same numbers.
+    """
+
+    lengths: tuple[int, ...]
+    source: str
+
+    @cached_property
+    def mean(self) -> float:
+        return sum(self.lengths) / len(self.lengths)
+
+    @cached_property
+    def mean_square(self) -> float:
+        return sum(n * n for n in self.lengths) / len(self.lengths)
+
+    @property
+    def max(self) -> int:
+        return self.lengths[-1]
+
+    def quantile(self, q: float) -> int:
+        index = min(len(self.lengths) - 1, max(0, math.ceil(q * len(self.lengths)) - 1))
+        return self.lengths[index]
+
+    def sample(self, rng: random.Random, n: int) -> list[int]:
+        return [self.lengths[rng.randrange(len(self.lengths))] for _ in range(n)]
+
+    @staticmethod
+    def lognormal(mean: float, sigma: float, cap: int, points: int = 4096) -> LengthDistribution:
+        """Lognormal with the given *untruncated* mean and log-space sigma, capped at ``cap`` tokens."""
+        mu = math.log(mean) - sigma * sigma / 2
+        dist = _NormalQuantile()
+        grid = [
+            min(cap, max(1, round(math.exp(mu + sigma * dist((i + 0.5) / points))))) for i in range(points)
+        ]
+        return LengthDistribution(tuple(sorted(grid)), f"lognormal(mean={mean:g}, sigma={sigma:g}, cap={cap})")
+
+
+class _NormalQuantile:
+    """Inverse standard normal CDF (Acklam's rational approximation, |error| < 1.2e-9)."""
+
+    _a = (-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02, 1.383577518672690e02,
+          -3.066479806614716e01, 2.506628277459239e00)  # fmt: skip
+    _b = (-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02, 6.680131188771972e01,
+          -1.328068155288572e01)  # fmt: skip
+    _c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00, -2.549732539343734e00,
+          4.374664141464968e00, 2.938163982698783e00)  # fmt: skip
+    _d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.754408661907416e00)
+
+    def __call__(self, p: float) -> float:
+        a, b, c, d = self._a, self._b, self._c, self._d
+        if p < 0.02425:
+            q = math.sqrt(-2 * math.log(p))
+            return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / (
+                (((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1
+            )
+        if p > 1 - 0.02425:
+            return -self(1 - p)
+        q = p - 0.5
+        r = q * q
+        return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (
+            ((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1
+        )
+
+
+def read_length_file(path: Path, field_path: str, cap: int) -> LengthDistribution:
+    """Profiled lengths: one integer per line, or one JSON list of integers."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HexError(field_path, f"cannot read {path}: {exc}", "point at a text file of output lengths") from None
+    try:
+        values = json.loads(text) if text.lstrip().startswith("[") else [line for line in text.split() if line]
+        lengths = [int(v) for v in values]
+    except (ValueError, TypeError):
+        raise HexError(
+            field_path, f"{path} is not a list of whole numbers", "write one token count per line"
+        ) from None
+    if not lengths or min(lengths) <= 0:
+        raise HexError(field_path, f"{path} has no positive lengths", "write one positive token count per line")
+    return LengthDistribution(tuple(sorted(min(cap, n) for n in lengths)), f"file {path.name} ({len(lengths)} samples)")
+
+
+def build_lengths(cfg: OutputLengthConfig, max_new_tokens: int, base_dir: Path, path: str) -> LengthDistribution:
+    if cfg.kind == "lognormal":
+        if cfg.mean_tokens is None:
+            raise HexError(
+                f"{path}.mean_tokens",
+                "is missing",
+                "give the mean generated length in tokens (profile a few batches, or use kind: file)",
+            )
+        if cfg.mean_tokens <= 0:
+            raise HexError(f"{path}.mean_tokens", f"must be positive, got {cfg.mean_tokens}", "set it > 0")
+        if cfg.mean_tokens > max_new_tokens:
+            raise HexError(
+                f"{path}.mean_tokens",
+                f"{cfg.mean_tokens:g} exceeds gconfig.max_new_tokens={max_new_tokens}",
+                "lower the mean or raise gconfig.max_new_tokens",
+            )
+        if cfg.sigma <= 0 or cfg.sigma > 3:
+            raise HexError(f"{path}.sigma", f"must be in (0, 3], got {cfg.sigma}", "typical long-CoT tails: 0.5 to 1.2")
+        return LengthDistribution.lognormal(cfg.mean_tokens, cfg.sigma, max_new_tokens)
+    if cfg.kind == "file":
+        if not cfg.path:
+            raise HexError(f"{path}.path", "is missing for kind: file", "give the file of profiled lengths")
+        file = Path(cfg.path).expanduser()
+        return read_length_file(file if file.is_absolute() else base_dir / file, f"{path}.path", max_new_tokens)
+    raise HexError(f"{path}.kind", f"unknown kind {cfg.kind!r}", f"use one of {', '.join(LENGTH_KINDS)}")
+
+
+@dataclass(frozen=True)
+class RLSettings:
+    """The upstream GRPO settings the planner needs (read from the recipe's upstream part)."""
+
+    batch_size: int  # prompts per training step (train_dataset.batch_size)
+    n_samples: int  # responses per prompt (gconfig.n_samples)
+    max_new_tokens: int
+    max_head_offpolicyness: int  # η
+    max_concurrent_rollouts: int | None
+    consumer_batch_size: int
+    ppo_n_minibatches: int
+    recompute_logprob: bool
+    use_decoupled_loss: bool
+    ref_model: bool  # a reference model forward pass per step (ref configured and kl_ctl > 0)
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.batch_size * self.n_samples
+
+    @property
+    def forward_passes(self) -> int:
+        """Forward-only passes per step besides the training forward/backward (log-probs, reference)."""
+        return int(self.recompute_logprob or self.use_decoupled_loss) + int(self.ref_model)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    model: ModelShape
+    rl: RLSettings
+    prompt_tokens: int
+    output_lengths: LengthDistribution
+    reward_cpu_s_per_sample: float
+    reward_cpus: int
+
+    @property
+    def mean_sequence_tokens(self) -> float:
+        return self.prompt_tokens + self.output_lengths.mean
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens (prompt + generated) the trainer consumes per step, on average."""
+        return self.rl.samples_per_step * self.mean_sequence_tokens
