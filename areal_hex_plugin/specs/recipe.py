@@ -21,6 +21,7 @@ from areal_hex_plugin.specs.models import resolve_model
 from areal_hex_plugin.specs.workload import RLSettings, WorkloadSpec, build_lengths
 
 TRANSPORTS = ("relay", "upstream")
+_ABSENT = object()
 
 # The upstream fields the planner reads, with upstream AReaL 1.0.4's defaults (a test checks them against
 # areal.api.cli_args).
@@ -96,10 +97,16 @@ def apply_overrides(config: dict, overrides: list[str]) -> dict:
             continue
         if "=" not in item:
             raise HexError(f"override {item!r}", "is not key=value", "write overrides as key=value, e.g. hex.solver.seed=1")
-        key, value = item.split("=", 1)
-        key = key.lstrip("+")
+        raw_key, value = item.split("=", 1)
+        key = raw_key.lstrip("+")
         if not key:
             raise HexError(f"override {item!r}", "has no key", "write overrides as key=value")
+        # Hydra's rules: a=b changes an existing key, +a=b adds a new one, ++a=b does either.
+        exists = OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT
+        if raw_key.startswith("+") and not raw_key.startswith("++") and exists:
+            raise HexError(f"override {item!r}", f"{key} is already in the recipe", f"write {key}={value}")
+        if not raw_key.startswith("+") and not exists:
+            raise HexError(f"override {item!r}", f"{key} is not in the recipe", f"write +{key}={value} to add it")
         try:
             parsed = yaml.safe_load(value) if value else ""
         except yaml.YAMLError:

@@ -1,0 +1,1 @@
+"""Everything that imports upstream AReaL: config subclass, driver pieces, schedulers, controllers, engines."""
