@@ -121,7 +121,9 @@ def build_catalog(overrides: Mapping[str, Mapping[str, float | None]] | None = N
         given = {k: v for k, v in figures.items() if v is not None}
         for key, value in given.items():
             if not isinstance(value, int | float) or value <= 0:
-                raise HexError(f"{path}.{key}", f"must be a positive number, got {value!r}", "set a value > 0")
+                raise HexError(
+                    f"{path}.{key}", f"must be a positive number, got {value!r}", "set a value > 0"
+                )
         canonical = base.canonical(name)
         if canonical is not None:
             gpus[canonical] = replace(gpus[canonical], **given)

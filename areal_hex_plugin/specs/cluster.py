@@ -81,7 +81,9 @@ def build_pool(cfg: PoolConfig, catalog: GpuCatalog, path: str) -> Pool:
     if not cfg.name:
         raise HexError(f"{path}.name", "is missing", "name the pool, e.g. 'h20' (letters, digits, - and _)")
     if not _NAME.match(cfg.name):
-        raise HexError(f"{path}.name", f"{cfg.name!r} is not a valid pool name", "use letters, digits, - and _")
+        raise HexError(
+            f"{path}.name", f"{cfg.name!r} is not a valid pool name", "use letters, digits, - and _"
+        )
     if not cfg.gpu_type:
         raise HexError(f"{path}.gpu_type", "is missing", f"set it to one of {', '.join(catalog.names)}")
     gpu = catalog.get(cfg.gpu_type, f"{path}.gpu_type")
@@ -130,12 +132,16 @@ def build_cluster(cfg: ClusterConfig, catalog: GpuCatalog, path: str = "hex.clus
     seen: set[str] = set()
     for i, pool in enumerate(pools):
         if pool.name in seen:
-            raise HexError(f"{path}.pools[{i}].name", f"pool {pool.name!r} is named twice", "give pools unique names")
+            raise HexError(
+                f"{path}.pools[{i}].name", f"pool {pool.name!r} is named twice", "give pools unique names"
+            )
         seen.add(pool.name)
     hosts = [h for p in pools for h in p.hosts]
     duplicated = sorted({h for h in hosts if hosts.count(h) > 1})
     if duplicated:
-        raise HexError(f"{path}.pools", f"host {duplicated[0]!r} is in two pools", "put each machine in one pool")
+        raise HexError(
+            f"{path}.pools", f"host {duplicated[0]!r} is in two pools", "put each machine in one pool"
+        )
     _positive(cfg.cross_pool_gb_per_s, f"{path}.cross_pool_gb_per_s", "bandwidth in GB/s")
     links: dict[tuple[str, str], float] = {}
     for i, link in enumerate(cfg.links):
@@ -144,7 +150,9 @@ def build_cluster(cfg: ClusterConfig, catalog: GpuCatalog, path: str = "hex.clus
             raise HexError(f"{lpath}.pools", "must name two different pools", "write pools: [POOL_A, POOL_B]")
         for name in link.pools:
             if name not in seen:
-                raise HexError(f"{lpath}.pools", f"unknown pool {name!r}", f"use one of {', '.join(sorted(seen))}")
+                raise HexError(
+                    f"{lpath}.pools", f"unknown pool {name!r}", f"use one of {', '.join(sorted(seen))}"
+                )
         _positive(link.gb_per_s, f"{lpath}.gb_per_s", "bandwidth in GB/s")
         links[tuple(sorted(link.pools))] = link.gb_per_s
     return Cluster(pools=pools, cross_pool_gb_per_s=cfg.cross_pool_gb_per_s, links=links)

@@ -105,7 +105,9 @@ def from_hf_config(config: dict, name: str, source: str) -> ModelShape:
     for key, attr in required.items():
         value = config.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise HexError(source, f"config.json has no positive integer {key!r}", "point at a dense decoder model")
+            raise HexError(
+                source, f"config.json has no positive integer {key!r}", "point at a dense decoder model"
+            )
         values[attr] = value
     kv_heads = config.get("num_key_value_heads") or values["heads"]
     bias = bool(config.get("attention_bias", config.get("model_type") in _QKV_BIAS_TYPES))
@@ -127,7 +129,9 @@ def resolve_model(spec: str, field_path: str) -> ModelShape:
         try:
             config = json.loads(config_file.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise HexError(field_path, f"cannot read {config_file}: {exc}", "point at a readable HF config.json") from None
+            raise HexError(
+                field_path, f"cannot read {config_file}: {exc}", "point at a readable HF config.json"
+            ) from None
         if not isinstance(config, dict):
             raise HexError(field_path, f"{config_file} is not a JSON object", "point at an HF config.json")
         return from_hf_config(config, path.name if path.is_dir() else path.parent.name, field_path)

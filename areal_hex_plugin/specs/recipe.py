@@ -77,9 +77,13 @@ def read_yaml(path: str | Path, what: str = "recipe") -> dict:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise HexError(what, f"YAML syntax error in {file}{where}: {problem}", "fix the YAML at that spot") from None
+        raise HexError(
+            what, f"YAML syntax error in {file}{where}: {problem}", "fix the YAML at that spot"
+        ) from None
     if not isinstance(loaded, dict):
-        raise HexError(what, f"{file} holds a {type(loaded).__name__}, not a mapping", "write 'key: value' lines")
+        raise HexError(
+            what, f"{file} holds a {type(loaded).__name__}, not a mapping", "write 'key: value' lines"
+        )
     return loaded
 
 
@@ -92,11 +96,17 @@ def apply_overrides(config: dict, overrides: list[str]) -> dict:
             parent, _, leaf = key.rpartition(".")
             node = OmegaConf.select(cfg, parent) if parent else cfg
             if node is None or leaf not in node:
-                raise HexError(f"override {item!r}", f"there is no {key!r} to delete", "check the key's spelling")
+                raise HexError(
+                    f"override {item!r}", f"there is no {key!r} to delete", "check the key's spelling"
+                )
             del node[leaf]
             continue
         if "=" not in item:
-            raise HexError(f"override {item!r}", "is not key=value", "write overrides as key=value, e.g. hex.solver.seed=1")
+            raise HexError(
+                f"override {item!r}",
+                "is not key=value",
+                "write overrides as key=value, e.g. hex.solver.seed=1",
+            )
         raw_key, value = item.split("=", 1)
         key = raw_key.lstrip("+")
         if not key:
@@ -106,7 +116,9 @@ def apply_overrides(config: dict, overrides: list[str]) -> dict:
         if raw_key.startswith("+") and not raw_key.startswith("++") and exists:
             raise HexError(f"override {item!r}", f"{key} is already in the recipe", f"write {key}={value}")
         if not raw_key.startswith("+") and not exists:
-            raise HexError(f"override {item!r}", f"{key} is not in the recipe", f"write +{key}={value} to add it")
+            raise HexError(
+                f"override {item!r}", f"{key} is not in the recipe", f"write +{key}={value} to add it"
+            )
         try:
             parsed = yaml.safe_load(value) if value else ""
         except yaml.YAMLError:
@@ -118,7 +130,11 @@ def apply_overrides(config: dict, overrides: list[str]) -> dict:
     try:
         return OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as exc:
-        raise HexError("recipe", f"cannot resolve an interpolation: {str(exc).splitlines()[0]}", "fix the ${...} reference") from None
+        raise HexError(
+            "recipe",
+            f"cannot resolve an interpolation: {str(exc).splitlines()[0]}",
+            "fix the ${...} reference",
+        ) from None
 
 
 def _upstream_values(config: dict) -> dict[str, Any]:
@@ -131,9 +147,16 @@ def _upstream_values(config: dict) -> dict[str, Any]:
 
 
 def _rl_settings(up: dict[str, Any], config: dict) -> RLSettings:
-    for key in ("train_dataset.batch_size", "gconfig.n_samples", "gconfig.max_new_tokens", "rollout.consumer_batch_size"):
+    for key in (
+        "train_dataset.batch_size",
+        "gconfig.n_samples",
+        "gconfig.max_new_tokens",
+        "rollout.consumer_batch_size",
+    ):
         if up[key] <= 0:
-            raise HexError(key, f"must be a positive whole number, got {up[key]}", f"set {key} to a value > 0")
+            raise HexError(
+                key, f"must be a positive whole number, got {up[key]}", f"set {key} to a value > 0"
+            )
     eta = up["rollout.max_head_offpolicyness"]
     if eta < 0:
         raise HexError(
@@ -143,7 +166,9 @@ def _rl_settings(up: dict[str, Any], config: dict) -> RLSettings:
         )
     mcr = up["rollout.max_concurrent_rollouts"]
     if mcr is not None and mcr <= 0:
-        raise HexError("rollout.max_concurrent_rollouts", f"must be positive, got {mcr}", "set it > 0 or remove it")
+        raise HexError(
+            "rollout.max_concurrent_rollouts", f"must be positive, got {mcr}", "set it > 0 or remove it"
+        )
     ref = config.get("ref") is not None
     return RLSettings(
         batch_size=up["train_dataset.batch_size"],
@@ -161,11 +186,15 @@ def _rl_settings(up: dict[str, Any], config: dict) -> RLSettings:
 
 def _check_knobs(hex_cfg: HexConfig) -> None:
     if hex_cfg.transport not in TRANSPORTS:
-        raise HexError("hex.transport", f"unknown transport {hex_cfg.transport!r}", f"use one of {', '.join(TRANSPORTS)}")
+        raise HexError(
+            "hex.transport", f"unknown transport {hex_cfg.transport!r}", f"use one of {', '.join(TRANSPORTS)}"
+        )
     solver = hex_cfg.solver
     for name in ("time_limit_s", "num_workers", "stable_iterations", "max_pp_stages"):
         if getattr(solver, name) <= 0:
-            raise HexError(f"hex.solver.{name}", f"must be positive, got {getattr(solver, name)}", "set it > 0")
+            raise HexError(
+                f"hex.solver.{name}", f"must be positive, got {getattr(solver, name)}", "set it > 0"
+            )
     obj = hex_cfg.objective
     if obj.budget_per_hour is not None and obj.target_tokens_per_s is not None:
         raise HexError(
@@ -176,14 +205,22 @@ def _check_knobs(hex_cfg: HexConfig) -> None:
     for name in ("budget_per_hour", "target_tokens_per_s"):
         value = getattr(obj, name)
         if value is not None and value <= 0:
-            raise HexError(f"hex.objective.{name}", f"must be positive, got {value}", "set it > 0 or remove it")
+            raise HexError(
+                f"hex.objective.{name}", f"must be positive, got {value}", "set it > 0 or remove it"
+            )
     wl = hex_cfg.workload
     if wl.reward_cpu_s_per_sample < 0:
-        raise HexError("hex.workload.reward_cpu_s_per_sample", "must be >= 0", "set the profiled CPU-seconds per sample")
+        raise HexError(
+            "hex.workload.reward_cpu_s_per_sample", "must be >= 0", "set the profiled CPU-seconds per sample"
+        )
     if wl.reward_cpus <= 0:
-        raise HexError("hex.workload.reward_cpus", "must be positive", "set the number of CPU cores for reward")
+        raise HexError(
+            "hex.workload.reward_cpus", "must be positive", "set the number of CPU cores for reward"
+        )
     if wl.prompt_tokens is not None and wl.prompt_tokens <= 0:
-        raise HexError("hex.workload.prompt_tokens", "must be positive", "set the mean prompt length in tokens")
+        raise HexError(
+            "hex.workload.prompt_tokens", "must be positive", "set the mean prompt length in tokens"
+        )
 
 
 def cheapest_deployment(cluster: Cluster, workload: WorkloadSpec) -> tuple[float, str] | None:
@@ -194,13 +231,17 @@ def cheapest_deployment(cluster: Cluster, workload: WorkloadSpec) -> tuple[float
         r_machines = math.ceil(min_rollout_gpus(model, rp.gpu) / rp.gpus_per_machine)
         for tp in cluster.pools:
             t_machines = math.ceil(min_train_gpus(model, tp.gpu) / tp.gpus_per_machine)
-            fits = r_machines + t_machines <= rp.machines if rp is tp else (
-                r_machines <= rp.machines and t_machines <= tp.machines
+            fits = (
+                r_machines + t_machines <= rp.machines
+                if rp is tp
+                else (r_machines <= rp.machines and t_machines <= tp.machines)
             )
             if not fits:
                 continue
             cost = r_machines * rp.price_per_machine_hour + t_machines * tp.price_per_machine_hour
-            what = f"{t_machines} {tp.name} machine(s) training + {r_machines} {rp.name} machine(s) generating"
+            what = (
+                f"{t_machines} {tp.name} machine(s) training + {r_machines} {rp.name} machine(s) generating"
+            )
             if best is None or cost < best[0]:
                 best = (cost, what)
     return best
@@ -211,7 +252,11 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     file = Path(path).expanduser()
     config = apply_overrides(read_yaml(file), list(overrides))
     if "hex" not in config:
-        raise HexError("hex", "the recipe has no hex: section", "add one describing the cluster (see recipes/paper/7b.yaml)")
+        raise HexError(
+            "hex",
+            "the recipe has no hex: section",
+            "add one describing the cluster (see recipes/paper/7b.yaml)",
+        )
     hex_cfg: HexConfig = typed.build(HexConfig, config["hex"], "hex")
     _check_knobs(hex_cfg)
     upstream = _upstream_values(config)

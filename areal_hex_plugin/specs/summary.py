@@ -26,11 +26,24 @@ def describe_cluster(cluster: Cluster) -> str:
         for p in cluster.pools
     ]
     rows.append(["total", "", "", cluster.n_gpus, "", f"{cluster.price_per_hour:.2f}", "", "", "", ""])
-    headers = ["pool", "GPU", "machines", "GPUs", "$/GPU-h", "$/h", "TFLOPS", "HBM GB", "HBM TB/s", "GB/s in/out machine"]
+    headers = [
+        "pool",
+        "GPU",
+        "machines",
+        "GPUs",
+        "$/GPU-h",
+        "$/h",
+        "TFLOPS",
+        "HBM GB",
+        "HBM TB/s",
+        "GB/s in/out machine",
+    ]
     text = tabulate(rows, headers=headers, tablefmt="simple")
     names = [p.name for p in cluster.pools]
     links = [
-        f"{a} <-> {b}: {cluster.link_gb_per_s(a, b):g} GB/s" for i, a in enumerate(names) for b in names[i + 1 :]
+        f"{a} <-> {b}: {cluster.link_gb_per_s(a, b):g} GB/s"
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
     ]
     return text + ("\ncross-pool links: " + ", ".join(links) if links else "")
 
@@ -38,15 +51,27 @@ def describe_cluster(cluster: Cluster) -> str:
 def describe_workload(workload: WorkloadSpec) -> str:
     m, rl, lengths = workload.model, workload.rl, workload.output_lengths
     rows = [
-        ["model", f"{m.name}: {m.params / 1e9:.2f}B params, {m.layers} layers, hidden {m.hidden}, "
-                  f"{m.heads} heads / {m.kv_heads} KV heads, FFN {m.ffn}"],
+        [
+            "model",
+            f"{m.name}: {m.params / 1e9:.2f}B params, {m.layers} layers, hidden {m.hidden}, "
+            f"{m.heads} heads / {m.kv_heads} KV heads, FFN {m.ffn}",
+        ],
         ["batch", f"{rl.batch_size} prompts x {rl.n_samples} samples = {rl.samples_per_step} samples/step"],
-        ["lengths", f"prompt {workload.prompt_tokens}; output {lengths.source}: mean {lengths.mean:.0f}, "
-                    f"p50 {lengths.quantile(0.5)}, p99 {lengths.quantile(0.99)}, max {lengths.max}"],
+        [
+            "lengths",
+            f"prompt {workload.prompt_tokens}; output {lengths.source}: mean {lengths.mean:.0f}, "
+            f"p50 {lengths.quantile(0.5)}, p99 {lengths.quantile(0.99)}, max {lengths.max}",
+        ],
         ["tokens/step", f"{workload.tokens_per_step / 1e6:.2f}M"],
-        ["staleness", f"max_head_offpolicyness (eta) = {rl.max_head_offpolicyness}, "
-                      f"max_concurrent_rollouts = {rl.max_concurrent_rollouts}"],
-        ["training", f"{rl.ppo_n_minibatches} minibatches, {rl.forward_passes} extra forward pass(es) per step"],
+        [
+            "staleness",
+            f"max_head_offpolicyness (eta) = {rl.max_head_offpolicyness}, "
+            f"max_concurrent_rollouts = {rl.max_concurrent_rollouts}",
+        ],
+        [
+            "training",
+            f"{rl.ppo_n_minibatches} minibatches, {rl.forward_passes} extra forward pass(es) per step",
+        ],
     ]
     return tabulate(rows, tablefmt="plain")
 

@@ -24,7 +24,9 @@ def build(cls: type, data: Any, path: str) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise HexError(path, f"must be a mapping, got {_describe(data)}", f"write {path} as 'key: value' lines")
+        raise HexError(
+            path, f"must be a mapping, got {_describe(data)}", f"write {path} as 'key: value' lines"
+        )
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in data:
@@ -44,7 +46,9 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
         (inner,) = [a for a in args if a is not type(None)]
         return _convert(inner, value, path)
     if value is None:
-        raise HexError(path, "must not be empty (null)", "give it a value or remove the key to take the default")
+        raise HexError(
+            path, "must not be empty (null)", "give it a value or remove the key to take the default"
+        )
     if dataclasses.is_dataclass(hint):
         return build(hint, value, path)
     if origin is list:
@@ -53,7 +57,9 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
         return [_convert(args[0], item, f"{path}[{i}]") for i, item in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise HexError(path, f"must be a mapping, got {_describe(value)}", f"write {path} as 'key: value' lines")
+            raise HexError(
+                path, f"must be a mapping, got {_describe(value)}", f"write {path} as 'key: value' lines"
+            )
         return {str(k): _convert(args[1], v, f"{path}.{k}") for k, v in value.items()}
     return _scalar(hint, value, path)
 
@@ -79,9 +85,8 @@ def _scalar(hint: type, value: Any, path: str) -> Any:
                 return float(value)
             except ValueError:
                 pass
-    elif hint is str:
-        if isinstance(value, str | int | float) and not isinstance(value, bool):
-            return str(value)
+    elif hint is str and isinstance(value, str | int | float) and not isinstance(value, bool):
+        return str(value)
     kind = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}[hint]
     raise HexError(path, f"must be {kind}, got {_describe(value)}", f"set {path} to {kind}")
 

@@ -54,7 +54,9 @@ class LengthDistribution:
         grid = [
             min(cap, max(1, round(math.exp(mu + sigma * dist((i + 0.5) / points))))) for i in range(points)
         ]
-        return LengthDistribution(tuple(sorted(grid)), f"lognormal(mean={mean:g}, sigma={sigma:g}, cap={cap})")
+        return LengthDistribution(
+            tuple(sorted(grid)), f"lognormal(mean={mean:g}, sigma={sigma:g}, cap={cap})"
+        )
 
 
 class _NormalQuantile:
@@ -79,8 +81,10 @@ class _NormalQuantile:
             return -self(1 - p)
         q = p - 0.5
         r = q * q
-        return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (
-            ((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1
+        return (
+            (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5])
+            * q
+            / (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
         )
 
 
@@ -89,20 +93,30 @@ def read_length_file(path: Path, field_path: str, cap: int) -> LengthDistributio
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise HexError(field_path, f"cannot read {path}: {exc}", "point at a text file of output lengths") from None
+        raise HexError(
+            field_path, f"cannot read {path}: {exc}", "point at a text file of output lengths"
+        ) from None
     try:
-        values = json.loads(text) if text.lstrip().startswith("[") else [line for line in text.split() if line]
+        values = (
+            json.loads(text) if text.lstrip().startswith("[") else [line for line in text.split() if line]
+        )
         lengths = [int(v) for v in values]
     except (ValueError, TypeError):
         raise HexError(
             field_path, f"{path} is not a list of whole numbers", "write one token count per line"
         ) from None
     if not lengths or min(lengths) <= 0:
-        raise HexError(field_path, f"{path} has no positive lengths", "write one positive token count per line")
-    return LengthDistribution(tuple(sorted(min(cap, n) for n in lengths)), f"file {path.name} ({len(lengths)} samples)")
+        raise HexError(
+            field_path, f"{path} has no positive lengths", "write one positive token count per line"
+        )
+    return LengthDistribution(
+        tuple(sorted(min(cap, n) for n in lengths)), f"file {path.name} ({len(lengths)} samples)"
+    )
 
 
-def build_lengths(cfg: OutputLengthConfig, max_new_tokens: int, base_dir: Path, path: str) -> LengthDistribution:
+def build_lengths(
+    cfg: OutputLengthConfig, max_new_tokens: int, base_dir: Path, path: str
+) -> LengthDistribution:
     if cfg.kind == "lognormal":
         if cfg.mean_tokens is None:
             raise HexError(
@@ -119,13 +133,17 @@ def build_lengths(cfg: OutputLengthConfig, max_new_tokens: int, base_dir: Path, 
                 "lower the mean or raise gconfig.max_new_tokens",
             )
         if cfg.sigma <= 0 or cfg.sigma > 3:
-            raise HexError(f"{path}.sigma", f"must be in (0, 3], got {cfg.sigma}", "typical long-CoT tails: 0.5 to 1.2")
+            raise HexError(
+                f"{path}.sigma", f"must be in (0, 3], got {cfg.sigma}", "typical long-CoT tails: 0.5 to 1.2"
+            )
         return LengthDistribution.lognormal(cfg.mean_tokens, cfg.sigma, max_new_tokens)
     if cfg.kind == "file":
         if not cfg.path:
             raise HexError(f"{path}.path", "is missing for kind: file", "give the file of profiled lengths")
         file = Path(cfg.path).expanduser()
-        return read_length_file(file if file.is_absolute() else base_dir / file, f"{path}.path", max_new_tokens)
+        return read_length_file(
+            file if file.is_absolute() else base_dir / file, f"{path}.path", max_new_tokens
+        )
     raise HexError(f"{path}.kind", f"unknown kind {cfg.kind!r}", f"use one of {', '.join(LENGTH_KINDS)}")
 
 
