@@ -68,7 +68,7 @@ BUILTIN_GPUS: tuple[GpuSpec, ...] = (
 
 def _key(name: str) -> str:
     """Normalise a GPU name for lookup: 'NVIDIA H800 PCIe' -> 'h800pcie'."""
-    name = re.sub(r"^(nvidia|geforce)\s+", "", name.strip(), flags=re.IGNORECASE)
+    name = re.sub(r"^((nvidia|geforce)\s+)+", "", name.strip(), flags=re.IGNORECASE)
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
