@@ -1,0 +1,260 @@
+"""From a HexPlan to upstream's world: one worker slot per upstream worker, and the checks that come first.
+
+Upstream starts ``actor`` workers one GPU each (rank order) and ``rollout`` workers one server each (``tp*pp``
+GPUs). A :class:`Placement` says, for every such worker, which pool, GPU type, host and GPU ids it gets; the
+Hex schedulers (local, Ray, Slurm) only carry it out. Pure data: no upstream import.
+
+Integration mode runs every rollout server with one TP/PP (upstream's single ``RolloutController`` launches all
+servers with the same ``server_args``), so a plan whose replica groups differ in TP or PP is refused here with
+the fix; replica groups may still differ in GPU type, count and share.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.specs.cluster import Cluster
+
+TRAIN_ROLE = "actor"
+ROLLOUT_ROLE = "rollout"
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """Where one upstream worker runs: ``role``/``index`` on ``host`` of ``pool``, with these GPU ids."""
+
+    role: str
+    index: int
+    pool: str
+    gpu_type: str
+    host: str
+    gpu_ids: tuple[int, ...]
+    share: float = 0.0  # rollout: this server's fraction of a step's samples
+
+    def env(self) -> dict[str, str]:
+        """Env vars a worker gets so it (and its logs) know its pool; HexSGLangBackend reads HEX_GPU_TYPE."""
+        return {
+            "HEX_ROLE": self.role,
+            "HEX_POOL": self.pool,
+            "HEX_GPU_TYPE": self.gpu_type,
+            "HEX_HOST": self.host,
+            "HEX_GPU_IDS": ",".join(map(str, self.gpu_ids)),
+        }
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Per-role worker slots plus the parallel layout upstream's backend strings must carry."""
+
+    slots: dict[str, tuple[WorkerSlot, ...]]
+    train_dp: int
+    train_tp: int
+    train_pp: int
+    rollout_tp: int
+    rollout_pp: int
+
+    def for_role(self, role: str) -> tuple[WorkerSlot, ...] | None:
+        return self.slots.get(role)
+
+    @property
+    def pools_by_role(self) -> dict[str, list[str]]:
+        return {role: sorted({s.pool for s in slots}) for role, slots in self.slots.items()}
+
+    def hosts(self, role: str) -> list[str]:
+        return sorted({s.host for s in self.slots.get(role, ())})
+
+
+def placement_from_plan(plan: HexPlan) -> Placement:
+    """Worker slots for ``actor`` (one GPU each, in upstream's rank order) and ``rollout`` (one server each)."""
+    stages = plan.train.stages
+    if not stages:
+        raise HexError("plan.train.stages", "is empty", "re-create the plan; training needs GPUs")
+    dp, tp = stages[0].dp, stages[0].tp
+    if any((s.dp, s.tp) != (dp, tp) for s in stages):
+        raise HexError(
+            "plan.train.stages",
+            "stages differ in dp or tp; upstream's actor backend has one dp and one tp for all stages",
+            "re-plan with hex.solver.max_pp_stages=1, or with a cluster where training uses one GPU type",
+        )
+    groups = plan.rollout.replicas
+    if not groups:
+        raise HexError("plan.rollout.replicas", "is empty", "re-create the plan; rollout needs GPUs")
+    layouts = sorted({(g.tp, g.pp) for g in groups})
+    if len(layouts) > 1:
+        raise HexError(
+            "plan.rollout.replicas",
+            f"replica groups use different (tp, pp) layouts {layouts}; upstream's RolloutController launches "
+            "every server with one layout",
+            "re-plan so all rollout replicas share one TP/PP size (integration mode), or run the pools as "
+            "separate experiments",
+        )
+    rollout_tp, rollout_pp = layouts[0]
+
+    train: dict[tuple[int, int, int], tuple[str, str, str, int]] = {}
+    rollout: dict[tuple[int, int], list[tuple[int, int, str, str, str, int]]] = defaultdict(list)
+    for m_index, machine in enumerate(plan.machines):
+        for gpu in machine.gpus:
+            where = f"plan.machines[{m_index}] ({machine.host}) gpu {gpu.gpu}"
+            if gpu.role == "train":
+                key = (gpu.stage or 0, gpu.dp_rank or 0, gpu.tp_rank or 0)
+                if key in train:
+                    raise HexError(where, f"repeats train rank (stage, dp, tp) = {key}", "re-create the plan")
+                train[key] = (machine.pool, machine.gpu_type, machine.host, gpu.gpu)
+            elif gpu.role == "rollout":
+                rollout[(gpu.group or 0, gpu.instance or 0)].append(
+                    (gpu.stage or 0, gpu.tp_rank or 0, machine.pool, machine.gpu_type, machine.host, gpu.gpu)
+                )
+    expected = len(stages) * dp * tp
+    if len(train) != expected:
+        raise HexError(
+            "plan.machines",
+            f"assign {len(train)} GPUs to training but the train stages need {expected}",
+            "re-create the plan",
+        )
+    train_slots = tuple(
+        WorkerSlot(TRAIN_ROLE, rank, pool, gpu_type, host, (gpu,))
+        for rank, (_, (pool, gpu_type, host, gpu)) in enumerate(sorted(train.items()))
+    )
+    rollout_slots = []
+    for (group, instance), gpus in sorted(rollout.items()):
+        if group >= len(groups):
+            raise HexError(
+                "plan.machines", f"name rollout group {group} that does not exist", "re-create the plan"
+            )
+        hosts = {g[4] for g in gpus}
+        if len(hosts) != 1 or len(gpus) != rollout_tp * rollout_pp:
+            raise HexError(
+                "plan.machines",
+                f"rollout group {group} instance {instance} has {len(gpus)} GPUs on {sorted(hosts)}; upstream "
+                f"runs each server on {rollout_tp * rollout_pp} GPUs of one machine",
+                "re-create the plan",
+            )
+        _, _, pool, gpu_type, host, _ = gpus[0]
+        share = groups[group].share / max(groups[group].count, 1)
+        ids = tuple(g[5] for g in sorted(gpus))
+        rollout_slots.append(WorkerSlot(ROLLOUT_ROLE, len(rollout_slots), pool, gpu_type, host, ids, share))
+    planned = sum(g.count for g in groups)
+    if len(rollout_slots) != planned:
+        raise HexError(
+            "plan.machines",
+            f"place {len(rollout_slots)} rollout servers but the replica groups count {planned}",
+            "re-create the plan",
+        )
+    return Placement(
+        slots={TRAIN_ROLE: train_slots, ROLLOUT_ROLE: tuple(rollout_slots)},
+        train_dp=dp,
+        train_tp=tp,
+        train_pp=len(stages),
+        rollout_tp=rollout_tp,
+        rollout_pp=rollout_pp,
+    )
+
+
+def check_plan_fits_cluster(plan: HexPlan, cluster: Cluster, source: str = "hex.cluster") -> None:
+    """Refuse a plan made for another cluster (stale) or a cluster that lost machines since planning.
+
+    ``cluster`` is the recipe's cluster or the live inventory: every planned pool must exist there with the
+    same GPU type and at least as many machines, and named hosts must still be there.
+    """
+    used: dict[str, set[str]] = defaultdict(set)
+    for machine in plan.machines:
+        if machine.role != "idle":
+            used[machine.pool].add(machine.host)
+    for pool_name, hosts in sorted(used.items()):
+        try:
+            pool = cluster.pool(pool_name)
+        except KeyError:
+            raise HexError(
+                "hex.plan_path",
+                f"the plan uses pool {pool_name!r}, which {source} does not have "
+                f"(pools: {', '.join(p.name for p in cluster.pools)})",
+                "re-plan for this cluster (areal-hex plan RECIPE --json PLAN) or drop hex.plan_path",
+            ) from None
+        planned_type = next(m.gpu_type for m in plan.machines if m.pool == pool_name)
+        if planned_type != pool.gpu_type:
+            raise HexError(
+                "hex.plan_path",
+                f"the plan puts {planned_type} GPUs in pool {pool_name!r}, but {source} has {pool.gpu_type} there",
+                "re-plan for this cluster or drop hex.plan_path",
+            )
+        if pool.hosts:
+            missing = sorted(hosts - set(pool.hosts))
+            if missing:
+                raise HexError(
+                    "hex.plan_path",
+                    f"the plan uses host(s) {', '.join(missing)} of pool {pool_name!r}, which {source} lacks",
+                    "re-plan for the machines you have now",
+                )
+        elif len(hosts) > pool.machines:
+            raise HexError(
+                "hex.plan_path",
+                f"the plan uses {len(hosts)} machines of pool {pool_name!r}, but {source} has {pool.machines}",
+                "re-plan for the machines you have now",
+            )
+
+
+def check_plan_fits_inventory(plan: HexPlan, pools: list, source: str) -> None:
+    """Refuse a plan the live cluster cannot host: a GPU type gone, or fewer machines of it than planned.
+
+    ``pools`` are :class:`areal_hex_plugin.inventory.DiscoveredPool` records read from the running cluster.
+    Planned host names are checked when the plan names real hosts; otherwise machine counts per type are.
+    """
+    live: dict[str, set[str]] = defaultdict(set)
+    for pool in pools:
+        live[pool.gpu_type].update(pool.hosts)
+    planned: dict[str, set[str]] = defaultdict(set)
+    for machine in plan.machines:
+        if machine.role != "idle":
+            planned[machine.gpu_type].add(machine.host)
+    for gpu_type, hosts in sorted(planned.items()):
+        have = live.get(gpu_type, set())
+        if not have:
+            raise HexError(
+                "hex.plan_path",
+                f"the plan needs {gpu_type} machines but the live {source} cluster has none "
+                f"(it has {', '.join(sorted(live)) or 'no GPUs'})",
+                "start the missing machines, or re-plan for the live inventory (areal-hex inventory --from "
+                f"{source})",
+            )
+        named = hosts & have
+        if (named and named != hosts) or len(hosts) > len(have):
+            raise HexError(
+                "hex.plan_path",
+                f"the plan uses {len(hosts)} {gpu_type} machines but the live {source} cluster has "
+                f"{len(have)}" + (f"; missing: {', '.join(sorted(hosts - have))}" if named else ""),
+                "start the missing machines, or re-plan for the live inventory",
+            )
+
+
+def node_local(placement: Placement, plan: HexPlan) -> Placement:
+    """The placement with every planned machine laid side by side on one node (GPU ids offset per machine)."""
+    offsets: dict[str, int] = {}
+    next_id = 0
+    for machine in plan.machines:
+        offsets[machine.host] = next_id
+        next_id += max((g.gpu for g in machine.gpus), default=-1) + 1
+    return Placement(
+        slots={
+            role: tuple(
+                WorkerSlot(
+                    s.role,
+                    s.index,
+                    s.pool,
+                    s.gpu_type,
+                    s.host,
+                    tuple(offsets[s.host] + i for i in s.gpu_ids),
+                    s.share,
+                )
+                for s in slots
+            )
+            for role, slots in placement.slots.items()
+        },
+        train_dp=placement.train_dp,
+        train_tp=placement.train_tp,
+        train_pp=placement.train_pp,
+        rollout_tp=placement.rollout_tp,
+        rollout_pp=placement.rollout_pp,
+    )

@@ -1,0 +1,1 @@
+"""Upstream schedulers that put each role on its planned GPU type (local, Ray, Slurm)."""

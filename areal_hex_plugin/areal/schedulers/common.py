@@ -1,0 +1,43 @@
+"""What the three Hex schedulers share: per-worker scheduling specs carrying each slot's env."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from areal.api.cli_args import SchedulingSpec
+from areal.infra.scheduler.exceptions import WorkerCreationError
+
+from areal_hex_plugin.areal.placement import WorkerSlot
+
+
+def specs_for_slots(
+    role: str, tasks: list[SchedulingSpec], slots: tuple[WorkerSlot, ...]
+) -> list[SchedulingSpec]:
+    """One spec per planned worker: the role's spec with the slot's env (pool, GPU type, GPU ids) added.
+
+    Refuses a job whose replica count or per-worker GPU count differs from the plan, before anything starts.
+    """
+    if not tasks:
+        raise WorkerCreationError(role, "No scheduling spec", "give the role a scheduling_spec")
+    if len(tasks) not in (1, len(slots)):
+        raise WorkerCreationError(
+            role, "Plan mismatch", f"{len(tasks)} specs for {len(slots)} planned workers"
+        )
+    specs = tasks * len(slots) if len(tasks) == 1 else list(tasks)
+    out = []
+    for spec, slot in zip(specs, slots, strict=True):
+        if spec.gpu != len(slot.gpu_ids):
+            raise WorkerCreationError(
+                role,
+                "Plan mismatch",
+                f"worker {slot.index} asks for {spec.gpu} GPUs but the plan gives it {len(slot.gpu_ids)}",
+            )
+        out.append(replace(spec, env_vars={**spec.env_vars, **slot.env()}))
+    return out
+
+
+def check_replicas(role: str, replicas: int, slots: tuple[WorkerSlot, ...]) -> None:
+    if replicas != len(slots):
+        raise WorkerCreationError(
+            role, "Plan mismatch", f"upstream asks for {replicas} workers but the plan places {len(slots)}"
+        )

@@ -1,0 +1,55 @@
+"""A small two-GPU-type HexPlan written by hand, for placement and scheduler tests.
+
+Pools: ``big`` (H100, machines big-0 and big-1, 2 GPUs each) and ``small`` (L40S, small-0 and small-1, 2 GPUs
+each). big-0 trains (fsdp d2); big-1 runs 2 rollout servers (group 0, share 0.5); the L40S machines run 4 rollout
+servers (group 1, share 0.5).
+"""
+
+from __future__ import annotations
+
+from areal_hex_plugin.plan import (
+    GpuAssignment,
+    HexPlan,
+    Machine,
+    Objective,
+    Predicted,
+    ReplicaGroup,
+    RolloutPlan,
+    SolverInfo,
+    Staleness,
+    TrainPlan,
+    TrainStage,
+)
+
+
+def two_type_plan() -> HexPlan:
+    def rollout_machine(pool: str, host: str, gpu_type: str, group: int, first: int) -> Machine:
+        gpus = [
+            GpuAssignment(g, "rollout", stage=0, tp_rank=0, group=group, instance=first + g) for g in (0, 1)
+        ]
+        return Machine(pool, host, gpu_type, "rollout", gpus)
+
+    train_gpus = [GpuAssignment(g, "train", stage=0, dp_rank=g, tp_rank=0) for g in (0, 1)]
+    return HexPlan(
+        recipe="tests/two_type.yaml",
+        model="Qwen2.5-0.5B",
+        objective=Objective("max_throughput"),
+        predicted=Predicted(1000.0, 10.0, 360000.0, 10.0, 6.0, 8.0, 2.0),
+        train=TrainPlan({"H100": 2}, [TrainStage("big", "H100", 2, 1, 24, ["big-0"])]),
+        rollout=RolloutPlan(
+            {"H100": 2, "L40S": 4},
+            [
+                ReplicaGroup("big", "H100", 1, 1, 2, 0.5, 32, 900.0, 64),
+                ReplicaGroup("small", "L40S", 1, 1, 4, 0.5, 32, 450.0, 32),
+            ],
+        ),
+        machines=[
+            Machine("big", "big-0", "H100", "train", train_gpus),
+            rollout_machine("big", "big-1", "H100", 0, 0),
+            rollout_machine("small", "small-0", "L40S", 1, 0),
+            rollout_machine("small", "small-1", "L40S", 1, 2),
+        ],
+        baselines={},
+        solver=SolverInfo(0.1, "optimal", 1, 0.0),
+        staleness=Staleness(max_head_offpolicyness=4, max_concurrent_rollouts=192),
+    )

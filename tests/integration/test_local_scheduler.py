@@ -1,0 +1,91 @@
+"""HexLocalScheduler starting REAL upstream RPC workers: each role's workers get their planned pool and GPUs."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("areal")
+
+from areal.api.cli_args import SchedulingSpec  # noqa: E402
+from areal.api.scheduler_api import Job  # noqa: E402
+from areal.infra.scheduler.exceptions import WorkerCreationError  # noqa: E402
+
+from areal_hex_plugin.areal.placement import node_local, placement_from_plan  # noqa: E402
+from areal_hex_plugin.areal.schedulers.local import HexLocalScheduler  # noqa: E402
+from tests.integration.plans import two_type_plan  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE = "tests.integration.probe_engine.PoolProbe"
+
+
+def _spec(gpu: int) -> SchedulingSpec:
+    return SchedulingSpec(
+        cpu=1,
+        gpu=gpu,
+        mem=1,
+        port_count=1,
+        cmd="python -m areal.infra.rpc.rpc_server",
+        env_vars={"PYTHONPATH": str(REPO)},
+    )
+
+
+def _scheduler(tmp_path: Path) -> HexLocalScheduler:
+    plan = two_type_plan()
+    (tmp_path / "name_resolve").mkdir()
+    return HexLocalScheduler(
+        node_local(placement_from_plan(plan), plan),
+        log_dir=str(tmp_path / "logs"),
+        startup_timeout=180,
+        experiment_name="hex-test",
+        trial_name="local",
+        fileroot=str(tmp_path),
+        nfs_record_root=str(tmp_path / "name_resolve"),
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_each_role_lands_on_its_pool_gpus(tmp_path: Path) -> None:
+    scheduler = _scheduler(tmp_path)
+    try:
+        actor_ids = scheduler.create_workers(Job(role="actor", replicas=2, tasks=[_spec(1)]))
+        rollout_ids = scheduler.create_workers(Job(role="rollout", replicas=6, tasks=[_spec(1)]))
+        scheduler.get_workers("actor", timeout=180)
+        scheduler.get_workers("rollout", timeout=180)
+
+        async def report(worker_id: str) -> dict:
+            await scheduler.create_engine(worker_id, PROBE)
+            return await scheduler.async_call_engine(worker_id, "whereami")
+
+        async def all_reports() -> list[dict]:
+            return await asyncio.gather(*(report(w) for w in actor_ids + rollout_ids))
+
+        reports = dict(zip(actor_ids + rollout_ids, asyncio.run(all_reports()), strict=True))
+        pids = {r["pid"] for r in reports.values()}
+        assert len(pids) == 8  # eight real processes
+        got = {w: (r["HEX_POOL"], r["HEX_GPU_TYPE"], r["HEX_GPU_IDS"]) for w, r in reports.items()}
+        assert got == {
+            "actor/0": ("big", "H100", "0"),
+            "actor/1": ("big", "H100", "1"),
+            "rollout/0": ("big", "H100", "2"),
+            "rollout/1": ("big", "H100", "3"),
+            "rollout/2": ("small", "L40S", "4"),
+            "rollout/3": ("small", "L40S", "5"),
+            "rollout/4": ("small", "L40S", "6"),
+            "rollout/5": ("small", "L40S", "7"),
+        }
+    finally:
+        scheduler.delete_workers()
+
+
+@pytest.mark.integration
+def test_replica_count_not_in_the_plan_starts_nothing(tmp_path: Path) -> None:
+    scheduler = _scheduler(tmp_path)
+    with pytest.raises(WorkerCreationError, match="plan places 6"):
+        scheduler.create_workers(Job(role="rollout", replicas=4, tasks=[_spec(1)]))
+    with pytest.raises(WorkerCreationError, match="asks for 2 GPUs but the plan gives it 1"):
+        scheduler.create_workers(Job(role="actor", replicas=2, tasks=[_spec(2)]))
+    assert scheduler._workers == {}

@@ -1,0 +1,96 @@
+"""Plan -> worker slots, and the checks that refuse a plan before any worker starts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from areal_hex_plugin.areal.placement import (
+    check_plan_fits_cluster,
+    check_plan_fits_inventory,
+    node_local,
+    placement_from_plan,
+)
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.inventory import DiscoveredPool
+from areal_hex_plugin.plan import ReplicaGroup
+from areal_hex_plugin.specs.catalog import build_catalog
+from areal_hex_plugin.specs.cluster import build_cluster
+from areal_hex_plugin.specs.config import ClusterConfig, PoolConfig
+from tests.integration.plans import two_type_plan
+
+
+def _cluster(big_hosts=("big-0", "big-1"), small_type="L40S"):
+    cfg = ClusterConfig(
+        pools=[
+            PoolConfig(
+                name="big", gpu_type="H100", gpus_per_machine=2, hosts=list(big_hosts), price_per_gpu_hour=3
+            ),
+            PoolConfig(
+                name="small", gpu_type=small_type, gpus_per_machine=2, machines=2, price_per_gpu_hour=1
+            ),
+        ]
+    )
+    return build_cluster(cfg, build_catalog())
+
+
+def test_slots_follow_the_plan() -> None:
+    placement = placement_from_plan(two_type_plan())
+    actor, rollout = placement.for_role("actor"), placement.for_role("rollout")
+    assert [(s.pool, s.host, s.gpu_ids) for s in actor] == [("big", "big-0", (0,)), ("big", "big-0", (1,))]
+    assert [s.gpu_type for s in rollout] == ["H100"] * 2 + ["L40S"] * 4
+    assert sum(s.share for s in rollout) == pytest.approx(1.0)
+    assert (placement.train_dp, placement.train_tp, placement.rollout_tp) == (2, 1, 1)
+
+
+def test_one_node_layout_gives_distinct_device_ids() -> None:
+    plan = two_type_plan()
+    local = node_local(placement_from_plan(plan), plan)
+    ids = [i for slots in local.slots.values() for s in slots for i in s.gpu_ids]
+    assert sorted(ids) == list(range(8))
+
+
+def test_mixed_rollout_tp_is_refused_with_the_fix() -> None:
+    plan = two_type_plan()
+    groups = [plan.rollout.replicas[0], replace(plan.rollout.replicas[1], tp=2, count=2)]
+    with pytest.raises(HexError, match="different \\(tp, pp\\)") as err:
+        placement_from_plan(replace(plan, rollout=replace(plan.rollout, replicas=groups)))
+    assert "share one TP/PP" in err.value.fix
+
+
+def test_plan_fits_its_cluster() -> None:
+    check_plan_fits_cluster(two_type_plan(), _cluster())
+
+
+@pytest.mark.parametrize(
+    ("cluster_kwargs", "message"),
+    [
+        ({"big_hosts": ("big-0", "big-9")}, "host\\(s\\) big-1"),
+        ({"small_type": "A100"}, "has A100-80GB there"),
+    ],
+)
+def test_stale_plan_is_refused(cluster_kwargs, message) -> None:
+    with pytest.raises(HexError, match=message):
+        check_plan_fits_cluster(two_type_plan(), _cluster(**cluster_kwargs))
+
+
+def test_live_inventory_missing_type_or_machines_is_refused() -> None:
+    live = [
+        DiscoveredPool("h100", "H100", 2, ("big-0", "big-1"), True),
+        DiscoveredPool("l40s", "L40S", 2, ("n1", "n2"), True),
+    ]
+    check_plan_fits_inventory(two_type_plan(), live, "ray")
+    with pytest.raises(HexError, match="needs L40S machines but the live ray cluster has none"):
+        check_plan_fits_inventory(two_type_plan(), live[:1], "ray")
+    with pytest.raises(HexError, match="uses 2 L40S machines but the live ray cluster has 1"):
+        check_plan_fits_inventory(two_type_plan(), [live[0], replace(live[1], hosts=("n1",))], "ray")
+    with pytest.raises(HexError, match="missing: big-1"):
+        check_plan_fits_inventory(two_type_plan(), [replace(live[0], hosts=("big-0", "x")), live[1]], "ray")
+
+
+def test_replica_group_count_must_match_machines() -> None:
+    plan = two_type_plan()
+    groups = [plan.rollout.replicas[0], ReplicaGroup("small", "L40S", 1, 1, 5, 0.5, 32, 450.0, 32)]
+    with pytest.raises(HexError, match="place 6 rollout servers but the replica groups count 7"):
+        placement_from_plan(replace(plan, rollout=replace(plan.rollout, replicas=groups)))
