@@ -1,0 +1,426 @@
+"""The trainer side: push a version's buckets along the route, re-send bad ones, re-route around failures,
+verify every replica's digest, then commit everywhere (two phases, so no replica ever mixes versions)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.transport.buckets import Bucket, pack, version_digest
+from areal_hex_plugin.transport.links import DataLink, check_backend, open_sending_link
+from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
+from areal_hex_plugin.transport.wire import TransportError, connect, load_token, recv_message, send_message
+
+logger = logging.getLogger("HexTransportSender")
+
+ON_FAILURE = ("reroute", "fail")
+
+
+@dataclass
+class SenderConfig:
+    backend: str = "tcp"
+    # A replica that sends nothing for this long, or a link that stops moving, counts as dead.
+    timeout_s: float = 30.0
+    chunk_bytes: int = 4 << 20
+    # "reroute": drop the dead replica, make the next one relay, re-send to that pool; "fail": abort everywhere.
+    on_failure: str = "reroute"
+    max_resends: int = 3
+
+    def __post_init__(self) -> None:
+        check_backend(self.backend)
+        if self.on_failure not in ON_FAILURE:
+            raise HexError(
+                "hex.transport.on_failure", f"unknown value {self.on_failure!r}", "use reroute or fail"
+            )
+        if self.timeout_s <= 0 or self.chunk_bytes <= 0:
+            raise HexError(
+                "hex.transport", "timeout_s and chunk_bytes must be positive", "raise them above 0"
+            )
+
+
+@dataclass
+class UpdateReport:
+    version: int
+    digest: str
+    nbytes: int
+    seconds: float
+    committed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    resent_buckets: int = 0
+    reroutes: int = 0
+
+
+class _Control:
+    """The sender's control connection to one node; replies queue up, events go to the shared queue."""
+
+    def __init__(
+        self, endpoint: Endpoint, pool: str, token: bytes, timeout_s: float, events: queue.Queue
+    ) -> None:
+        self.endpoint, self.pool, self.timeout_s = endpoint, pool, timeout_s
+        self.sock = connect(endpoint.host, endpoint.port, token, timeout_s)
+        send_message(self.sock, {"role": "control"})
+        self.sock.settimeout(None)
+        self.replies: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.closed = False
+        self._events = events
+        threading.Thread(target=self._read, name=f"hex-control-{endpoint}", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message = recv_message(self.sock)
+                if message["t"] in ("ack", "forward_failed"):
+                    self._events.put((self.pool, self.endpoint, message))
+                else:
+                    self.replies.put(message)
+        except (OSError, ConnectionError, ValueError) as error:
+            if not self.closed:
+                lost = {"t": "lost", "error": f"control connection lost ({error})"}
+                self._events.put((self.pool, self.endpoint, lost))
+                self.replies.put(lost)
+
+    def request(self, message: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        try:
+            send_message(self.sock, message)
+        except OSError as error:
+            return {"t": "lost", "error": f"control connection lost ({error})"}
+        try:
+            return self.replies.get(timeout=timeout_s or self.timeout_s)
+        except queue.Empty:
+            return {
+                "t": "lost",
+                "error": f"no answer to {message['t']} within {timeout_s or self.timeout_s:.0f} s",
+            }
+
+    def close(self) -> None:
+        self.closed = True
+        self.sock.close()
+
+
+class _PoolPush:
+    """Feeds one pool's relay on a thread of its own, so every pool's cross link is busy at once."""
+
+    def __init__(self, sock: socket.socket, link: DataLink, relay: Endpoint, pool: str, events: queue.Queue):
+        self.sock, self.link, self.relay, self.pool, self.events = sock, link, relay, pool, events
+        self.work: queue.Queue[tuple[dict[str, Any], Bucket, int] | None] = queue.Queue()
+        self.broken = False
+        self.thread = threading.Thread(target=self._run, name=f"hex-push-{pool}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (item := self.work.get()) is not None:
+            if self.broken:
+                continue
+            header, bucket, step = item
+            try:
+                send_message(self.sock, header)
+                for offset in range(0, bucket.nbytes, step):
+                    self.link.send(bucket.data[offset : offset + step])
+            except Exception as error:  # noqa: BLE001 - reported as a failure of the relay
+                self.broken = True
+                self.events.put(
+                    (self.pool, self.relay, {"t": "lost", "error": f"data link to relay broke ({error})"})
+                )
+
+    def close(self) -> None:
+        self.work.put(None)
+        self.thread.join(timeout=5)
+        self.link.close()
+        self.sock.close()
+
+
+@dataclass
+class _PoolState:
+    route: PoolRoute
+    alive: list[Endpoint]
+    controls: dict[Endpoint, _Control] = field(default_factory=dict)
+    push: _PoolPush | None = None
+    session: str = ""
+    acked: dict[int, set[Endpoint]] = field(default_factory=dict)
+    # The latest copy of each bucket sent; a NACK of an older copy is stale.
+    copies: dict[int, int] = field(default_factory=dict)
+
+
+class RelaySender:
+    """Send versions along a :class:`Route`.
+
+    ``begin(v)``, then ``send_bucket(named_tensors)`` for every bucket as the trainer produces it, then
+    ``finish()`` (verify and commit), or ``send_version(v, buckets)`` for all three.
+    """
+
+    def __init__(self, route: Route, config: SenderConfig | None = None, token: bytes | None = None) -> None:
+        self.route = route
+        self.config = config or SenderConfig()
+        self.token = token if token is not None else load_token()
+        self._events: queue.Queue[tuple[str, Endpoint, dict[str, Any]]] = queue.Queue()
+        self._pools = {pool.name: _PoolState(pool, list(pool.replicas)) for pool in route.pools}
+        self._failed: dict[str, str] = {}
+        self._buckets: list[Bucket] = []
+        self._version = -1
+        self._report: UpdateReport | None = None
+
+    # -- public -------------------------------------------------------------------------------------------
+
+    def send_version(
+        self, version: int, buckets: Iterable[Iterable[tuple[str, torch.Tensor]]]
+    ) -> UpdateReport:
+        self.begin(version)
+        for named_tensors in buckets:
+            self.send_bucket(named_tensors)
+        return self.finish()
+
+    def begin(self, version: int) -> None:
+        self._version, self._buckets = version, []
+        self._report = UpdateReport(version, "", 0, time.perf_counter())
+        self._drain_events()
+        for state in self._pools.values():
+            self._prepare(state)
+
+    def send_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        bucket = pack(len(self._buckets), named_tensors)
+        self._buckets.append(bucket)
+        for state in self._pools.values():
+            self._enqueue(state, bucket)
+
+    def finish(self, commit: bool = True) -> UpdateReport:
+        """Wait until every live replica holds every bucket, verify digests, then commit (unless told not to)."""
+        report = self._report
+        assert report is not None, "begin() first"
+        try:
+            self._await_buckets()
+            report.digest = version_digest(self._version, [(b.manifest(), b.crc) for b in self._buckets])
+            self._verify(report.digest)
+        except BaseException:
+            self.abort()
+            raise
+        report.nbytes = sum(bucket.nbytes for bucket in self._buckets)
+        if commit:
+            self.commit()
+        report.seconds = time.perf_counter() - report.seconds
+        report.failed = dict(self._failed)
+        return report
+
+    def commit(self) -> None:
+        report = self._report
+        assert report is not None
+        message = {"t": "commit", "version": self._version, "digest": report.digest}
+        pending = [
+            (control, state) for state in self._pools.values() for control in self._live_controls(state)
+        ]
+        for control, _ in pending:
+            send_message(control.sock, message)
+        for control, state in pending:
+            reply = self._reply(control, timeout_s=max(self.config.timeout_s, 300.0))
+            if reply.get("t") == "committed" and reply.get("version") == self._version:
+                report.committed.append(str(control.endpoint))
+            else:
+                self._mark_failed(state, control.endpoint, f"commit failed: {reply.get('error', reply)}")
+        self._buckets = []
+
+    def abort(self) -> None:
+        """Every replica drops the staged version and keeps serving its last committed one."""
+        for state in self._pools.values():
+            self._stop_push(state)
+            for control in self._live_controls(state):
+                control.request({"t": "abort"})
+        self._buckets = []
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Committed version and digest of every live replica."""
+        answers = {}
+        for state in self._pools.values():
+            for control in self._live_controls(state):
+                answers[str(control.endpoint)] = control.request({"t": "status"})
+        return answers
+
+    def close(self) -> None:
+        for state in self._pools.values():
+            self._stop_push(state)
+            for control in state.controls.values():
+                control.close()
+            state.controls.clear()
+
+    # -- internals ----------------------------------------------------------------------------------------
+
+    def _live_controls(self, state: _PoolState) -> list[_Control]:
+        return [state.controls[e] for e in state.alive if e in state.controls]
+
+    def _reply(self, control: _Control, timeout_s: float | None = None) -> dict[str, Any]:
+        try:
+            return control.replies.get(timeout=timeout_s or self.config.timeout_s)
+        except queue.Empty:
+            return {"t": "lost", "error": "no answer within the timeout"}
+
+    def _drain_events(self) -> None:
+        while not self._events.empty():
+            self._events.get_nowait()
+
+    def _stop_push(self, state: _PoolState) -> None:
+        if state.push is not None:
+            state.push.close()
+            state.push = None
+
+    def _mark_failed(self, state: _PoolState, endpoint: Endpoint, reason: str) -> None:
+        if endpoint not in state.alive:
+            return
+        logger.warning("pool %s: replica %s failed: %s", state.route.name, endpoint, reason)
+        state.alive.remove(endpoint)
+        self._failed[str(endpoint)] = reason
+        control = state.controls.pop(endpoint, None)
+        if control is not None:
+            control.close()
+        if self.config.on_failure == "fail" or not state.alive:
+            self.abort()
+            left = "no replica left in the pool" if state.alive == [] else "on_failure=fail"
+            raise TransportError(
+                f"weight update to version {self._version} failed: pool {state.route.name!r} replica {endpoint}: "
+                f"{reason} ({left}); no replica committed version {self._version}, all keep their previous one"
+            )
+
+    def _prepare(self, state: _PoolState) -> None:
+        """(Re)build the pool's chain: tail first, so every node finds its downstream ready."""
+        while True:
+            self._stop_push(state)
+            state.session, state.acked, state.copies = secrets.token_hex(8), {}, {}
+            failed = self._prepare_chain(state)
+            if failed is None:
+                return
+            self._mark_failed(state, *failed)
+            if self._report is not None:
+                self._report.reroutes += 1
+
+    def _prepare_chain(self, state: _PoolState) -> tuple[Endpoint, str] | None:
+        chain = state.alive
+        for position in range(len(chain) - 1, -1, -1):
+            endpoint = chain[position]
+            if endpoint not in state.controls:
+                try:
+                    state.controls[endpoint] = _Control(
+                        endpoint, state.route.name, self.token, self.config.timeout_s, self._events
+                    )
+                except TransportError as error:
+                    return endpoint, str(error)
+            downstream = str(chain[position + 1]) if position + 1 < len(chain) else None
+            reply = state.controls[endpoint].request(
+                {
+                    "t": "prepare",
+                    "session": state.session,
+                    "downstream": downstream,
+                    "backend": self.config.backend,
+                }
+            )
+            if reply.get("t") == "downstream_failed":
+                return chain[position + 1], reply.get("error", "unreachable")
+            if reply.get("t") != "ready":
+                return endpoint, reply.get("error", str(reply))
+        relay = chain[0]
+        try:
+            sock = connect(relay.host, relay.port, self.token, self.config.timeout_s)
+            send_message(sock, {"role": "data", "session": state.session})
+            link = open_sending_link(sock, self.config.backend, self.config.timeout_s)
+        except (TransportError, OSError, ConnectionError) as error:
+            return relay, f"data link to relay failed ({error})"
+        state.push = _PoolPush(sock, link, relay, state.route.name, self._events)
+        return None
+
+    def _enqueue(self, state: _PoolState, bucket: Bucket) -> None:
+        copy = state.copies[bucket.index] = state.copies.get(bucket.index, -1) + 1
+        header = {
+            "c": copy,
+            "t": "bucket",
+            "s": state.session,
+            "v": self._version,
+            "i": bucket.index,
+            "n": bucket.nbytes,
+            "crc": bucket.crc,
+            "chunk": self.config.chunk_bytes,
+            "m": bucket.manifest(),
+        }
+        assert state.push is not None
+        state.push.work.put((header, bucket, self.config.chunk_bytes))
+
+    def _pool_done(self, state: _PoolState) -> bool:
+        alive = set(state.alive)
+        return all(alive <= state.acked.get(bucket.index, set()) for bucket in self._buckets)
+
+    def _await_buckets(self) -> None:
+        last_progress = time.monotonic()
+        while not all(self._pool_done(state) for state in self._pools.values()):
+            try:
+                pool, endpoint, message = self._events.get(timeout=0.5)
+            except queue.Empty:
+                if time.monotonic() - last_progress > self.config.timeout_s:
+                    self._fail_laggard()
+                    last_progress = time.monotonic()
+                continue
+            state = self._pools[pool]
+            if endpoint not in state.alive:
+                continue
+            kind = message["t"]
+            if kind == "ack" and message.get("s") == state.session:
+                last_progress = time.monotonic()
+                self._on_ack(state, endpoint, message)
+            elif kind == "forward_failed" and Endpoint.parse(message["peer"]) in state.alive:
+                self._reroute(
+                    state, Endpoint.parse(message["peer"]), f"link from {endpoint} broke: {message['error']}"
+                )
+                last_progress = time.monotonic()
+            elif kind == "lost":
+                self._reroute(state, endpoint, message["error"])
+                last_progress = time.monotonic()
+
+    def _on_ack(self, state: _PoolState, endpoint: Endpoint, message: dict[str, Any]) -> None:
+        index = message["i"]
+        if message["ok"]:
+            state.acked.setdefault(index, set()).add(endpoint)
+            return
+        # Corruption upstream of a node reaches every node after it: re-send once per copy, not per NACK.
+        if message["c"] != state.copies.get(index) or endpoint in state.acked.get(index, set()):
+            return
+        if message["c"] >= self.config.max_resends:
+            self._reroute(state, endpoint, f"bucket {index} arrived corrupted {message['c'] + 1} times")
+            return
+        assert self._report is not None
+        self._report.resent_buckets += 1
+        logger.warning(
+            "pool %s: bucket %d failed its checksum at %s; re-sending", state.route.name, index, endpoint
+        )
+        self._enqueue(state, self._buckets[index])
+
+    def _reroute(self, state: _PoolState, endpoint: Endpoint, reason: str) -> None:
+        for control in self._live_controls(state):
+            if control.endpoint != endpoint:
+                control.request({"t": "abort"})
+        self._mark_failed(state, endpoint, reason)
+        self._prepare(state)
+        assert self._report is not None
+        self._report.reroutes += 1
+        for bucket in self._buckets:
+            self._enqueue(state, bucket)
+
+    def _fail_laggard(self) -> None:
+        for state in self._pools.values():
+            for endpoint in list(state.alive):
+                if not all(endpoint in state.acked.get(b.index, set()) for b in self._buckets):
+                    self._reroute(state, endpoint, f"no progress within {self.config.timeout_s:.0f} s")
+                    break
+
+    def _verify(self, digest: str) -> None:
+        message = {"t": "end", "version": self._version, "digest": digest, "buckets": len(self._buckets)}
+        for state in self._pools.values():
+            for control in self._live_controls(state):
+                reply = control.request(message)
+                if reply.get("t") != "verified":
+                    self._mark_failed(
+                        state, control.endpoint, f"verification failed: {reply.get('error', reply)}"
+                    )
