@@ -10,7 +10,7 @@ if [ -f "$stamp" ]; then
   exit 0
 fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+pip=(.venv/bin/python -m pip install -qq --disable-pip-version-check)
 # torch first and pinned: an unpinned torch (or uv) resolves to a multi-GB CUDA build (docs/install facts).
 "${pip[@]}" "torch==2.13.0"
 "${pip[@]}" -e ".[areal,plot,dev]"
