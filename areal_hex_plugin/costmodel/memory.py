@@ -1,4 +1,4 @@
-"""Memory footprints that decide whether a model fits at all."""
+"""Memory footprints: whether a model fits at all, and what one pipeline stage holds per GPU."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from areal_hex_plugin.specs.models import ModelShape
 TRAIN_BYTES_PER_PARAM = 18
 # Share of HBM a framework can use for model state (CUDA context, allocator slack and NCCL buffers take the rest).
 USABLE_HBM_FRACTION = 0.9
+# SGLang keeps this much per GPU outside the KV pool for activations and CUDA graphs at large decode batches.
+ROLLOUT_WORKSPACE_BYTES = 2e9
+GB = 1e9
 
 
 def min_rollout_gpus(model: ModelShape, gpu: GpuSpec) -> int:
@@ -23,3 +26,69 @@ def min_rollout_gpus(model: ModelShape, gpu: GpuSpec) -> int:
 def min_train_gpus(model: ModelShape, gpu: GpuSpec) -> int:
     """Fewest GPUs of one type whose memory holds the sharded training state (activations not counted)."""
     return max(1, math.ceil(model.params * TRAIN_BYTES_PER_PARAM / (USABLE_HBM_FRACTION * gpu.hbm_bytes)))
+
+
+def split_layers(total: int, weights: tuple[float, ...]) -> tuple[int, ...] | None:
+    """``total`` layers over stages in proportion to ``weights`` (largest remainder, at least one each)."""
+    if len(weights) > total or min(weights) <= 0:
+        return None
+    spare = total - len(weights)
+    shares = [spare * w / sum(weights) for w in weights]
+    layers = [1 + math.floor(s) for s in shares]
+    order = sorted(range(len(weights)), key=lambda i: shares[i] - math.floor(shares[i]), reverse=True)
+    for i in order[: total - sum(layers)]:
+        layers[i] += 1
+    return tuple(layers)
+
+
+def stage_params(model: ModelShape, layers: tuple[int, ...]) -> tuple[int, ...]:
+    """Parameters each pipeline stage holds: its layers, the embedding on the first, the LM head on the last."""
+    table = model.vocab * model.hidden
+    out = []
+    for i, n in enumerate(layers):
+        params = n * model.params_per_layer
+        if i == 0:
+            params += table
+        if i == len(layers) - 1:
+            params += model.hidden  # final norm
+            # A tied head shares the embedding only when both sit on one stage.
+            if not model.tied_embeddings or len(layers) > 1:
+                params += table
+        out.append(params)
+    return tuple(out)
+
+
+def kv_heads_per_gpu(model: ModelShape, tp: int) -> int:
+    """KV heads one TP rank stores: heads are split, and replicated once TP exceeds their number."""
+    return max(1, math.ceil(model.kv_heads / tp))
+
+
+def kv_bytes_per_token(model: ModelShape, layers: int, tp: int) -> int:
+    """bf16 K and V bytes per cached token on one TP rank of a stage with ``layers`` layers (GQA-aware)."""
+    return 2 * layers * kv_heads_per_gpu(model, tp) * model.dim_per_head * 2
+
+
+def rollout_kv_budget(gpu: GpuSpec, weight_bytes_per_gpu: float) -> float:
+    """HBM bytes left for the KV cache on one rollout GPU (may be negative)."""
+    return USABLE_HBM_FRACTION * gpu.hbm_bytes - ROLLOUT_WORKSPACE_BYTES - weight_bytes_per_gpu
+
+
+def train_activation_bytes(model: ModelShape, layers: int, tokens: float, tp: int, last: bool) -> float:
+    """Activation bytes per GPU for one micro-batch of ``tokens`` with full activation checkpointing.
+
+    Kept: each layer's bf16 input; plus the working set of the one layer being recomputed (q/k/v, attention
+    output, MLP gate/up/activation: about 10 hidden + 3 ffn bf16 values per token).
+    """
+    checkpoints = tokens * model.hidden * 2 * layers
+    working = tokens * (10 * model.hidden + 3 * model.ffn) * 2 / tp
+    # bf16 logits and their gradient on the last stage (upstream's log-softmax runs in fp32 chunks of 1k tokens).
+    logits = tokens * model.vocab * 2 * 2 / tp if last else 0.0
+    return checkpoints + working + logits
+
+
+def train_state_bytes(params: int, model: ModelShape, layers: int, dp: int, tp: int) -> float:
+    """Optimizer state, gradients and parameters per GPU (FSDP over dp, TP over tp) plus gathered layers."""
+    sharded = params * TRAIN_BYTES_PER_PARAM / (dp * tp)
+    # FSDP unshards about two layers at a time (the current one and the prefetched next) in bf16.
+    gathered = min(layers, 2) * model.params_per_layer * 2 / tp if dp > 1 else 0.0
+    return sharded + gathered

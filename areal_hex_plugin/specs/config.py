@@ -101,12 +101,31 @@ class SolverConfig:
 
 
 @dataclass
+class GpuEfficiencyConfig:
+    """Calibration factors of one GPU type (each in (0, 1]); unset ones keep the profile's or the default."""
+
+    train_mfu: float | None = None
+    infer_mfu: float | None = None
+    hbm_fraction: float | None = None
+    link_efficiency: float | None = None
+
+
+@dataclass
+class CalibrationConfig:
+    """Cost-model efficiency factors: defaults, then a profile JSON (``areal-hex profile``), then these."""
+
+    profile: str | None = None
+    gpu_types: dict[str, GpuEfficiencyConfig] = field(default_factory=dict)
+
+
+@dataclass
 class HexConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     gpu_catalog: dict[str, GpuTypeConfig] = field(default_factory=dict)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     solver: SolverConfig = field(default_factory=SolverConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     # Weight transport between GPU types: "relay" (ours) or "upstream" (AReaL's own xccl/disk path).
     transport: str = "relay"
     # Load this saved plan instead of solving at start.

@@ -1,0 +1,66 @@
+"""The one entry point the scheduler uses: :class:`CostModel`, pure and memoised per configuration."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from areal_hex_plugin.costmodel.calibration import Calibration
+from areal_hex_plugin.costmodel.lengths import length_stats
+from areal_hex_plugin.costmodel.rollout import RolloutEstimate, RolloutStage, estimate_rollout
+from areal_hex_plugin.costmodel.train import TrainEstimate, TrainStage, estimate_train
+from areal_hex_plugin.costmodel.weightsync import WeightSyncEstimate, estimate_weight_sync
+from areal_hex_plugin.specs.cluster import Cluster
+from areal_hex_plugin.specs.workload import WorkloadSpec
+
+
+class CostModel:
+    """Cost estimates for one cluster and workload; every result is a frozen dataclass, cached by its inputs."""
+
+    def __init__(
+        self, cluster: Cluster, workload: WorkloadSpec, calibration: Calibration | None = None
+    ) -> None:
+        self.cluster = cluster
+        self.workload = workload
+        self.calibration = calibration or Calibration()
+        self._lengths = length_stats(workload.output_lengths)
+        self._rollout: dict[tuple[RolloutStage, ...], RolloutEstimate] = {}
+        self._train: dict[tuple[TrainStage, ...], TrainEstimate] = {}
+        self._sync: dict[tuple, WeightSyncEstimate] = {}
+
+    def rollout(self, stages: tuple[RolloutStage, ...]) -> RolloutEstimate:
+        """One rollout replica: ``len(stages)`` pipeline stages, each TP inside one machine."""
+        stages = tuple(stages)
+        found = self._rollout.get(stages)
+        if found is None:
+            found = estimate_rollout(self.cluster, self.workload, self.calibration, self._lengths, stages)
+            self._rollout[stages] = found
+        return found
+
+    def train(self, stages: tuple[TrainStage, ...]) -> TrainEstimate:
+        """One training layout: ``len(stages)`` pipeline stages, each DP x TP GPUs of one pool."""
+        stages = tuple(stages)
+        found = self._train.get(stages)
+        if found is None:
+            found = estimate_train(self.cluster, self.workload, self.calibration, stages)
+            self._train[stages] = found
+        return found
+
+    def weight_sync(
+        self,
+        train_gpus: Mapping[str, int],
+        replicas: Sequence[tuple[tuple[RolloutStage, ...], int]],
+        strategy: str = "broadcast",
+    ) -> WeightSyncEstimate:
+        """One weight version from the trainer (pool -> GPUs) to every replica ((stages, count) pairs)."""
+        key = (tuple(sorted(train_gpus.items())), tuple(sorted((tuple(s), n) for s, n in replicas)), strategy)
+        found = self._sync.get(key)
+        if found is None:
+            found = estimate_weight_sync(
+                self.cluster, self.workload, self.calibration, train_gpus, replicas, strategy
+            )
+            self._sync[key] = found
+        return found
+
+    def reward_s(self, samples: int) -> float:
+        """Seconds to score ``samples`` rollouts on the recipe's reward CPUs."""
+        return samples * self.workload.reward_cpu_s_per_sample / self.workload.reward_cpus

@@ -1,0 +1,266 @@
+"""Rollout replica model (HexGen-style roofline, GQA-aware, with continuous batching and long-tail drain).
+
+One decode step of ``a`` sequences on one TP rank of a stage costs
+``max(weights / HBM, a * 2 * params / FLOPS) + max(a * ctx * KV bytes / HBM, a * 4 * ctx * q_dim / FLOPS)``
+plus two TP all-reduces per layer over the machine's GPU link. Pipeline stages run ``pp`` micro-batches; the
+slowest stage (with its hand-off) sets the cycle. The replica keeps the batch full (continuous batching) while
+the staleness window admits work, then drains as the long tail finishes; prefill is compute-bound and adds its
+time per sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from areal_hex_plugin.costmodel.calibration import Calibration
+from areal_hex_plugin.costmodel.lengths import DrainCurve, LengthStats
+from areal_hex_plugin.costmodel.memory import (
+    GB,
+    USABLE_HBM_FRACTION,
+    kv_bytes_per_token,
+    rollout_kv_budget,
+    split_layers,
+    stage_params,
+)
+from areal_hex_plugin.specs.cluster import Cluster, Pool
+from areal_hex_plugin.specs.workload import WorkloadSpec
+
+# Per-step CPU work of the engine (scheduling, sampling, detokenisation hand-off) that CUDA graphs do not hide.
+STEP_OVERHEAD_S = 1e-3
+# Latency of one small NCCL all-reduce inside a machine, and of one pipeline hand-off between machines.
+ALLREDUCE_LATENCY_S = 10e-6
+HANDOFF_LATENCY_S = 50e-6
+
+
+@dataclass(frozen=True, order=True)
+class RolloutStage:
+    """One pipeline stage of a rollout replica: ``tp`` GPUs inside one machine of ``pool``."""
+
+    pool: str
+    tp: int
+
+
+@dataclass(frozen=True)
+class RolloutEstimate:
+    feasible: bool
+    reason: str
+    tokens_per_s: float  # steady generated tokens/s of one replica over a staleness window
+    gpus: dict[str, int] = field(hash=False)  # pool -> GPUs
+    concurrency: int  # sequences in flight when the batch is full
+    weights_gb_per_gpu: float  # largest over stages
+    kv_gb_per_gpu: float  # KV-cache budget per GPU on the tightest stage
+    layers: tuple[int, ...] = ()
+    peak_tokens_per_s: float = 0.0  # decode rate with the batch full (no prefill, no drain)
+    step_time_s: float = 0.0  # one decode step with the batch full
+    bound: str = ""  # what limits the full-batch decode step: "hbm", "compute" or "communication"
+    kv_capacity_tokens: int = 0
+
+    @property
+    def n_gpus(self) -> int:
+        return sum(self.gpus.values())
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """Per-TP-rank constants of one stage, in bytes, FLOPs and seconds."""
+
+    weight_s: float  # weights once per step
+    lin_flop_s: float  # dense FLOPs per sequence per step
+    kv_read_s: float  # KV read per sequence per context token
+    attn_flop_s: float  # attention FLOPs per sequence per context token
+    allreduce_s: float  # all-reduces per step: fixed latency
+    allreduce_per_seq_s: float  # ... and per sequence
+    handoff_s: float  # to the next stage: fixed latency
+    handoff_per_seq_s: float  # ... and per sequence
+    prefill_s: float  # one prompt's prefill on this stage
+
+
+def _infeasible(reason: str, gpus: dict[str, int]) -> RolloutEstimate:
+    return RolloutEstimate(False, reason, 0.0, gpus, 0, 0.0, 0.0)
+
+
+def _check_stages(cluster: Cluster, workload: WorkloadSpec, stages: tuple[RolloutStage, ...]) -> str:
+    model = workload.model
+    if not stages:
+        return "a replica needs at least one stage"
+    if len(stages) > model.layers:
+        return f"{len(stages)} pipeline stages for {model.layers} layers"
+    names = {p.name for p in cluster.pools}
+    used: dict[str, int] = {}
+    for s in stages:
+        if s.pool not in names:
+            return f"unknown pool {s.pool!r} (pools: {', '.join(sorted(names))})"
+        pool = cluster.pool(s.pool)
+        if s.tp < 1 or s.tp > pool.gpus_per_machine:
+            return f"TP{s.tp} does not fit one {pool.name} machine of {pool.gpus_per_machine} GPUs"
+        if model.heads % s.tp:
+            return f"TP{s.tp} does not divide {model.name}'s {model.heads} attention heads"
+        used[s.pool] = used.get(s.pool, 0) + s.tp
+    for name, count in used.items():
+        if count > cluster.pool(name).n_gpus:
+            return f"needs {count} GPUs of pool {name}, which has {cluster.pool(name).n_gpus}"
+    return ""
+
+
+def _handoff_link(cluster: Cluster, a: Pool, b: Pool, replica_gpus_in_pool: int) -> float:
+    if a.name != b.name:
+        return cluster.link_gb_per_s(a.name, b.name)
+    if replica_gpus_in_pool <= a.gpus_per_machine:
+        return a.intra_machine_gb_per_s
+    return a.inter_machine_gb_per_s
+
+
+def _build_stages(cluster, workload, calibration: Calibration, stages, layers, gpus) -> list[_Stage]:
+    model = workload.model
+    params = stage_params(model, layers)
+    q_dim = model.heads * model.dim_per_head
+    prompt = workload.prompt_tokens
+    built = []
+    for i, (s, n, p) in enumerate(zip(stages, layers, params, strict=True)):
+        pool = cluster.pool(s.pool)
+        eff = calibration.for_gpu(pool.gpu_type)
+        hbm = pool.gpu.hbm_bytes_per_s * eff.hbm_fraction
+        flops = pool.gpu.flops * eff.infer_mfu
+        compute_params = n * model.params_per_layer + (
+            model.vocab * model.hidden if i == len(stages) - 1 else 0
+        )
+        ar_s, ar_seq = 0.0, 0.0
+        if s.tp > 1:
+            link = pool.intra_machine_gb_per_s * GB * eff.link_efficiency
+            ar_s = 2 * n * ALLREDUCE_LATENCY_S
+            ar_seq = 2 * n * model.hidden * 2 * 2 * (s.tp - 1) / s.tp / link
+        ho_s, ho_seq = 0.0, 0.0
+        if i + 1 < len(stages):
+            nxt = cluster.pool(stages[i + 1].pool)
+            link = _handoff_link(cluster, pool, nxt, gpus[pool.name]) * GB * eff.link_efficiency
+            ho_s, ho_seq = HANDOFF_LATENCY_S, model.hidden * 2 / link
+        prefill_flops = 2 * compute_params * prompt + 2 * prompt * prompt * q_dim * n
+        built.append(
+            _Stage(
+                weight_s=p * 2 / s.tp / hbm,
+                lin_flop_s=2 * compute_params / s.tp / flops,
+                kv_read_s=kv_bytes_per_token(model, n, s.tp) / hbm,
+                attn_flop_s=4 * q_dim * n / s.tp / flops,
+                allreduce_s=ar_s,
+                allreduce_per_seq_s=ar_seq,
+                handoff_s=ho_s,
+                handoff_per_seq_s=ho_seq,
+                prefill_s=prefill_flops / s.tp / flops + ar_seq * prompt,
+            )
+        )
+    return built
+
+
+def _stage_time(st: _Stage, seqs: float, ctx: float) -> tuple[float, str]:
+    dense = max(st.weight_s, seqs * st.lin_flop_s)
+    attention = seqs * ctx * max(st.kv_read_s, st.attn_flop_s)
+    comm = st.allreduce_s + seqs * st.allreduce_per_seq_s + st.handoff_s + seqs * st.handoff_per_seq_s
+    hbm = (st.weight_s if st.weight_s >= seqs * st.lin_flop_s else 0.0) + (
+        seqs * ctx * st.kv_read_s if st.kv_read_s >= st.attn_flop_s else 0.0
+    )
+    compute = dense + attention - hbm
+    bound = max((("hbm", hbm), ("compute", compute), ("communication", comm)), key=lambda kv: kv[1])[0]
+    return dense + attention + comm, bound
+
+
+def _cycle(stages: list[_Stage], seqs: float, ctx: float) -> tuple[float, str]:
+    """Seconds for every one of ``seqs`` sequences to advance one token, and what bounds it."""
+    micro = min(len(stages), max(1.0, seqs))
+    times = [_stage_time(st, seqs / micro, ctx) for st in stages]
+    slowest, bound = max(times)
+    return micro * slowest + STEP_OVERHEAD_S, bound
+
+
+def _drain_time(stages: list[_Stage], c: int, ctx: float, curve: DrainCurve) -> tuple[float, float]:
+    """Seconds and tokens of a batch of ``c`` draining along ``curve`` (context grows as survivors age)."""
+    seconds = tokens = 0.0
+    for dt, share, since in curve.steps:
+        active = c * share
+        if active <= 0:
+            continue
+        seconds += dt * _cycle(stages, active, ctx + since)[0]
+        tokens += dt * active
+    return seconds, tokens
+
+
+def estimate_rollout(
+    cluster: Cluster,
+    workload: WorkloadSpec,
+    calibration: Calibration,
+    lengths: LengthStats,
+    stages: tuple[RolloutStage, ...],
+) -> RolloutEstimate:
+    gpus: dict[str, int] = {}
+    for s in stages:
+        gpus[s.pool] = gpus.get(s.pool, 0) + s.tp
+    problem = _check_stages(cluster, workload, stages)
+    if problem:
+        return _infeasible(problem, gpus)
+    model = workload.model
+    pools = [cluster.pool(s.pool) for s in stages]
+    capability = tuple(
+        s.tp * p.gpu.hbm_bytes_per_s * calibration.for_gpu(p.gpu_type).hbm_fraction
+        for s, p in zip(stages, pools, strict=True)
+    )
+    layers = split_layers(model.layers, capability)
+    assert layers is not None  # stage count checked above
+    params = stage_params(model, layers)
+    weights = [p * 2 / s.tp for p, s in zip(params, stages, strict=True)]
+    budgets = [rollout_kv_budget(pool.gpu, w) for pool, w in zip(pools, weights, strict=True)]
+    per_token = [kv_bytes_per_token(model, n, s.tp) for n, s in zip(layers, stages, strict=True)]
+    capacity = min(max(0.0, b) / t for b, t in zip(budgets, per_token, strict=True))
+    tight = min(range(len(stages)), key=lambda i: max(0.0, budgets[i]) / per_token[i])
+    where = _describe(model.name, stages, pools, tight)
+    longest = workload.prompt_tokens + workload.rl.max_new_tokens
+    if budgets[tight] <= 0:
+        usable = USABLE_HBM_FRACTION * pools[tight].gpu.hbm_gb
+        return _infeasible(
+            f"{where}: {weights[tight] / GB:.1f} GB weights per GPU leave no room for a KV cache in "
+            f"{usable:.1f} GB usable memory",
+            gpus,
+        )
+    if capacity < longest:
+        return _infeasible(
+            f"{where}: {weights[tight] / GB:.1f} GB weights leave {budgets[tight] / GB:.1f} GB for KV cache, "
+            f"fewer than 1 sequence of {longest / 1000:.0f}k tokens",
+            gpus,
+        )
+    ctx = workload.prompt_tokens + lengths.inflight_position
+    concurrency = max(1, int(capacity / ctx))
+    if workload.rl.max_concurrent_rollouts:
+        concurrency = min(concurrency, workload.rl.max_concurrent_rollouts)
+    built = _build_stages(cluster, workload, calibration, stages, layers, gpus)
+    step, bound = _cycle(built, concurrency, ctx)
+    peak = concurrency / step
+    # The staleness bound lets eta + 1 batches through before admission stops and the batch drains.
+    waves = workload.rl.max_head_offpolicyness + 1
+    curve = lengths.drain_from_full if waves > 1 else lengths.drain_from_start
+    drain_s, drain_tokens = _drain_time(built, concurrency, ctx, curve)
+    total_tokens = waves * concurrency * lengths.mean
+    full_s = max(0.0, total_tokens - drain_tokens) / peak
+    prefill_s = waves * concurrency * max(st.prefill_s for st in built)
+    tokens_per_s = total_tokens / (full_s + drain_s + prefill_s)
+    return RolloutEstimate(
+        feasible=True,
+        reason="",
+        tokens_per_s=tokens_per_s,
+        gpus=gpus,
+        concurrency=concurrency,
+        weights_gb_per_gpu=max(weights) / GB,
+        kv_gb_per_gpu=budgets[tight] / GB,
+        layers=layers,
+        peak_tokens_per_s=peak,
+        step_time_s=step,
+        bound=bound,
+        kv_capacity_tokens=int(capacity),
+    )
+
+
+def _describe(model: str, stages: tuple[RolloutStage, ...], pools: list[Pool], index: int) -> str:
+    short = model.split("-")[-1] if "-" in model else model
+    layout = (
+        f"TP{stages[index].tp}"
+        if len(stages) == 1
+        else f"stage {index} (TP{stages[index].tp}) of PP{len(stages)}"
+    )
+    return f"{short} at {layout} on {pools[index].gpu_type}"

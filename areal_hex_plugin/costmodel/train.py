@@ -1,0 +1,208 @@
+"""Training-step model (Metis-style): per-stage FLOPs at a per-type MFU, TP/DP/PP communication, FSDP memory.
+
+Each pipeline stage is ``dp x tp`` GPUs of one pool; layers go to stages in proportion to stage compute. A step
+trains on ``workload.tokens_per_step`` tokens: forward + backward + activation recompute (8 x params FLOPs per
+token plus attention), and ``rl.forward_passes`` extra forward passes for log-probs. FSDP gathers bf16 parameters
+twice and reduce-scatters fp32 gradients per micro-batch; that traffic overlaps compute, so a stage takes the
+larger of the two. Pipelines add the 1F1B bubble.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from areal_hex_plugin.costmodel.calibration import Calibration
+from areal_hex_plugin.costmodel.memory import (
+    GB,
+    USABLE_HBM_FRACTION,
+    split_layers,
+    stage_params,
+    train_activation_bytes,
+    train_state_bytes,
+)
+from areal_hex_plugin.specs.cluster import Cluster
+from areal_hex_plugin.specs.workload import WorkloadSpec
+
+# Upstream's default ``actor.mb_spec.max_tokens_per_mb`` in the shipped recipes; a sequence longer than this
+# gets a micro-batch of its own.
+MICROBATCH_TOKENS = 32768
+# fp32 master weights + Adam moments read and written, bf16 weights written: bytes moved per parameter by the
+# optimizer step (bandwidth-bound).
+OPTIMIZER_BYTES_PER_PARAM = 40
+
+
+@dataclass(frozen=True, order=True)
+class TrainStage:
+    """One pipeline stage of the trainer: ``dp * tp`` GPUs of ``pool`` (TP inside a machine, DP inside the pool)."""
+
+    pool: str
+    dp: int
+    tp: int
+
+    @property
+    def n_gpus(self) -> int:
+        return self.dp * self.tp
+
+
+@dataclass(frozen=True)
+class TrainEstimate:
+    feasible: bool
+    reason: str
+    step_time_s: float  # one RL training step (workload.tokens_per_step tokens)
+    tokens_per_s: float
+    gpus: dict[str, int] = field(hash=False)
+    layers: tuple[int, ...] = ()
+    memory_gb_per_gpu: tuple[float, ...] = ()
+    breakdown: dict[str, float] = field(default_factory=dict, hash=False)  # seconds per step by part
+
+    @property
+    def n_gpus(self) -> int:
+        return sum(self.gpus.values())
+
+
+def _infeasible(reason: str, gpus: dict[str, int], layers=(), memory=()) -> TrainEstimate:
+    return TrainEstimate(False, reason, math.inf, 0.0, gpus, tuple(layers), tuple(memory))
+
+
+def _check(cluster: Cluster, workload: WorkloadSpec, stages: tuple[TrainStage, ...]) -> str:
+    model = workload.model
+    if not stages:
+        return "a trainer needs at least one stage"
+    if len(stages) > model.layers:
+        return f"{len(stages)} pipeline stages for {model.layers} layers"
+    names = {p.name for p in cluster.pools}
+    used: dict[str, int] = {}
+    for s in stages:
+        if s.pool not in names:
+            return f"unknown pool {s.pool!r} (pools: {', '.join(sorted(names))})"
+        pool = cluster.pool(s.pool)
+        if s.dp < 1 or s.tp < 1:
+            return f"dp and tp must be at least 1, got dp={s.dp} tp={s.tp}"
+        if s.tp > pool.gpus_per_machine:
+            return f"TP{s.tp} does not fit one {pool.name} machine of {pool.gpus_per_machine} GPUs"
+        if model.heads % s.tp:
+            return f"TP{s.tp} does not divide {model.name}'s {model.heads} attention heads"
+        used[s.pool] = used.get(s.pool, 0) + s.n_gpus
+    for name, count in used.items():
+        if count > cluster.pool(name).n_gpus:
+            return f"needs {count} GPUs of pool {name}, which has {cluster.pool(name).n_gpus}"
+    return ""
+
+
+def estimate_train(
+    cluster: Cluster, workload: WorkloadSpec, calibration: Calibration, stages: tuple[TrainStage, ...]
+) -> TrainEstimate:
+    gpus: dict[str, int] = {}
+    for s in stages:
+        gpus[s.pool] = gpus.get(s.pool, 0) + s.n_gpus
+    problem = _check(cluster, workload, stages)
+    if problem:
+        return _infeasible(problem, gpus)
+    model, rl = workload.model, workload.rl
+    pools = [cluster.pool(s.pool) for s in stages]
+    effs = [calibration.for_gpu(p.gpu_type) for p in pools]
+    power = tuple(s.n_gpus * p.gpu.flops * e.train_mfu for s, p, e in zip(stages, pools, effs, strict=True))
+    layers = split_layers(model.layers, power)
+    assert layers is not None
+    params = stage_params(model, layers)
+    pp = len(stages)
+
+    tokens = workload.tokens_per_step
+    longest = workload.prompt_tokens + rl.max_new_tokens
+    mb_tokens = max(MICROBATCH_TOKENS, longest)
+    # Token-weighted mean attended context of a packed causal sequence: E[s^2] / 2E[s].
+    seq_mean = workload.mean_sequence_tokens
+    seq_sq = workload.output_lengths.mean_square + 2 * workload.prompt_tokens * workload.output_lengths.mean
+    attended = (seq_sq + workload.prompt_tokens**2) / (2 * seq_mean)
+    q_dim = model.heads * model.dim_per_head
+    minibatches = max(1, rl.ppo_n_minibatches)
+    forward_passes = rl.forward_passes
+
+    memory: list[float] = []
+    parts = {"compute": 0.0, "tp_comm": 0.0, "dp_comm": 0.0, "pp_comm": 0.0, "optimizer": 0.0}
+    stage_times: list[float] = []
+    micro = 1
+    for i, (s, pool, eff, n, p) in enumerate(zip(stages, pools, effs, layers, params, strict=True)):
+        last = i == pp - 1
+        dense = n * model.params_per_layer + (model.vocab * model.hidden if last else 0)
+        attn_fwd = 4 * attended * q_dim * n  # per token
+        fwd = 2 * dense + attn_fwd
+        # Forward, backward (2x), recompute under checkpointing; plus forward-only log-prob passes.
+        flops = tokens * (4 * fwd + forward_passes * fwd)
+        compute = flops / (s.n_gpus * pool.gpu.flops * eff.train_mfu)
+
+        tp_comm = 0.0
+        if s.tp > 1:
+            link = pool.intra_machine_gb_per_s * GB * eff.link_efficiency
+            # 2 all-reduces per layer forward, 2 backward, 2 recompute; per extra forward pass 2.
+            per_token = (6 + 2 * forward_passes) * n * model.hidden * 2 * 2 * (s.tp - 1) / s.tp
+            tp_comm = tokens / s.dp * per_token / link
+
+        # Micro-batches per DP rank per optimizer step (each runs FSDP's gathers once).
+        micro = max(1, math.ceil(tokens / minibatches / (s.dp * mb_tokens)))
+        dp_comm = 0.0
+        if s.dp > 1:
+            spans = s.n_gpus > pool.gpus_per_machine
+            if spans:
+                # Every TP slice's ring crosses the machine's NIC once: the whole stage's bytes per collective.
+                bw, volume = pool.inter_machine_gb_per_s * GB * eff.link_efficiency, p
+            else:
+                bw = pool.intra_machine_gb_per_s * GB * eff.link_efficiency
+                volume = p / s.tp * (s.dp - 1) / s.dp
+            per_micro = volume * (2 * 2 + 4) / bw  # two bf16 all-gathers + one fp32 reduce-scatter
+            per_forward = volume * 2 / bw
+            dp_comm = minibatches * micro * per_micro + forward_passes * minibatches * micro * per_forward
+
+        optimizer = (
+            minibatches
+            * p
+            / s.n_gpus
+            * OPTIMIZER_BYTES_PER_PARAM
+            / (pool.gpu.hbm_bytes_per_s * eff.hbm_fraction)
+        )
+        stage_time = max(compute + tp_comm, dp_comm) + optimizer
+        stage_times.append(stage_time)
+        if stage_time > (max(stage_times[:-1]) if i else 0.0):
+            parts.update(compute=compute, tp_comm=tp_comm, dp_comm=dp_comm, optimizer=optimizer)
+
+        state = train_state_bytes(p, model, n, s.dp, s.tp)
+        in_flight = min(pp - i, micro) if pp > 1 else 1  # 1F1B keeps up to pp - i micro-batches' checkpoints
+        acts = train_activation_bytes(model, n, mb_tokens, s.tp, last)
+        acts += (in_flight - 1) * mb_tokens * model.hidden * 2 * n
+        memory.append((state + acts) / GB)
+
+    pp_comm = 0.0
+    for i in range(pp - 1):
+        a, b = pools[i], pools[i + 1]
+        if a.name != b.name:
+            link = cluster.link_gb_per_s(a.name, b.name)
+        elif stages[i].n_gpus + stages[i + 1].n_gpus <= a.gpus_per_machine:
+            link = a.intra_machine_gb_per_s
+        else:
+            link = a.inter_machine_gb_per_s
+        # Activations forward and gradients backward, bf16, for every pass over the stage boundary.
+        volume = tokens * model.hidden * 2 * (2 + forward_passes + 1)
+        pp_comm = max(pp_comm, volume / (link * GB * effs[i].link_efficiency))
+    bubble = 0.0
+    slowest = max(stage_times)
+    if pp > 1:
+        micro_total = minibatches * micro
+        bubble = slowest * (pp - 1) / micro_total
+    step = max(slowest + bubble, pp_comm)
+    parts.update(pp_comm=pp_comm, bubble=bubble)
+
+    for i, (pool, mem) in enumerate(zip(pools, memory, strict=True)):
+        usable = USABLE_HBM_FRACTION * pool.gpu.hbm_gb
+        if mem > usable:
+            s = stages[i]
+            where = f"stage {i} of PP{pp}" if pp > 1 else "the trainer"
+            return _infeasible(
+                f"{model.name} training, {where} (dp={s.dp}, tp={s.tp}, {layers[i]} layers) on {pool.gpu_type}: "
+                f"needs {mem:.1f} GB per GPU (state and {mb_tokens // 1024}k-token micro-batch activations), "
+                f"{usable:.1f} GB usable",
+                gpus,
+                layers,
+                memory,
+            )
+    return TrainEstimate(True, "", step, tokens / step, gpus, layers, tuple(memory), parts)
