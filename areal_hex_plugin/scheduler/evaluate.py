@@ -1,0 +1,211 @@
+"""Score a split: phase 1a on its training machines, phase 1b on its rollout machines, then the step.
+
+The step follows the paper's metric: weight sync + max(rollout incl. reward, train), with C_T = train and
+C_I = rollout + reward + weight sync. Costs are averaged over a window of delta(eta) steps: the window's samples
+are split across replica groups by largest remainder and the busiest replica of each group sets the makespan,
+so short windows pay for integer sample counts and long ones approach the fluid optimum.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from areal_hex_plugin.costmodel import CostModel, RolloutStage
+from areal_hex_plugin.scheduler.rollout_model import (
+    ReplicaConfig,
+    RolloutSolution,
+    largest_remainder,
+    solve_rollout,
+)
+from areal_hex_plugin.scheduler.split import Split
+from areal_hex_plugin.scheduler.train_search import TrainChoice, search_train, tp_degrees
+from areal_hex_plugin.specs.cluster import Cluster
+from areal_hex_plugin.specs.config import SolverConfig
+from areal_hex_plugin.specs.workload import WorkloadSpec
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The rollout replicas of a split: every pool's phase-1b solution together."""
+
+    groups: tuple[tuple[ReplicaConfig, int], ...]
+    optimal: bool
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(c.tokens_per_s * y for c, y in self.groups)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    split: Split
+    window: int
+    cost_per_hour: float
+    train: TrainChoice | None
+    fleet: Fleet
+    train_s: float  # C_T (inf when no training layout fits)
+    rollout_s: float  # generation + reward per step (inf without rollout)
+    sync_s: float
+    reward_s: float
+    shares: tuple[int, ...] = ()  # samples per step of each fleet group
+
+    @property
+    def feasible(self) -> bool:
+        return math.isfinite(self.train_s) and math.isfinite(self.rollout_s)
+
+    @property
+    def c_t(self) -> float:
+        return self.train_s
+
+    @property
+    def c_i(self) -> float:
+        return self.rollout_s + self.sync_s
+
+    @property
+    def step_s(self) -> float:
+        return self.sync_s + max(self.rollout_s, self.train_s)
+
+    def tokens_per_s(self, tokens_per_step: float) -> float:
+        return tokens_per_step / self.step_s if self.feasible else 0.0
+
+
+@dataclass
+class Evaluator:
+    """Memoised phase-1 scoring of splits, shared by the two-phase search, exhaustive mode and the baselines."""
+
+    cm: CostModel
+    cluster: Cluster
+    workload: WorkloadSpec
+    solver: SolverConfig
+    sync_strategy: str = "relay"
+    exhaustive: bool = False
+    deadline: float = math.inf  # time.monotonic() after which CP-SAT gets only a token time limit
+    _configs: dict[str, list[ReplicaConfig]] = field(default_factory=dict)
+    _train: dict[tuple[int, ...], TrainChoice | None] = field(default_factory=dict)
+    _pool_fleet: dict[tuple[str, int], RolloutSolution] = field(default_factory=dict)
+    _seen: dict[tuple[Split, int], Evaluation] = field(default_factory=dict)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.workload.tokens_per_step
+
+    @property
+    def evaluations(self) -> list[Evaluation]:
+        return list(self._seen.values())
+
+    def evaluate(self, split: Split, window: int) -> Evaluation:
+        key = (split, window)
+        if key not in self._seen:
+            self._seen[key] = self._evaluate(split, window)
+        return self._seen[key]
+
+    def train(self, counts: tuple[int, ...]) -> TrainChoice | None:
+        if counts not in self._train:
+            gpus = {
+                p.name: n * p.gpus_per_machine for p, n in zip(self.cluster.pools, counts, strict=True) if n
+            }
+            self._train[counts] = (
+                search_train(self.cm, self.cluster, gpus, self.solver.max_pp_stages, self.exhaustive)
+                if gpus
+                else None
+            )
+        return self._train[counts]
+
+    def fleet(self, counts: tuple[int, ...]) -> Fleet:
+        groups: list[tuple[ReplicaConfig, int]] = []
+        optimal = True
+        for pool, machines in zip(self.cluster.pools, counts, strict=True):
+            if machines:
+                solution = self._pool_solution(pool.name, machines)
+                groups += solution.counts
+                optimal = optimal and solution.optimal
+        return Fleet(tuple(groups), optimal)
+
+    def replica_configs(self, pool_name: str) -> list[ReplicaConfig]:
+        """Feasible replica shapes psi of a pool, dominated shapes removed (see :func:`prune_dominated`)."""
+        if pool_name not in self._configs:
+            pool = self.cluster.pool(pool_name)
+            configs = []
+            for pp in range(1, self.solver.max_pp_stages + 1):
+                for tp in tp_degrees(pool.gpus_per_machine):
+                    estimate = self.cm.rollout(tuple(RolloutStage(pool=pool_name, tp=tp) for _ in range(pp)))
+                    if estimate.feasible and estimate.tokens_per_s > 0:
+                        configs.append(
+                            ReplicaConfig(pool_name, tp, pp, estimate.tokens_per_s, estimate.concurrency)
+                        )
+            self._configs[pool_name] = prune_dominated(configs)
+        return self._configs[pool_name]
+
+    def _pool_solution(self, pool_name: str, machines: int) -> RolloutSolution:
+        key = (pool_name, machines)
+        if key not in self._pool_fleet:
+            gpus = machines * self.cluster.pool(pool_name).gpus_per_machine
+            limit = max(0.05, min(self.solver.time_limit_s, self.deadline - time.monotonic()))
+            self._pool_fleet[key] = solve_rollout(
+                self.replica_configs(pool_name), gpus, limit, self.solver.num_workers, self.solver.seed
+            )
+        return self._pool_fleet[key]
+
+    def _evaluate(self, split: Split, window: int) -> Evaluation:
+        train = self.train(split.train) if any(split.train) else None
+        fleet = self.fleet(split.rollout)
+        samples = self.workload.rl.samples_per_step
+        reward_s = self.cm.reward_s(samples)
+        train_s = train.step_time_s if train else math.inf
+        if fleet.groups:
+            shares = tuple(largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups]))
+            rollout_s = window_rollout_s(fleet, samples * window, self.workload.output_lengths.mean) / window
+            rollout_s += reward_s
+        else:
+            shares, rollout_s = (), math.inf
+        sync_s = 0.0
+        if train and fleet.groups:
+            replicas = [(_stages(c), y) for c, y in fleet.groups]
+            sync_s = self.cm.weight_sync(
+                split.train_gpus(self.cluster), replicas, strategy=self.sync_strategy
+            ).seconds
+        return Evaluation(
+            split=split,
+            window=window,
+            cost_per_hour=split.cost_per_hour(self.cluster),
+            train=train,
+            fleet=fleet,
+            train_s=train_s,
+            rollout_s=rollout_s,
+            sync_s=sync_s,
+            reward_s=reward_s,
+            shares=shares,
+        )
+
+
+def _stages(config: ReplicaConfig) -> tuple[RolloutStage, ...]:
+    return tuple(RolloutStage(pool=config.pool, tp=config.tp) for _ in range(config.pp))
+
+
+def window_rollout_s(fleet: Fleet, samples: int, mean_tokens: float) -> float:
+    """Generation makespan of ``samples`` samples split by largest remainder in proportion to y_psi * h_psi."""
+    parts = largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups])
+    return max(
+        math.ceil(x / y) * mean_tokens / c.tokens_per_s for (c, y), x in zip(fleet.groups, parts, strict=True)
+    )
+
+
+def prune_dominated(configs: list[ReplicaConfig]) -> list[ReplicaConfig]:
+    """Drop shapes that copies of a smaller shape beat: if g' divides g and (g / g') * h' >= h, psi is useless.
+
+    Among shapes with the same GPU count only the fastest is kept (ties: fewer pipeline stages).
+    """
+    best: dict[int, ReplicaConfig] = {}
+    for c in sorted(configs, key=lambda c: (c.gpus, -c.tokens_per_s, c.pp)):
+        best.setdefault(c.gpus, c)
+    kept = []
+    for gpus, c in sorted(best.items()):
+        dominated = any(
+            g < gpus and gpus % g == 0 and gpus // g * o.tokens_per_s >= c.tokens_per_s
+            for g, o in best.items()
+        )
+        if not dominated:
+            kept.append(c)
+    return kept

@@ -1,0 +1,292 @@
+"""Plan a recipe: pick the objective, run the search, add baselines and the frontier, and write a HexPlan."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.plan import Baseline, HexPlan, Objective, ParetoPoint, Predicted, SolverInfo, Staleness
+from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
+from areal_hex_plugin.scheduler.explain import binding_constraint, pool_roles
+from areal_hex_plugin.scheduler.placement import place
+from areal_hex_plugin.scheduler.search import SearchResult, exhaustive, two_phase, upper_bound
+from areal_hex_plugin.scheduler.split import count_splits
+
+# --exhaustive enumerates every split; beyond this many it would take too long to be useful.
+EXHAUSTIVE_MAX_SPLITS = 20_000
+# Budget levels of the Pareto sweep (fractions of the whole inventory's price).
+PARETO_LEVELS = 8
+# Budget bisection steps for a throughput target.
+TARGET_STEPS = 12
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan; ``budget_per_hour``/``target_tokens_per_s`` override the recipe's ``hex.objective``."""
+
+    exhaustive: bool = False
+    budget_per_hour: float | None = None
+    target_tokens_per_s: float | None = None
+    pareto: bool = False
+
+
+def objective_of(recipe, request: PlanRequest) -> Objective:
+    budget = request.budget_per_hour if request.budget_per_hour is not None else None
+    target = request.target_tokens_per_s if request.target_tokens_per_s is not None else None
+    if budget is None and target is None:
+        budget = recipe.hex.objective.budget_per_hour
+        target = recipe.hex.objective.target_tokens_per_s
+    if budget is not None and target is not None:
+        raise HexError(
+            "--budget", "a budget and a throughput target were both given", "give only one of them"
+        )
+    for name, value in (("--budget", budget), ("--target-tokens-per-s", target)):
+        if value is not None and value <= 0:
+            raise HexError(name, f"must be positive, got {value:g}", "give a value > 0")
+    if budget is not None:
+        return Objective("budget", budget_per_hour=budget)
+    if target is not None:
+        return Objective("target", target_tokens_per_s=target)
+    return Objective("max_throughput")
+
+
+class Planner:
+    """One planning session over one recipe: a shared memo of phase-1 scores for every search it runs."""
+
+    def __init__(self, recipe, request: PlanRequest, cost_model=None) -> None:
+        from areal_hex_plugin.costmodel import CostModel
+        from areal_hex_plugin.costmodel.calibration import recipe_calibration
+
+        self.recipe = recipe
+        self.request = request
+        self.cluster = recipe.cluster
+        self.workload = recipe.workload
+        self.solver = recipe.hex.solver
+        self.objective = objective_of(recipe, request)
+        self.cm = cost_model or CostModel(
+            recipe.cluster, recipe.workload, calibration=recipe_calibration(recipe)
+        )
+        self.limits = tuple(p.machines for p in self.cluster.pools)
+        self.eta = self.workload.rl.max_head_offpolicyness
+        self.start = time.monotonic()
+        self.deadline = self.start + self.solver.time_limit_s
+        self.ev = Evaluator(
+            self.cm,
+            self.cluster,
+            self.workload,
+            self.solver,
+            sync_strategy="relay" if recipe.hex.transport == "relay" else "broadcast",
+            exhaustive=request.exhaustive,
+            deadline=self.deadline,
+        )
+        if request.exhaustive and count_splits(self.limits) > EXHAUSTIVE_MAX_SPLITS:
+            raise HexError(
+                "--exhaustive",
+                f"this inventory has {count_splits(self.limits):,} machine splits; exhaustive mode is for small "
+                f"clusters (at most {EXHAUSTIVE_MAX_SPLITS:,})",
+                "drop --exhaustive: the two-phase search covers the same space",
+            )
+
+    def search(self, limits: tuple[int, ...], budget: float | None) -> SearchResult:
+        run = exhaustive if self.request.exhaustive else two_phase
+        return run(self.ev, limits, budget, self.eta, self.deadline)
+
+    def tokens_per_s(self, e: Evaluation | None) -> float:
+        return e.tokens_per_s(self.ev.tokens_per_step) if e is not None else 0.0
+
+    def solve(self) -> HexPlan:
+        warnings: list[str] = []
+        result = self._solve_objective()
+        best = result.best
+        if best is None:
+            raise self._nothing_fits(result)
+        if result.status == "timeout":
+            warnings.append(
+                f"the solver hit hex.solver.time_limit_s={self.solver.time_limit_s:g}s; this is the best plan found"
+            )
+        if len(self.cluster.gpu_types) == 1:
+            warnings.append(
+                f"the cluster has one GPU type ({self.cluster.gpu_types[0]}): this is the best homogeneous plan"
+            )
+        gap = 0.0 if result.status == "optimal" else self._gap(best, result.window)
+        baselines = self._baselines(best, result.window)
+        pareto = self._pareto(result.window) if self.request.pareto else []
+        solve_time = time.monotonic() - self.start
+        return self._plan(best, result, gap, solve_time, baselines, pareto, warnings)
+
+    def _solve_objective(self) -> SearchResult:
+        obj = self.objective
+        if obj.kind == "budget":
+            return self.search(self.limits, obj.budget_per_hour)
+        full = self.search(self.limits, None)
+        if obj.kind == "max_throughput" or full.best is None:
+            return full
+        return self._cheapest_reaching(obj.target_tokens_per_s, full)
+
+    def _cheapest_reaching(self, target: float, full: SearchResult) -> SearchResult:
+        best_rate = self.tokens_per_s(full.best)
+        if best_rate < target:
+            raise HexError(
+                "hex.objective.target_tokens_per_s",
+                f"{target:,.0f} tokens/s is out of reach: the whole inventory gives at most {best_rate:,.0f} "
+                f"tokens/s (${full.best.cost_per_hour:,.2f}/h)",
+                "lower the target, or add machines to hex.cluster",
+            )
+        lo, hi = 0.0, full.best.cost_per_hour
+        chosen, iterations = full, full.iterations
+        step = min(p.price_per_machine_hour for p in self.cluster.pools)
+        for _ in range(TARGET_STEPS):
+            if hi - lo < step / 2 or time.monotonic() > self.deadline:
+                break
+            mid = (lo + hi) / 2
+            trial = self.search(self.limits, mid)
+            iterations += trial.iterations
+            if trial.best is not None and self.tokens_per_s(trial.best) >= target:
+                hi = trial.best.cost_per_hour
+                chosen = trial
+            else:
+                lo = mid
+        # Any split already scored that reaches the target more cheaply is as good an answer.
+        window = chosen.window
+        reaching = [
+            e
+            for e in self.ev.evaluations
+            if e.window == window and e.feasible and self.tokens_per_s(e) >= target
+        ]
+        best = min(reaching, key=lambda e: (round(e.cost_per_hour, 6), -self.tokens_per_s(e), e.split))
+        status = "timeout" if time.monotonic() > self.deadline else chosen.status
+        return SearchResult(best, status, iterations, window)
+
+    def _nothing_fits(self, result: SearchResult) -> HexError:
+        if result.status == "timeout":
+            return HexError(
+                "hex.solver.time_limit_s",
+                f"no feasible plan was found within {self.solver.time_limit_s:g}s",
+                "raise hex.solver.time_limit_s",
+            )
+        if self.objective.kind == "budget":
+            return HexError(
+                "hex.objective.budget_per_hour",
+                f"no trainer plus rollout split fits in ${self.objective.budget_per_hour:g}/h",
+                "raise the budget or add cheaper machines",
+            )
+        return HexError(
+            "hex.cluster",
+            f"no split of this inventory into trainer and rollout machines fits {self.workload.model.name}",
+            "add machines or GPUs with more memory, or choose a smaller model",
+        )
+
+    def _gap(self, best: Evaluation, window: int) -> float:
+        bound = upper_bound(self.ev, self.limits, window)
+        if not math.isfinite(bound) or bound <= 0:
+            return 0.0
+        return round(max(0.0, 1 - self.tokens_per_s(best) / bound), 6)
+
+    def _baselines(self, best: Evaluation, window: int) -> dict[str, Baseline]:
+        budget = self.objective.budget_per_hour or best.cost_per_hour
+        baselines: dict[str, Baseline] = {}
+        for gpu_type in self.cluster.gpu_types:
+            limits = tuple(
+                m if p.gpu_type == gpu_type else 0
+                for p, m in zip(self.cluster.pools, self.limits, strict=True)
+            )
+            result = self.search(limits, budget)
+            name = f"homogeneous-{gpu_type}"
+            if result.best is None:
+                baselines[name] = Baseline(
+                    0.0, 0.0, {}, note=f"nothing fits in ${budget:,.2f}/h of {gpu_type}"
+                )
+                continue
+            e = self.ev.evaluate(result.best.split, window)
+            inventory = sum(
+                p.n_gpus * p.price_per_gpu_hour for p in self.cluster.pools if p.gpu_type == gpu_type
+            )
+            note = f"whole {gpu_type} inventory (${inventory:,.2f}/h)" if inventory < budget else ""
+            baselines[name] = Baseline(
+                round(self.tokens_per_s(e), 3), round(e.cost_per_hour, 4), self._gpus_by_type(e), note
+            )
+        uniform = self._uniform(best)
+        baselines["uniform"] = Baseline(
+            round(uniform, 3),
+            round(best.cost_per_hour, 4),
+            self._gpus_by_type(best),
+            "same machines, samples split evenly across replicas",
+        )
+        return baselines
+
+    def _uniform(self, e: Evaluation) -> float:
+        """The paper's ablation: the chosen split, but every replica gets the same number of samples."""
+        replicas = sum(y for _, y in e.fleet.groups)
+        window = e.window
+        per_replica = math.ceil(self.workload.rl.samples_per_step * window / replicas)
+        mean = self.workload.output_lengths.mean
+        rollout = max(per_replica * mean / c.tokens_per_s for c, _ in e.fleet.groups) / window + e.reward_s
+        return self.ev.tokens_per_step / (e.sync_s + max(rollout, e.train_s))
+
+    def _gpus_by_type(self, e: Evaluation) -> dict[str, int]:
+        gpus: dict[str, int] = {}
+        for pool, t, r in zip(self.cluster.pools, e.split.train, e.split.rollout, strict=True):
+            if t + r:
+                gpus[pool.gpu_type] = gpus.get(pool.gpu_type, 0) + (t + r) * pool.gpus_per_machine
+        return gpus
+
+    def _pareto(self, window: int) -> list[ParetoPoint]:
+        """Cost vs tokens/s: the best plan at budget levels across the inventory, then its non-dominated set."""
+        full = self.cluster.price_per_hour
+        for level in range(1, PARETO_LEVELS):
+            if time.monotonic() > self.deadline:
+                break
+            self.search(self.limits, full * level / PARETO_LEVELS)
+        points = [e for e in self.ev.evaluations if e.window == window and e.feasible]
+        points.sort(key=lambda e: (e.cost_per_hour, -self.tokens_per_s(e), e.split))
+        frontier: list[ParetoPoint] = []
+        for e in points:
+            rate = self.tokens_per_s(e)
+            if not frontier or rate > frontier[-1].tokens_per_s + 1e-9:
+                frontier.append(ParetoPoint(round(e.cost_per_hour, 4), round(rate, 3), self._gpus_by_type(e)))
+        return frontier
+
+    def _plan(self, best, result, gap, solve_time, baselines, pareto, warnings) -> HexPlan:
+        train, rollout, machines = place(self.cluster, best)
+        rate = self.tokens_per_s(best)
+        predicted = Predicted(
+            tokens_per_s=round(rate, 3),
+            cost_per_hour=round(best.cost_per_hour, 4),
+            tokens_per_dollar=round(rate * 3600 / best.cost_per_hour, 1),
+            step_time_s=round(best.step_s, 4),
+            train_time_s=round(best.train_s, 4),
+            rollout_time_s=round(best.rollout_s, 4),
+            weight_sync_s=round(best.sync_s, 4),
+            reward_s=round(best.reward_s, 4),
+        )
+        in_flight = sum(g.concurrency * g.count for g in rollout.replicas)
+        return HexPlan(
+            recipe=str(self.recipe.path),
+            model=self.workload.model.name,
+            objective=self.objective,
+            predicted=predicted,
+            train=train,
+            rollout=rollout,
+            machines=machines,
+            baselines=baselines,
+            solver=SolverInfo(
+                solve_time_s=round(solve_time, 3),
+                status=result.status,
+                iterations=result.iterations,
+                gap=gap,
+                mode="exhaustive" if self.request.exhaustive else "two_phase",
+                window_steps=result.window,
+            ),
+            staleness=Staleness(self.eta, in_flight),
+            binding=binding_constraint(best, self.objective, self.cluster),
+            pool_roles=pool_roles(best, self.cluster, self.limits),
+            pareto=pareto,
+            warnings=warnings,
+        )
+
+
+def plan_recipe(recipe, request: PlanRequest | None = None, cost_model=None) -> HexPlan:
+    """Plan ``recipe`` (see :class:`PlanRequest`); bad input raises :class:`HexError`."""
+    return Planner(recipe, request or PlanRequest(), cost_model).solve()

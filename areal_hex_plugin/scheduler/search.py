@@ -1,0 +1,198 @@
+"""The two-phase loop (Algorithm 1) and exhaustive mode, over splits within machine limits and a budget.
+
+Two-phase: bisection on training's compute share gamma (start at 1, all compute to training); each gamma gives
+an Eq. (3) split (phase 2), which phase 1 scores (C_T, C_I); if C_T < C_I training gets less compute, else more.
+The loop stops once max(C_T, C_I) has been stable for K iterations. The EM-style alternation then moves single
+machines between roles from the best split while that improves throughput, and the window delta(eta) grows until
+the best step time no longer changes. The best plan seen is kept throughout.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
+from areal_hex_plugin.scheduler.partition_model import PartitionRequest, solve_partition
+from areal_hex_plugin.scheduler.split import Split, all_splits
+
+# The window grows by doubling up to this many steps, and stops once the step time moves less than this.
+MAX_WINDOW_STEPS = 64
+WINDOW_TOLERANCE = 0.005
+# A safety cap on bisection iterations (gamma's interval is below 1e-9 long before it).
+MAX_ITERATIONS = 200
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: Evaluation | None
+    status: str  # converged | optimal | timeout | infeasible
+    iterations: int
+    window: int
+
+
+def first_window(eta: int) -> int:
+    """delta(eta)'s starting value: the eta + 1 steps over which rollouts may run ahead of training."""
+    return max(1, eta + 1)
+
+
+def better(a: Evaluation | None, b: Evaluation, tokens_per_step: float) -> Evaluation:
+    """Higher throughput wins; ties go to the cheaper split, then to C_T <= C_I, then to the smaller split."""
+    if a is None:
+        return b
+
+    def key(e: Evaluation):
+        return (round(e.tokens_per_s(tokens_per_step), 6), -round(e.cost_per_hour, 6), e.c_t <= e.c_i)
+
+    if key(b) != key(a):
+        return b if key(b) > key(a) else a
+    return min(a, b, key=lambda e: e.split)
+
+
+def two_phase(
+    ev: Evaluator, limits: tuple[int, ...], budget: float | None, eta: int, deadline: float
+) -> SearchResult:
+    def search(window: int) -> SearchResult:
+        result = _bisect(ev, limits, budget, window, deadline)
+        if result.best is None:
+            return result
+        refined = _refine(ev, result.best, limits, budget, window, deadline)
+        timed_out = result.status == "timeout" or time.monotonic() > deadline
+        return SearchResult(refined, "timeout" if timed_out else "converged", result.iterations, window)
+
+    return _grow_window(ev, eta, deadline, search)
+
+
+def _grow_window(ev: Evaluator, eta: int, deadline: float, search) -> SearchResult:
+    """Run ``search`` at delta = delta0(eta), doubling delta until the best step time is stable."""
+    window = first_window(eta)
+    best: Evaluation | None = None
+    iterations = 0
+    status = "infeasible"
+    while True:
+        result = search(window)
+        iterations += result.iterations
+        status = result.status
+        if result.best is not None:
+            carried = ev.evaluate(best.split, window) if best is not None else None
+            best = better(carried, result.best, ev.tokens_per_step)
+        if best is None or status == "timeout" or time.monotonic() > deadline or window >= MAX_WINDOW_STEPS:
+            break
+        wider = ev.evaluate(best.split, window * 2)
+        window *= 2
+        stable = abs(wider.step_s - best.step_s) <= WINDOW_TOLERANCE * best.step_s
+        best = wider
+        if stable:
+            break
+    if time.monotonic() > deadline:
+        status = "timeout"
+    if best is None:
+        return SearchResult(None, status if status == "timeout" else "infeasible", iterations, window)
+    return SearchResult(best, status, iterations, window)
+
+
+def _bisect(
+    ev: Evaluator, limits: tuple[int, ...], budget: float | None, window: int, deadline: float
+) -> SearchResult:
+    q, r, gamma = 0.0, 1.0, 1.0
+    history: list[float] = []
+    best: Evaluation | None = None
+    cache: dict[tuple[float, float], Split | None] = {}
+    eps = _machine_share(ev, limits) / 2
+    iterations = 0
+    stable = ev.solver.stable_iterations
+    while iterations < MAX_ITERATIONS:
+        if time.monotonic() > deadline:
+            return SearchResult(best, "timeout", iterations, window)
+        iterations += 1
+        split = _partition(ev, limits, budget, gamma, eps, cache, deadline)
+        if split is None:
+            break
+        e = ev.evaluate(split, window)
+        best = better(best, e, ev.tokens_per_step) if e.feasible else best
+        if e.c_t < e.c_i:
+            r = gamma
+        else:
+            q = gamma
+        gamma = (q + r) / 2
+        history.append(round(max(e.c_t, e.c_i), 9))
+        if len(history) >= stable and len(set(history[-stable:])) == 1:
+            break
+    return SearchResult(best, "converged", iterations, window)
+
+
+def _machine_share(ev: Evaluator, limits: tuple[int, ...]) -> float:
+    """The largest share of the compute in play that one machine holds: the natural width of a gamma band."""
+    compute = [p.gpu.tflops_bf16 * p.gpus_per_machine for p in ev.cluster.pools]
+    total = sum(c * m for c, m in zip(compute, limits, strict=True))
+    return max(c for c, m in zip(compute, limits, strict=True) if m) / total
+
+
+def _partition(ev, limits, budget, gamma, eps, cache, deadline) -> Split | None:
+    """The Eq. (3) split for the narrowest feasible band around gamma (widened by doubling)."""
+    width = eps
+    while True:
+        band = (round(max(0.0, gamma - width), 3), round(min(1.0, gamma + width), 3))
+        if band not in cache:
+            request = PartitionRequest(limits, band[0], band[1], budget)
+            limit = max(0.05, min(ev.solver.time_limit_s, deadline - time.monotonic()))
+            cache[band] = solve_partition(ev.cluster, request, limit, ev.solver.num_workers, ev.solver.seed)
+        if cache[band] is not None or band == (0.0, 1.0):
+            return cache[band]
+        width *= 2
+
+
+def _refine(
+    ev: Evaluator,
+    start: Evaluation,
+    limits: tuple[int, ...],
+    budget: float | None,
+    window: int,
+    deadline: float,
+) -> Evaluation:
+    """EM-style alternation: move one machine at a time (train <-> rollout, rent, release) while it helps."""
+    best = start
+    improved = True
+    while improved and time.monotonic() < deadline:
+        improved = False
+        for split in best.split.neighbours(limits):
+            if not (any(split.train) and any(split.rollout)):
+                continue
+            if budget is not None and split.cost_per_hour(ev.cluster) > budget + 1e-9:
+                continue
+            e = ev.evaluate(split, window)
+            if e.feasible and better(best, e, ev.tokens_per_step) is e:
+                best, improved = e, True
+    return best
+
+
+def exhaustive(
+    ev: Evaluator, limits: tuple[int, ...], budget: float | None, eta: int, deadline: float
+) -> SearchResult:
+    """Every split within the limits and budget, scored with the same phase 1 (full layout enumeration)."""
+
+    def search(window: int) -> SearchResult:
+        best: Evaluation | None = None
+        iterations = 0
+        for split in all_splits(limits):
+            if budget is not None and split.cost_per_hour(ev.cluster) > budget + 1e-9:
+                continue
+            if time.monotonic() > deadline:
+                return SearchResult(best, "timeout", iterations, window)
+            iterations += 1
+            e = ev.evaluate(split, window)
+            if e.feasible:
+                best = better(best, e, ev.tokens_per_step)
+        return SearchResult(best, "optimal" if best else "infeasible", iterations, window)
+
+    return _grow_window(ev, eta, deadline, search)
+
+
+def upper_bound(ev: Evaluator, limits: tuple[int, ...], window: int) -> float:
+    """A relaxation bound on tokens/s: every machine both trains and generates, and weight sync is free."""
+    rollout = ev.evaluate(Split(tuple(0 for _ in limits), limits), window).rollout_s
+    train = ev.train(limits)
+    if train is None or not math.isfinite(rollout):
+        return math.inf
+    return ev.tokens_per_step / max(rollout, train.step_time_s)

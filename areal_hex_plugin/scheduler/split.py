@@ -1,0 +1,62 @@
+"""A split of the inventory at machine granularity: how many machines of each pool train, generate or idle.
+
+Machines of one pool are identical, so a split is two count vectors (one entry per pool, in cluster order):
+this is the symmetry-free form of the paper's D_T / D_I bisection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import product
+
+from areal_hex_plugin.specs.cluster import Cluster
+
+
+@dataclass(frozen=True, order=True)
+class Split:
+    train: tuple[int, ...]
+    rollout: tuple[int, ...]
+
+    def cost_per_hour(self, cluster: Cluster) -> float:
+        return sum(
+            (t + r) * p.price_per_machine_hour
+            for t, r, p in zip(self.train, self.rollout, cluster.pools, strict=True)
+        )
+
+    def train_gpus(self, cluster: Cluster) -> dict[str, int]:
+        """Pool name -> training GPUs (pools with none left out)."""
+        return {p.name: t * p.gpus_per_machine for t, p in zip(self.train, cluster.pools, strict=True) if t}
+
+    def rollout_gpus(self, cluster: Cluster) -> dict[str, int]:
+        return {p.name: r * p.gpus_per_machine for r, p in zip(self.rollout, cluster.pools, strict=True) if r}
+
+    def neighbours(self, limits: tuple[int, ...]) -> Iterator[Split]:
+        """Splits one machine move away: train <-> rollout, or a machine rented or released."""
+        for i, limit in enumerate(limits):
+            t, r = self.train[i], self.rollout[i]
+            for dt, dr in ((-1, 1), (1, -1), (1, 0), (0, 1), (-1, 0), (0, -1)):
+                nt, nr = t + dt, r + dr
+                if nt >= 0 and nr >= 0 and nt + nr <= limit:
+                    yield Split(_set(self.train, i, nt), _set(self.rollout, i, nr))
+
+
+def _set(values: tuple[int, ...], i: int, value: int) -> tuple[int, ...]:
+    return values[:i] + (value,) + values[i + 1 :]
+
+
+def all_splits(limits: tuple[int, ...]) -> Iterator[Split]:
+    """Every split with at least one training and one rollout machine (the exhaustive search space)."""
+    per_pool = [[(t, r) for t in range(m + 1) for r in range(m + 1 - t)] for m in limits]
+    for choice in product(*per_pool):
+        train = tuple(t for t, _ in choice)
+        rollout = tuple(r for _, r in choice)
+        if any(train) and any(rollout):
+            yield Split(train, rollout)
+
+
+def count_splits(limits: tuple[int, ...]) -> int:
+    total = 1
+    for m in limits:
+        total *= (m + 1) * (m + 2) // 2
+    return total

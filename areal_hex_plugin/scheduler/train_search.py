@@ -1,0 +1,110 @@
+"""Phase 1a: the training layout search over the training machines of a split.
+
+The paper's rule: TP and DP groups stay inside one GPU type, types mix only across pipeline stages, and layers
+are split across stages in proportion to stage compute (the cost model does the split). TP stays inside a machine.
+
+Pruning, all exact up to the last point:
+- symmetry: the stages of one pool are identical (dp, tp) and contiguous, pools appear in a fixed order;
+- dominance: a stage of given (k stages, tp) takes the largest dp its pool's GPUs allow;
+- memory: layouts the cost model reports as not fitting are dropped;
+- with many pools in training, each pool's TP degree for k stages is the one that is best when the pool trains
+  alone with k stages (exhaustive mode skips this heuristic cut and tries every combination).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+from areal_hex_plugin.costmodel import CostModel, TrainStage
+from areal_hex_plugin.specs.cluster import Cluster, Pool
+
+# Beyond this many layouts the per-pool TP cut is applied (outside exhaustive mode).
+FULL_ENUMERATION_LIMIT = 150
+
+
+@dataclass(frozen=True)
+class TrainChoice:
+    stages: tuple[TrainStage, ...]
+    estimate: object  # costmodel TrainEstimate
+
+    @property
+    def step_time_s(self) -> float:
+        return self.estimate.step_time_s
+
+
+@dataclass(frozen=True)
+class _PoolOption:
+    pool: str
+    k: int  # pipeline stages on this pool
+    tp: int
+    dp: int
+
+
+def tp_degrees(gpus_per_machine: int) -> list[int]:
+    """TP degrees that keep every TP group inside one machine and pack machines exactly.
+
+    Powers of two dividing the machine size, plus the machine size itself: a divisibility chain.
+    """
+    degrees = [1]
+    while gpus_per_machine % (degrees[-1] * 2) == 0:
+        degrees.append(degrees[-1] * 2)
+    if degrees[-1] != gpus_per_machine:
+        degrees.append(gpus_per_machine)
+    return degrees
+
+
+def _options(pool: Pool, gpus: int, max_pp: int) -> list[_PoolOption]:
+    options = []
+    for k in range(1, max_pp + 1):
+        for tp in tp_degrees(pool.gpus_per_machine):
+            dp = gpus // (k * tp)
+            if dp >= 1:
+                options.append(_PoolOption(pool.name, k, tp, dp))
+    return options
+
+
+def _stages(combo: tuple[_PoolOption, ...]) -> tuple[TrainStage, ...]:
+    return tuple(TrainStage(pool=o.pool, dp=o.dp, tp=o.tp) for o in combo for _ in range(o.k))
+
+
+def _combinations(per_pool: list[list[_PoolOption]], max_pp: int):
+    """Every choice of at most one option per pool (at least one pool), with at most ``max_pp`` stages."""
+    choices = [[None, *opts] for opts in per_pool]
+    for combo in product(*choices):
+        used = tuple(o for o in combo if o is not None)
+        if used and sum(o.k for o in used) <= max_pp:
+            yield used
+
+
+def count_layouts(per_pool: list[list[_PoolOption]], max_pp: int) -> int:
+    return sum(1 for _ in _combinations(per_pool, max_pp))
+
+
+def search_train(
+    cm: CostModel, cluster: Cluster, gpus: dict[str, int], max_pp: int, exhaustive: bool = False
+) -> TrainChoice | None:
+    """The fastest feasible training layout on ``gpus`` (pool name -> GPUs), or None if nothing fits."""
+    # Faster GPUs first: the pipeline order is fixed (symmetry), the first stage on the strongest type.
+    pools = sorted((cluster.pool(name) for name in gpus), key=lambda p: (-p.gpu.tflops_bf16, p.name))
+    per_pool = [_options(p, gpus[p.name], max_pp) for p in pools]
+    if not exhaustive and len(pools) > 1 and count_layouts(per_pool, max_pp) > FULL_ENUMERATION_LIMIT:
+        per_pool = [_best_tp_per_depth(cm, opts) for opts in per_pool]
+    best: TrainChoice | None = None
+    for combo in _combinations(per_pool, max_pp):
+        stages = _stages(combo)
+        estimate = cm.train(stages)
+        if estimate.feasible and (best is None or estimate.step_time_s < best.step_time_s):
+            best = TrainChoice(stages, estimate)
+    return best
+
+
+def _best_tp_per_depth(cm: CostModel, options: list[_PoolOption]) -> list[_PoolOption]:
+    """For each stage count k, the TP degree that is best when the pool trains alone (all of them if none fits)."""
+    kept: list[_PoolOption] = []
+    for k in sorted({o.k for o in options}):
+        same_k = [o for o in options if o.k == k]
+        scored = [(cm.train(_stages((o,))), o) for o in same_k]
+        feasible = [(e.step_time_s, o.tp, o) for e, o in scored if e.feasible]
+        kept += [min(feasible)[2]] if feasible else same_k
+    return kept
