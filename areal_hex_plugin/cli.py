@@ -13,7 +13,7 @@ import sys
 from areal_hex_plugin import __version__
 from areal_hex_plugin.errors import HexError
 
-COMMANDS = ("validate", "inventory")
+COMMANDS = ("validate", "inventory", "estimate", "plan")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -55,9 +55,7 @@ class CostModel:
         key = (tuple(sorted(train_gpus.items())), tuple(sorted((tuple(s), n) for s, n in replicas)), strategy)
         found = self._sync.get(key)
         if found is None:
-            found = estimate_weight_sync(
-                self.cluster, self.workload, self.calibration, train_gpus, replicas, strategy
-            )
+            found = estimate_weight_sync(self.cluster, self.workload, train_gpus, replicas, strategy)
             self._sync[key] = found
         return found
 

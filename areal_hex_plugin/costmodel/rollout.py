@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from areal_hex_plugin.costmodel.calibration import Calibration
 from areal_hex_plugin.costmodel.lengths import DrainCurve, LengthStats
+from areal_hex_plugin.costmodel.links import between_stages, gpu_link
 from areal_hex_plugin.costmodel.memory import (
     GB,
     USABLE_HBM_FRACTION,
@@ -102,14 +103,6 @@ def _check_stages(cluster: Cluster, workload: WorkloadSpec, stages: tuple[Rollou
     return ""
 
 
-def _handoff_link(cluster: Cluster, a: Pool, b: Pool, replica_gpus_in_pool: int) -> float:
-    if a.name != b.name:
-        return cluster.link_gb_per_s(a.name, b.name)
-    if replica_gpus_in_pool <= a.gpus_per_machine:
-        return a.intra_machine_gb_per_s
-    return a.inter_machine_gb_per_s
-
-
 def _build_stages(cluster, workload, calibration: Calibration, stages, layers, gpus) -> list[_Stage]:
     model = workload.model
     params = stage_params(model, layers)
@@ -126,13 +119,13 @@ def _build_stages(cluster, workload, calibration: Calibration, stages, layers, g
         )
         ar_s, ar_seq = 0.0, 0.0
         if s.tp > 1:
-            link = pool.intra_machine_gb_per_s * GB * eff.link_efficiency
+            link = gpu_link(pool, calibration)
             ar_s = 2 * n * ALLREDUCE_LATENCY_S
             ar_seq = 2 * n * model.hidden * 2 * 2 * (s.tp - 1) / s.tp / link
         ho_s, ho_seq = 0.0, 0.0
         if i + 1 < len(stages):
             nxt = cluster.pool(stages[i + 1].pool)
-            link = _handoff_link(cluster, pool, nxt, gpus[pool.name]) * GB * eff.link_efficiency
+            link = between_stages(cluster, calibration, pool, nxt, gpus[pool.name] <= pool.gpus_per_machine)
             ho_s, ho_seq = HANDOFF_LATENCY_S, model.hidden * 2 / link
         prefill_flops = 2 * compute_params * prompt + 2 * prompt * prompt * q_dim * n
         built.append(

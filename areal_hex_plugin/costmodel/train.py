@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from areal_hex_plugin.costmodel.calibration import Calibration
+from areal_hex_plugin.costmodel.links import between_stages, gpu_link, network
 from areal_hex_plugin.costmodel.memory import (
     GB,
     USABLE_HBM_FRACTION,
@@ -134,7 +135,7 @@ def estimate_train(
 
         tp_comm = 0.0
         if s.tp > 1:
-            link = pool.intra_machine_gb_per_s * GB * eff.link_efficiency
+            link = gpu_link(pool, calibration)
             # 2 all-reduces per layer forward, 2 backward, 2 recompute; per extra forward pass 2.
             per_token = (6 + 2 * forward_passes) * n * model.hidden * 2 * 2 * (s.tp - 1) / s.tp
             tp_comm = tokens / s.dp * per_token / link
@@ -146,9 +147,9 @@ def estimate_train(
             spans = s.n_gpus > pool.gpus_per_machine
             if spans:
                 # Every TP slice's ring crosses the machine's NIC once: the whole stage's bytes per collective.
-                bw, volume = pool.inter_machine_gb_per_s * GB * eff.link_efficiency, p
+                bw, volume = network(cluster, pool.name, pool.name), p
             else:
-                bw = pool.intra_machine_gb_per_s * GB * eff.link_efficiency
+                bw = gpu_link(pool, calibration)
                 volume = p / s.tp * (s.dp - 1) / s.dp
             per_micro = volume * (2 * 2 + 4) / bw  # two bf16 all-gathers + one fp32 reduce-scatter
             per_forward = volume * 2 / bw
@@ -174,16 +175,11 @@ def estimate_train(
 
     pp_comm = 0.0
     for i in range(pp - 1):
-        a, b = pools[i], pools[i + 1]
-        if a.name != b.name:
-            link = cluster.link_gb_per_s(a.name, b.name)
-        elif stages[i].n_gpus + stages[i + 1].n_gpus <= a.gpus_per_machine:
-            link = a.intra_machine_gb_per_s
-        else:
-            link = a.inter_machine_gb_per_s
+        same_machine = stages[i].n_gpus + stages[i + 1].n_gpus <= pools[i].gpus_per_machine
+        link = between_stages(cluster, calibration, pools[i], pools[i + 1], same_machine)
         # Activations forward and gradients backward, bf16, for every pass over the stage boundary.
         volume = tokens * model.hidden * 2 * (2 + forward_passes + 1)
-        pp_comm = max(pp_comm, volume / (link * GB * effs[i].link_efficiency))
+        pp_comm = max(pp_comm, volume / link)
     bubble = 0.0
     slowest = max(stage_times)
     if pp > 1:

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from areal_hex_plugin.costmodel.calibration import Calibration
+from areal_hex_plugin.costmodel.links import network
 from areal_hex_plugin.costmodel.memory import GB
 from areal_hex_plugin.costmodel.rollout import RolloutStage
 from areal_hex_plugin.specs.cluster import Cluster
@@ -48,7 +48,6 @@ def _receiving_machines(
 def estimate_weight_sync(
     cluster: Cluster,
     workload: WorkloadSpec,
-    calibration: Calibration,
     train_gpus: Mapping[str, int],
     replicas: Sequence[tuple[tuple[RolloutStage, ...], int]],
     strategy: str,
@@ -60,13 +59,11 @@ def estimate_weight_sync(
     if not machines or not train_gpus:
         return WeightSyncEstimate(0.0, size, "nothing to send")
     root = max(sorted(train_gpus), key=lambda name: train_gpus[name])
-    root_pool = cluster.pool(root)
-    eff = calibration.for_gpu(root_pool.gpu_type).link_efficiency
     buckets = math.ceil(size / BUCKET_BYTES)
     overhead = buckets * BUCKET_OVERHEAD_S
 
     def link(pool: str) -> float:
-        return cluster.link_gb_per_s(root, pool) * GB * eff
+        return network(cluster, root, pool)
 
     if strategy == "broadcast":
         sends = {pool: n * size / link(pool) for pool, n in machines.items()}
@@ -82,8 +79,7 @@ def estimate_weight_sync(
     root_nic = sum(size / link(pool) for pool in machines)
     chains = {}
     for pool, n in machines.items():
-        p = cluster.pool(pool)
-        inner = p.inter_machine_gb_per_s * GB * calibration.for_gpu(p.gpu_type).link_efficiency
+        inner = network(cluster, pool, pool)
         chains[pool] = (size / inner if n > 1 else 0.0) + (n - 1) * min(size, BUCKET_BYTES) / inner
     slowest_chain = max(chains, key=chains.__getitem__)
     # Pipelining overlaps the root's sends with the chains; the first bucket's trip is the fill latency.
