@@ -32,12 +32,15 @@ def split_layers(total: int, weights: tuple[float, ...]) -> tuple[int, ...] | No
     """``total`` layers over stages in proportion to ``weights`` (largest remainder, at least one each)."""
     if len(weights) > total or min(weights) <= 0:
         return None
-    spare = total - len(weights)
-    shares = [spare * w / sum(weights) for w in weights]
-    layers = [1 + math.floor(s) for s in shares]
-    order = sorted(range(len(weights)), key=lambda i: shares[i] - math.floor(shares[i]), reverse=True)
+    shares = [total * w / sum(weights) for w in weights]
+    layers = [math.floor(s) for s in shares]
+    order = sorted(range(len(weights)), key=lambda i: shares[i] - layers[i], reverse=True)
     for i in order[: total - sum(layers)]:
         layers[i] += 1
+    for i, n in enumerate(layers):
+        if n == 0:
+            layers[i] = 1
+            layers[layers.index(max(layers))] -= 1
     return tuple(layers)
 
 

@@ -1,0 +1,100 @@
+"""Rollout replica model: feasibility reasons, memory, bounds, and the shape of the throughput curve."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from areal_hex_plugin.costmodel import RolloutStage
+from tests.costmodel.helpers import cost_model
+
+PAPER_7B = "paper/7b.yaml"
+MIX_4090 = "mixes/h100_rtx4090_qwen3-4b.yaml"
+
+
+def test_weights_that_fill_the_gpu_are_refused_with_the_numbers():
+    cm = cost_model(MIX_4090, "++hex.workload.model=Qwen2.5-14B")
+    est = cm.rollout((RolloutStage("rtx4090", 1),))
+    assert not est.feasible and est.tokens_per_s == 0.0
+    assert est.reason.startswith(
+        "14B at TP1 on RTX4090: 29.5 GB weights per GPU leave no room for a KV cache"
+    )
+
+
+def test_kv_cache_smaller_than_one_longest_sequence_is_refused():
+    cm = cost_model(MIX_4090, "++hex.workload.model=Llama-3.1-8B", "gconfig.max_new_tokens=32768")
+    est = cm.rollout((RolloutStage("rtx4090", 1),))
+    assert not est.feasible
+    assert "GB weights leave" in est.reason and "fewer than 1 sequence of 33k tokens" in est.reason
+    # Splitting the weights over two GPUs frees room for the cache.
+    assert cm.rollout((RolloutStage("rtx4090", 2),)).feasible
+
+
+@pytest.mark.parametrize(
+    ("stages", "words"),
+    [
+        ((RolloutStage("h20", 3),), "does not divide"),
+        ((RolloutStage("h20", 16),), "does not fit one h20 machine"),
+        ((RolloutStage("nope", 1),), "unknown pool 'nope'"),
+        ((), "at least one stage"),
+        (tuple(RolloutStage("h20", 1) for _ in range(29)), "29 pipeline stages for 28 layers"),
+    ],
+)
+def test_impossible_shapes_are_infeasible_not_errors(stages, words):
+    est = cost_model(PAPER_7B).rollout(stages)
+    assert not est.feasible and words in est.reason
+
+
+def test_results_are_frozen_and_memoised():
+    cm = cost_model(PAPER_7B)
+    stages = (RolloutStage("h20", 2),)
+    first = cm.rollout(stages)
+    assert cm.rollout(stages) is first
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.tokens_per_s = 1.0  # type: ignore[misc]
+
+
+def test_memory_and_concurrency_are_consistent():
+    cm = cost_model(PAPER_7B)
+    est = cm.rollout((RolloutStage("h800", 1),))
+    assert est.feasible and est.gpus == {"h800": 1}
+    assert est.weights_gb_per_gpu == pytest.approx(15.23, abs=0.01)  # 7.6B bf16 parameters
+    # GQA: 4 KV heads x 128 dims x 28 layers x K and V x 2 bytes = 57,344 bytes per token.
+    assert est.kv_capacity_tokens == pytest.approx(est.kv_gb_per_gpu * 1e9 / 57344, rel=1e-3)
+    assert 1 <= est.concurrency <= 512  # the recipe's max_concurrent_rollouts
+
+
+def test_h20_decode_is_compute_bound_and_h800_bandwidth_bound():
+    cm = cost_model(PAPER_7B)
+    assert cm.rollout((RolloutStage("h20", 1),)).bound == "compute"
+    assert cm.rollout((RolloutStage("h800", 2),)).bound == "hbm"
+
+
+def test_long_tail_drain_keeps_window_throughput_below_peak():
+    cm = cost_model(PAPER_7B)
+    est = cm.rollout((RolloutStage("h20", 1),))
+    assert est.tokens_per_s < est.peak_tokens_per_s
+    # A synchronous batch (eta = 0) drains once per batch and loses more than the eta = 8 window.
+    sync = cost_model(PAPER_7B, "rollout.max_head_offpolicyness=0").rollout((RolloutStage("h20", 1),))
+    assert sync.tokens_per_s < 0.8 * est.tokens_per_s
+    assert sync.peak_tokens_per_s == pytest.approx(est.peak_tokens_per_s)
+
+
+def test_a_longer_tail_lowers_throughput():
+    base = cost_model(PAPER_7B).rollout((RolloutStage("h20", 1),))
+    tail = cost_model(PAPER_7B, "hex.workload.output_lengths.sigma=1.4").rollout((RolloutStage("h20", 1),))
+    assert tail.tokens_per_s < base.tokens_per_s
+
+
+def test_pipeline_across_pools_splits_layers_by_capability():
+    cm = cost_model(PAPER_7B)
+    est = cm.rollout((RolloutStage("h20", 2), RolloutStage("h800", 1)))
+    assert est.feasible and est.gpus == {"h20": 2, "h800": 1}
+    assert sum(est.layers) == 28 and est.layers[0] > est.layers[1]
+    # The cross-pool hand-off (1.5 GB/s) makes this slower per GPU than the same GPUs as separate replicas.
+    separate = (
+        2 * cm.rollout((RolloutStage("h20", 1),)).tokens_per_s
+        + cm.rollout((RolloutStage("h800", 1),)).tokens_per_s
+    )
+    assert est.tokens_per_s < separate
