@@ -1,0 +1,395 @@
+"""The event loop: AReaL's asynchronous RL loop on one plan, event by event, deterministic for a seed.
+
+Events are per sequence, never per token: a replica decodes all its running sequences in lock-step, so each
+sequence's end is fixed in the replica's *decode-step clock* when it starts (start step + drawn length), and only
+the mapping from steps to seconds changes with the number of sequences in flight. The queue holds one pending
+event per replica (its next sequence end), plus reward completions and the trainer's own events.
+
+What is modelled, following upstream AReaL 1.0.4 (``PPOTrainer.train``, ``RolloutController``, SGLang):
+- the dispatcher submits rollouts while the staleness manager's capacity is positive (``staleness.py``); each
+  goes to a replica group by smooth weighted round-robin over the plan's shares, and to the group's replicas in
+  turn; its ``n_samples`` sequences share one prompt prefill;
+- a rollout is accepted when all its samples are generated and rewarded;
+- the trainer takes the ``batch`` earliest-created accepted rollouts (``WorkflowExecutor.wait_results`` sorts
+  by creation time), trains, then pauses generation and submission for
+  the weight update; in-flight sequences are interrupted, and on resume their KV caches (prompt + generated
+  tokens) are recomputed before they continue under the new version (their head version is unchanged).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+
+from areal_hex_plugin.sim.result import PoolUsage, Segment, SimResult, StepRecord
+from areal_hex_plugin.sim.spec import SimSpec
+from areal_hex_plugin.sim.staleness import AdmissionControl
+
+_SEQ_END, _ACCEPT, _TRAIN_DONE, _SYNC_DONE = range(4)
+_EPS_STEPS = 1e-6  # floating-point slack when comparing decode-step clocks
+
+
+class _Replica:
+    __slots__ = (
+        "index",
+        "lane",
+        "fixed_s",
+        "per_seq_s",
+        "prefill_s_per_token",
+        "max_running",
+        "steps",
+        "time",
+        "stall_until",
+        "running",
+        "start_sum",
+        "waiting",
+        "paused",
+        "token",
+        "busy_s",
+        "segments",
+    )
+
+    def __init__(self, index: int, lane: int, spec, record: bool) -> None:
+        self.index = index
+        self.lane = lane
+        self.fixed_s = spec.step_fixed_s
+        self.per_seq_s = spec.step_per_seq_s
+        self.prefill_s_per_token = 1.0 / spec.prefill_tokens_per_s
+        self.max_running = spec.max_running
+        self.steps = 0.0  # decode steps done since the start
+        self.time = 0.0  # when ``steps`` was last brought up to date
+        self.stall_until = 0.0  # prefill/recompute work keeps the replica from decoding until then
+        self.running: list[
+            tuple[float, int, int, float]
+        ] = []  # heap of (end step, seq id, rollout, start step)
+        self.start_sum = 0.0
+        self.waiting: deque[tuple[int, int]] = deque()  # (length, rollout)
+        self.paused = False
+        self.token = 0  # bumps invalidate this replica's pending event
+        self.busy_s = 0.0
+        self.segments: list[Segment] | None = [] if record else None
+
+    def advance(self, now: float) -> None:
+        """Bring the step clock and the busy time up to ``now`` (nothing changes while paused)."""
+        then = self.time
+        if now <= then:
+            return
+        self.time = now
+        if self.paused:
+            return
+        n = len(self.running)
+        decode_from = self.stall_until if self.stall_until > then else then
+        if n and now > decode_from:
+            self.steps += (now - decode_from) / (self.fixed_s + self.per_seq_s * n)
+        busy_until = now if n else min(now, self.stall_until)
+        if busy_until > then:
+            self.busy_s += busy_until - then
+        if self.segments is not None:
+            stall_end = min(now, max(then, self.stall_until))
+            self._record(then, stall_end, "prefill")
+            self._record(stall_end, now, "decode" if n else "idle")
+
+    def _record(self, start: float, end: float, state: str) -> None:
+        if end <= start:
+            return
+        segments = self.segments
+        if segments and segments[-1].state == state and segments[-1].end_s == start:
+            segments[-1] = Segment(segments[-1].start_s, end, state)
+        else:
+            segments.append(Segment(start, end, state))
+
+    def next_end(self) -> float | None:
+        """When the next running sequence ends, if nothing changes meanwhile."""
+        if self.paused or not self.running:
+            return None
+        start = self.stall_until if self.stall_until > self.time else self.time
+        left = self.running[0][0] - self.steps
+        step_s = self.fixed_s + self.per_seq_s * len(self.running)
+        return start + (left if left > 0 else 0.0) * step_s
+
+
+class _Loop:
+    def __init__(self, spec: SimSpec, seed: int, timeline: bool) -> None:
+        if not spec.lanes or sum(lane.count for lane in spec.lanes) == 0:
+            raise ValueError("a simulation needs at least one rollout replica")
+        self.spec = spec
+        self.rng = random.Random(seed)
+        self.queue: list[tuple] = []
+        self.seq = 0  # tie-breaker: equal times pop in insertion order
+        self.now = 0.0
+        self.events = 0
+        self.lanes: list[list[_Replica]] = []
+        self.replicas: list[_Replica] = []
+        for i, lane in enumerate(spec.lanes):
+            group = [
+                _Replica(len(self.replicas) + k, i, lane, timeline and k == 0) for k in range(lane.count)
+            ]
+            self.lanes.append(group)
+            self.replicas.extend(group)
+        self.shares = [lane.share if lane.count else 0.0 for lane in spec.lanes]
+        self.share_total = sum(self.shares)
+        if self.share_total <= 0:
+            raise ValueError("replica shares must not all be zero")
+        self.credit = [0.0] * len(spec.lanes)
+        self.next_instance = [0] * len(spec.lanes)
+        self.admission = AdmissionControl(
+            spec.max_concurrent_rollouts, spec.consumer_batch or spec.batch, spec.max_staleness
+        )
+        self.version = 0
+        # Rollouts, by id: samples still generating, head version, tokens.
+        self.remaining: list[int] = []
+        self.head_version: list[int] = []
+        self.tokens: list[int] = []
+        self.ready: list[int] = []  # accepted rollouts by id (= creation order), a heap
+        self.reward_free = [0.0] * max(1, spec.reward_workers)
+        self.syncing = False
+        self.training = False
+        self.step_start = 0.0
+        self.batch_ready_at = 0.0
+        self.batch_tokens = 0
+        self.steps: list[StepRecord] = []
+        self.staleness: dict[int, int] = {}
+        self.interrupted = 0
+        self.trainer_segments: list[Segment] | None = [] if timeline else None
+
+    # -- queue ---------------------------------------------------------------------------------------------
+    def push(self, time: float, kind: int, a: int = 0, b: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.queue, (time, self.seq, kind, a, b))
+
+    def reschedule(self, replica: _Replica) -> None:
+        replica.token += 1
+        end = replica.next_end()
+        if end is not None:
+            self.push(end, _SEQ_END, replica.index, replica.token)
+
+    # -- rollout side ----------------------------------------------------------------------------------------
+    def pick_replica(self) -> _Replica:
+        """Smooth weighted round-robin over groups by share, then the group's replicas in turn."""
+        best, best_credit = -1, 0.0
+        for i, share in enumerate(self.shares):
+            self.credit[i] += share
+            if best < 0 or self.credit[i] > best_credit:
+                best, best_credit = i, self.credit[i]
+        self.credit[best] -= self.share_total
+        k = self.next_instance[best]
+        self.next_instance[best] = (k + 1) % len(self.lanes[best])
+        return self.lanes[best][k]
+
+    def submit(self) -> None:
+        spec = self.spec
+        rollout = len(self.remaining)
+        lengths = self.rng.choices(spec.lengths, k=spec.n_samples)
+        self.remaining.append(spec.n_samples)
+        self.head_version.append(self.version)
+        self.tokens.append(sum(lengths) + spec.n_samples * spec.prompt_tokens)
+        self.admission.on_submitted()
+        replica = self.pick_replica()
+        replica.advance(self.now)
+        # The samples share one prompt: SGLang's radix cache prefills it once.
+        replica.stall_until = (
+            max(replica.stall_until, self.now) + spec.prompt_tokens * replica.prefill_s_per_token
+        )
+        for length in lengths:
+            replica.waiting.append((length, rollout))
+        self.start_waiting(replica)
+        self.reschedule(replica)
+
+    def start_waiting(self, replica: _Replica) -> None:
+        while replica.waiting and len(replica.running) < replica.max_running:
+            length, rollout = replica.waiting.popleft()
+            self.seq += 1
+            heapq.heappush(replica.running, (replica.steps + length, self.seq, rollout, replica.steps))
+            replica.start_sum += replica.steps
+
+    def on_sequence_end(self, replica: _Replica) -> None:
+        replica.advance(self.now)
+        running = replica.running
+        limit = replica.steps + _EPS_STEPS
+        while running and running[0][0] <= limit:
+            end, _, rollout, start = heapq.heappop(running)
+            if end > replica.steps:
+                replica.steps = end
+            replica.start_sum -= start
+            self.remaining[rollout] -= 1
+            if self.remaining[rollout] == 0:
+                self.generated(rollout)
+        if not running:
+            replica.start_sum = 0.0  # drop accumulated rounding
+        self.start_waiting(replica)
+        self.reschedule(replica)
+
+    def generated(self, rollout: int) -> None:
+        spec = self.spec
+        if spec.reward_s_per_sample <= 0:
+            self.accept(rollout)
+            return
+        done = self.now
+        for _ in range(spec.n_samples):
+            free = heapq.heappop(self.reward_free)
+            end = (free if free > self.now else self.now) + spec.reward_s_per_sample
+            heapq.heappush(self.reward_free, end)
+            done = max(done, end)
+        self.push(done, _ACCEPT, rollout)
+
+    def accept(self, rollout: int) -> None:
+        self.admission.on_accepted()
+        heapq.heappush(self.ready, rollout)
+        self.admit()
+        self.start_training()
+
+    def admit(self) -> None:
+        if self.syncing:
+            return
+        for _ in range(self.admission.capacity(self.version)):
+            self.submit()
+
+    # -- trainer side -----------------------------------------------------------------------------------------
+    def start_training(self) -> None:
+        spec = self.spec
+        if self.training or self.syncing or len(self.ready) < spec.batch:
+            return
+        self.training = True
+        self.batch_ready_at = self.now
+        tokens = 0
+        for _ in range(spec.batch):
+            rollout = heapq.heappop(self.ready)
+            tokens += self.tokens[rollout]
+            lag = self.version - self.head_version[rollout]
+            self.staleness[lag] = self.staleness.get(lag, 0) + spec.n_samples
+        self.batch_tokens = tokens
+        self.record_trainer(self.step_start, self.now, "wait")
+        self.record_trainer(self.now, self.now + spec.train_s, "train")
+        self.push(self.now + spec.train_s, _TRAIN_DONE)
+
+    def train_done(self) -> None:
+        self.training = False
+        self.syncing = True
+        for replica in self.replicas:
+            replica.advance(self.now)
+            replica.paused = True
+            replica.token += 1
+            self.interrupted += len(replica.running)
+            if replica.segments is not None:
+                replica._record(self.now, self.now + self.spec.sync_s, "sync")
+        self.record_trainer(self.now, self.now + self.spec.sync_s, "sync")
+        self.push(self.now + self.spec.sync_s, _SYNC_DONE)
+
+    def sync_done(self) -> None:
+        spec = self.spec
+        self.syncing = False
+        self.version += 1
+        self.steps.append(
+            StepRecord(
+                start_s=self.step_start,
+                rollout_wait_s=self.batch_ready_at - self.step_start,
+                train_s=spec.train_s,
+                sync_s=spec.sync_s,
+                tokens=self.batch_tokens,
+            )
+        )
+        self.step_start = self.now
+        for replica in self.replicas:
+            replica.time = self.now
+            replica.paused = False
+            n = len(replica.running)
+            if n and spec.kv_recompute:
+                # Interrupted sequences lost their KV cache: prefill prompt + generated tokens again.
+                kv_tokens = n * spec.prompt_tokens + n * replica.steps - replica.start_sum
+                replica.stall_until = self.now + kv_tokens * replica.prefill_s_per_token
+            self.reschedule(replica)
+        self.admit()
+        self.start_training()
+
+    def record_trainer(self, start: float, end: float, state: str) -> None:
+        if self.trainer_segments is not None and end > start:
+            self.trainer_segments.append(Segment(start, end, state))
+
+    # -- main loop ------------------------------------------------------------------------------------------
+    def run(self, n_steps: int, warmup: int) -> SimResult:
+        snapshot: list[float] | None = None
+        window_start = 0.0
+        self.admit()
+        queue = self.queue
+        replicas = self.replicas
+        while len(self.steps) < n_steps:
+            if not queue:
+                raise RuntimeError("the simulation stalled: no event can make progress")
+            time, _, kind, a, b = heapq.heappop(queue)
+            self.now = time
+            self.events += 1
+            if kind == _SEQ_END:
+                replica = replicas[a]
+                if b == replica.token:
+                    self.on_sequence_end(replica)
+            elif kind == _ACCEPT:
+                self.accept(a)
+            elif kind == _TRAIN_DONE:
+                self.train_done()
+            else:
+                self.sync_done()
+                if len(self.steps) == warmup:
+                    window_start = self.now
+                    snapshot = self.lane_busy()
+        end = self.now
+        for replica in replicas:
+            replica.advance(end)
+        busy = self.lane_busy()
+        if snapshot is not None:
+            busy = [b - s for b, s in zip(busy, snapshot, strict=True)]
+        return SimResult(
+            steps=self.steps,
+            warmup_steps=warmup,
+            pools=self.pool_usage(busy, end - window_start, len(self.steps) - warmup),
+            staleness=self.staleness,
+            interrupted=self.interrupted,
+            events=self.events,
+            timeline=self.timeline(),
+        )
+
+    def lane_busy(self) -> list[float]:
+        totals = [0.0] * len(self.lanes)
+        for replica in self.replicas:
+            totals[replica.lane] += replica.busy_s
+        return totals
+
+    def pool_usage(self, lane_busy: list[float], window_s: float, window_steps: int) -> dict[str, PoolUsage]:
+        spec = self.spec
+        gpus: dict[str, int] = dict(spec.train_gpus)
+        for pool, n in spec.rollout_gpus.items():
+            gpus[pool] = gpus.get(pool, 0) + n
+        usage: dict[str, PoolUsage] = {}
+        for pool, n in sorted(gpus.items()):
+            train_gpus = spec.train_gpus.get(pool, 0)
+            rollout = sum(
+                busy * lane.gpus_per_replica
+                for busy, lane in zip(lane_busy, spec.lanes, strict=True)
+                if lane.pool == pool
+            )
+            train = train_gpus * spec.train_s * window_steps
+            sync = n * spec.sync_s * window_steps
+            idle = max(0.0, n * window_s - train - rollout - sync)
+            usage[pool] = PoolUsage(gpus=n, train_s=train, rollout_s=rollout, sync_s=sync, idle_s=idle)
+        return usage
+
+    def timeline(self) -> dict[str, list[Segment]]:
+        if self.trainer_segments is None:
+            return {}
+        rows = {"train": self.trainer_segments}
+        for lane, replicas in zip(self.spec.lanes, self.lanes, strict=True):
+            if replicas and replicas[0].segments is not None:
+                rows[f"{lane.name} #0"] = replicas[0].segments
+        return rows
+
+
+def simulate(
+    spec: SimSpec, steps: int = 30, seed: int = 0, warmup: int | None = None, timeline: bool = False
+) -> SimResult:
+    """Run the loop for ``steps`` training steps. The first ``warmup`` steps (default: a fifth, at least one
+    when there are two or more) fill the pipeline and are left out of the steady-state figures."""
+    if steps < 1:
+        raise ValueError("steps must be at least 1")
+    if warmup is None:
+        warmup = min(steps - 1, max(1, steps // 5))
+    return _Loop(spec, seed, timeline).run(steps, warmup)
