@@ -118,7 +118,7 @@ class Evaluator:
         optimal = True
         for pool, machines in zip(self.cluster.pools, counts, strict=True):
             if machines:
-                solution = self._pool_solution(pool.name, machines)
+                solution = self.pool_fleet(pool.name, machines)
                 groups += solution.counts
                 optimal = optimal and solution.optimal
         return Fleet(tuple(groups), optimal)
@@ -138,7 +138,8 @@ class Evaluator:
             self._configs[pool_name] = prune_dominated(configs)
         return self._configs[pool_name]
 
-    def _pool_solution(self, pool_name: str, machines: int) -> RolloutSolution:
+    def pool_fleet(self, pool_name: str, machines: int) -> RolloutSolution:
+        """Phase 1b on ``machines`` rollout machines of one pool (replicas never span pools)."""
         key = (pool_name, machines)
         if key not in self._pool_fleet:
             gpus = machines * self.cluster.pool(pool_name).gpus_per_machine

@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from itertools import combinations
 
+from areal_hex_plugin.scheduler.balance_model import BalanceRequest, solve_balance
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.scheduler.partition_model import PartitionRequest, solve_partition
 from areal_hex_plugin.scheduler.split import Split, all_splits
@@ -20,6 +22,9 @@ from areal_hex_plugin.scheduler.split import Split, all_splits
 # The window grows by doubling up to this many steps, and stops once the step time moves less than this.
 MAX_WINDOW_STEPS = 64
 WINDOW_TOLERANCE = 0.005
+# Starts of the local search (the best distinct splits the alternations reach).
+REFINED_STARTS = 3
+MAX_POOLS_FOR_ALL_SUBSETS = 6
 # A safety cap on bisection iterations (gamma's interval is below 1e-9 long before it).
 MAX_ITERATIONS = 200
 
@@ -55,13 +60,32 @@ def two_phase(
 ) -> SearchResult:
     def search(window: int) -> SearchResult:
         result = _bisect(ev, limits, budget, window, deadline)
-        if result.best is None:
+        starts = [_alternate(ev, result.best, limits, budget, window, deadline)]
+        # Diversification: the same alternation restricted to each subset of pools (weight sync and slow
+        # cross-type links make the landscape rugged; a plan on fewer types can be several moves away).
+        for subset in pool_subsets(limits):
+            sub_limits = tuple(m if i in subset else 0 for i, m in enumerate(limits))
+            starts.append(_alternate(ev, None, sub_limits, budget, window, deadline))
+        found = sorted(
+            {e.split: e for e in starts if e is not None}.values(),
+            key=lambda e: -e.tokens_per_s(ev.tokens_per_step),
+        )
+        best = None
+        for start in found[:REFINED_STARTS]:
+            best = better(best, _refine(ev, start, limits, budget, window, deadline), ev.tokens_per_step)
+        if best is None:
             return result
-        refined = _refine(ev, result.best, limits, budget, window, deadline)
         timed_out = result.status == "timeout" or time.monotonic() > deadline
-        return SearchResult(refined, "timeout" if timed_out else "converged", result.iterations, window)
+        return SearchResult(best, "timeout" if timed_out else "converged", result.iterations, window)
 
     return _grow_window(ev, eta, deadline, search)
+
+
+def pool_subsets(limits: tuple[int, ...]) -> list[frozenset[int]]:
+    """Proper subsets of the pools in play: all of them up to 6 pools, else those of one or two pools."""
+    pools = [i for i, m in enumerate(limits) if m]
+    sizes = range(1, len(pools)) if len(pools) <= MAX_POOLS_FOR_ALL_SUBSETS else range(1, 3)
+    return [frozenset(c) for k in sizes for c in combinations(pools, k)]
 
 
 def _grow_window(ev: Evaluator, eta: int, deadline: float, search) -> SearchResult:
@@ -143,6 +167,69 @@ def _partition(ev, limits, budget, gamma, eps, cache, deadline) -> Split | None:
         width *= 2
 
 
+def _alternate(
+    ev: Evaluator,
+    start: Evaluation | None,
+    limits: tuple[int, ...],
+    budget: float | None,
+    window: int,
+    deadline: float,
+) -> Evaluation | None:
+    """EM-style alternation: measure per-machine rates at the split (phase 1), repartition on them (CP-SAT)."""
+    best = start
+    current = start.split if start is not None else None
+    seen: set[Split] = set()
+    for _ in range(ev.solver.stable_iterations):
+        if time.monotonic() > deadline:
+            break
+        train_rate, rollout_rate = _rates(ev, current, limits)
+        request = BalanceRequest(limits, budget, train_rate, rollout_rate)
+        limit = max(0.05, min(ev.solver.time_limit_s, deadline - time.monotonic()))
+        split = solve_balance(ev.cluster, request, limit, ev.solver.num_workers, ev.solver.seed)
+        if split is None or split in seen:
+            break
+        seen.add(split)
+        e = ev.evaluate(split, window)
+        if e.feasible:
+            best = better(best, e, ev.tokens_per_step)
+        current = split
+    return best
+
+
+def _rates(
+    ev: Evaluator, split: Split | None, limits: tuple[int, ...]
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Steps/s one machine of each pool adds to training (pool alone) and to rollout, measured near ``split``."""
+    generated = ev.workload.rl.samples_per_step * ev.workload.output_lengths.mean
+    train_rate, rollout_rate = [], []
+    for i, (pool, limit) in enumerate(zip(ev.cluster.pools, limits, strict=True)):
+        t_rate = r_rate = 0.0
+        for machines in _operating_points(split.train[i] if split else 0, limit):
+            choice = ev.train(tuple(machines if j == i else 0 for j in range(len(limits))))
+            if choice is not None:
+                t_rate = 1 / choice.step_time_s / machines
+                break
+        for machines in _operating_points(split.rollout[i] if split else 0, limit):
+            fleet = ev.pool_fleet(pool.name, machines)
+            if fleet.tokens_per_s > 0:
+                r_rate = fleet.tokens_per_s / generated / machines
+                break
+        train_rate.append(t_rate)
+        rollout_rate.append(r_rate)
+    return tuple(train_rate), tuple(rollout_rate)
+
+
+def _operating_points(current: int, limit: int) -> list[int]:
+    """Machine counts to measure a pool's rate at: the current count, else 1, 2, 4, ... up to the limit."""
+    if current:
+        return [current]
+    points, m = [], 1
+    while m < limit:
+        points.append(m)
+        m *= 2
+    return [*points, limit] if limit else []
+
+
 def _refine(
     ev: Evaluator,
     start: Evaluation,
@@ -151,20 +238,31 @@ def _refine(
     window: int,
     deadline: float,
 ) -> Evaluation:
-    """EM-style alternation: move one machine at a time (train <-> rollout, rent, release) while it helps."""
+    """Local search from the best split: the best single-pool move while one helps, else the best two-pool move."""
     best = start
-    improved = True
-    while improved and time.monotonic() < deadline:
-        improved = False
-        for split in best.split.neighbours(limits):
-            if not (any(split.train) and any(split.rollout)):
-                continue
-            if budget is not None and split.cost_per_hour(ev.cluster) > budget + 1e-9:
-                continue
-            e = ev.evaluate(split, window)
-            if e.feasible and better(best, e, ev.tokens_per_step) is e:
-                best, improved = e, True
+    while time.monotonic() < deadline:
+        step = _best_move(ev, best, best.split.neighbours(limits), budget, window, deadline)
+        if step is None:
+            step = _best_move(ev, best, best.split.pair_neighbours(limits), budget, window, deadline)
+        if step is None:
+            break
+        best = step
     return best
+
+
+def _best_move(ev: Evaluator, current: Evaluation, splits, budget, window, deadline) -> Evaluation | None:
+    best = current
+    for split in splits:
+        if time.monotonic() > deadline:
+            break
+        if not (any(split.train) and any(split.rollout)):
+            continue
+        if budget is not None and split.cost_per_hour(ev.cluster) > budget + 1e-9:
+            continue
+        e = ev.evaluate(split, window)
+        if e.feasible:
+            best = better(best, e, ev.tokens_per_step)
+    return None if best is current else best
 
 
 def exhaustive(

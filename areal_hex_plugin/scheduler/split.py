@@ -32,13 +32,23 @@ class Split:
         return {p.name: r * p.gpus_per_machine for r, p in zip(self.rollout, cluster.pools, strict=True) if r}
 
     def neighbours(self, limits: tuple[int, ...]) -> Iterator[Split]:
-        """Splits one machine move away: train <-> rollout, or a machine rented or released."""
-        for i, limit in enumerate(limits):
-            t, r = self.train[i], self.rollout[i]
-            for dt, dr in ((-1, 1), (1, -1), (1, 0), (0, 1), (-1, 0), (0, -1)):
-                nt, nr = t + dt, r + dr
-                if nt >= 0 and nr >= 0 and nt + nr <= limit:
-                    yield Split(_set(self.train, i, nt), _set(self.rollout, i, nr))
+        """Splits one machine move away inside a pool: train <-> rollout, or a machine rented or released."""
+        for i in range(len(limits)):
+            yield from self._moved(i, limits)
+
+    def pair_neighbours(self, limits: tuple[int, ...]) -> Iterator[Split]:
+        """Splits two moves away, one in each of two pools (e.g. release a machine here, rent one there)."""
+        for i in range(len(limits)):
+            for first in self._moved(i, limits):
+                for j in range(i + 1, len(limits)):
+                    yield from first._moved(j, limits)
+
+    def _moved(self, i: int, limits: tuple[int, ...]) -> Iterator[Split]:
+        t, r = self.train[i], self.rollout[i]
+        for dt, dr in ((-1, 1), (1, -1), (1, 0), (0, 1), (-1, 0), (0, -1)):
+            nt, nr = t + dt, r + dr
+            if nt >= 0 and nr >= 0 and nt + nr <= limits[i]:
+                yield Split(_set(self.train, i, nt), _set(self.rollout, i, nr))
 
 
 def _set(values: tuple[int, ...], i: int, value: int) -> tuple[int, ...]:

@@ -1,0 +1,57 @@
+"""``areal-hex plan RECIPE``: solve the two-phase schedule and print it beside the homogeneous baselines."""
+
+from __future__ import annotations
+
+import argparse
+
+from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "plan",
+        help="plan which machines train and which generate, with layouts, predicted tokens/s and $/h",
+    )
+    add_recipe_arguments(parser)
+    objective = parser.add_mutually_exclusive_group()
+    objective.add_argument(
+        "--budget",
+        type=float,
+        metavar="USD_PER_HOUR",
+        help="max tokens/s within this $/h (overrides the recipe)",
+    )
+    objective.add_argument(
+        "--target-tokens-per-s",
+        type=float,
+        metavar="N",
+        help="min $/h reaching N tokens/s (overrides the recipe)",
+    )
+    parser.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="score every machine split (the true optimum; small clusters)",
+    )
+    parser.add_argument("--pareto", action="store_true", help="also compute the cost vs tokens/s frontier")
+    parser.add_argument("--json", metavar="OUT", help="write the plan (HexPlan JSON) here")
+    parser.add_argument("--plot", metavar="OUT.png", help="draw the Pareto frontier (implies --pareto)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
+    from areal_hex_plugin.scheduler.report import describe_plan, plot_frontier
+
+    recipe = load_recipe_from_args(args)
+    request = PlanRequest(
+        exhaustive=args.exhaustive,
+        budget_per_hour=args.budget,
+        target_tokens_per_s=args.target_tokens_per_s,
+        pareto=args.pareto or bool(args.plot),
+    )
+    plan = plan_recipe(recipe, request)
+    print(describe_plan(plan))
+    if args.json:
+        print(f"\nplan written to {plan.save(args.json)}")
+    if args.plot:
+        print(f"frontier plotted to {plot_frontier(plan, args.plot)}")
+    return 0

@@ -1,0 +1,147 @@
+"""A plan for people: the SkyPilot-style console table, and the Pareto plot."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tabulate import tabulate
+
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.plan import HexPlan
+
+
+def _objective(plan: HexPlan) -> str:
+    obj = plan.objective
+    if obj.kind == "budget":
+        return f"max tokens/s within ${obj.budget_per_hour:,.2f}/h"
+    if obj.kind == "target":
+        return f"min $/h reaching {obj.target_tokens_per_s:,.0f} tokens/s"
+    return "max tokens/s on the whole inventory"
+
+
+def _layout_rows(plan: HexPlan) -> list[list[str]]:
+    rows = []
+    for k, s in enumerate(plan.train.stages):
+        rows.append(
+            ["train", s.pool, s.gpu_type, f"stage {k}: dp{s.dp} x tp{s.tp}", s.dp * s.tp, f"{s.layers} layers",
+             ", ".join(s.hosts)]
+        )  # fmt: skip
+    for g in plan.rollout.replicas:
+        hosts = sorted(
+            {m.host for m in plan.machines for a in m.gpus if a.role == "rollout" and a.group is not None
+             and plan.rollout.replicas[a.group] is g}
+        )  # fmt: skip
+        rows.append(
+            ["rollout", g.pool, g.gpu_type, f"{g.count} x (tp{g.tp} pp{g.pp})", g.count * g.tp * g.pp,
+             f"{100 * g.share:.1f}% samples, {g.tokens_per_s:,.0f} tok/s each", ", ".join(hosts)]
+        )  # fmt: skip
+    idle: dict[str, list[str]] = {}
+    for m in plan.machines:
+        if m.role == "idle":
+            idle.setdefault(f"{m.pool}\0{m.gpu_type}", []).append(m.host)
+    for key, hosts in idle.items():
+        pool, gpu_type = key.split("\0")
+        rows.append(["idle", pool, gpu_type, f"{len(hosts)} machine(s)", "", "", ", ".join(hosts)])
+    return rows
+
+
+def describe_plan(plan: HexPlan) -> str:
+    """The console view: chosen layout, predicted step, baselines, binding constraint, why each pool's role."""
+    p = plan.predicted
+    out = [f"AReaL-Hex plan for {plan.recipe} ({plan.model}); objective: {_objective(plan)}", ""]
+    out.append(
+        tabulate(_layout_rows(plan), headers=["role", "pool", "GPU", "layout", "GPUs", "detail", "hosts"])
+    )
+    out += [
+        "",
+        f"Predicted step {p.step_time_s:.1f}s = weight sync {p.weight_sync_s:.1f}s + max(rollout "
+        f"{p.rollout_time_s:.1f}s incl. reward {p.reward_s:.1f}s, train {p.train_time_s:.1f}s)",
+        "",
+    ]
+    rows = [["AReaL-Hex (chosen)", p.cost_per_hour, p.tokens_per_s, p.tokens_per_dollar, "1.00x", _gpus(plan.train.gpus, plan.rollout.gpus), ""]]  # fmt: skip
+    for name, b in plan.baselines.items():
+        ratio = f"{p.tokens_per_s / b.tokens_per_s:.2f}x" if b.tokens_per_s > 0 else "-"
+        per_dollar = b.tokens_per_s * 3600 / b.cost_per_hour if b.cost_per_hour else 0.0
+        rows.append([name, b.cost_per_hour, b.tokens_per_s, per_dollar, ratio, _gpus(b.gpus), b.note])
+    out.append(
+        tabulate(
+            rows,
+            headers=["plan", "$/h", "tokens/s", "tokens/$", "chosen is", "GPUs", "note"],
+            floatfmt=("", ",.2f", ",.0f", ",.0f"),
+        )
+    )
+    out += ["", f"Binding constraint: {plan.binding}", "Why each pool got its role:"]
+    out += [f"  {pool}: {why}" for pool, why in plan.pool_roles.items()]
+    s = plan.solver
+    gap = (
+        "optimal over the search space"
+        if s.status == "optimal"
+        else f"within {100 * s.gap:.1f}% of a relaxation bound"
+    )
+    out.append(
+        f"Solver: {s.mode}, {s.status} after {s.iterations} iterations in {s.solve_time_s:.2f}s, {gap}; "
+        f"costs averaged over a {s.window_steps}-step window (eta={plan.staleness.max_head_offpolicyness})"
+    )
+    out += [f"warning: {w}" for w in plan.warnings]
+    return "\n".join(out)
+
+
+def _gpus(*parts: dict[str, int]) -> str:
+    total: dict[str, int] = {}
+    for part in parts:
+        for gpu_type, n in part.items():
+            total[gpu_type] = total.get(gpu_type, 0) + n
+    return " + ".join(f"{n} {t}" for t, n in total.items())
+
+
+def plot_frontier(plan: HexPlan, path: str | Path) -> Path:
+    """Draw cost vs tokens/s: the Pareto frontier, the chosen plan and the baselines (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    target = Path(path).expanduser()
+    if not target.parent.is_dir():
+        raise HexError(
+            "--plot", f"folder {target.parent} does not exist", "create it first or write somewhere else"
+        )
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if plan.pareto:
+        ax.step(
+            [pt.cost_per_hour for pt in plan.pareto],
+            [pt.tokens_per_s for pt in plan.pareto],
+            where="post",
+            marker=".",
+            color="0.4",
+            label="Pareto frontier",
+        )
+    for name, b in plan.baselines.items():
+        if b.tokens_per_s > 0:
+            ax.scatter(b.cost_per_hour, b.tokens_per_s, marker="s", label=name)
+    ax.scatter(
+        plan.predicted.cost_per_hour,
+        plan.predicted.tokens_per_s,
+        marker="*",
+        s=200,
+        color="crimson",
+        label="chosen",
+    )
+    ax.set_xlabel("$ per hour")
+    ax.set_ylabel("predicted tokens/s")
+    ax.set_title(f"{plan.model}: cost vs throughput")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    # Written beside the target and renamed into place: never a half-written file.
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        fig.savefig(tmp, dpi=120, format="png")
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise HexError("--plot", f"cannot write {target}: {exc.strerror}", "choose a writable path") from None
+    finally:
+        plt.close(fig)
+    return target
