@@ -133,6 +133,7 @@ class _Loop:
             raise ValueError("replica shares must not all be zero")
         self.credit = [0.0] * len(spec.lanes)
         self.next_instance = [0] * len(spec.lanes)
+        self.routed = [0] * len(spec.lanes)
         self.admission = AdmissionControl(
             spec.max_concurrent_rollouts, spec.consumer_batch or spec.batch, spec.max_staleness
         )
@@ -148,6 +149,7 @@ class _Loop:
         self.step_start = 0.0
         self.batch_ready_at = 0.0
         self.batch_tokens = 0
+        self.batch_lags: dict[int, int] = {}
         self.steps: list[StepRecord] = []
         self.staleness: dict[int, int] = {}
         self.interrupted = 0
@@ -173,6 +175,7 @@ class _Loop:
             if best < 0 or self.credit[i] > best_credit:
                 best, best_credit = i, self.credit[i]
         self.credit[best] -= self.share_total
+        self.routed[best] += 1
         k = self.next_instance[best]
         self.next_instance[best] = (k + 1) % len(self.lanes[best])
         return self.lanes[best][k]
@@ -253,12 +256,14 @@ class _Loop:
         self.training = True
         self.batch_ready_at = self.now
         tokens = 0
+        lags: dict[int, int] = {}
         for _ in range(spec.batch):
             rollout = heapq.heappop(self.ready)
             tokens += self.tokens[rollout]
             lag = self.version - self.head_version[rollout]
-            self.staleness[lag] = self.staleness.get(lag, 0) + spec.n_samples
+            lags[lag] = lags.get(lag, 0) + spec.n_samples
         self.batch_tokens = tokens
+        self.batch_lags = lags
         self.record_trainer(self.step_start, self.now, "wait")
         self.record_trainer(self.now, self.now + spec.train_s, "train")
         self.push(self.now + spec.train_s, _TRAIN_DONE)
@@ -289,6 +294,8 @@ class _Loop:
                 tokens=self.batch_tokens,
             )
         )
+        for lag, samples in self.batch_lags.items():
+            self.staleness[lag] = self.staleness.get(lag, 0) + samples
         self.step_start = self.now
         for replica in self.replicas:
             replica.time = self.now
@@ -344,6 +351,7 @@ class _Loop:
             pools=self.pool_usage(busy, end - window_start, len(self.steps) - warmup),
             staleness=self.staleness,
             interrupted=self.interrupted,
+            routed={lane.name: n for lane, n in zip(self.spec.lanes, self.routed, strict=True)},
             events=self.events,
             timeline=self.timeline(),
         )

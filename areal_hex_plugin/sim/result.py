@@ -55,6 +55,7 @@ class SimResult:
     pools: dict[str, PoolUsage]
     staleness: dict[int, int]  # version lag at consumption -> samples consumed
     interrupted: int  # sequences interrupted by weight updates (KV recomputed)
+    routed: dict[str, int]  # replica group -> rollouts sent to it
     events: int
     timeline: dict[str, list[Segment]] = field(default_factory=dict)  # row name -> segments
 
@@ -106,6 +107,7 @@ class SimResult:
             },
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
             "interrupted_sequences": self.interrupted,
+            "rollouts_per_group": self.routed,
             "events": self.events,
             "per_step": [
                 {
