@@ -381,13 +381,16 @@ class _Loop:
             usage[pool] = PoolUsage(gpus=n, train_s=train, rollout_s=rollout, sync_s=sync, idle_s=idle)
         return usage
 
-    def timeline(self) -> dict[str, list[Segment]]:
+    def timeline(self) -> dict[str, dict[str, list[Segment]]]:
+        """Pool -> row -> segments: the trainer (on each training pool) and the first replica of each group."""
         if self.trainer_segments is None:
             return {}
-        rows = {"train": self.trainer_segments}
+        rows: dict[str, dict[str, list[Segment]]] = {}
+        for pool in self.spec.train_gpus:
+            rows.setdefault(pool, {})["trainer"] = self.trainer_segments
         for lane, replicas in zip(self.spec.lanes, self.lanes, strict=True):
             if replicas and replicas[0].segments is not None:
-                rows[f"{lane.name} #0"] = replicas[0].segments
+                rows.setdefault(lane.pool, {})[f"{lane.name} #0"] = replicas[0].segments
         return rows
 
 

@@ -57,7 +57,7 @@ class SimResult:
     interrupted: int  # sequences interrupted by weight updates (KV recomputed)
     routed: dict[str, int]  # replica group -> rollouts sent to it
     events: int
-    timeline: dict[str, list[Segment]] = field(default_factory=dict)  # row name -> segments
+    timeline: dict[str, dict[str, list[Segment]]] = field(default_factory=dict)  # pool -> row -> segments
 
     @property
     def measured(self) -> list[StepRecord]:

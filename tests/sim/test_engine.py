@@ -108,10 +108,10 @@ def test_idle_fraction_and_breakdown_add_up():
 
 def test_timeline_rows_cover_trainer_and_one_replica_per_group():
     result = simulate(spec(), steps=3, seed=0, timeline=True)
-    assert set(result.timeline) == {"train", "a #0"}
-    states = {seg.state for seg in result.timeline["a #0"]}
+    assert {pool: set(rows) for pool, rows in result.timeline.items()} == {"t": {"trainer"}, "r": {"a #0"}}
+    states = {seg.state for seg in result.timeline["r"]["a #0"]}
     assert {"decode", "sync"} <= states
-    assert [seg.state for seg in result.timeline["train"]][:3] == ["wait", "train", "sync"]
+    assert [seg.state for seg in result.timeline["t"]["trainer"]][:3] == ["wait", "train", "sync"]
 
 
 def test_admission_control_formula():

@@ -1,0 +1,52 @@
+"""``areal-hex simulate RECIPE``: play a plan through a discrete-event model of AReaL's asynchronous loop."""
+
+from __future__ import annotations
+
+import argparse
+
+from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args
+from areal_hex_plugin.errors import HexError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "simulate", help="simulate a plan event by event: steady tokens/s, step breakdown, idle, staleness"
+    )
+    add_recipe_arguments(parser)
+    parser.add_argument(
+        "--plan", metavar="PLAN.json", help="a plan from `areal-hex plan --json` (default: plan now)"
+    )
+    parser.add_argument("--steps", type=int, default=30, help="training steps to simulate (default 30)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed for output lengths (default 0)")
+    parser.add_argument("--json", metavar="OUT", help="write the simulation results as JSON")
+    parser.add_argument("--plot", metavar="OUT.png", help="draw a timeline per pool (OUT-<pool>.png)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from areal_hex_plugin.commands.common import write_json
+    from areal_hex_plugin.plan import HexPlan
+    from areal_hex_plugin.scheduler import plan_recipe
+    from areal_hex_plugin.sim.engine import simulate
+    from areal_hex_plugin.sim.inputs import sim_spec
+    from areal_hex_plugin.sim.report import describe_simulation
+
+    if args.steps < 1:
+        raise HexError(
+            "--steps", f"must be at least 1, got {args.steps}", "simulate 30 steps, as the paper does"
+        )
+    recipe = load_recipe_from_args(args)
+    plan = HexPlan.load(args.plan) if args.plan else plan_recipe(recipe)
+    spec = sim_spec(recipe, plan)
+    result = simulate(spec, steps=args.steps, seed=args.seed, timeline=bool(args.plot))
+    print(describe_simulation(result, plan))
+    if args.json:
+        data = {"recipe": str(recipe.path), "seed": args.seed, "predicted": plan.predicted.__dict__}
+        data.update(result.to_dict())
+        print(f"\nresults written to {write_json(args.json, data)}")
+    if args.plot:
+        from areal_hex_plugin.sim.plot import plot_timelines
+
+        for path in plot_timelines(result, args.plot, title=recipe.workload.model.name):
+            print(f"timeline plotted to {path}")
+    return 0

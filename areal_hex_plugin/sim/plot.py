@@ -1,0 +1,65 @@
+"""Gantt-style timelines of a simulation: one PNG per pool, one row per trainer / replica shown."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.sim.result import SimResult
+
+COLORS = {
+    "train": "#1f77b4",
+    "decode": "#2ca02c",
+    "prefill": "#ff7f0e",
+    "sync": "#d62728",
+    "wait": "#c7c7c7",
+    "idle": "#eeeeee",
+}
+
+
+def plot_timelines(result: SimResult, out: str | Path, title: str = "") -> list[Path]:
+    """Write ``OUT-<pool>.png`` for each pool (``OUT`` is ``out`` without its suffix); return the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    target = Path(out).expanduser()
+    if not target.parent.is_dir():
+        raise HexError(
+            "--plot", f"folder {target.parent} does not exist", "create it first or write somewhere else"
+        )
+    written = []
+    for pool, rows in sorted(result.timeline.items()):
+        fig, ax = plt.subplots(figsize=(12, 1.2 + 0.6 * len(rows)))
+        names = sorted(rows)
+        for y, name in enumerate(names):
+            for state in COLORS:
+                bars = [(s.start_s, s.end_s - s.start_s) for s in rows[name] if s.state == state]
+                if bars:
+                    ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=COLORS[state])
+        ax.set_yticks(range(len(names)), names)
+        ax.set_xlabel("time (s)")
+        ax.set_title(f"{title} pool {pool}".strip())
+        ax.legend(
+            handles=[Patch(color=c, label=s) for s, c in COLORS.items()],
+            ncol=6,
+            loc="upper right",
+            fontsize=8,
+        )
+        fig.tight_layout()
+        path = target.with_name(f"{target.stem}-{pool}{target.suffix or '.png'}")
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            fig.savefig(tmp, format="png", dpi=110)
+            os.replace(tmp, path)  # never a half-written image
+        except OSError as exc:
+            raise HexError(
+                "--plot", f"cannot write {path}: {exc.strerror}", "choose a writable path"
+            ) from None
+        finally:
+            plt.close(fig)
+        written.append(path)
+    return written

@@ -1,0 +1,82 @@
+"""``areal-hex simulate`` end to end on a shipped recipe, with a saved plan; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from areal_hex_plugin.cli import main
+from areal_hex_plugin.costmodel import CostModel, RolloutStage, recipe_calibration
+from areal_hex_plugin.scheduler import plan_recipe
+from areal_hex_plugin.sim.inputs import sim_spec
+from areal_hex_plugin.specs.recipe import load_recipe
+from tests.conftest import REPO
+
+RECIPE = REPO / "recipes" / "paper" / "1.5b.yaml"
+
+
+@pytest.fixture(scope="module")
+def planned():
+    recipe = load_recipe(RECIPE, [])
+    return recipe, plan_recipe(recipe)
+
+
+def test_step_line_reproduces_the_cost_models_full_batch_rate(planned):
+    recipe, plan = planned
+    spec = sim_spec(recipe, plan)
+    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    for group, lane in zip(plan.rollout.replicas, spec.lanes, strict=True):
+        estimate = cm.rollout(tuple(RolloutStage(group.pool, group.tp) for _ in range(group.pp)))
+        assert lane.tokens_per_s(estimate.concurrency) == pytest.approx(estimate.peak_tokens_per_s, rel=1e-9)
+        assert 0 < lane.step_fixed_s and 0 < lane.step_per_seq_s
+        # Fewer sequences decode faster each but slower in total.
+        assert lane.tokens_per_s(estimate.concurrency / 4) < estimate.peak_tokens_per_s
+    assert spec.train_s == pytest.approx(plan.predicted.train_time_s, rel=1e-3)
+    assert spec.sync_s == pytest.approx(plan.predicted.weight_sync_s, rel=1e-3)
+
+
+def test_simulate_with_a_saved_plan_writes_json_and_timelines(planned, tmp_path, capsys):
+    _, plan = planned
+    plan_file = plan.save(tmp_path / "plan.json")
+    out = tmp_path / "sim.json"
+    code = main(
+        [
+            "simulate",
+            str(RECIPE),
+            "--plan",
+            str(plan_file),
+            "--steps",
+            "6",
+            "--json",
+            str(out),
+            "--plot",
+            str(tmp_path / "t.png"),
+        ]  # fmt: skip
+    )
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["steps"] == 6 and data["tokens_per_s"] > 0
+    assert set(data["breakdown_s"]) == {"rollout_wait", "train", "sync"}
+    assert sum(data["staleness_histogram"].values()) == 6 * plan_samples(planned[0])
+    pools = {m.pool for m in plan.machines if m.role != "idle"}
+    assert sorted(p.name for p in tmp_path.glob("t-*.png")) == sorted(f"t-{pool}.png" for pool in pools)
+    assert "simulated" in capsys.readouterr().out
+
+
+def plan_samples(recipe) -> int:
+    return recipe.workload.rl.samples_per_step
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["--steps", "0"], "--steps"),
+        (["--plan", "/nonexistent/plan.json"], "plan"),
+        (["--json", "/nonexistent-dir/out.json"], "--json"),
+    ],
+)
+def test_bad_input_exits_2_with_the_field(argv, field, tmp_path, capsys):
+    assert main(["simulate", str(RECIPE), *argv]) == 2
+    err = capsys.readouterr().err
+    assert field in err and "Traceback" not in err
