@@ -29,7 +29,7 @@ def test_step_line_reproduces_the_cost_models_full_batch_rate(planned):
     for group, lane in zip(plan.rollout.replicas, spec.lanes, strict=True):
         estimate = cm.rollout(tuple(RolloutStage(group.pool, group.tp) for _ in range(group.pp)))
         assert lane.tokens_per_s(estimate.concurrency) == pytest.approx(estimate.peak_tokens_per_s, rel=1e-9)
-        assert 0 < lane.step_fixed_s and 0 < lane.step_per_seq_s
+        assert lane.step_fixed_s > 0 and lane.step_per_seq_s > 0
         # Fewer sequences decode faster each but slower in total.
         assert lane.tokens_per_s(estimate.concurrency / 4) < estimate.peak_tokens_per_s
     assert spec.train_s == pytest.approx(plan.predicted.train_time_s, rel=1e-3)
