@@ -1,0 +1,132 @@
+"""``HexRayScheduler``: upstream's (1.0.4) RayScheduler with every planned worker's bundle tied to its pool.
+
+Each bundle carries a small share of a per-node resource that only the pool's nodes have: the pool's own
+``hex_pool:<name>`` resource when the nodes were started with it, else Ray's automatic
+``accelerator_type:<X>`` for the pool's GPU type. Shim for 1.0.4's placement strategies: the strategies below
+subclass upstream's and only change how bundles and actor resources are built (1.0.4 decides GPU vs CPU from
+the *local* CUDA, which is wrong for a CPU head node; here the device is the cluster's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from areal.api.cli_args import SchedulingSpec, SchedulingStrategyType
+from areal.api.scheduler_api import Job
+from areal.infra.scheduler.ray import RayScheduler
+from areal.infra.utils.ray import create_resource_spec
+from areal.infra.utils.ray_placement_group import (
+    DeferredDeviceRayPlacementStrategy,
+    RayPlacementStrategy,
+    SeparatedRayPlacementStrategy,
+)
+
+from areal_hex_plugin.areal.placement import Placement, check_plan_fits_inventory
+from areal_hex_plugin.areal.schedulers.common import check_replicas, specs_for_slots
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.inventory import canonical_gpu_type, group_pools, machines_from_ray_nodes
+from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.specs.catalog import build_catalog
+
+# Per bundle; a node holds 1.0 of its pool resource, so up to 1000 workers fit on one node.
+POOL_RESOURCE_SHARE = 0.001
+POOL_RESOURCE_PREFIX = "hex_pool:"
+
+
+def _bundle(cpu: int, mem_gb: int, gpus: int, pool_resource: str, device: str) -> dict[str, float]:
+    bundle = {"CPU": float(cpu), "memory": float(mem_gb * 1024**3), pool_resource: POOL_RESOURCE_SHARE}
+    if gpus > 0:
+        bundle[device] = float(gpus)
+    return bundle
+
+
+def _pool_of(spec: SchedulingSpec, pool_resources: dict[str, str]) -> str:
+    pool = spec.env_vars.get("HEX_POOL", "")
+    if pool not in pool_resources:
+        raise HexError("scheduler", f"worker spec names pool {pool!r}, which has no Ray resource", "re-plan")
+    return pool_resources[pool]
+
+
+@dataclass
+class PoolSeparatedStrategy(SeparatedRayPlacementStrategy):
+    """One placement group per worker, its bundle on a node of the worker's pool."""
+
+    pool_resources: dict[str, str] = field(default_factory=dict)
+    device: str = "GPU"
+
+    def _create_bundles(self, spec: SchedulingSpec, n_gpus_per_node: int) -> list[dict]:
+        return [_bundle(spec.cpu, spec.mem, spec.gpu, _pool_of(spec, self.pool_resources), self.device)]
+
+    def _get_resource_spec(self, spec: SchedulingSpec) -> dict:
+        return create_resource_spec(self.device, spec.cpu, spec.gpu, spec.mem * 1024**3)
+
+
+@dataclass
+class PoolDeferredStrategy(DeferredDeviceRayPlacementStrategy):
+    """Upstream's deferred strategy (the server takes the GPUs) with bundles split by the pool's node size."""
+
+    pool_resources: dict[str, str] = field(default_factory=dict)
+    gpus_per_node: dict[str, int] = field(default_factory=dict)
+    device: str = "GPU"
+
+    def _create_bundles(self, spec: SchedulingSpec, n_gpus_per_node: int) -> list[dict]:
+        resource = _pool_of(spec, self.pool_resources)
+        per_node = self.gpus_per_node.get(spec.env_vars["HEX_POOL"], n_gpus_per_node)
+        sizes = [per_node] * (spec.gpu // per_node) + ([spec.gpu % per_node] if spec.gpu % per_node else [])
+        # CPU and memory go with the first bundle (the server's head process).
+        return [
+            _bundle(spec.cpu if i == 0 else 0, spec.mem if i == 0 else 0, n, resource, self.device)
+            for i, n in enumerate(sizes or [0])
+        ]
+
+    def _get_resource_spec(self, spec: SchedulingSpec) -> dict:
+        return create_resource_spec(self.device, 0, 0, 0)
+
+
+def pool_resources_from_nodes(plan: HexPlan, nodes: list[dict]) -> dict[str, str]:
+    """Pool -> the Ray resource that pins a bundle to that pool's nodes, checked against the live nodes."""
+    catalog = build_catalog()
+    check_plan_fits_inventory(plan, group_pools(machines_from_ray_nodes(nodes), catalog), "ray")
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    by_type: dict[str, str] = {}
+    for resources in alive:
+        for key in resources:
+            if key.startswith("accelerator_type:"):
+                by_type.setdefault(canonical_gpu_type(key.split(":", 1)[1], catalog), key)
+    out = {}
+    for machine in plan.machines:
+        own = POOL_RESOURCE_PREFIX + machine.pool
+        out[machine.pool] = own if any(own in r for r in alive) else by_type.get(machine.gpu_type, own)
+    return out
+
+
+class HexRayScheduler(RayScheduler):
+    """Puts each planned role's workers only on nodes of their pools; other roles keep upstream's behaviour."""
+
+    def __init__(
+        self,
+        placement: Placement,
+        pool_resources: dict[str, str],
+        gpus_per_node: dict[str, int] | None = None,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.placement = placement
+        self.pool_resources = pool_resources
+        self.gpus_per_node = gpus_per_node or {}
+
+    def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
+        slots = self.placement.for_role(job.role)
+        separate = SchedulingStrategyType(job.scheduling_strategy.type) == SchedulingStrategyType.separation
+        if slots is not None and separate:
+            check_replicas(job.role, job.replicas, slots)
+            job = replace(job, tasks=specs_for_slots(job.role, list(job.tasks), slots))
+        return super().create_workers(job, *args, **kwargs)
+
+    def _get_placement_strategy(self, schedulings: list[SchedulingSpec]) -> RayPlacementStrategy:
+        if not all("HEX_POOL" in s.env_vars for s in schedulings):
+            return super()._get_placement_strategy(schedulings)
+        if schedulings[0].ray_placement_strategy == "deferred":
+            return PoolDeferredStrategy(pool_resources=self.pool_resources, gpus_per_node=self.gpus_per_node)
+        # "shared" packs a whole role into one group, which cannot span pools: one group per worker instead.
+        return PoolSeparatedStrategy(pool_resources=self.pool_resources)
