@@ -43,8 +43,8 @@ def objective_of(recipe, request: PlanRequest) -> Objective:
             "--budget", "a budget and a throughput target were both given", "give only one of them"
         )
     for name, value in (("--budget", budget), ("--target-tokens-per-s", target)):
-        if value is not None and value <= 0:
-            raise HexError(name, f"must be positive, got {value:g}", "give a value > 0")
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise HexError(name, f"must be a positive number, got {value:g}", "give a finite value > 0")
     if budget is not None:
         return Objective("budget", budget_per_hour=budget)
     if target is not None:
@@ -168,7 +168,7 @@ class Planner:
             )
         if self.objective.kind == "budget":
             return HexError(
-                "hex.objective.budget_per_hour",
+                "--budget" if self.request.budget_per_hour is not None else "hex.objective.budget_per_hour",
                 f"no trainer plus rollout split fits in ${self.objective.budget_per_hour:g}/h",
                 "raise the budget or add cheaper machines",
             )

@@ -1,0 +1,83 @@
+"""The two-phase search against exhaustive mode, determinism, time limits, and the training layout search."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from areal_hex_plugin.costmodel import CostModel, TrainStage, recipe_calibration
+from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
+from areal_hex_plugin.scheduler.train_search import search_train
+from tests.scheduler.helpers import recipe_with_pools
+
+SMALL_CLUSTERS = [
+    ([("H200", 8, 2), ("A100-80GB", 4, 2), ("H20", 4, 2)], None),
+    ([("H800-PCIe", 4, 3), ("A100-80GB", 8, 1), ("H20", 8, 1)], 67.37),
+    ([("H100", 2, 5), ("H20", 2, 2), ("A100-80GB", 2, 5)], 63.0),
+    ([("H800-PCIe", 8, 1), ("H20", 8, 3)], None),
+    ([("L40S", 4, 3), ("H800-PCIe", 2, 4)], 50.0),
+]
+
+
+@pytest.mark.parametrize(("pools", "budget"), SMALL_CLUSTERS)
+def test_two_phase_is_within_one_percent_of_exhaustive(pools, budget):
+    recipe = recipe_with_pools(pools)
+    fast = Planner(recipe, PlanRequest())
+    full = Planner(recipe, PlanRequest(exhaustive=True))
+    two, ex = fast.search(fast.limits, budget), full.search(full.limits, budget)
+    assert ex.status == "optimal" and two.best is not None
+    window = max(two.window, ex.window)
+    two_rate = fast.tokens_per_s(fast.ev.evaluate(two.best.split, window))
+    ex_rate = full.tokens_per_s(full.ev.evaluate(ex.best.split, window))
+    assert two_rate >= 0.99 * ex_rate
+    if budget is not None:
+        assert two.best.cost_per_hour <= budget + 1e-9
+
+
+def test_same_input_same_plan():
+    recipe = recipe_with_pools([("H800-PCIe", 4, 3), ("H20", 4, 4)])
+    first, second = plan_recipe(recipe).to_dict(), plan_recipe(recipe).to_dict()
+    for data in (first, second):
+        data["solver"].pop("solve_time_s")
+    assert first == second
+
+
+def test_a_tiny_time_limit_still_returns_the_best_plan_so_far():
+    recipe = recipe_with_pools([("H800-PCIe", 8, 4), ("H20", 8, 9)], "7b", "hex.solver.time_limit_s=0.001")
+    plan = plan_recipe(recipe)
+    assert plan.solver.status == "timeout"
+    assert plan.predicted.tokens_per_s > 0 and 0 <= plan.solver.gap <= 1
+    assert any("time_limit_s" in w for w in plan.warnings)
+
+
+def test_training_search_keeps_tp_in_a_machine_and_prunes_without_loss():
+    recipe = recipe_with_pools([("H800-PCIe", 4, 2), ("H20", 8, 2)], "7b")
+    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    gpus = {"p0": 8, "p1": 16}
+    pruned = search_train(cm, recipe.cluster, gpus, max_pp=4)
+    full = search_train(cm, recipe.cluster, gpus, max_pp=4, exhaustive=True)
+    assert pruned is not None and full is not None
+    assert pruned.step_time_s == pytest.approx(full.step_time_s, rel=0.01)
+    for stage in full.stages:
+        assert recipe.cluster.pool(stage.pool).gpus_per_machine % stage.tp == 0
+    used = {p: sum(s.dp * s.tp for s in full.stages if s.pool == p) for p in gpus}
+    assert all(used[p] <= gpus[p] for p in gpus)
+    # Stages of one pool are identical and contiguous (symmetry), the faster GPU type first.
+    assert [s.pool for s in full.stages] == sorted((s.pool for s in full.stages), key=["p0", "p1"].index)
+
+
+def test_training_search_finds_nothing_when_memory_is_too_small():
+    recipe = recipe_with_pools([("L40S", 1, 1), ("H20", 8, 2)], "14b")
+    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    assert search_train(cm, recipe.cluster, {"p0": 1}, max_pp=4) is None
+    assert not cm.train((TrainStage("p0", 1, 1),)).feasible
+
+
+def test_gap_is_measured_against_a_valid_bound():
+    recipe = recipe_with_pools([("H800-PCIe", 8, 2), ("H20", 8, 4)], "7b")
+    plan = plan_recipe(recipe)
+    assert plan.solver.status == "converged" and 0 <= plan.solver.gap < 1
+    exhaustive = plan_recipe(recipe, PlanRequest(exhaustive=True))
+    assert exhaustive.solver.gap == 0 and exhaustive.solver.status == "optimal"
+    assert math.isclose(plan.predicted.tokens_per_s, exhaustive.predicted.tokens_per_s, rel_tol=0.01)
