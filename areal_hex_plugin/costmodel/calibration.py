@@ -17,8 +17,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.specs.catalog import GpuCatalog
+from areal_hex_plugin.specs.config import CalibrationConfig
+
+if TYPE_CHECKING:
+    from areal_hex_plugin.specs.recipe import Recipe
 
 PROFILE_FORMAT = "areal-hex-profile/1"
 
@@ -128,8 +134,10 @@ def read_profile(
     return {str(name): _factor_overrides(values, f"{field_path}[{name}]") for name, values in types.items()}
 
 
-def build_calibration(cfg, catalog, base_dir: Path | None = None) -> Calibration:
-    """The calibration of a recipe: ``cfg`` is its ``hex.calibration`` (CalibrationConfig), names via ``catalog``."""
+def build_calibration(
+    cfg: CalibrationConfig, catalog: GpuCatalog, base_dir: Path | None = None
+) -> Calibration:
+    """The calibration a recipe's ``hex.calibration`` asks for; GPU names resolve through ``catalog``."""
     calibration = Calibration()
     layers: list[tuple[str, dict[str, dict[str, float]]]] = []
     if cfg.profile:
@@ -146,6 +154,6 @@ def build_calibration(cfg, catalog, base_dir: Path | None = None) -> Calibration
     return calibration
 
 
-def recipe_calibration(recipe) -> Calibration:
+def recipe_calibration(recipe: Recipe) -> Calibration:
     """The calibration a loaded :class:`~areal_hex_plugin.specs.recipe.Recipe` asks for."""
     return build_calibration(recipe.hex.calibration, recipe.catalog, recipe.path.parent)

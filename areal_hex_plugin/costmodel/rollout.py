@@ -92,7 +92,9 @@ def _check_stages(cluster: Cluster, workload: WorkloadSpec, stages: tuple[Rollou
         if s.pool not in names:
             return f"unknown pool {s.pool!r} (pools: {', '.join(sorted(names))})"
         pool = cluster.pool(s.pool)
-        if s.tp < 1 or s.tp > pool.gpus_per_machine:
+        if s.tp < 1:
+            return f"tp must be at least 1, got {s.tp}"
+        if s.tp > pool.gpus_per_machine:
             return f"TP{s.tp} does not fit one {pool.name} machine of {pool.gpus_per_machine} GPUs"
         if model.heads % s.tp:
             return f"TP{s.tp} does not divide {model.name}'s {model.heads} attention heads"
