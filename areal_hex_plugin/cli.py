@@ -13,7 +13,7 @@ import sys
 from areal_hex_plugin import __version__
 from areal_hex_plugin.errors import HexError
 
-COMMANDS = ("validate", "inventory", "estimate", "plan", "profile", "simulate")
+COMMANDS = ("validate", "inventory", "estimate", "plan", "profile", "simulate", "reproduce")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,178 @@
+"""The paper's experiments (arXiv 2511.00796 §4.5-4.8) re-run through our planner and simulator.
+
+Every plan comes from the planner on the paper's recipes (``recipes/paper/*.yaml``: the paper's GPUs, links and
+prices) and is simulated for 30 steps; the figure reported is the simulated steady-state tokens per second of
+wall time, i.e. tokens / (weight sync + max(rollout incl. reward, train)) as the paper measures it. Nothing is
+tuned toward the paper's numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
+from areal_hex_plugin.sim.engine import simulate
+from areal_hex_plugin.sim.inputs import sim_spec
+from areal_hex_plugin.sim.result import SimResult
+from areal_hex_plugin.specs.recipe import Recipe, load_recipe
+
+MODELS = {"1.5B": "1.5b.yaml", "7B": "7b.yaml", "14B": "14b.yaml"}
+EQUAL_BUDGET = 126.72  # 24 H800 at $5.28/h
+STEPS = 30
+# Machines (8 GPUs each) of (H800, H20) per experiment.
+EQUAL_THROUGHPUT_HEX = (1, 3)  # 8 H800 + 24 H20 = $86.64/h
+EQUAL_THROUGHPUT_H800 = (3, 0)  # 24 H800 = $126.72/h
+ABLATION = (3, 0)
+SCHEDULER_SIZES = {24: (1, 2), 32: (1, 3), 40: (2, 3), 56: (1, 6)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    plan: HexPlan
+    result: SimResult
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.result.tokens_per_s
+
+    @property
+    def gpus(self) -> dict[str, int]:
+        gpus: dict[str, int] = {}
+        for part in (self.plan.train.gpus, self.plan.rollout.gpus):
+            for name, n in part.items():
+                gpus[name] = gpus.get(name, 0) + n
+        return gpus
+
+
+def with_machines(recipe: Recipe, machines: tuple[int, int]) -> Recipe:
+    """The recipe on ``machines`` = (H800 machines, H20 machines); pools without machines are dropped."""
+    counts = dict(zip(("H800-PCIe", "H20"), machines, strict=True))
+    pools = tuple(
+        dataclasses.replace(p, machines=counts[p.gpu_type])
+        for p in recipe.cluster.pools
+        if counts[p.gpu_type]
+    )
+    return dataclasses.replace(recipe, cluster=dataclasses.replace(recipe.cluster, pools=pools))
+
+
+def only(recipe: Recipe, gpu_type: str) -> Recipe:
+    pools = tuple(p for p in recipe.cluster.pools if p.gpu_type == gpu_type)
+    return dataclasses.replace(recipe, cluster=dataclasses.replace(recipe.cluster, pools=pools))
+
+
+def run(recipe: Recipe, budget: float | None = None, shares: str = "plan", timeline: bool = False) -> Run:
+    plan = plan_recipe(recipe, PlanRequest(budget_per_hour=budget))
+    spec = sim_spec(recipe, plan)
+    if shares == "uniform":
+        # The paper's ablation: every replica gets the same number of samples, whatever its speed.
+        replicas = sum(lane.count for lane in spec.lanes)
+        spec = dataclasses.replace(
+            spec, lanes=tuple(dataclasses.replace(lane, share=lane.count / replicas) for lane in spec.lanes)
+        )
+    return Run(plan, simulate(spec, steps=STEPS, seed=0, timeline=timeline))
+
+
+def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tuple[dict, dict[str, Run]]:
+    """All experiments: the JSON the issue lists, and the runs by name (with timelines on request)."""
+    out: dict = {
+        "equal_budget": {},
+        "equal_throughput": {},
+        "ablation": {},
+        "scheduler_time_s": {},
+        "plans": {},
+    }
+    runs: dict[str, Run] = {}
+    recipes = {name: load_recipe(recipes_dir / file, []) for name, file in MODELS.items()}
+    for name, recipe in recipes.items():
+        progress(f"{name}: equal budget")
+        hex_run = run(recipe, EQUAL_BUDGET, timeline=timeline)
+        h800 = run(only(recipe, "H800-PCIe"), EQUAL_BUDGET, timeline=timeline)
+        h20 = run(only(recipe, "H20"), EQUAL_BUDGET, timeline=timeline)
+        out["equal_budget"][name] = {
+            "hex_tokens_per_s": hex_run.tokens_per_s,
+            "h800_tokens_per_s": h800.tokens_per_s,
+            "h20_tokens_per_s": h20.tokens_per_s,
+        }
+        progress(f"{name}: equal throughput")
+        small_hex = run(with_machines(recipe, EQUAL_THROUGHPUT_HEX), timeline=timeline)
+        h800_24 = run(with_machines(recipe, EQUAL_THROUGHPUT_H800), timeline=timeline)
+        out["equal_throughput"][name] = {
+            "hex_tokens_per_s": small_hex.tokens_per_s,
+            "hex_cost_per_hour": small_hex.plan.predicted.cost_per_hour,
+            "h800_tokens_per_s": h800_24.tokens_per_s,
+            "h800_cost_per_hour": h800_24.plan.predicted.cost_per_hour,
+        }
+        progress(f"{name}: ablation")
+        ablation = with_machines(recipe, ABLATION)
+        optimized = run(ablation, timeline=timeline)
+        uniform = run(ablation, shares="uniform")
+        out["ablation"][name] = {
+            "uniform_tokens_per_s": uniform.tokens_per_s,
+            "optimized_tokens_per_s": optimized.tokens_per_s,
+        }
+        named = {
+            "equal_budget.hex": hex_run,
+            "equal_budget.h800": h800,
+            "equal_budget.h20": h20,
+            "equal_throughput.hex": small_hex,
+            "equal_throughput.h800": h800_24,
+            "ablation.optimized": optimized,
+        }
+        for key, r in named.items():
+            runs[f"{name}.{key}"] = r
+            out["plans"][f"{name}.{key}"] = {
+                "gpus": r.gpus,
+                "cost_per_hour": r.plan.predicted.cost_per_hour,
+                "predicted_tokens_per_s": r.plan.predicted.tokens_per_s,
+                "simulated_tokens_per_s": r.tokens_per_s,
+                "simulated_step_s": r.result.step_time_s,
+            }
+    base = recipes["7B"]
+    for size, machines in SCHEDULER_SIZES.items():
+        progress(f"scheduler time: {size} GPUs")
+        start = time.perf_counter()
+        plan_recipe(with_machines(base, machines), PlanRequest(budget_per_hour=None))
+        out["scheduler_time_s"][str(size)] = time.perf_counter() - start
+    return out, runs
+
+
+def tables(out: dict) -> str:
+    """The paper-style tables."""
+    lines = ["Equal budget ($126.72/h): tokens/s (simulated, 30 steps)"]
+    lines.append(
+        f"{'model':8}{'AReaL H800':>14}{'AReaL H20':>14}{'AReaL-Hex':>14}{'Hex/H800':>10}{'Hex/H20':>10}"
+    )
+    for name, row in out["equal_budget"].items():
+        h800, h20, hx = row["h800_tokens_per_s"], row["h20_tokens_per_s"], row["hex_tokens_per_s"]
+        lines.append(
+            f"{name:8}{h800:14,.0f}{h20:14,.0f}{hx:14,.0f}{_ratio(hx, h800):>10}{_ratio(hx, h20):>10}"
+        )
+    lines += ["", "Equal throughput: 8 H800 + 24 H20 vs 24 H800"]
+    lines.append(
+        f"{'model':8}{'Hex t/s':>12}{'Hex $/h':>10}{'H800 t/s':>12}{'H800 $/h':>10}{'cost ratio':>12}"
+    )
+    for name, row in out["equal_throughput"].items():
+        hex_cost = row["hex_cost_per_hour"] / max(row["hex_tokens_per_s"], 1e-9)
+        h800_cost = row["h800_cost_per_hour"] / max(row["h800_tokens_per_s"], 1e-9)
+        lines.append(
+            f"{name:8}{row['hex_tokens_per_s']:12,.0f}{row['hex_cost_per_hour']:10.2f}"
+            f"{row['h800_tokens_per_s']:12,.0f}{row['h800_cost_per_hour']:10.2f}{_ratio(h800_cost, hex_cost):>12}"
+        )
+    lines += ["", "Ablation on 24 H800: samples split uniformly vs by the plan's shares"]
+    lines.append(f"{'model':8}{'uniform':>12}{'optimised':>12}{'gain':>8}")
+    for name, row in out["ablation"].items():
+        u, o = row["uniform_tokens_per_s"], row["optimized_tokens_per_s"]
+        lines.append(f"{name:8}{u:12,.0f}{o:12,.0f}{_ratio(o, u):>8}")
+    lines += [
+        "",
+        "Scheduler time (7B): "
+        + ", ".join(f"{n} GPUs {t:.2f} s" for n, t in out["scheduler_time_s"].items()),
+    ]
+    return "\n".join(lines)
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b > 0 else "-"
