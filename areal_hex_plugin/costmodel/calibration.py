@@ -45,16 +45,17 @@ GENERIC = Efficiency()
 
 DEFAULTS: dict[str, Efficiency] = {
     # H20: a Hopper die cut to 148 TFLOPS that keeps the 4 TB/s HBM3. Dense GEMMs saturate its small tensor budget
-    # easily (80% of peak at decode batch sizes, which run compute-bound on it). With far fewer SMs per TB/s than
-    # other Hoppers, latency-bound decode kernels (paged KV reads) pull ~70% of the HBM figure. Training MFU is
-    # the one factor set from a measurement: the paper's Observation 2 (5 H20 do not reach 1 H800 in training,
-    # paper.md §1.3) puts its achieved training FLOPS at about 0.6x the H800's share; FSDP's bandwidth- and
-    # latency-bound work (gathers, recompute, optimizer, launches) does not shrink with the cut compute.
-    "H20": Efficiency(train_mfu=0.26, infer_mfu=0.80, hbm_fraction=0.70, link_efficiency=0.80),
+    # easily (85% of peak at decode batch sizes, which run compute-bound on it). With few SMs per TB/s, the
+    # latency-bound decode kernels (paged KV reads, skinny GEMMs at small batch) pull ~65% of the HBM figure.
+    # Training MFU is the one factor set from a measurement: the paper's Observation 2 (5 H20 do not reach one
+    # H800 in training, paper.md §1.3) puts its achieved training FLOPS at ~0.6x the H800's share; FSDP's
+    # bandwidth- and latency-bound work (gathers, recompute, optimizer, launches) does not shrink with the cut
+    # compute.
+    "H20": Efficiency(train_mfu=0.26, infer_mfu=0.85, hbm_fraction=0.65, link_efficiency=0.80),
     # H800-PCIe (the paper's 756 TFLOPS / 2 TB/s part): a 350 W card whose clocks drop under sustained tensor
-    # load, so GEMMs hold ~45% of the datasheet peak in serving (~45% MFU in training, as large dense GEMMs
-    # dominate there); HBM2e streaming reaches ~90%.
-    "H800-PCIe": Efficiency(train_mfu=0.45, infer_mfu=0.45, hbm_fraction=0.90, link_efficiency=0.80),
+    # load; skinny decode GEMMs hold ~40% of the datasheet peak, the large GEMMs of training ~45%. Its HBM2e
+    # streams at ~90% of the figure (many SMs per TB/s).
+    "H800-PCIe": Efficiency(train_mfu=0.45, infer_mfu=0.40, hbm_fraction=0.90, link_efficiency=0.80),
     # Consumer/PCIe cards: no NVLink, PCIe P2P through the host bridge reaches ~60% of the Gen4 x16 figure.
     "RTX4090": Efficiency(train_mfu=0.35, infer_mfu=0.60, hbm_fraction=0.80, link_efficiency=0.60),
     "L40S": Efficiency(train_mfu=0.35, infer_mfu=0.55, hbm_fraction=0.80, link_efficiency=0.60),

@@ -5,7 +5,7 @@ One decode step of ``a`` sequences on one TP rank of a stage costs
 plus two TP all-reduces per layer over the machine's GPU link. Pipeline stages run ``pp`` micro-batches; the
 slowest stage (with its hand-off) sets the cycle. The replica keeps the batch full (continuous batching) while
 the staleness window admits work, then drains as the long tail finishes; prefill is compute-bound and adds its
-time per sequence.
+time per sequence (SGLang runs prefill batches apart from decode batches unless mixed chunking is enabled).
 """
 
 from __future__ import annotations
@@ -167,13 +167,18 @@ def _cycle(stages: list[_Stage], seqs: float, ctx: float) -> tuple[float, str]:
 
 
 def _drain_time(stages: list[_Stage], c: int, ctx: float, curve: DrainCurve) -> tuple[float, float]:
-    """Seconds and tokens of a batch of ``c`` draining along ``curve`` (context grows as survivors age)."""
+    """Expected seconds and tokens of a batch of ``c`` draining along ``curve`` (context grows with age).
+
+    A step runs only while at least one sequence is left, with probability ``1 - (1 - share)^c``; then it carries
+    the surviving sequences. Far in the tail that is one long sequence paying a whole weight read per token.
+    """
     seconds = tokens = 0.0
     for dt, share, since in curve.steps:
-        active = c * share
-        if active <= 0:
+        if share <= 0:
             continue
-        seconds += dt * _cycle(stages, active, ctx + since)[0]
+        running = 1 - (1 - share) ** c
+        active = c * share
+        seconds += dt * running * _cycle(stages, active / running, ctx + since)[0]
         tokens += dt * active
     return seconds, tokens
 
@@ -227,10 +232,15 @@ def estimate_rollout(
     built = _build_stages(cluster, workload, calibration, stages, layers, gpus)
     step, bound = _cycle(built, concurrency, ctx)
     peak = concurrency / step
-    # The staleness bound lets eta + 1 batches through before admission stops and the batch drains.
+    # The planning window (delta(eta), about eta + 1 training steps) gives each replica eta + 1 full batches of
+    # work; then admission stops and the batch drains. With eta = 0 every batch starts and drains together.
     waves = workload.rl.max_head_offpolicyness + 1
-    curve = lengths.drain_from_full if waves > 1 else lengths.drain_from_start
-    drain_s, drain_tokens = _drain_time(built, concurrency, ctx, curve)
+    if waves > 1:
+        drain_s, drain_tokens = _drain_time(built, concurrency, ctx, lengths.drain_from_full)
+    else:
+        drain_s, drain_tokens = _drain_time(
+            built, concurrency, workload.prompt_tokens, lengths.drain_from_start
+        )
     total_tokens = waves * concurrency * lengths.mean
     full_s = max(0.0, total_tokens - drain_tokens) / peak
     prefill_s = waves * concurrency * max(st.prefill_s for st in built)
