@@ -115,7 +115,8 @@ def _table(doc: dict) -> str:
             else r["reason"]
         )
         t_layout = (
-            " | ".join(f"dp{s['dp']} tp{s['tp']}" for s in t["stages"]) + f" ({t['gpus']} GPUs)"
+            " | ".join(f"dp{s['dp']} tp{s['tp']}" for s in t["stages"])
+            + f" ({t['gpus']} GPU{'s' if t['gpus'] > 1 else ''})"
             if t["feasible"]
             else t["reason"]
         )
@@ -140,7 +141,10 @@ def _table(doc: dict) -> str:
         "$/Mtok train",
     ]
     return tabulate(
-        rows, headers=headers, floatfmt=".1f", maxcolwidths=[None, None, 40, None, 40, None, None]
+        rows,
+        headers=headers,
+        floatfmt=("", ".0f", "", ".0f", "", ".3f", ".3f"),
+        maxcolwidths=[None, None, 40, None, 40, None, None],
     )
 
 
