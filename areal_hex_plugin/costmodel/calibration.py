@@ -5,7 +5,8 @@ Each factor is the achievable fraction of a catalog figure:
 * ``train_mfu``: model FLOPs utilisation of a training step (forward, backward, recompute) at a large micro-batch.
 * ``infer_mfu``: fraction of peak FLOPS that decode/prefill GEMMs and attention reach when compute-bound.
 * ``hbm_fraction``: fraction of the HBM bandwidth that decode kernels (weight and KV-cache reads) sustain.
-* ``link_efficiency``: fraction of a link's nominal bandwidth that NCCL collectives and transfers achieve.
+* ``link_efficiency``: fraction of the GPU link's (NVLink/PCIe) nominal bandwidth that NCCL collectives inside
+  a machine achieve. Network figures between machines come from the recipe and are used as given.
 
 Later sources override earlier ones factor by factor: built-in defaults, then the profile, then the recipe.
 """

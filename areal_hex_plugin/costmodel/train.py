@@ -123,7 +123,7 @@ def estimate_train(
     memory: list[float] = []
     parts = {"compute": 0.0, "tp_comm": 0.0, "dp_comm": 0.0, "pp_comm": 0.0, "optimizer": 0.0}
     stage_times: list[float] = []
-    micro = 1
+    micro_per_minibatch = 1
     for i, (s, pool, eff, n, p) in enumerate(zip(stages, pools, effs, layers, params, strict=True)):
         last = i == pp - 1
         dense = n * model.params_per_layer + (model.vocab * model.hidden if last else 0)
@@ -142,6 +142,7 @@ def estimate_train(
 
         # Micro-batches per DP rank per optimizer step (each runs FSDP's gathers once).
         micro = max(1, math.ceil(tokens / minibatches / (s.dp * mb_tokens)))
+        micro_per_minibatch = max(micro_per_minibatch, micro)
         dp_comm = 0.0
         if s.dp > 1:
             spans = s.n_gpus > pool.gpus_per_machine
@@ -177,14 +178,12 @@ def estimate_train(
     for i in range(pp - 1):
         same_machine = stages[i].n_gpus + stages[i + 1].n_gpus <= pools[i].gpus_per_machine
         link = between_stages(cluster, calibration, pools[i], pools[i + 1], same_machine)
-        # Activations forward and gradients backward, bf16, for every pass over the stage boundary.
-        volume = tokens * model.hidden * 2 * (2 + forward_passes + 1)
+        # bf16 activations forward and their gradients backward, plus the forward-only passes' activations.
+        volume = tokens * model.hidden * 2 * (2 + forward_passes)
         pp_comm = max(pp_comm, volume / link)
-    bubble = 0.0
     slowest = max(stage_times)
-    if pp > 1:
-        micro_total = minibatches * micro
-        bubble = slowest * (pp - 1) / micro_total
+    # 1F1B flushes once per optimizer step: pp - 1 micro-batch slots idle per minibatch.
+    bubble = slowest * (pp - 1) / micro_per_minibatch
     step = max(slowest + bubble, pp_comm)
     parts.update(pp_comm=pp_comm, bubble=bubble)
 
