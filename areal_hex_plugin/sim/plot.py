@@ -42,12 +42,14 @@ def plot_timelines(result: SimResult, out: str | Path, title: str = "") -> list[
                     ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=COLORS[state])
         ax.set_yticks(range(len(names)), names)
         ax.set_xlabel("time (s)")
-        ax.set_title(f"{title} pool {pool}".strip())
+        ax.set_title(f"{title} pool {pool}".strip(), pad=24)
         ax.legend(
             handles=[Patch(color=c, label=s) for s, c in COLORS.items()],
             ncol=6,
-            loc="upper right",
+            loc="lower center",
+            bbox_to_anchor=(0.5, 1.08),
             fontsize=8,
+            frameon=False,
         )
         fig.tight_layout()
         path = target.with_name(f"{target.stem}-{pool}{target.suffix or '.png'}")
