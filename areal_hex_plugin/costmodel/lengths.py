@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 from areal_hex_plugin.specs.workload import LengthDistribution
 
@@ -15,7 +15,8 @@ DRAIN_POINTS = 24
 class DrainCurve:
     """Share of a full batch still decoding ``t`` steps after admission stops, on a grid.
 
-    ``steps`` are (step count of the interval, surviving share at its midpoint, steps since admission stopped).
+    ``steps`` are (steps in the interval, mean surviving share over it, steps since admission stopped at its
+    midpoint).
     """
 
     steps: tuple[tuple[float, float, float], ...]
@@ -37,22 +38,30 @@ class LengthStats:
 
 
 def _curve(lengths: tuple[int, ...], residual: bool) -> DrainCurve:
-    """Survival on a geometric grid: P(n > t) or, for residuals of a steady batch, E[(n - t)+] / E[n]."""
-    suffix = list(accumulate(reversed(lengths)))[::-1] + [0]
-    count, mean = len(lengths), sum(lengths) / len(lengths)
+    """Survival on a geometric grid, averaged exactly over each interval.
 
-    def survival(t: float) -> float:
+    ``P(n > t)`` when every slot starts together; for residual lengths of a steady batch ``E[(n - t)+] / E[n]``.
+    Both integrate in closed form through tail sums of ``(n - t)`` and ``(n - t)^2``.
+    """
+    count = len(lengths)
+    mean = sum(lengths) / count
+    tail1 = list(accumulate(reversed(lengths)))[::-1] + [0]
+    tail2 = list(accumulate(n * n for n in reversed(lengths)))[::-1] + [0]
+
+    def beyond(t: float) -> float:
+        """Integral of the survival from ``t`` to the end."""
         i = bisect.bisect_right(lengths, t)
+        k = count - i
+        first = tail1[i] - k * t  # sum of (n - t)+
         if not residual:
-            return (count - i) / count
-        return (suffix[i] - (count - i) * t) / count / mean
+            return first / count
+        return (tail2[i] - 2 * t * tail1[i] + k * t * t) / 2 / count / mean
 
     top = float(lengths[-1])
     grid = [0.0] + [top * (2.0 ** (k - DRAIN_POINTS + 1)) for k in range(DRAIN_POINTS)]
     steps = []
-    for lo, hi in zip(grid, grid[1:], strict=False):
-        mid = (lo + hi) / 2
-        steps.append((hi - lo, survival(mid), mid))
+    for lo, hi in pairwise(grid):
+        steps.append((hi - lo, (beyond(lo) - beyond(hi)) / (hi - lo), (lo + hi) / 2))
     return DrainCurve(tuple(steps))
 
 
