@@ -145,6 +145,7 @@ class _Loop:
         self.ready: list[int] = []  # accepted rollouts by id (= creation order), a heap
         self.reward_free = [0.0] * max(1, spec.reward_workers)
         self.syncing = False
+        self.sync_started = 0.0
         self.training = False
         self.step_start = 0.0
         self.batch_ready_at = 0.0
@@ -271,6 +272,7 @@ class _Loop:
     def train_done(self) -> None:
         self.training = False
         self.syncing = True
+        self.sync_started = self.now
         for replica in self.replicas:
             replica.advance(self.now)
             replica.paused = True
@@ -302,9 +304,13 @@ class _Loop:
             replica.paused = False
             n = len(replica.running)
             if n and spec.kv_recompute:
-                # Interrupted sequences lost their KV cache: prefill prompt + generated tokens again.
+                # Interrupted sequences lost their KV cache: prefill prompt + generated tokens again (this
+                # includes any prompt prefill the pause cut short).
                 kv_tokens = n * spec.prompt_tokens + n * replica.steps - replica.start_sum
                 replica.stall_until = self.now + kv_tokens * replica.prefill_s_per_token
+            else:
+                # Prefill work the pause cut short resumes where it stopped.
+                replica.stall_until = self.now + max(0.0, replica.stall_until - self.sync_started)
             self.reschedule(replica)
         self.admit()
         self.start_training()
