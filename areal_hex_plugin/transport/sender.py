@@ -183,7 +183,10 @@ class RelaySender:
         self._version, self._buckets = version, []
         self._report = UpdateReport(version, "", 0, time.perf_counter())
         self._drain_events()
+        self._failed = {}
         for state in self._pools.values():
+            # Replicas that failed an earlier version are tried again: a recovered one gets this version whole.
+            state.alive = list(state.route.replicas)
             self._prepare(state)
 
     def send_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -1,0 +1,170 @@
+"""Test parts for the transport: replica processes, a small real model, and a man-in-the-middle TCP proxy
+that plays a slow or corrupting cross-pool link."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode
+from areal_hex_plugin.transport.route import Endpoint
+from areal_hex_plugin.transport.sinks import TensorParallelSink
+
+TOKEN = b"test-token-0123456789abcdef"
+_CTX = mp.get_context("fork")
+
+
+def small_qwen2_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
+    """A randomly initialised Qwen2-architecture model (tiny), in bf16 like the rollout side expects."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def in_buckets(state: dict[str, torch.Tensor], per_bucket: int) -> list[list[tuple[str, torch.Tensor]]]:
+    items = list(state.items())
+    return [items[i : i + per_bucket] for i in range(0, len(items), per_bucket)]
+
+
+class _SavingSink(TensorParallelSink):
+    """Writes every committed version to disk, so the test process can inspect it."""
+
+    def __init__(self, tp_size: int, path: Path) -> None:
+        super().__init__(tp_size)
+        self.path = path
+
+    def load(self, version, named_tensors) -> None:
+        super().load(version, named_tensors)
+        torch.save({"version": version, "shards": self.shards}, self.path)
+
+
+def _replica_main(path: str, tp_size: int, timeout_s: float, ready) -> None:
+    node = ReceiverNode(_SavingSink(tp_size, Path(path)), ReceiverConfig(timeout_s=timeout_s), token=TOKEN)
+    ready.put(node.start().port)
+    threading.Event().wait()  # serve until the fleet terminates this process
+
+
+@dataclass
+class Replica:
+    process: mp.Process
+    endpoint: Endpoint
+    path: Path
+    tp_size: int
+
+    def committed(self) -> dict:
+        return torch.load(self.path) if self.path.exists() else {"version": -1, "shards": []}
+
+
+class ReplicaFleet:
+    """Replica processes, each a receiver node with a TP-sliced sink; terminated on exit."""
+
+    def __init__(self, tmp_path: Path, timeout_s: float = 10.0) -> None:
+        self.tmp_path, self.timeout_s = tmp_path, timeout_s
+        self.replicas: list[Replica] = []
+
+    def start(self, tp_sizes: list[int]) -> list[Replica]:
+        started = []
+        for tp_size in tp_sizes:
+            ready = _CTX.Queue()
+            path = self.tmp_path / f"replica{len(self.replicas)}.pt"
+            process = _CTX.Process(target=_replica_main, args=(str(path), tp_size, self.timeout_s, ready))
+            process.start()
+            replica = Replica(process, Endpoint("127.0.0.1", ready.get(timeout=60)), path, tp_size)
+            self.replicas.append(replica)
+            started.append(replica)
+        return started
+
+    def __enter__(self) -> ReplicaFleet:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for replica in self.replicas:
+            replica.process.terminate()
+        for replica in self.replicas:
+            replica.process.join(timeout=10)
+
+
+class Proxy:
+    """Forwards TCP to ``target``; can throttle the forward direction, flip one byte at ``corrupt_at``, or go
+    silent (a dead link that never closes) once a connection has forwarded ``stall_after`` bytes."""
+
+    def __init__(
+        self,
+        target: Endpoint,
+        bytes_per_s: float | None = None,
+        corrupt_at: int | None = None,
+        stall_after: int | None = None,
+    ) -> None:
+        self.target, self.bytes_per_s, self.corrupt_at, self.stall_after = (
+            target,
+            bytes_per_s,
+            corrupt_at,
+            stall_after,
+        )
+        self.corrupted = 0
+        self.stalled = threading.Event()
+        self._closed = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = Endpoint("127.0.0.1", self._listener.getsockname()[1])
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection((self.target.host, self.target.port))
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, forward: bool) -> None:
+        seen, started = 0, time.monotonic()
+        try:
+            while data := source.recv(1 << 16):
+                if (
+                    forward
+                    and self.corrupt_at is not None
+                    and not self.corrupted
+                    and seen + len(data) > self.corrupt_at
+                ):
+                    data = bytearray(data)
+                    data[self.corrupt_at - seen] ^= 0xFF
+                    self.corrupted += 1
+                seen += len(data)
+                if forward and self.stall_after is not None and seen > self.stall_after:
+                    self.stalled.set()
+                    self._closed.wait()
+                    return
+                if forward and self.bytes_per_s:
+                    time.sleep(max(0.0, started + seen / self.bytes_per_s - time.monotonic()))
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+                end.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()

@@ -1,0 +1,109 @@
+"""Access control (token, allowed peers) and version labels, with in-process receiver nodes on real sockets."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode
+from areal_hex_plugin.transport.route import PoolRoute, Route
+from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
+from areal_hex_plugin.transport.sinks import MemorySink
+from areal_hex_plugin.transport.wire import TOKEN_ENV, AuthError, TransportError, connect, load_token
+from tests.transport.harness import TOKEN
+
+
+@pytest.fixture
+def nodes():
+    started: list[ReceiverNode] = []
+
+    def start(count: int, **config) -> list[ReceiverNode]:
+        for _ in range(count):
+            node = ReceiverNode(MemorySink(), ReceiverConfig(timeout_s=5.0, **config), token=TOKEN)
+            node.endpoint = node.start()
+            started.append(node)
+        return started[-count:]
+
+    yield start
+    for node in started:
+        node.stop()
+
+
+def _route(*pools: list[ReceiverNode]) -> Route:
+    return Route(
+        [PoolRoute(f"pool{i}", [n.endpoint for n in pool], 1.5, 5.0) for i, pool in enumerate(pools)]
+    )
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        f"model.layers.{i}.mlp.up_proj.weight": torch.randn(64, 32, generator=generator) for i in range(6)
+    }
+
+
+def test_wrong_token_is_refused_and_node_keeps_serving(nodes):
+    (node,) = nodes(1)
+    intruder = RelaySender(_route([node]), SenderConfig(timeout_s=5.0), token=b"not-the-shared-token-0000")
+    with pytest.raises(TransportError, match="token"):
+        intruder.begin(1)
+    assert node.refused == 1 and node.version == -1
+    with pytest.raises(AuthError):
+        connect(node.endpoint.host, node.endpoint.port, b"another-wrong-token-000000", timeout_s=5.0)
+    raw = socket.create_connection((node.endpoint.host, node.endpoint.port), timeout=5.0)
+    raw.recv(16)
+    raw.sendall(b"GET / HTTP/1.1\r\n\r\n" + b"x" * 30)
+    assert raw.recv(64) == b""  # closed without an answer
+    raw.close()
+    assert node.refused == 3
+    sender = RelaySender(_route([node]), SenderConfig(timeout_s=5.0), token=TOKEN)
+    report = sender.send_version(1, [list(_state(0).items())])
+    sender.close()
+    assert report.committed == [str(node.endpoint)] and node.version == 1
+
+
+def test_unknown_peer_address_is_refused(nodes):
+    (node,) = nodes(1, allowed_hosts=["10.77.250.250"])
+    sender = RelaySender(_route([node]), SenderConfig(timeout_s=5.0), token=TOKEN)
+    with pytest.raises(TransportError, match="no replica left"):
+        sender.begin(1)
+    sender.close()
+    assert node.refused == 1
+
+
+def test_token_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, "short")
+    with pytest.raises(HexError, match=TOKEN_ENV):
+        load_token()
+    monkeypatch.setenv(TOKEN_ENV, "s" * 32)
+    assert load_token() == b"s" * 32
+
+
+def test_version_labels_follow_commits_and_survive_a_failed_update(nodes):
+    pool_a, pool_b = nodes(2), nodes(1)
+    sender = RelaySender(_route(pool_a, pool_b), SenderConfig(timeout_s=5.0), token=TOKEN)
+    try:
+        digests = {}
+        for version in (1, 2, 5):
+            state = _state(version)
+            report = sender.send_version(version, [list(state.items())[:3], list(state.items())[3:]])
+            digests[version] = report.digest
+            status = sender.status()
+            assert {answer["version"] for answer in status.values()} == {version}
+            assert {answer["digest"] for answer in status.values()} == {report.digest}
+            for node in pool_a + pool_b:
+                assert node.sink.version == version
+                assert all(torch.equal(node.sink.tensors[k], v) for k, v in state.items())
+        assert len(set(digests.values())) == 3
+        # Staged but never committed: an aborted version leaves every label and tensor where it was.
+        sender.begin(6)
+        sender.send_bucket(list(_state(6).items()))
+        sender.finish(commit=False)
+        sender.abort()
+        assert {answer["version"] for answer in sender.status().values()} == {5}
+        assert all(torch.equal(node.sink.tensors[k], v) for node in pool_a for k, v in _state(5).items())
+    finally:
+        sender.close()
