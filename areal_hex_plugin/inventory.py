@@ -13,7 +13,7 @@ import shutil
 import socket
 import subprocess
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import yaml
 
@@ -34,6 +34,7 @@ class Machine:
     gpu_name: str
     gpus: int
     partitions: tuple[str, ...] = ()
+    typed_gres: bool = True  # Slurm: the GRES names the GPU type (else a node feature does)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class DiscoveredPool:
     hosts: tuple[str, ...]
     known_type: bool
     partitions: tuple[str, ...] = ()
+    typed_gres: bool = True  # Slurm: the GRES names the GPU type (else a node feature does)
 
 
 def canonical_gpu_type(name: str, catalog: GpuCatalog) -> str:
@@ -200,17 +202,18 @@ def machines_from_sinfo(text: str, catalog: GpuCatalog | None = None) -> list[Ma
         if match is None:
             continue
         gpu_name = match.group("type")
-        if gpu_name is None:
-            typed = [f for f in features.split(",") if f and catalog.canonical(f)]
-            if not typed:
+        typed = gpu_name is not None
+        if not typed:
+            named = [f for f in features.split(",") if f and catalog.canonical(f)]
+            if not named:
                 raise HexError(
                     f"sinfo node {node}",
                     f"GRES {gres!r} has no GPU type and its features {features!r} name none",
                     "declare typed GRES (Gres=gpu:<type>:<n>) or a GPU-type feature in slurm.conf",
                 )
-            gpu_name = typed[0]
-        machines[node] = Machine(node, gpu_name, int(match.group("count")))
-    return [Machine(m.host, m.gpu_name, m.gpus, tuple(sorted(partitions[m.host]))) for m in machines.values()]
+            gpu_name = named[0]
+        machines[node] = Machine(node, gpu_name, int(match.group("count")), typed_gres=typed)
+    return [replace(m, partitions=tuple(sorted(partitions[m.host]))) for m in machines.values()]
 
 
 def machines_from_slurm() -> list[Machine]:

@@ -1,0 +1,109 @@
+"""HexSlurmScheduler: golden sbatch scripts for a two-GPU-type plan (no Slurm here: ``sbatch`` is a recorder)."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("areal")
+
+from areal.api.cli_args import SchedulingSpec  # noqa: E402
+from areal.api.scheduler_api import Job  # noqa: E402
+from areal.infra.scheduler.exceptions import WorkerCreationError  # noqa: E402
+
+from areal_hex_plugin.areal.placement import placement_from_plan  # noqa: E402
+from areal_hex_plugin.areal.schedulers.slurm import (  # noqa: E402
+    HexSlurmScheduler,
+    SlurmPool,
+    slurm_pools_from_sinfo,
+)
+from areal_hex_plugin.inventory import machines_from_sinfo  # noqa: E402
+from tests.integration.plans import two_type_plan  # noqa: E402
+
+GOLDEN = Path(__file__).parent / "golden"
+POOLS = {
+    "big": SlurmPool(gpus_per_node=2, gres_type="h100", partition="train"),
+    "small": SlurmPool(gpus_per_node=2, gres_type=None, partition="infer", constraint="l40s"),
+}
+SINFO = """big-0|gpu:h100:2|h100|train
+big-1|gpu:h100:2|h100|train*
+small-0|gpu:2|l40s,eth|infer
+small-1|gpu:2|l40s,eth|infer
+"""
+
+
+def _spec() -> SchedulingSpec:
+    return SchedulingSpec(
+        cpu=4, gpu=1, mem=16, port_count=2, cmd="python3 -m areal.infra.rpc.rpc_server", env_vars={"A": "x y"}
+    )
+
+
+@pytest.fixture
+def scheduler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HexSlurmScheduler:
+    # A recording sbatch on PATH: keeps the script, answers like Slurm.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(
+        '#!/bin/sh\ncp "$1" "$(dirname "$1")/submitted-$(basename "$1")"\necho "Submitted batch job 42"\n'
+    )
+    sbatch.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    (tmp_path / "nr").mkdir()
+    return HexSlurmScheduler(
+        placement_from_plan(two_type_plan()),
+        POOLS,
+        experiment_name="hexexp",
+        trial_name="t0",
+        fileroot=str(tmp_path),
+        nfs_record_root=str(tmp_path / "nr"),
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("role", "replicas"), [("actor", 2), ("rollout", 6)])
+def test_sbatch_matches_golden(
+    scheduler: HexSlurmScheduler, tmp_path: Path, role: str, replicas: int
+) -> None:
+    ids = scheduler.create_workers(Job(role=role, replicas=replicas, tasks=[_spec()]))
+    assert ids == [f"{role}/{i}" for i in range(replicas)]
+    script = Path(scheduler._sbatch_path_of(role))
+    submitted = script.with_name(f"submitted-{script.name}").read_text()
+    user = getpass.getuser()
+    got = submitted.replace(str(tmp_path), "<FILEROOT>").replace(f"/logs/{user}/", "/logs/<USER>/")
+    # Upstream forwards the controller's own PYTHONPATH and per-user cache folders: machine-specific.
+    got = re.sub(r"export PYTHONPATH=[^;]*;", "export PYTHONPATH=<PYTHONPATH>;", got)
+    got = got.replace(f"/tmp/areal-{user}/.cache/{user}/", "<CACHE>/")
+    golden = GOLDEN / f"slurm_{role}.sbatch"
+    if os.environ.get("HEX_UPDATE_GOLDEN"):
+        golden.write_text(got)
+    assert got == golden.read_text()
+
+
+@pytest.mark.integration
+def test_rollout_script_has_one_typed_component_per_pool(scheduler: HexSlurmScheduler) -> None:
+    scheduler.create_workers(Job(role="rollout", replicas=6, tasks=[_spec()]))
+    text = Path(scheduler._sbatch_path_of("rollout")).read_text()
+    assert text.count("#SBATCH hetjob") == 1
+    assert "#SBATCH --gres=gpu:h100:2" in text and "#SBATCH --nodelist=big-1" in text
+    assert "#SBATCH --constraint=l40s" in text and "#SBATCH --nodelist=small-0,small-1" in text
+    assert "export HEX_GPU_TYPE=L40S" in text and "export A='\"'\"'x y'\"'\"'" in text
+
+
+@pytest.mark.integration
+def test_wrong_replica_count_submits_nothing(scheduler: HexSlurmScheduler) -> None:
+    with pytest.raises(WorkerCreationError, match="plan places 2"):
+        scheduler.create_workers(Job(role="actor", replicas=3, tasks=[_spec()]))
+    assert not Path(scheduler._sbatch_path_of("actor")).exists()
+
+
+def test_pools_read_off_sinfo() -> None:
+    pools = slurm_pools_from_sinfo(placement_from_plan(two_type_plan()), machines_from_sinfo(SINFO), {})
+    assert pools == {
+        "big": SlurmPool(gpus_per_node=2, gres_type="h100", partition="train"),
+        "small": SlurmPool(gpus_per_node=2, gres_type=None, partition="infer", constraint="l40s"),
+    }
