@@ -11,6 +11,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from areal_hex_plugin.costmodel.calibration import build_calibration
 from areal_hex_plugin.costmodel.memory import min_rollout_gpus, min_train_gpus
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs import typed
@@ -263,6 +264,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     rl = _rl_settings(upstream, config)
     catalog = build_catalog({name: vars(fig) for name, fig in hex_cfg.gpu_catalog.items()})
     cluster = build_cluster(hex_cfg.cluster, catalog)
+    build_calibration(hex_cfg.calibration, catalog, file.parent)  # refuse bad factors or profiles up front
 
     model_spec = hex_cfg.workload.model or upstream["actor.path"]
     if not model_spec:
