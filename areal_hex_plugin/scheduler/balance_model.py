@@ -1,10 +1,11 @@
 """The cost-guided repartition on CP-SAT: the GRAPH_PARTITION(C_T, C_I, D) step of the EM alternation.
 
-Phase 1 measured, at the current split, how many training steps per second one machine of each pool adds to the
-trainer (a_p) and how many steps' worth of rollouts it adds to the fleet (b_p). With those rates frozen, the split
-that maximises the step rate min(sum_p t_p a_p, sum_p r_p b_p) within the machine limits and the budget is a small
-integer program; ties go to the cheaper split. Phase 1 then re-measures the rates at the new split (the E step)
-until the split repeats.
+Phase 1 measured, per pool, the training steps/s the pool reaches alone on n machines (f_p(n)) and the steps'
+worth of rollouts per second it generates on n machines (g_p(n)), at a grid of machine counts. With those tables
+frozen (step functions between grid points, never decreasing: extra machines may idle), the split maximising the
+step rate min(sum_p f_p(t_p), sum_p g_p(r_p)) within the machine limits and the budget is a small integer program
+(table lookups are CP-SAT element constraints); ties go to the cheaper split. The alternation then measures the
+tables at the new split (the E step) and solves again until the split repeats.
 """
 
 from __future__ import annotations
@@ -17,60 +18,68 @@ from areal_hex_plugin.scheduler.cpsat import found, solve_model
 from areal_hex_plugin.scheduler.split import Split
 from areal_hex_plugin.specs.cluster import Cluster
 
-_RESOLUTION = 1_000_000  # the fastest per-machine rate is worth this many units
+_RESOLUTION = 1_000_000  # the largest table entry is worth this many units
 
 
 @dataclass(frozen=True)
 class BalanceRequest:
     limits: tuple[int, ...]
     budget_per_hour: float | None
-    train_rate: tuple[float, ...]  # a_p: training steps/s one machine of pool p adds
-    rollout_rate: tuple[float, ...]  # b_p: rollout steps/s one machine of pool p adds
+    train_rate: tuple[tuple[float, ...], ...]  # f_p(n) for n = 0 .. limit_p: training steps/s, pool alone
+    rollout_rate: tuple[tuple[float, ...], ...]  # g_p(n): rollout steps/s of n machines of pool p
 
 
 def solve_balance(
     cluster: Cluster, request: BalanceRequest, time_limit_s: float, num_workers: int, seed: int
 ) -> Split | None:
-    model, train, rollout = _build(cluster, request)
-    if model is None:
+    built = _build(cluster, request)
+    if built is None:
         return None
+    model, train, rollout = built
     solver, status = solve_model(model, time_limit_s, num_workers, seed)
     if not found(status):
         return None
     return Split(tuple(solver.value(t) for t in train), tuple(solver.value(r) for r in rollout))
 
 
+def _scaled(table: tuple[float, ...], top: float) -> list[int]:
+    return [round(x / top * _RESOLUTION) for x in table]
+
+
 def _build(cluster: Cluster, req: BalanceRequest):
-    fastest = max(max(req.train_rate), max(req.rollout_rate))
-    if max(req.train_rate) <= 0 or max(req.rollout_rate) <= 0:
-        return None, [], []
-    a = [round(x / fastest * _RESOLUTION) for x in req.train_rate]
-    b = [round(x / fastest * _RESOLUTION) for x in req.rollout_rate]
+    top = max(max(max(t) for t in req.train_rate), max(max(t) for t in req.rollout_rate))
+    if (
+        top <= 0
+        or not any(max(t) > 0 for t in req.train_rate)
+        or not any(max(t) > 0 for t in req.rollout_rate)
+    ):
+        return None
     model = cp_model.CpModel()
-    train = [
-        model.new_int_var(0, m if w > 0 else 0, f"t_{p.name}")
-        for p, m, w in zip(cluster.pools, req.limits, a, strict=True)
-    ]
-    rollout = [
-        model.new_int_var(0, m if w > 0 else 0, f"r_{p.name}")
-        for p, m, w in zip(cluster.pools, req.limits, b, strict=True)
-    ]
-    for t, r, m in zip(train, rollout, req.limits, strict=True):
-        model.add(t + r <= m)
+    train, rollout, train_terms, rollout_terms = [], [], [], []
+    for pool, limit, f, g in zip(cluster.pools, req.limits, req.train_rate, req.rollout_rate, strict=True):
+        t = model.new_int_var(0, limit, f"t_{pool.name}")
+        r = model.new_int_var(0, limit, f"r_{pool.name}")
+        model.add(t + r <= limit)
+        train_terms.append(_lookup(model, t, _scaled(f, top), f"f_{pool.name}"))
+        rollout_terms.append(_lookup(model, r, _scaled(g, top), f"g_{pool.name}"))
+        train.append(t)
+        rollout.append(r)
     cents = [round(p.price_per_machine_hour * 100) for p in cluster.pools]
     cost = sum(c * (t + r) for c, t, r in zip(cents, train, rollout, strict=True))
     if req.budget_per_hour is not None:
         model.add(cost <= int(req.budget_per_hour * 100))
-    bound = max(
-        sum(w * m for w, m in zip(a, req.limits, strict=True)),
-        sum(w * m for w, m in zip(b, req.limits, strict=True)),
-    )
-    rate = model.new_int_var(0, bound, "step_rate")
-    model.add(rate <= sum(w * t for w, t in zip(a, train, strict=True)))
-    model.add(rate <= sum(w * r for w, r in zip(b, rollout, strict=True)))
+    rate = model.new_int_var(0, _RESOLUTION * len(req.limits), "step_rate")
+    model.add(rate <= sum(train_terms))
+    model.add(rate <= sum(rollout_terms))
     model.add(sum(train) >= 1)
     model.add(sum(rollout) >= 1)
     # Lexicographic: any gain in step rate beats any saving in cost.
     max_cost = sum(c * m for c, m in zip(cents, req.limits, strict=True))
     model.maximize(rate * (max_cost + 1) - cost)
     return model, train, rollout
+
+
+def _lookup(model: cp_model.CpModel, index, table: list[int], name: str):
+    value = model.new_int_var(0, max(table), name)
+    model.add_element(index, table, value)
+    return value

@@ -22,6 +22,8 @@ from areal_hex_plugin.scheduler.split import Split, all_splits
 # The window grows by doubling up to this many steps, and stops once the step time moves less than this.
 MAX_WINDOW_STEPS = 64
 WINDOW_TOLERANCE = 0.005
+# Throughputs closer than this (relative) count as a tie, settled by cost.
+THROUGHPUT_TIE = 1e-3
 # Starts of the local search (the best distinct splits the alternations reach).
 REFINED_STARTS = 3
 MAX_POOLS_FOR_ALL_SUBSETS = 6
@@ -55,6 +57,24 @@ def better(a: Evaluation | None, b: Evaluation, tokens_per_step: float) -> Evalu
     return min(a, b, key=lambda e: e.split)
 
 
+def cheapest_near(
+    ev: Evaluator, best: Evaluation, limits: tuple[int, ...], budget: float | None
+) -> Evaluation:
+    """The cheapest scored split within THROUGHPUT_TIE of the best one (same window, limits and budget), so a
+    plan never rents machines for a gain the cost model cannot resolve."""
+    floor = (1 - THROUGHPUT_TIE) * best.tokens_per_s(ev.tokens_per_step)
+    near = [
+        e
+        for e in ev.evaluations
+        if e.window == best.window
+        and e.feasible
+        and e.tokens_per_s(ev.tokens_per_step) >= floor
+        and all(t + r <= m for t, r, m in zip(e.split.train, e.split.rollout, limits, strict=True))
+        and (budget is None or e.cost_per_hour <= budget + 1e-9)
+    ]
+    return min(near, key=lambda e: (round(e.cost_per_hour, 6), -e.tokens_per_s(ev.tokens_per_step), e.split))
+
+
 def two_phase(
     ev: Evaluator, limits: tuple[int, ...], budget: float | None, eta: int, deadline: float
 ) -> SearchResult:
@@ -78,7 +98,7 @@ def two_phase(
         timed_out = result.status == "timeout" or time.monotonic() > deadline
         return SearchResult(best, "timeout" if timed_out else "converged", result.iterations, window)
 
-    return _grow_window(ev, eta, deadline, search)
+    return _grow_window(ev, limits, budget, eta, deadline, search)
 
 
 def pool_subsets(limits: tuple[int, ...]) -> list[frozenset[int]]:
@@ -88,7 +108,9 @@ def pool_subsets(limits: tuple[int, ...]) -> list[frozenset[int]]:
     return [frozenset(c) for k in sizes for c in combinations(pools, k)]
 
 
-def _grow_window(ev: Evaluator, eta: int, deadline: float, search) -> SearchResult:
+def _grow_window(
+    ev: Evaluator, limits: tuple[int, ...], budget: float | None, eta: int, deadline: float, search
+) -> SearchResult:
     """Run ``search`` at delta = delta0(eta), doubling delta until the best step time is stable."""
     window = first_window(eta)
     best: Evaluation | None = None
@@ -113,7 +135,7 @@ def _grow_window(ev: Evaluator, eta: int, deadline: float, search) -> SearchResu
         status = "timeout"
     if best is None:
         return SearchResult(None, status if status == "timeout" else "infeasible", iterations, window)
-    return SearchResult(best, status, iterations, window)
+    return SearchResult(cheapest_near(ev, best, limits, budget), status, iterations, window)
 
 
 def _bisect(
@@ -196,38 +218,37 @@ def _alternate(
     return best
 
 
-def _rates(
-    ev: Evaluator, split: Split | None, limits: tuple[int, ...]
-) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Steps/s one machine of each pool adds to training (pool alone) and to rollout, measured near ``split``."""
+def _rates(ev: Evaluator, split: Split | None, limits: tuple[int, ...]):
+    """Per pool, tables of training steps/s (pool alone) and rollout steps/s by machine count, measured by
+    phase 1 on a geometric grid of counts plus the split's own counts, as never-decreasing step functions."""
     generated = ev.workload.rl.samples_per_step * ev.workload.output_lengths.mean
-    train_rate, rollout_rate = [], []
+    n_pools = len(limits)
+    train_tables, rollout_tables = [], []
     for i, (pool, limit) in enumerate(zip(ev.cluster.pools, limits, strict=True)):
-        t_rate = r_rate = 0.0
-        for machines in _operating_points(split.train[i] if split else 0, limit):
-            choice = ev.train(tuple(machines if j == i else 0 for j in range(len(limits))))
-            if choice is not None:
-                t_rate = 1 / choice.step_time_s / machines
-                break
-        for machines in _operating_points(split.rollout[i] if split else 0, limit):
-            fleet = ev.pool_fleet(pool.name, machines)
-            if fleet.tokens_per_s > 0:
-                r_rate = fleet.tokens_per_s / generated / machines
-                break
-        train_rate.append(t_rate)
-        rollout_rate.append(r_rate)
-    return tuple(train_rate), tuple(rollout_rate)
+
+        def train_rate(n: int, i: int = i) -> float:
+            choice = ev.train(tuple(n if j == i else 0 for j in range(n_pools)))
+            return 1 / choice.step_time_s if choice else 0.0
+
+        def rollout_rate(n: int, name: str = pool.name) -> float:
+            return ev.pool_fleet(name, n).tokens_per_s / generated
+
+        train_tables.append(_table(train_rate, limit, split.train[i] if split else 0))
+        rollout_tables.append(_table(rollout_rate, limit, split.rollout[i] if split else 0))
+    return tuple(train_tables), tuple(rollout_tables)
 
 
-def _operating_points(current: int, limit: int) -> list[int]:
-    """Machine counts to measure a pool's rate at: the current count, else 1, 2, 4, ... up to the limit."""
-    if current:
-        return [current]
-    points, m = [], 1
-    while m < limit:
-        points.append(m)
-        m *= 2
-    return [*points, limit] if limit else []
+def _table(rate, limit: int, current: int) -> tuple[float, ...]:
+    grid, n = {limit, current}, 1
+    while n < limit:
+        grid.update((n, n + n // 2))
+        n *= 2
+    measured = {m: rate(m) for m in sorted(grid) if 0 < m <= limit}
+    table, best = [0.0], 0.0
+    for m in range(1, limit + 1):
+        best = max(best, measured.get(m, 0.0))
+        table.append(best)
+    return tuple(table)
 
 
 def _refine(
@@ -284,7 +305,7 @@ def exhaustive(
                 best = better(best, e, ev.tokens_per_step)
         return SearchResult(best, "optimal" if best else "infeasible", iterations, window)
 
-    return _grow_window(ev, eta, deadline, search)
+    return _grow_window(ev, limits, budget, eta, deadline, search)
 
 
 def upper_bound(ev: Evaluator, limits: tuple[int, ...], window: int) -> float:

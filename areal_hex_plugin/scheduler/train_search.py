@@ -13,8 +13,9 @@ Pruning, all exact up to the last point:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import product
+from functools import cache
 
 from areal_hex_plugin.costmodel import CostModel, TrainStage
 from areal_hex_plugin.specs.cluster import Cluster, Pool
@@ -68,17 +69,32 @@ def _stages(combo: tuple[_PoolOption, ...]) -> tuple[TrainStage, ...]:
     return tuple(TrainStage(pool=o.pool, dp=o.dp, tp=o.tp) for o in combo for _ in range(o.k))
 
 
-def _combinations(per_pool: list[list[_PoolOption]], max_pp: int):
+def _combinations(per_pool: list[list[_PoolOption]], max_pp: int) -> Iterator[tuple[_PoolOption, ...]]:
     """Every choice of at most one option per pool (at least one pool), with at most ``max_pp`` stages."""
-    choices = [[None, *opts] for opts in per_pool]
-    for combo in product(*choices):
-        used = tuple(o for o in combo if o is not None)
-        if used and sum(o.k for o in used) <= max_pp:
-            yield used
+
+    def extend(i: int, left: int) -> Iterator[tuple[_PoolOption, ...]]:
+        if i == len(per_pool):
+            yield ()
+            return
+        yield from extend(i + 1, left)
+        for option in per_pool[i]:
+            if option.k <= left:
+                for rest in extend(i + 1, left - option.k):
+                    yield (option, *rest)
+
+    return (combo for combo in extend(0, max_pp) if combo)
 
 
 def count_layouts(per_pool: list[list[_PoolOption]], max_pp: int) -> int:
-    return sum(1 for _ in _combinations(per_pool, max_pp))
+    """How many layouts :func:`_combinations` yields, counted without listing them."""
+
+    @cache
+    def count(i: int, left: int) -> int:
+        if i == len(per_pool):
+            return 1
+        return count(i + 1, left) + sum(count(i + 1, left - o.k) for o in per_pool[i] if o.k <= left)
+
+    return count(0, max_pp) - 1
 
 
 def search_train(

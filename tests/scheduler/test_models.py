@@ -127,16 +127,20 @@ def test_partition_model_reports_an_empty_band():
 
 def test_balance_model_maximises_the_step_rate_then_saves_money():
     cluster = recipe_with_pools([("H800-PCIe", 8, 3), ("H20", 8, 4)]).cluster
-    request = BalanceRequest((3, 4), 150.0, train_rate=(3.0, 0.5), rollout_rate=(1.0, 1.2))
+    # Training on H800 stops scaling after two machines; H20 generates a little faster per machine.
+    train = ((0.0, 3.0, 5.0, 5.0), (0.0, 0.5, 0.9, 1.2, 1.4))
+    rollout = ((0.0, 1.0, 2.0, 3.0), (0.0, 1.2, 2.4, 3.6, 4.8))
+    request = BalanceRequest((3, 4), 150.0, train, rollout)
     split = solve_balance(cluster, request, 10.0, 1, 0)
 
     def key(s: Split):
-        rate = min(sum(a * t for a, t in zip(request.train_rate, s.train, strict=True)),
-                   sum(b * r for b, r in zip(request.rollout_rate, s.rollout, strict=True)))  # fmt: skip
+        rate = min(sum(f[t] for f, t in zip(train, s.train, strict=True)),
+                   sum(g[r] for g, r in zip(rollout, s.rollout, strict=True)))  # fmt: skip
         return (round(rate, 9), -s.cost_per_hour(cluster))
 
     feasible = [s for s in all_splits((3, 4)) if s.cost_per_hour(cluster) <= 150.0]
     assert key(split) == max(key(s) for s in feasible)
+    assert split.train[0] <= 2  # a third H800 machine adds nothing to training
 
 
 def test_split_space_and_moves():
