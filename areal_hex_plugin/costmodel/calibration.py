@@ -108,6 +108,7 @@ class Calibration:
         return Calibration(tuple(sorted((*rest, (gpu_type, updated)))))
 
     def as_dict(self, gpu_types: list[str]) -> dict[str, dict[str, float]]:
+        """The factors in effect for ``gpu_types``, for reports."""
         return {name: {k: getattr(self.for_gpu(name), k) for k in FACTORS} for name in gpu_types}
 
 

@@ -66,6 +66,7 @@ def _curve(lengths: tuple[int, ...], residual: bool) -> DrainCurve:
 
 
 def length_stats(dist: LengthDistribution) -> LengthStats:
+    """The in-flight position and drain curves of ``dist`` (computed once per cost model)."""
     return LengthStats(
         mean=dist.mean,
         inflight_position=dist.mean_square / (2 * dist.mean),

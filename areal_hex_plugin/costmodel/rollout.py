@@ -190,6 +190,7 @@ def estimate_rollout(
     lengths: LengthStats,
     stages: tuple[RolloutStage, ...],
 ) -> RolloutEstimate:
+    """One replica's window throughput and memory, or ``feasible=False`` with the reason (never raises)."""
     gpus: dict[str, int] = {}
     for s in stages:
         gpus[s.pool] = gpus.get(s.pool, 0) + s.tp

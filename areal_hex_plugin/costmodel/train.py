@@ -94,6 +94,7 @@ def _check(cluster: Cluster, workload: WorkloadSpec, stages: tuple[TrainStage, .
 def estimate_train(
     cluster: Cluster, workload: WorkloadSpec, calibration: Calibration, stages: tuple[TrainStage, ...]
 ) -> TrainEstimate:
+    """One layout's step time, memory and breakdown, or ``feasible=False`` with the reason (never raises)."""
     gpus: dict[str, int] = {}
     for s in stages:
         gpus[s.pool] = gpus.get(s.pool, 0) + s.n_gpus

@@ -52,6 +52,7 @@ def estimate_weight_sync(
     replicas: Sequence[tuple[tuple[RolloutStage, ...], int]],
     strategy: str,
 ) -> WeightSyncEstimate:
+    """Seconds for one weight version to reach every replica's machines; the root is the largest trainer pool."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown weight-sync strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
     size = workload.model.weight_bytes()
