@@ -26,6 +26,12 @@ def sim_spec(recipe, plan: HexPlan, cost_model: CostModel | None = None) -> SimS
     calibration = recipe_calibration(recipe)
     cm = cost_model or CostModel(recipe.cluster, recipe.workload, calibration)
     workload = recipe.workload
+    if not plan.rollout.replicas or not plan.train.stages:
+        raise HexError(
+            "plan.rollout.replicas" if not plan.rollout.replicas else "plan.train.stages",
+            "is empty: a plan needs rollout replicas and a trainer to simulate",
+            "re-plan the recipe: areal-hex plan RECIPE --json PLAN.json",
+        )
     one = CostModel(recipe.cluster, _with_concurrency(workload, 1), calibration)
     empty = _near_empty_context(workload)
     empty_one = CostModel(recipe.cluster, _with_concurrency(empty, 1), calibration)
@@ -49,9 +55,7 @@ def sim_spec(recipe, plan: HexPlan, cost_model: CostModel | None = None) -> SimS
         )
         lanes.append(
             LaneSpec(
-                name=f"{group.pool} PP{group.pp}xTP{group.tp}"
-                if group.pp > 1
-                else f"{group.pool} TP{group.tp}",
+                name=_lane_name(group, i, plan),
                 pool=group.pool,
                 gpus_per_replica=group.tp * group.pp,
                 count=group.count,
@@ -88,6 +92,12 @@ def sim_spec(recipe, plan: HexPlan, cost_model: CostModel | None = None) -> SimS
         reward_s_per_sample=workload.reward_cpu_s_per_sample,
         reward_workers=workload.reward_cpus,
     )
+
+
+def _lane_name(group, index: int, plan: HexPlan) -> str:
+    shape = f"PP{group.pp}xTP{group.tp}" if group.pp > 1 else f"TP{group.tp}"
+    twins = [g for g in plan.rollout.replicas if (g.pool, g.tp, g.pp) == (group.pool, group.tp, group.pp)]
+    return f"{group.pool} {shape}" + (f" (group {index})" if len(twins) > 1 else "")
 
 
 def _with_concurrency(workload, limit: int):

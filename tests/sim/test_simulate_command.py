@@ -64,6 +64,15 @@ def test_simulate_with_a_saved_plan_writes_json_and_timelines(planned, tmp_path,
     assert "simulated" in capsys.readouterr().out
 
 
+def test_a_plan_for_another_cluster_exits_2_naming_the_replica_group(planned, tmp_path, capsys):
+    _, plan = planned
+    plan_file = plan.save(tmp_path / "plan.json")
+    other = REPO / "recipes" / "mixes" / "a100_l40s_qwen2.5-7b.yaml"
+    assert main(["simulate", str(other), "--plan", str(plan_file), "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "plan.rollout.replicas[0]" in err and "unknown pool" in err
+
+
 def plan_samples(recipe) -> int:
     return recipe.workload.rl.samples_per_step
 
