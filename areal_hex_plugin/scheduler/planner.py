@@ -18,6 +18,8 @@ from areal_hex_plugin.scheduler.split import count_splits
 EXHAUSTIVE_MAX_SPLITS = 20_000
 # Budget levels of the Pareto sweep (fractions of the whole inventory's price).
 PARETO_LEVELS = 8
+# Share of hex.solver.time_limit_s for the chosen plan's search (baselines and the frontier get the rest).
+MAIN_SEARCH_SHARE = 0.6
 # Budget bisection steps for a throughput target.
 TARGET_STEPS = 12
 
@@ -72,6 +74,8 @@ class Planner:
         self.eta = self.workload.rl.max_head_offpolicyness
         self.start = time.monotonic()
         self.deadline = self.start + self.solver.time_limit_s
+        # The chosen plan's search may use this share of the time limit; baselines and the frontier the rest.
+        self.main_deadline = self.start + MAIN_SEARCH_SHARE * self.solver.time_limit_s
         self.ev = Evaluator(
             self.cm,
             self.cluster,
@@ -89,9 +93,11 @@ class Planner:
                 "drop --exhaustive: the two-phase search covers the same space",
             )
 
-    def search(self, limits: tuple[int, ...], budget: float | None) -> SearchResult:
+    def search(
+        self, limits: tuple[int, ...], budget: float | None, deadline: float | None = None
+    ) -> SearchResult:
         run = exhaustive if self.request.exhaustive else two_phase
-        return run(self.ev, limits, budget, self.eta, self.deadline)
+        return run(self.ev, limits, budget, self.eta, deadline or self.deadline)
 
     def tokens_per_s(self, e: Evaluation | None) -> float:
         return e.tokens_per_s(self.ev.tokens_per_step) if e is not None else 0.0
@@ -119,8 +125,8 @@ class Planner:
     def _solve_objective(self) -> SearchResult:
         obj = self.objective
         if obj.kind == "budget":
-            return self.search(self.limits, obj.budget_per_hour)
-        full = self.search(self.limits, None)
+            return self.search(self.limits, obj.budget_per_hour, self.main_deadline)
+        full = self.search(self.limits, None, self.main_deadline)
         if obj.kind == "max_throughput" or full.best is None:
             return full
         return self._cheapest_reaching(obj.target_tokens_per_s, full)
@@ -138,10 +144,10 @@ class Planner:
         chosen, iterations = full, full.iterations
         step = min(p.price_per_machine_hour for p in self.cluster.pools)
         for _ in range(TARGET_STEPS):
-            if hi - lo < step / 2 or time.monotonic() > self.deadline:
+            if hi - lo < step / 2 or time.monotonic() > self.main_deadline:
                 break
             mid = (lo + hi) / 2
-            trial = self.search(self.limits, mid)
+            trial = self.search(self.limits, mid, self.main_deadline)
             iterations += trial.iterations
             if trial.best is not None and self.tokens_per_s(trial.best) >= target:
                 hi = trial.best.cost_per_hour
@@ -156,7 +162,7 @@ class Planner:
             if e.window == window and e.feasible and self.tokens_per_s(e) >= target
         ]
         best = min(reaching, key=lambda e: (round(e.cost_per_hour, 6), -self.tokens_per_s(e), e.split))
-        status = "timeout" if time.monotonic() > self.deadline else chosen.status
+        status = "timeout" if time.monotonic() > self.main_deadline else chosen.status
         return SearchResult(best, status, iterations, window)
 
     def _nothing_fits(self, result: SearchResult) -> HexError:

@@ -80,12 +80,17 @@ def two_phase(
 ) -> SearchResult:
     def search(window: int) -> SearchResult:
         result = _bisect(ev, limits, budget, window, deadline)
-        starts = [_alternate(ev, result.best, limits, budget, window, deadline)]
+        start, iterations = _alternate(ev, result.best, limits, budget, window, deadline)
+        starts = [start]
         # Diversification: the same alternation restricted to each subset of pools (weight sync and slow
         # cross-type links make the landscape rugged; a plan on fewer types can be several moves away).
         for subset in pool_subsets(limits):
+            if time.monotonic() > deadline:
+                break
             sub_limits = tuple(m if i in subset else 0 for i, m in enumerate(limits))
-            starts.append(_alternate(ev, None, sub_limits, budget, window, deadline))
+            start, n = _alternate(ev, None, sub_limits, budget, window, deadline)
+            starts.append(start)
+            iterations += n
         found = sorted(
             {e.split: e for e in starts if e is not None}.values(),
             key=lambda e: -e.tokens_per_s(ev.tokens_per_step),
@@ -96,7 +101,9 @@ def two_phase(
         if best is None:
             return result
         timed_out = result.status == "timeout" or time.monotonic() > deadline
-        return SearchResult(best, "timeout" if timed_out else "converged", result.iterations, window)
+        return SearchResult(
+            best, "timeout" if timed_out else "converged", result.iterations + iterations, window
+        )
 
     return _grow_window(ev, limits, budget, eta, deadline, search)
 
@@ -149,7 +156,7 @@ def _bisect(
     iterations = 0
     stable = ev.solver.stable_iterations
     while iterations < MAX_ITERATIONS:
-        if time.monotonic() > deadline:
+        if iterations and time.monotonic() > deadline:
             return SearchResult(best, "timeout", iterations, window)
         iterations += 1
         split = _partition(ev, limits, budget, gamma, eps, cache, deadline)
@@ -196,14 +203,18 @@ def _alternate(
     budget: float | None,
     window: int,
     deadline: float,
-) -> Evaluation | None:
-    """EM-style alternation: measure per-machine rates at the split (phase 1), repartition on them (CP-SAT)."""
+) -> tuple[Evaluation | None, int]:
+    """EM-style alternation: measure rate tables at the split (phase 1), repartition on them (CP-SAT).
+
+    Returns the best split seen and the number of iterations."""
     best = start
     current = start.split if start is not None else None
     seen: set[Split] = set()
-    for _ in range(ev.solver.stable_iterations):
-        if time.monotonic() > deadline:
+    iterations = 0
+    while iterations < ev.solver.stable_iterations:
+        if best is not None and time.monotonic() > deadline:
             break
+        iterations += 1
         train_rate, rollout_rate = _rates(ev, current, limits)
         request = BalanceRequest(limits, budget, train_rate, rollout_rate)
         limit = max(0.05, min(ev.solver.time_limit_s, deadline - time.monotonic()))
@@ -215,7 +226,7 @@ def _alternate(
         if e.feasible:
             best = better(best, e, ev.tokens_per_step)
         current = split
-    return best
+    return best, iterations
 
 
 def _rates(ev: Evaluator, split: Split | None, limits: tuple[int, ...]):

@@ -7,8 +7,9 @@ Pruning, all exact up to the last point:
 - symmetry: the stages of one pool are identical (dp, tp) and contiguous, pools appear in a fixed order;
 - dominance: a stage of given (k stages, tp) takes the largest dp its pool's GPUs allow;
 - memory: layouts the cost model reports as not fitting are dropped;
-- with many pools in training, each pool's TP degree for k stages is the one that is best when the pool trains
-  alone with k stages (exhaustive mode skips this heuristic cut and tries every combination).
+- with many pools in training, each pool's TP degree for k stages is first the one that is best when the pool
+  trains alone with k stages, then each pool's (k, tp) is swapped for any of its options while that helps
+  (exhaustive mode skips this heuristic cut and tries every combination).
 """
 
 from __future__ import annotations
@@ -103,15 +104,36 @@ def search_train(
     """The fastest feasible training layout on ``gpus`` (pool name -> GPUs), or None if nothing fits."""
     # Faster GPUs first: the pipeline order is fixed (symmetry), the first stage on the strongest type.
     pools = sorted((cluster.pool(name) for name in gpus), key=lambda p: (-p.gpu.tflops_bf16, p.name))
-    per_pool = [_options(p, gpus[p.name], max_pp) for p in pools]
-    if not exhaustive and len(pools) > 1 and count_layouts(per_pool, max_pp) > FULL_ENUMERATION_LIMIT:
-        per_pool = [_best_tp_per_depth(cm, opts) for opts in per_pool]
-    best: TrainChoice | None = None
+    full_options = [_options(p, gpus[p.name], max_pp) for p in pools]
+    pruned = (
+        not exhaustive and len(pools) > 1 and count_layouts(full_options, max_pp) > FULL_ENUMERATION_LIMIT
+    )
+    per_pool = [_best_tp_per_depth(cm, opts) for opts in full_options] if pruned else full_options
+    best: tuple[float, tuple[_PoolOption, ...], object] | None = None
     for combo in _combinations(per_pool, max_pp):
-        stages = _stages(combo)
-        estimate = cm.train(stages)
-        if estimate.feasible and (best is None or estimate.step_time_s < best.step_time_s):
-            best = TrainChoice(stages, estimate)
+        estimate = cm.train(_stages(combo))
+        if estimate.feasible and (best is None or estimate.step_time_s < best[0]):
+            best = (estimate.step_time_s, combo, estimate)
+    if best is not None and pruned:
+        best = _polish(cm, best, full_options, max_pp)
+    return TrainChoice(_stages(best[1]), best[2]) if best else None
+
+
+def _polish(cm: CostModel, best, full_options: list[list[_PoolOption]], max_pp: int):
+    """After the pruned enumeration: swap one pool's (k, tp) at a time for any of its options while that helps."""
+    improved = True
+    while improved:
+        improved = False
+        _, combo, _ = best
+        for i, current in enumerate(combo):
+            options = next(opts for opts in full_options if opts and opts[0].pool == current.pool)
+            for option in options:
+                trial = (*combo[:i], option, *combo[i + 1 :])
+                if option == current or sum(o.k for o in trial) > max_pp:
+                    continue
+                estimate = cm.train(_stages(trial))
+                if estimate.feasible and estimate.step_time_s < best[0]:
+                    best, improved = (estimate.step_time_s, trial, estimate), True
     return best
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -17,6 +18,7 @@ SMALL_CLUSTERS = [
     ([("H100", 2, 5), ("H20", 2, 2), ("A100-80GB", 2, 5)], 63.0),
     ([("H800-PCIe", 8, 1), ("H20", 8, 3)], None),
     ([("L40S", 4, 3), ("H800-PCIe", 2, 4)], 50.0),
+    ([("H800-PCIe", 2, 2), ("H100", 2, 1), ("H20", 8, 3)], None),
 ]
 
 
@@ -49,6 +51,16 @@ def test_a_tiny_time_limit_still_returns_the_best_plan_so_far():
     assert plan.solver.status == "timeout"
     assert plan.predicted.tokens_per_s > 0 and 0 <= plan.solver.gap <= 1
     assert any("time_limit_s" in w for w in plan.warnings)
+
+
+def test_the_time_limit_is_honoured_on_a_large_cluster():
+    pools = [("H800-PCIe", 8, 32), ("H20", 8, 32), ("A100-80GB", 8, 32), ("L40S", 8, 32)]
+    recipe = recipe_with_pools(pools, "7b", "hex.solver.time_limit_s=1")
+    start = time.monotonic()
+    plan = plan_recipe(recipe)
+    # Unlimited, this cluster takes several seconds; one evaluation or CP-SAT call may overrun the limit.
+    assert time.monotonic() - start < 4.0
+    assert plan.predicted.tokens_per_s > 0
 
 
 def test_training_search_keeps_tp_in_a_machine_and_prunes_without_loss():
