@@ -51,7 +51,7 @@ def agreement(quick: bool) -> dict:
     out = {}
     recipes = sorted((ROOT / "recipes").glob("*/*.yaml"))
     for path in recipes[:1] if quick else recipes:
-        recipe = load_recipe(path, ["hex.solver.time_limit_s=20"])
+        recipe = load_recipe(path, ["++hex.solver.time_limit_s=20"])
         plan = plan_recipe(recipe)
         spec = sim_spec(recipe, plan)
         result = simulate(spec, steps=STEPS, seed=0)

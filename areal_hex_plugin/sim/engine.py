@@ -34,8 +34,7 @@ class _Replica:
     __slots__ = (
         "index",
         "lane",
-        "fixed_s",
-        "per_seq_s",
+        "step_table",
         "prefill_s_per_token",
         "max_running",
         "steps",
@@ -53,8 +52,7 @@ class _Replica:
     def __init__(self, index: int, lane: int, spec, record: bool) -> None:
         self.index = index
         self.lane = lane
-        self.fixed_s = spec.step_fixed_s
-        self.per_seq_s = spec.step_per_seq_s
+        self.step_table = (spec.step_s[0], *spec.step_s)  # indexed by sequences running
         self.prefill_s_per_token = 1.0 / spec.prefill_tokens_per_s
         self.max_running = spec.max_running
         self.steps = 0.0  # decode steps done since the start
@@ -81,7 +79,7 @@ class _Replica:
         n = len(self.running)
         decode_from = self.stall_until if self.stall_until > then else then
         if n and now > decode_from:
-            self.steps += (now - decode_from) / (self.fixed_s + self.per_seq_s * n)
+            self.steps += (now - decode_from) / self.step_table[n]
         busy_until = now if n else min(now, self.stall_until)
         if busy_until > then:
             self.busy_s += busy_until - then
@@ -105,8 +103,7 @@ class _Replica:
             return None
         start = self.stall_until if self.stall_until > self.time else self.time
         left = self.running[0][0] - self.steps
-        step_s = self.fixed_s + self.per_seq_s * len(self.running)
-        return start + (left if left > 0 else 0.0) * step_s
+        return start + (left if left > 0 else 0.0) * self.step_table[len(self.running)]
 
 
 class _Loop:

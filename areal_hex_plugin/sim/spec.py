@@ -10,8 +10,8 @@ from dataclasses import dataclass
 class LaneSpec:
     """``count`` identical rollout replicas (one plan replica group).
 
-    A replica decodes its running sequences in lock-step: one token each per decode step of
-    ``step_fixed_s + step_per_seq_s * running`` seconds (continuous batching). At most ``max_running``
+    A replica decodes its running sequences in lock-step: one token each per decode step, which takes
+    ``step_s[n - 1]`` seconds with ``n`` sequences running (continuous batching). At most ``len(step_s)``
     sequences run; more wait in the replica's queue. Prefill (new prompts, and the KV recompute of every running
     sequence after a weight update) stalls the replica at ``prefill_tokens_per_s``.
     """
@@ -21,14 +21,21 @@ class LaneSpec:
     gpus_per_replica: int
     count: int
     share: float
-    max_running: int
-    step_fixed_s: float
-    step_per_seq_s: float
+    step_s: tuple[float, ...]
     prefill_tokens_per_s: float
 
-    def tokens_per_s(self, running: float) -> float:
+    @property
+    def max_running(self) -> int:
+        return len(self.step_s)
+
+    def tokens_per_s(self, running: int) -> float:
         """One replica's decode rate with ``running`` sequences in flight."""
-        return running / (self.step_fixed_s + self.step_per_seq_s * running)
+        return running / self.step_s[running - 1]
+
+
+def linear_steps(fixed_s: float, per_seq_s: float, max_running: int) -> tuple[float, ...]:
+    """A decode-step table ``fixed_s + per_seq_s * n`` for n = 1 .. ``max_running``."""
+    return tuple(fixed_s + per_seq_s * n for n in range(1, max_running + 1))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from areal_hex_plugin.sim.engine import simulate
-from areal_hex_plugin.sim.spec import LaneSpec, SimSpec
+from areal_hex_plugin.sim.spec import LaneSpec, SimSpec, linear_steps
 from areal_hex_plugin.sim.staleness import AdmissionControl
 from areal_hex_plugin.specs.workload import LengthDistribution
 
@@ -15,7 +15,7 @@ LONG_TAIL = LengthDistribution.lognormal(2000, 0.9, 16384).lengths
 
 
 def lane(name="a", count=4, share=1.0, max_running=64, fixed=0.01, per_seq=0.0002, prefill=1e9, pool="r"):
-    return LaneSpec(name, pool, 1, count, share, max_running, fixed, per_seq, prefill)
+    return LaneSpec(name, pool, 1, count, share, linear_steps(fixed, per_seq, max_running), prefill)
 
 
 def spec(**changes) -> SimSpec:
