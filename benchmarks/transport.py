@@ -1,0 +1,451 @@
+"""Weight-transport benchmark on emulated links: naive single-root broadcast vs the Hex relay chain.
+
+Processes stand in for a trainer and two rollout pools; every process gets its own Linux network namespace,
+joined by veth pairs and one bridge per pool, with a ``tbf`` qdisc on each sending interface: the trainer's link
+into each pool at the cross-pool rate, each replica's link at the intra-pool rate (the paper's 1.5 : 5, scaled to
+what this machine carries). The trainer moves the state dict of a randomly initialised Qwen2-architecture model
+
+* ``naive``: one gloo group, per-tensor broadcast from rank 0 to every replica (upstream's xccl pattern);
+* ``hex``: :class:`RelaySender` over gloo links, relay chain per pool, CRC per bucket, digest, commit.
+
+Every replica hashes what it holds afterwards (outside the timing) and the hash must equal the trainer's.
+Needs root and iproute2; every namespace is removed on exit, failure, Ctrl-C or the time limit.
+
+    sudo .venv/bin/python benchmarks/transport.py --json transport.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PORT = 29700
+NAIVE_STORE_PORT = 29600
+
+
+def _address(pool: int, replica: int | None) -> str:
+    return f"10.77.{pool + 1}.{254 if replica is None else replica + 1}"
+
+
+# -- workers (run inside a namespace) ----------------------------------------------------------------------
+
+
+def _answer(payload: dict) -> None:
+    print(json.dumps(payload), flush=True)
+
+
+def _sha(named_tensors) -> str:
+    import torch
+
+    digest = hashlib.sha256()
+    for name, tensor in named_tensors:
+        digest.update(name.encode())
+        digest.update(memoryview(tensor.contiguous().view(-1).view(torch.uint8).numpy()))
+    return digest.hexdigest()
+
+
+def _naive_group(address: str, rank: int, world: int, prefix: str, port: int):
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=300)
+    store = dist.TCPStore(_address(0, None), port, world, rank == 0, timeout=timeout)
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world, options), store
+
+
+def _model_state(hidden: int, layers: int, vocab: int):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 8 // 3 // 64 * 64,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 256),
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def trainer_worker(args: argparse.Namespace) -> None:
+    from areal_hex_plugin.transport.route import Route
+    from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
+
+    state = _model_state(args.hidden, args.layers, args.vocab)
+    items = list(state.items())
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    manifest = [[name, str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in items]
+    _answer(
+        {
+            "nbytes": nbytes,
+            "params": sum(t.numel() for t in state.values()),
+            "sha": _sha(items),
+            "manifest": manifest,
+        }
+    )
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["t"] == "hex":
+            buckets, current, size = [], [], 0
+            for name, tensor in items:
+                if current and size + tensor.numel() * tensor.element_size() > args.bucket_mb << 20:
+                    buckets.append(current)
+                    current, size = [], 0
+                current.append((name, tensor))
+                size += tensor.numel() * tensor.element_size()
+            buckets.append(current)
+            config = SenderConfig(backend="gloo", timeout_s=60.0, chunk_bytes=args.chunk_kb << 10)
+            sender = RelaySender(Route.from_dict(command["route"]), config)
+            report = sender.send_version(command["version"], buckets)
+            sender.close()
+            _answer({"seconds": report.seconds, "committed": len(report.committed), "failed": report.failed})
+        elif command["t"] == "naive":
+            group, _store = _naive_group(
+                _address(0, None), 0, command["world"], command["prefix"], command["port"]
+            )
+            group.barrier().wait()
+            began = time.perf_counter()
+            for _, tensor in items:
+                group.broadcast(tensor, 0).wait()
+            group.barrier().wait()
+            _answer({"seconds": time.perf_counter() - began})
+            del group, _store
+        else:
+            return
+
+
+class _KeepSink:
+    """Keeps the committed tensors as received (views into the staged buckets), hashed only when asked."""
+
+    def __init__(self) -> None:
+        self.version, self.named = -1, []
+
+    def load(self, version, named_tensors) -> None:
+        self.named, self.version = list(named_tensors), version
+
+
+def replica_worker(args: argparse.Namespace) -> None:
+    import torch
+
+    from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode
+
+    sink = _KeepSink()
+    node = ReceiverNode(sink, ReceiverConfig(bind_host=args.address, port=PORT, timeout_s=60.0))
+    node.start()
+    _answer({"ready": args.address})
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["t"] == "hash":
+            _answer({"version": sink.version, "sha": _sha(sink.named)})
+        elif command["t"] == "naive":
+            group, _store = _naive_group(
+                args.address, command["rank"], command["world"], command["prefix"], command["port"]
+            )
+            received = []
+            group.barrier().wait()
+            for name, dtype, shape in command["manifest"]:
+                tensor = torch.empty(shape, dtype=getattr(torch, dtype))
+                group.broadcast(tensor, 0).wait()
+                received.append((name, tensor))
+            group.barrier().wait()
+            _answer({"sha": _sha(received)})
+            del group, _store
+        else:
+            break
+    node.stop()
+
+
+# -- the emulated network ------------------------------------------------------------------------------------
+
+
+class Testbed:
+    """Namespaces, veths, bridges and qdiscs for one trainer and ``pools`` x ``per_pool`` replicas."""
+
+    def __init__(self, pools: int, per_pool: int, cross_mb_per_s: float, intra_mb_per_s: float) -> None:
+        self.tag = f"{os.getpid() % 10000:04d}"
+        self.pools, self.per_pool = pools, per_pool
+        self.cross, self.intra = cross_mb_per_s, intra_mb_per_s
+        self.namespaces: list[str] = []
+        self.root_links: list[str] = []
+
+    def ns(self, pool: int | None = None, replica: int | None = None, bridge: bool = False) -> str:
+        if pool is None:
+            return f"hxb{self.tag}-trainer"
+        return f"hxb{self.tag}-p{pool}" + ("-bridge" if bridge else f"-r{replica}")
+
+    def _ip(self, *argv: str) -> None:
+        subprocess.run(["ip", *argv], check=True, capture_output=True, text=True)
+
+    def _netns(self, name: str) -> None:
+        self._ip("netns", "add", name)
+        self.namespaces.append(name)
+        self._ip("-n", name, "link", "set", "lo", "up")
+
+    def _veth(self, inner_ns: str, inner_name: str, bridge_ns: str, label: str) -> None:
+        outer, peer = f"hx{self.tag}{label}a", f"hx{self.tag}{label}b"
+        self._ip("link", "add", outer, "type", "veth", "peer", "name", peer)
+        self.root_links.append(outer)
+        self._ip("link", "set", outer, "netns", inner_ns)
+        self._ip("-n", inner_ns, "link", "set", outer, "name", inner_name)
+        self._ip("link", "set", peer, "netns", bridge_ns)
+        self._ip("-n", bridge_ns, "link", "set", peer, "master", "br0")
+        self._ip("-n", bridge_ns, "link", "set", peer, "up")
+        self._ip("-n", inner_ns, "link", "set", inner_name, "up")
+
+    def _shape(self, namespace: str, device: str, mb_per_s: float) -> None:
+        rate = f"{int(mb_per_s * 8)}mbit"
+        subprocess.run(
+            ["tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "tbf", "rate", rate,
+             "burst", "256kb", "latency", "100ms"],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+
+    def __enter__(self) -> Testbed:
+        try:
+            trainer = self.ns()
+            self._netns(trainer)
+            subprocess.run(
+                ["ip", "netns", "exec", trainer, "sysctl", "-qw", "net.ipv4.ip_forward=1"],
+                check=True,
+                capture_output=True,
+            )
+            for pool in range(self.pools):
+                bridge = self.ns(pool, bridge=True)
+                self._netns(bridge)
+                self._ip("-n", bridge, "link", "add", "br0", "type", "bridge")
+                self._ip("-n", bridge, "link", "set", "br0", "up")
+                self._veth(trainer, f"to{pool}", bridge, f"t{pool}")
+                self._ip("-n", trainer, "addr", "add", f"{_address(pool, None)}/24", "dev", f"to{pool}")
+                self._shape(trainer, f"to{pool}", self.cross)
+                for replica in range(self.per_pool):
+                    name = self.ns(pool, replica)
+                    self._netns(name)
+                    self._veth(name, "eth0", bridge, f"p{pool}r{replica}")
+                    self._ip("-n", name, "addr", "add", f"{_address(pool, replica)}/24", "dev", "eth0")
+                    self._ip("-n", name, "route", "add", "default", "via", _address(pool, None))
+                    self._shape(name, "eth0", self.intra)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name in reversed(self.namespaces):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        for link in self.root_links:  # only left in the root namespace if set-up failed half-way
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+        self.namespaces, self.root_links = [], []
+
+
+# -- orchestration ---------------------------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(self, namespace: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log.open("w")
+        self.process = subprocess.Popen(
+            ["ip", "netns", "exec", namespace, sys.executable, __file__, *argv],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
+        )  # fmt: skip
+
+    def send(self, command: dict) -> None:
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+
+    def read(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker exited early; see {self.log.name}")
+        return json.loads(line)
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.send({"t": "exit"})
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+def _run(args: argparse.Namespace, workdir: Path) -> dict:
+    pools, per_pool_max = 2, max(args.replicas)
+    env = dict(
+        os.environ, AREAL_HEX_TRANSPORT_TOKEN=secrets.token_hex(16), PYTHONPATH=str(Path(__file__).parents[1])
+    )
+    model_argv = ["--hidden", str(args.hidden), "--layers", str(args.layers), "--vocab", str(args.vocab)]
+    workers: list[Worker] = []
+    with Testbed(pools, per_pool_max, args.cross_mb_per_s, args.intra_mb_per_s) as bed:
+        try:
+            trainer_argv = ["--worker", "trainer", *model_argv, "--bucket-mb", str(args.bucket_mb)]
+            trainer = Worker(
+                bed.ns(), [*trainer_argv, "--chunk-kb", str(args.chunk_kb)], env, workdir / "trainer.log"
+            )
+            workers.append(trainer)
+            replicas = {}
+            for pool in range(pools):
+                for replica in range(per_pool_max):
+                    argv = ["--worker", "replica", "--address", _address(pool, replica)]
+                    log = workdir / f"replica-{pool}-{replica}.log"
+                    replicas[pool, replica] = Worker(bed.ns(pool, replica), argv, env, log)
+                    workers.append(replicas[pool, replica])
+            model = trainer.read()
+            for worker in replicas.values():
+                worker.read()
+            runs = [_one_config(args, trainer, replicas, model, pools, k) for k in args.replicas]
+        finally:
+            for worker in workers:
+                worker.stop()
+    return _summarise(args, model, runs)
+
+
+def _one_config(args, trainer: Worker, replicas: dict, model: dict, pools: int, per_pool: int) -> dict:
+    used = [replicas[pool, replica] for pool in range(pools) for replica in range(per_pool)]
+    route = {
+        "pools": [
+            {
+                "name": f"pool{pool}",
+                "replicas": [f"{_address(pool, replica)}:{PORT}" for replica in range(per_pool)],
+                "cross_gb_per_s": args.cross_mb_per_s / 1e3,
+                "intra_gb_per_s": args.intra_mb_per_s / 1e3,
+            }
+            for pool in range(pools)
+        ]
+    }
+    hex_runs = []
+    for attempt in range(args.repeats):
+        trainer.send({"t": "hex", "route": route, "version": per_pool * 100 + attempt})
+        hex_runs.append(trainer.read())
+    hex_exact = True
+    for worker in used:
+        worker.send({"t": "hash"})
+        answer = worker.read()
+        hex_exact &= answer["sha"] == model["sha"] and answer["version"] == per_pool * 100 + args.repeats - 1
+    group = {
+        "t": "naive",
+        "world": 1 + len(used),
+        "prefix": secrets.token_hex(4),
+        "port": NAIVE_STORE_PORT + per_pool,
+    }
+    trainer.send(group)
+    for rank, worker in enumerate(used, start=1):
+        worker.send({**group, "rank": rank, "manifest": model["manifest"]})
+    naive = trainer.read()
+    naive_exact = all(worker.read()["sha"] == model["sha"] for worker in used)
+    hex_s = sum(run["seconds"] for run in hex_runs) / len(hex_runs)
+    bound_s = model["nbytes"] / (args.cross_mb_per_s * 1e6)
+    return {
+        "replicas_per_pool": per_pool,
+        "replica_count": len(used),
+        "naive_s": round(naive["seconds"], 3),
+        "hex_s": round(hex_s, 3),
+        "hex_runs_s": [round(run["seconds"], 3) for run in hex_runs],
+        "bound_s": round(bound_s, 3),
+        "hex_over_bound": round(hex_s / bound_s, 3),
+        "naive_over_hex": round(naive["seconds"] / hex_s, 3),
+        "hex_gb_per_s": round(model["nbytes"] / hex_s / 1e9, 4),
+        "naive_gb_per_s": round(model["nbytes"] / naive["seconds"] / 1e9, 4),
+        "bit_exact": bool(hex_exact and naive_exact),
+        "hex_failed_replicas": sum(len(run["failed"]) for run in hex_runs),
+    }
+
+
+def _summarise(args, model: dict, runs: list[dict]) -> dict:
+    headline = next((run for run in runs if run["replicas_per_pool"] == 3), runs[-1])
+    ratios = [run["hex_over_bound"] for run in runs]
+    return {
+        "links": "linux netns + veth + bridge + tbf (real kernel TCP, real gloo)",
+        "pools": 2,
+        "cross_gb_per_s": args.cross_mb_per_s / 1e3,
+        "intra_gb_per_s": args.intra_mb_per_s / 1e3,
+        "model": {
+            "arch": "Qwen2ForCausalLM (random init, bf16)",
+            "params": model["params"],
+            "bytes": model["nbytes"],
+        },
+        "bucket_mb": args.bucket_mb,
+        "chunk_kb": args.chunk_kb,
+        **{key: headline[key] for key in ("replica_count", "naive_s", "hex_s", "bound_s", "bit_exact")},
+        "gb_per_s": headline["hex_gb_per_s"],
+        "targets": {
+            "hex_within_1.3x_bound": all(ratio <= 1.3 for ratio in ratios),
+            "hex_2x_faster_than_naive_at_3_per_pool": headline["naive_over_hex"] >= 2.0,
+            "ratio_to_bound_spread": round(max(ratios) - min(ratios), 3),
+        },
+        "runs": runs,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--json", type=Path, help="write the result here (also printed)")
+    parser.add_argument("--replicas", type=lambda s: [int(x) for x in s.split(",")], default=[1, 3, 6])
+    parser.add_argument("--cross-mb-per-s", type=float, default=30.0)
+    parser.add_argument("--intra-mb-per-s", type=float, default=100.0)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--bucket-mb", type=int, default=32)
+    parser.add_argument("--chunk-kb", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-seconds", type=int, default=900, help="hard limit for the whole run")
+    parser.add_argument("--worker", choices=["trainer", "replica"], help=argparse.SUPPRESS)
+    parser.add_argument("--address", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker == "trainer":
+        trainer_worker(args)
+        return 0
+    if args.worker == "replica":
+        replica_worker(args)
+        return 0
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        print("needs root and iproute2 (ip, tc) for network namespaces; nothing was run", file=sys.stderr)
+        return 1
+
+    def out_of_time(signum, frame):
+        raise TimeoutError(f"benchmark stopped by signal {signum} (limit {args.max_seconds} s)")
+
+    signal.signal(signal.SIGALRM, out_of_time)
+    signal.signal(signal.SIGTERM, out_of_time)
+    signal.alarm(args.max_seconds)
+    with tempfile.TemporaryDirectory(prefix="hex-transport-") as workdir:
+        try:
+            result = _run(args, Path(workdir))
+        except BaseException:
+            for log in sorted(Path(workdir).glob("*.log")):
+                tail = log.read_text()[-2000:]
+                if tail.strip():
+                    print(f"--- {log.name}\n{tail}", file=sys.stderr)
+            raise
+        finally:
+            signal.alarm(0)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
