@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest
-from areal_hex_plugin.specs.recipe import load_recipe
+from areal_hex_plugin.specs.recipe import cheapest_deployment, load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 # (GPU type, price per GPU-hour): the paper's relative prices where it has them, the same scale otherwise.
@@ -99,7 +99,11 @@ def random_cluster(rng: random.Random) -> list[dict]:
 
 def compare(pools: list[dict], budget_fraction: float | None, time_limit_s: float) -> dict:
     probe = recipe_for("1.5b", pools, time_limit_s)
-    budget = round(probe.cluster.price_per_hour * budget_fraction, 2) if budget_fraction else None
+    budget = None
+    if budget_fraction:
+        # Never below the cheapest trainer + rollout deployment (the recipe reader refuses such a budget).
+        cheapest = cheapest_deployment(probe.cluster, probe.workload)[0]
+        budget = round(max(probe.cluster.price_per_hour * budget_fraction, cheapest), 2)
     recipe = recipe_for("1.5b", pools, time_limit_s, budget)
     fast = Planner(recipe, PlanRequest())
     start = time.monotonic()

@@ -35,8 +35,7 @@ class PlanRequest:
 
 
 def objective_of(recipe, request: PlanRequest) -> Objective:
-    budget = request.budget_per_hour if request.budget_per_hour is not None else None
-    target = request.target_tokens_per_s if request.target_tokens_per_s is not None else None
+    budget, target = request.budget_per_hour, request.target_tokens_per_s
     if budget is None and target is None:
         budget = recipe.hex.objective.budget_per_hour
         target = recipe.hex.objective.target_tokens_per_s

@@ -27,11 +27,10 @@ def _layout_rows(plan: HexPlan) -> list[list[str]]:
             ["train", s.pool, s.gpu_type, f"stage {k}: dp{s.dp} x tp{s.tp}", s.dp * s.tp, f"{s.layers} layers",
              ", ".join(s.hosts)]
         )  # fmt: skip
-    for g in plan.rollout.replicas:
+    for index, g in enumerate(plan.rollout.replicas):
         hosts = sorted(
-            {m.host for m in plan.machines for a in m.gpus if a.role == "rollout" and a.group is not None
-             and plan.rollout.replicas[a.group] is g}
-        )  # fmt: skip
+            {m.host for m in plan.machines for a in m.gpus if a.role == "rollout" and a.group == index}
+        )
         rows.append(
             ["rollout", g.pool, g.gpu_type, f"{g.count} x (tp{g.tp} pp{g.pp})", g.count * g.tp * g.pp,
              f"{100 * g.share:.1f}% samples, {g.tokens_per_s:,.0f} tok/s each", ", ".join(hosts)]
@@ -77,7 +76,7 @@ def describe_plan(plan: HexPlan) -> str:
     gap = (
         "optimal over the search space"
         if s.status == "optimal"
-        else f"within {100 * s.gap:.1f}% of a relaxation bound"
+        else f"at most {100 * s.gap:.1f}% short of optimal (against a loose bound: all machines train and generate)"
     )
     out.append(
         f"Solver: {s.mode}, {s.status} after {s.iterations} iterations in {s.solve_time_s:.2f}s, {gap}; "

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 
-from areal_hex_plugin.costmodel import CostModel, TrainStage
+from areal_hex_plugin.costmodel import CostModel, TrainEstimate, TrainStage
 from areal_hex_plugin.specs.cluster import Cluster, Pool
 
 # Beyond this many layouts the per-pool TP cut is applied (outside exhaustive mode).
@@ -28,7 +28,7 @@ FULL_ENUMERATION_LIMIT = 150
 @dataclass(frozen=True)
 class TrainChoice:
     stages: tuple[TrainStage, ...]
-    estimate: object  # costmodel TrainEstimate
+    estimate: TrainEstimate
 
     @property
     def step_time_s(self) -> float:
