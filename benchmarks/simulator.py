@@ -4,8 +4,9 @@
 
 Prints (and writes) JSON:
 - ``agreement.<recipe>``: the planner's ``predicted_step_s`` and the simulator's ``simulated_step_s`` (30 steps,
-  seed 0), their relative difference, and the simulated step without the KV recompute that upstream's
-  interrupted generation pays after each weight update (to show which model a gap comes from);
+  seed 0), their relative difference, and two diagnostics that show which model a gap comes from: the simulated
+  step without the KV recompute that upstream's interrupted generation pays after each weight update, and the
+  simulated rollout time per step with training made instant (to compare with the planner's ``rollout_s``);
 - ``scale``: a 10,000-GPU heterogeneous plan (H800 training, H20 and H800 rollout groups, 7B) simulated for 50
   steps: wall time, events and events per second, and a rerun with the same seed to check determinism.
 """
@@ -56,6 +57,10 @@ def agreement(quick: bool) -> dict:
         spec = sim_spec(recipe, plan)
         result = simulate(spec, steps=STEPS, seed=0)
         no_recompute = simulate(dataclasses.replace(spec, kv_recompute=False), steps=STEPS, seed=0)
+        # Generation alone: instant training, no KV recompute; the step minus the sync is the rollout time.
+        rollout_only = simulate(
+            dataclasses.replace(spec, kv_recompute=False, train_s=0.0), steps=STEPS, seed=0
+        )
         predicted = plan.predicted.step_time_s
         simulated = result.step_time_s
         out[str(path.relative_to(ROOT))] = {
@@ -64,6 +69,7 @@ def agreement(quick: bool) -> dict:
             "relative_difference": simulated / predicted - 1,
             "within_10pct": abs(simulated / predicted - 1) <= 0.10,
             "simulated_step_s_without_kv_recompute": no_recompute.step_time_s,
+            "simulated_rollout_s_alone": rollout_only.step_time_s - spec.sync_s,
             "predicted_tokens_per_s": plan.predicted.tokens_per_s,
             "simulated_tokens_per_s": result.tokens_per_s,
             "predicted": {
