@@ -1,10 +1,15 @@
 """The two-phase loop (Algorithm 1) and exhaustive mode, over splits within machine limits and a budget.
 
-Two-phase: bisection on training's compute share gamma (start at 1, all compute to training); each gamma gives
-an Eq. (3) split (phase 2), which phase 1 scores (C_T, C_I); if C_T < C_I training gets less compute, else more.
-The loop stops once max(C_T, C_I) has been stable for K iterations. The EM-style alternation then moves single
-machines between roles from the best split while that improves throughput, and the window delta(eta) grows until
-the best step time no longer changes. The best plan seen is kept throughout.
+Two-phase, at a window of delta steps:
+1. bisection on training's compute share gamma (start at 1: all compute to training); each gamma gives an
+   Eq. (3) split (phase 2, partition_model), which phase 1 scores (C_T, C_I); if C_T < C_I training gets less
+   compute, else more; it stops once max(C_T, C_I) has been stable for K iterations;
+2. the EM-style alternation (balance_model): phase 1 measures each pool's training and rollout rates, CP-SAT
+   repartitions on them, until the split repeats; run from the bisection's best split and, for diversity, on
+   every subset of pools (weight sync across slow links makes the landscape rugged);
+3. a local search (one machine moved in one pool, else one in each of two pools) from the best distinct starts.
+The window delta(eta) then doubles until the best step time stops moving, and the cheapest split within
+THROUGHPUT_TIE of the best is returned. Exhaustive mode scores every split with the same phase 1.
 """
 
 from __future__ import annotations
