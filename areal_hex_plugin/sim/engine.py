@@ -8,12 +8,14 @@ event per replica (its next sequence end), plus reward completions and the train
 What is modelled, following upstream AReaL 1.0.4 (``PPOTrainer.train``, ``RolloutController``, SGLang):
 - the dispatcher submits rollouts while the staleness manager's capacity is positive (``staleness.py``); each
   goes to a replica group by smooth weighted round-robin over the plan's shares, and to the group's replicas in
-  turn; its ``n_samples`` sequences share one prompt prefill;
-- a rollout is accepted when all its samples are generated and rewarded;
+  turn (upstream's v1 controller sends a whole rollout to one worker and its server); its ``n_samples``
+  sequences share one prompt prefill (SGLang's radix cache);
+- each sample is scored as soon as it is generated, on ``reward_workers`` parallel workers; a rollout is
+  accepted when its last sample is scored;
 - the trainer takes the ``batch`` earliest-created accepted rollouts (``WorkflowExecutor.wait_results`` sorts
-  by creation time), trains, then pauses generation and submission for
-  the weight update; in-flight sequences are interrupted, and on resume their KV caches (prompt + generated
-  tokens) are recomputed before they continue under the new version (their head version is unchanged).
+  by creation time), trains, then pauses generation and submission for the weight update; in-flight sequences
+  are interrupted (SGLang aborts them), and on resume their KV caches (prompt + generated tokens) are
+  recomputed before they continue under the new version (their head version is unchanged).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import random
 from collections import deque
 
 from areal_hex_plugin.sim.result import PoolUsage, Segment, SimResult, StepRecord
-from areal_hex_plugin.sim.spec import SimSpec
+from areal_hex_plugin.sim.spec import LaneSpec, SimSpec
 from areal_hex_plugin.sim.staleness import AdmissionControl
 
 _SEQ_END, _ACCEPT, _TRAIN_DONE, _SYNC_DONE = range(4)
@@ -49,7 +51,7 @@ class _Replica:
         "segments",
     )
 
-    def __init__(self, index: int, lane: int, spec, record: bool) -> None:
+    def __init__(self, index: int, lane: int, spec: LaneSpec, record: bool) -> None:
         self.index = index
         self.lane = lane
         self.step_table = (spec.step_s[0], *spec.step_s)  # indexed by sequences running
@@ -135,8 +137,9 @@ class _Loop:
             spec.max_concurrent_rollouts, spec.consumer_batch or spec.batch, spec.max_staleness
         )
         self.version = 0
-        # Rollouts, by id: samples still generating, head version, tokens.
+        # Rollouts, by id: samples not yet scored, when the last was scored, head version, tokens.
         self.remaining: list[int] = []
+        self.scored_at: list[float] = []
         self.head_version: list[int] = []
         self.tokens: list[int] = []
         self.ready: list[int] = []  # accepted rollouts by id (= creation order), a heap
@@ -183,6 +186,7 @@ class _Loop:
         rollout = len(self.remaining)
         lengths = self.rng.choices(spec.lengths, k=spec.n_samples)
         self.remaining.append(spec.n_samples)
+        self.scored_at.append(0.0)
         self.head_version.append(self.version)
         self.tokens.append(sum(lengths) + spec.n_samples * spec.prompt_tokens)
         self.admission.on_submitted()
@@ -213,26 +217,29 @@ class _Loop:
             if end > replica.steps:
                 replica.steps = end
             replica.start_sum -= start
-            self.remaining[rollout] -= 1
-            if self.remaining[rollout] == 0:
-                self.generated(rollout)
+            self.generated(rollout)
         if not running:
             replica.start_sum = 0.0  # drop accumulated rounding
         self.start_waiting(replica)
         self.reschedule(replica)
 
     def generated(self, rollout: int) -> None:
-        spec = self.spec
-        if spec.reward_s_per_sample <= 0:
-            self.accept(rollout)
-            return
-        done = self.now
-        for _ in range(spec.n_samples):
+        """One sample is generated: score it (upstream's episode computes its reward right away); the rollout is
+        accepted once its last sample is scored."""
+        reward_s = self.spec.reward_s_per_sample
+        if reward_s > 0:
             free = heapq.heappop(self.reward_free)
-            end = (free if free > self.now else self.now) + spec.reward_s_per_sample
-            heapq.heappush(self.reward_free, end)
-            done = max(done, end)
-        self.push(done, _ACCEPT, rollout)
+            scored = (free if free > self.now else self.now) + reward_s
+            heapq.heappush(self.reward_free, scored)
+            if scored > self.scored_at[rollout]:
+                self.scored_at[rollout] = scored
+        self.remaining[rollout] -= 1
+        if self.remaining[rollout]:
+            return
+        if reward_s > 0:
+            self.push(self.scored_at[rollout], _ACCEPT, rollout)
+        else:
+            self.accept(rollout)
 
     def accept(self, rollout: int) -> None:
         self.admission.on_accepted()

@@ -130,3 +130,12 @@ def test_admission_control_formula():
 def test_a_spec_without_replicas_is_refused():
     with pytest.raises(ValueError, match="rollout replica"):
         simulate(spec(lanes=()), steps=1)
+
+
+def test_rewards_on_few_workers_bound_the_step():
+    # 32 samples per step, 1 s each on 2 reward workers: no step can be shorter than 16 s of scoring.
+    fast = spec(lengths=(200,), batch=8, train_s=1.0, sync_s=0.0, reward_s_per_sample=1.0, reward_workers=2)
+    result = simulate(fast, steps=12, seed=0)
+    assert result.step_time_s == pytest.approx(16.0, rel=0.02)
+    unscored = simulate(dataclasses.replace(fast, reward_s_per_sample=0.0), steps=12, seed=0)
+    assert unscored.step_time_s < 8.0
