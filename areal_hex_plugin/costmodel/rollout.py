@@ -47,7 +47,9 @@ class RolloutEstimate:
     reason: str
     tokens_per_s: float  # steady generated tokens/s of one replica over a staleness window
     gpus: dict[str, int] = field(hash=False)  # pool -> GPUs
-    concurrency: int  # sequences in flight when the batch is full
+    # Sequences in flight when the batch is full: KV capacity / mean in-flight context, capped by
+    # rollout.max_concurrent_rollouts (a cluster-wide cap upstream: replicas together must share it).
+    concurrency: int
     weights_gb_per_gpu: float  # largest over stages
     kv_gb_per_gpu: float  # KV-cache budget per GPU on the tightest stage
     layers: tuple[int, ...] = ()
