@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args
 from areal_hex_plugin.errors import HexError
@@ -18,6 +19,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--steps", type=int, default=30, help="training steps to simulate (default 30)")
     parser.add_argument("--seed", type=int, default=0, help="random seed for output lengths (default 0)")
+    parser.add_argument(
+        "--no-kv-recompute",
+        action="store_true",
+        help="what-if: interrupted sequences keep their KV cache across weight updates (upstream re-prefills)",
+    )
     parser.add_argument("--json", metavar="OUT", help="write the simulation results as JSON")
     parser.add_argument("--plot", metavar="OUT.png", help="draw a timeline per pool (OUT-<pool>.png)")
     parser.set_defaults(run=run)
@@ -38,10 +44,17 @@ def run(args: argparse.Namespace) -> int:
     recipe = load_recipe_from_args(args)
     plan = HexPlan.load(args.plan) if args.plan else plan_recipe(recipe)
     spec = sim_spec(recipe, plan)
+    if args.no_kv_recompute:
+        spec = dataclasses.replace(spec, kv_recompute=False)
     result = simulate(spec, steps=args.steps, seed=args.seed, timeline=bool(args.plot))
     print(describe_simulation(result, plan))
     if args.json:
-        data = {"recipe": str(recipe.path), "seed": args.seed, "predicted": plan.predicted.__dict__}
+        data = {
+            "recipe": str(recipe.path),
+            "seed": args.seed,
+            "kv_recompute": spec.kv_recompute,
+            "predicted": dataclasses.asdict(plan.predicted),
+        }
         data.update(result.to_dict())
         print(f"\nresults written to {write_json(args.json, data)}")
     if args.plot:

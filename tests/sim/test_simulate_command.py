@@ -76,6 +76,23 @@ def test_a_plan_for_another_cluster_exits_2_naming_the_replica_group(planned, tm
     assert "plan.rollout.replicas[0]" in err and "unknown pool" in err
 
 
+def test_without_kv_recompute_no_slower(planned, tmp_path):
+    _, plan = planned
+    plan_file = plan.save(tmp_path / "plan.json")
+    runs = {}
+    for flag in ([], ["--no-kv-recompute"]):
+        out = tmp_path / f"sim{len(flag)}.json"
+        assert (
+            main(
+                ["simulate", str(RECIPE), "--plan", str(plan_file), "--steps", "8", "--json", str(out), *flag]
+            )
+            == 0
+        )
+        runs[bool(flag)] = json.loads(out.read_text())
+    assert runs[True]["kv_recompute"] is False and runs[False]["kv_recompute"] is True
+    assert runs[True]["simulated_step_s"] <= runs[False]["simulated_step_s"]
+
+
 def plan_samples(recipe) -> int:
     return recipe.workload.rl.samples_per_step
 
