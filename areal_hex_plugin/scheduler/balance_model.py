@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from areal_hex_plugin.scheduler.cpsat import found, solve_model
+from areal_hex_plugin.scheduler.cpsat import budget_cents, found, solve_model
 from areal_hex_plugin.scheduler.split import Split
 from areal_hex_plugin.specs.cluster import Cluster
 
@@ -67,7 +67,7 @@ def _build(cluster: Cluster, req: BalanceRequest):
     cents = [round(p.price_per_machine_hour * 100) for p in cluster.pools]
     cost = sum(c * (t + r) for c, t, r in zip(cents, train, rollout, strict=True))
     if req.budget_per_hour is not None:
-        model.add(cost <= int(req.budget_per_hour * 100))
+        model.add(cost <= budget_cents(req.budget_per_hour))
     rate = model.new_int_var(0, _RESOLUTION * len(req.limits), "step_rate")
     model.add(rate <= sum(train_terms))
     model.add(rate <= sum(rollout_terms))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ortools.sat.python import cp_model
 
 
@@ -18,3 +20,8 @@ def solve_model(
 
 def found(status: int) -> bool:
     return status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+
+
+def budget_cents(budget_per_hour: float) -> int:
+    """A $/h budget in whole cents, robust to binary fractions (32.16 * 100 is 3215.9999...)."""
+    return math.floor(budget_per_hour * 100 + 1e-6)

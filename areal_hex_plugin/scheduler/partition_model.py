@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from areal_hex_plugin.scheduler.cpsat import found, solve_model
+from areal_hex_plugin.scheduler.cpsat import budget_cents, found, solve_model
 from areal_hex_plugin.scheduler.split import Split
 from areal_hex_plugin.specs.cluster import Cluster
 
@@ -55,7 +55,7 @@ def _build(cluster: Cluster, req: PartitionRequest) -> tuple[cp_model.CpModel, l
         cents = [round(p.price_per_machine_hour * 100) for p in pools]
         model.add(
             sum(c * (t + r) for c, t, r in zip(cents, train, rollout, strict=True))
-            <= int(req.budget_per_hour * 100)
+            <= budget_cents(req.budget_per_hour)
         )
 
     # Training compute share in [gamma_lo, gamma_hi] of the compute in use (GFLOPS per machine, integers).

@@ -19,6 +19,8 @@ SMALL_CLUSTERS = [
     ([("H800-PCIe", 8, 1), ("H20", 8, 3)], None),
     ([("L40S", 4, 3), ("H800-PCIe", 2, 4)], 50.0),
     ([("H800-PCIe", 2, 2), ("H100", 2, 1), ("H20", 8, 3)], None),
+    # The budget is exactly the price of both machines (32.16 is not a binary fraction).
+    ([("H200", 4, 1), ("L40S", 2, 1)], 32.16),
 ]
 
 
