@@ -385,10 +385,12 @@ class _Loop:
                 for busy, lane in zip(lane_busy, spec.lanes, strict=True)
                 if lane.pool == pool
             )
+            rollout_gpus = spec.rollout_gpus.get(pool, 0)
             train = train_gpus * spec.train_s * window_steps
             sync = n * spec.sync_s * window_steps
             idle = max(0.0, n * window_s - train - rollout - sync)
-            usage[pool] = PoolUsage(gpus=n, train_s=train, rollout_s=rollout, sync_s=sync, idle_s=idle)
+            rollout_idle = max(0.0, rollout_gpus * (window_s - spec.sync_s * window_steps) - rollout)
+            usage[pool] = PoolUsage(n, train, rollout, sync, idle, rollout_gpus, rollout_idle)
         return usage
 
     def timeline(self) -> dict[str, dict[str, list[Segment]]]:

@@ -18,6 +18,7 @@ def describe_simulation(result: SimResult, plan: HexPlan) -> str:
         f"{'  weight sync (s)':24}{p.weight_sync_s:12.1f}{result.mean('sync_s'):12.1f}",
         f"{'  rollout incl. reward':24}{p.rollout_time_s:12.1f}{'':>12}",
         f"{'  trainer waits (s)':24}{'':>12}{result.mean('rollout_wait_s'):12.1f}",
+        f"{'  generator idles (s)':24}{'':>12}{result.rollout_idle_s:12.1f}",
         "",
         "idle fraction per pool: "
         + ", ".join(f"{name} {usage.idle_fraction:.1%}" for name, usage in result.pools.items()),

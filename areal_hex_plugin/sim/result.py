@@ -34,6 +34,8 @@ class PoolUsage:
     rollout_s: float  # decoding or prefilling (KV recompute included)
     sync_s: float
     idle_s: float
+    rollout_gpus: int = 0  # of ``gpus``, those generating
+    rollout_idle_s: float = 0.0  # of ``idle_s``, the generating GPUs' share
 
     @property
     def idle_fraction(self) -> float:
@@ -78,6 +80,13 @@ class SimResult:
     def tokens_per_s_all_steps(self) -> float:
         return sum(s.tokens for s in self.steps) / self.steps[-1].end_s
 
+    @property
+    def rollout_idle_s(self) -> float:
+        """Seconds per measured step an average generating GPU has nothing to decode or prefill."""
+        gpus = sum(u.rollout_gpus for u in self.pools.values())
+        steps = len(self.measured)
+        return sum(u.rollout_idle_s for u in self.pools.values()) / gpus / steps if gpus and steps else 0.0
+
     def mean(self, attribute: str) -> float:
         window = self.measured
         return sum(getattr(s, attribute) for s in window) / len(window)
@@ -93,6 +102,7 @@ class SimResult:
                 "rollout_wait": self.mean("rollout_wait_s"),
                 "train": self.mean("train_s"),
                 "sync": self.mean("sync_s"),
+                "rollout_idle": self.rollout_idle_s,
             },
             "idle_fraction": {name: usage.idle_fraction for name, usage in self.pools.items()},
             "pools": {

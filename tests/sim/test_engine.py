@@ -102,6 +102,8 @@ def test_idle_fraction_and_breakdown_add_up():
     assert train.train_s + train.sync_s + train.idle_s == pytest.approx(train.gpus * window)
     rollout = result.pools["r"]
     assert rollout.rollout_s + rollout.sync_s + rollout.idle_s == pytest.approx(rollout.gpus * window)
+    assert rollout.rollout_idle_s == pytest.approx(rollout.idle_s)
+    assert result.rollout_idle_s == pytest.approx(rollout.idle_s / rollout.gpus / len(result.measured))
     for step in result.steps:
         assert step.step_s == pytest.approx(step.rollout_wait_s + step.train_s + step.sync_s)
 
