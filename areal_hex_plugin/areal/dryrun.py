@@ -1,0 +1,85 @@
+"""What ``hex.dry_run=true`` prints: the upstream config after the plan's rewrite, and the placement table."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict
+
+import yaml
+from tabulate import tabulate
+
+from areal_hex_plugin.areal.rewrite import Rewrite
+from areal_hex_plugin.areal.sglang_flags import server_args_for
+from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.specs.catalog import build_catalog
+
+SPEC_FIELDS = ("cpu", "gpu", "mem", "port_count", "cmd", "env_vars")
+
+
+def _specs(specs) -> list[dict]:
+    return [{k: v for k, v in asdict(s).items() if k in SPEC_FIELDS} for s in specs]
+
+
+def rewritten_config(config) -> dict:
+    """The upstream fields the plan rewrote, as they now stand."""
+    out = {
+        "scheduler": {"type": config.scheduler.type},
+        "actor": {"backend": config.actor.backend, "scheduling_spec": _specs(config.actor.scheduling_spec)},
+        "rollout": {
+            "backend": config.rollout.backend,
+            "max_concurrent_rollouts": config.rollout.max_concurrent_rollouts,
+            "max_head_offpolicyness": config.rollout.max_head_offpolicyness,
+            "scheduling_spec": _specs(config.rollout.scheduling_spec),
+        },
+    }
+    for name in ("ref", "critic"):
+        role_cfg = getattr(config, name, None)
+        if role_cfg is not None:
+            out[name] = {"backend": role_cfg.backend}
+    return out
+
+
+def placement_table(rewrite: Rewrite, config) -> str:
+    p = rewrite.placement
+    catalog = build_catalog()
+    base_flags = {
+        "attention_backend": getattr(config.sglang, "attention_backend", None),
+        "mem_fraction_static": config.sglang.mem_fraction_static,
+    }
+    rows = []
+    for role, slots in p.slots.items():
+        by_pool: dict[tuple[str, str], list] = defaultdict(list)
+        for slot in slots:
+            by_pool[(slot.pool, slot.gpu_type)].append(slot)
+        for (pool, gpu_type), members in by_pool.items():
+            gpus = sum(len(s.gpu_ids) for s in members)
+            hosts = sorted({s.host for s in members})
+            if role == "actor":
+                layout = f"dp{p.train_dp} tp{p.train_tp} pp{p.train_pp} ({gpus} ranks here)"
+            else:
+                flags = server_args_for(gpu_type, catalog.get(gpu_type).hbm_gb, base_flags)
+                share = sum(s.share for s in members)
+                layout = (
+                    f"{len(members)} servers x tp{p.rollout_tp} pp{p.rollout_pp}, share {share:.1%}, "
+                    f"attn={flags['attention_backend']} mem={flags['mem_fraction_static']}"
+                )
+            machines = ", ".join(hosts) if len(hosts) <= 4 else f"{', '.join(hosts[:3])}, ... ({len(hosts)})"
+            rows.append([role, pool, gpu_type, machines, gpus, layout])
+    return tabulate(rows, headers=["role", "pool", "GPU type", "machines", "GPUs", "parallel layout"])
+
+
+def describe_dry_run(config, rewrite: Rewrite, plan: HexPlan, plan_source: str) -> str:
+    lines = [
+        f"AReaL-Hex dry run ({plan_source}); nothing was started.",
+        "",
+        "# Upstream config after the plan's rewrite",
+        yaml.safe_dump(rewritten_config(config), sort_keys=False, default_flow_style=False).rstrip(),
+        "",
+        "# Placement",
+        placement_table(rewrite, config),
+        "",
+        f"Predicted: {plan.predicted.tokens_per_s:,.0f} tokens/s at ${plan.predicted.cost_per_hour:,.2f}/h "
+        f"({plan.predicted.tokens_per_dollar:,.0f} tokens/$), step {plan.predicted.step_time_s:.1f}s",
+    ]
+    lines += [f"note: {n}" for n in (*rewrite.notes, *plan.warnings)]
+    return "\n".join(lines)

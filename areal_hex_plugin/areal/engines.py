@@ -1,0 +1,89 @@
+"""Worker-side engine and controller subclasses: per-GPU-type SGLang flags and share-weighted routing.
+
+``HexRemoteSGLangEngine`` is upstream's ``RemoteSGLangEngine`` with a :class:`HexSGLangBackend`; its
+``as_controller`` returns a :class:`HexRolloutController`. Weight transport is not touched here: the
+transport package plugs in through the train-engine side (``HexPPOTrainer._create_train_engine``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from collections import defaultdict
+from typing import Any
+
+from areal.engine.sglang_remote import RemoteSGLangEngine, SGLangBackend
+from areal.infra.controller.rollout_controller import RolloutController
+from areal.infra.remote_inf_engine import RemoteInfEngine
+
+from areal_hex_plugin.areal.routing import ShareRouter
+from areal_hex_plugin.areal.sglang_flags import server_args_for
+
+_chosen_rank: contextvars.ContextVar[int | None] = contextvars.ContextVar("hex_chosen_rank", default=None)
+
+
+class HexSGLangBackend(SGLangBackend):
+    """Launches the server with flags for the GPU type this worker was placed on (``HEX_GPU_TYPE``)."""
+
+    def launch_server(self, server_args: dict[str, Any]):
+        gpu_type = os.environ.get("HEX_GPU_TYPE")
+        if gpu_type:
+            from areal_hex_plugin.specs.catalog import build_catalog
+
+            server_args = server_args_for(gpu_type, build_catalog().get(gpu_type).hbm_gb, server_args)
+        return super().launch_server(server_args)
+
+
+class HexRolloutController(RolloutController):
+    """Routes each rollout to a server by the plan's shares instead of round-robin; counts completions per pool."""
+
+    routing_policy = "shares"
+
+    def _router(self) -> ShareRouter:
+        router = getattr(self, "_hex_router", None)
+        if router is None or len(router.shares) != len(self.workers):
+            # eval-rollout reuses the rollout servers, so it follows the rollout slots.
+            placement = self.scheduler.placement
+            slots = placement.for_role(self._worker_role) or placement.for_role("rollout")
+            self._hex_pools = [s.pool for s in slots]
+            router = self._hex_router = ShareRouter([s.share for s in slots], self.routing_policy)
+        return router
+
+    def _choose_worker(self):
+        rank = self._router().choose()
+        _chosen_rank.set(rank)
+        return self.workers[rank], rank
+
+    def _create_submit_callback(self, pending_task):
+        submit = super()._create_submit_callback(pending_task)
+
+        async def submit_and_release():
+            try:
+                return await submit()
+            finally:
+                rank = _chosen_rank.get()
+                if rank is not None:
+                    self._router().release(rank)
+
+        return submit_and_release
+
+    def export_stats(self) -> dict[str, float]:
+        stats = super().export_stats()
+        per_pool: dict[str, float] = defaultdict(float)
+        done_per_server = self._router().take_completed()
+        for pool, done in zip(self._hex_pools, done_per_server, strict=True):
+            per_pool[pool] += done
+        stats.update({f"hex/rollout/{pool}/samples": n for pool, n in per_pool.items()})
+        return stats
+
+
+class HexRemoteSGLangEngine(RemoteSGLangEngine):
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self._engine = RemoteInfEngine(config, HexSGLangBackend())
+
+    @classmethod
+    def as_controller(cls, config, scheduler):
+        if config._version == "v2":
+            return super().as_controller(config, scheduler)
+        return HexRolloutController(cls, config=config, scheduler=scheduler)

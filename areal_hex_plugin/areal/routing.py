@@ -1,0 +1,57 @@
+"""Route rollout requests across unequal servers by the plan's shares (pure; used by HexRolloutController).
+
+``shares``: smooth weighted round-robin, so over any window of requests each server's fraction follows its
+share within one request. ``least_outstanding``: the server with the fewest requests in flight per unit of
+share (a fast server drains its queue sooner and so gets more), ties broken by the weighted round-robin.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+POLICIES = ("shares", "least_outstanding")
+
+
+class ShareRouter:
+    def __init__(self, shares: Sequence[float], policy: str = "shares") -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown routing policy {policy!r}; use one of {', '.join(POLICIES)}")
+        if not shares or any(s <= 0 for s in shares):
+            raise ValueError(f"shares must be positive, got {list(shares)}")
+        total = float(sum(shares))
+        self.shares = [s / total for s in shares]
+        self.policy = policy
+        self.outstanding = [0] * len(shares)
+        self.completed = [0] * len(shares)
+        self._credit = [0.0] * len(shares)
+        self._lock = threading.Lock()
+
+    def _round_robin(self, candidates: list[int]) -> int:
+        for i in range(len(self.shares)):
+            self._credit[i] += self.shares[i]
+        best = max(candidates, key=lambda i: self._credit[i])
+        self._credit[best] -= 1.0
+        return best
+
+    def choose(self) -> int:
+        """The server for the next request (counted as in flight until :meth:`release`)."""
+        with self._lock:
+            candidates = list(range(len(self.shares)))
+            if self.policy == "least_outstanding":
+                load = [self.outstanding[i] / self.shares[i] for i in candidates]
+                candidates = [i for i in candidates if load[i] == min(load)]
+            index = self._round_robin(candidates)
+            self.outstanding[index] += 1
+            return index
+
+    def release(self, index: int) -> None:
+        with self._lock:
+            self.outstanding[index] -= 1
+            self.completed[index] += 1
+
+    def take_completed(self) -> list[int]:
+        """Requests each server finished since the last call."""
+        with self._lock:
+            done, self.completed = self.completed, [0] * len(self.shares)
+            return done

@@ -1,0 +1,26 @@
+"""Per-GPU-type SGLang server flags (pure): one ``server_args`` from the controller, adjusted on each worker.
+
+FlashAttention-3 (SGLang's ``fa3`` attention backend) runs only on Hopper and Blackwell; other GPUs get
+``flashinfer``. Small-memory cards keep more headroom for activations and CUDA graphs, so
+``mem_fraction_static`` is capped by the card's HBM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# GPU types (catalog names) whose architecture runs FA3.
+FA3_GPUS = frozenset({"H100", "H800", "H800-PCIe", "H20", "H200", "B200"})
+# (min HBM GB, max mem_fraction_static): the first row the card reaches applies.
+MEM_FRACTION_CAPS = ((70.0, 0.9), (40.0, 0.85), (0.0, 0.8))
+
+
+def server_args_for(gpu_type: str, hbm_gb: float, server_args: dict[str, Any]) -> dict[str, Any]:
+    """``server_args`` adjusted for a server running on ``gpu_type`` with ``hbm_gb`` of memory."""
+    args = dict(server_args)
+    if gpu_type not in FA3_GPUS and args.get("attention_backend") in ("fa3", None):
+        args["attention_backend"] = "flashinfer"
+    cap = next(c for floor, c in MEM_FRACTION_CAPS if hbm_gb >= floor)
+    if args.get("mem_fraction_static") is None or args["mem_fraction_static"] > cap:
+        args["mem_fraction_static"] = cap
+    return args

@@ -1,0 +1,59 @@
+"""``HexPPOTrainer``: upstream's PPOTrainer that follows a HexPlan.
+
+``_init_scheduler`` runs before upstream parses any backend string, so it rewrites the config from the plan,
+saves ``hex_plan.json`` beside upstream's ``config.yaml`` and returns the Hex scheduler for
+``scheduler.type``. Rollout servers are ``HexRemoteSGLangEngine`` (per-GPU-type flags, share routing), chosen
+by a swap of the engine class scoped to ``_init_rollout``. Upstream's stats logger is wrapped to add ``hex/*``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from unittest.mock import patch
+
+from areal.trainer import rl_trainer
+from areal.trainer.rl_trainer import PPOTrainer
+from areal.utils.stats_logger import StatsLogger
+
+from areal_hex_plugin.areal.engines import HexRemoteSGLangEngine
+from areal_hex_plugin.areal.launch import scheduler_factory
+from areal_hex_plugin.areal.metrics import HexStatsLog
+from areal_hex_plugin.areal.rewrite import apply_plan
+from areal_hex_plugin.plan import HexPlan
+
+PLAN_FILE = "hex_plan.json"
+
+
+def save_plan_beside_config(config, plan: HexPlan) -> str:
+    """Write ``hex_plan.json`` into the folder where upstream saved ``config.yaml``."""
+    folder = StatsLogger.get_log_path(config.stats_logger)
+    os.makedirs(folder, exist_ok=True)
+    return str(plan.save(os.path.join(folder, PLAN_FILE)))
+
+
+class HexPPOTrainer(PPOTrainer):
+    def __init__(
+        self,
+        config,
+        train_dataset=None,
+        valid_dataset=None,
+        *,
+        plan: HexPlan,
+        make_scheduler: Callable[[], object] | None = None,
+    ) -> None:
+        self.hex_plan = plan
+        # The driver checks the live cluster first and passes the builder; otherwise it is checked here.
+        self._make_scheduler = make_scheduler
+        super().__init__(config, train_dataset, valid_dataset)
+        self.stats_logger = HexStatsLog(self.stats_logger, plan)
+
+    def _init_scheduler(self):
+        rewrite = apply_plan(self.config, self.hex_plan)
+        save_plan_beside_config(self.config, self.hex_plan)
+        build = self._make_scheduler or scheduler_factory(self.config, self.hex_plan, rewrite.placement)
+        return build()
+
+    def _init_rollout(self, rollout_config, is_eval: bool = False, lora_path: str | None = None):
+        with patch.object(rl_trainer, "RemoteSGLangEngine", HexRemoteSGLangEngine):
+            return super()._init_rollout(rollout_config, is_eval=is_eval, lora_path=lora_path)

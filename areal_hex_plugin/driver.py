@@ -1,0 +1,120 @@
+"""``python -m areal_hex_plugin.driver --config RECIPE.yaml [Hydra overrides]``: run a recipe on upstream AReaL.
+
+Same shape as upstream's example scripts (and usable as an ``areal train run --driver`` function on 2.x):
+load the recipe, take the plan (``hex.plan_path``, or solve it now), rewrite the upstream config, check the plan
+against the recipe's cluster and the live one, then train with ``HexPPOTrainer``. ``hex.dry_run=true`` prints
+the rewritten config and the placement and exits without starting anything. Bad input exits 2 with one message.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from areal_hex_plugin.errors import HexError
+
+WORKFLOW = "areal.workflow.openai.math_agent.MathAgent"
+
+
+def split_argv(argv: list[str]) -> tuple[str, list[str]]:
+    """The recipe path and the Hydra overrides of ``--config PATH key=value ...``."""
+    rest, path = [], None
+    it = iter(argv)
+    for arg in it:
+        if arg == "--config":
+            path = next(it, None)
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    if not path:
+        raise HexError(
+            "--config", "is missing", "run: python -m areal_hex_plugin.driver --config RECIPE.yaml"
+        )
+    return path, rest
+
+
+def obtain_plan(recipe, config):
+    """The saved plan at ``hex.plan_path`` (checked against the recipe), or a plan solved now."""
+    from areal_hex_plugin.areal.placement import check_plan_fits_cluster
+    from areal_hex_plugin.plan import HexPlan
+
+    if not config.hex.plan_path:
+        from areal_hex_plugin.scheduler import plan_recipe
+
+        return plan_recipe(recipe), "solved at start"
+    plan = HexPlan.load(config.hex.plan_path)
+    if plan.model != recipe.workload.model.name:
+        raise HexError(
+            "hex.plan_path",
+            f"the plan was made for model {plan.model}, the recipe trains {recipe.workload.model.name}",
+            "re-plan for this recipe (areal-hex plan RECIPE --json PLAN) or drop hex.plan_path",
+        )
+    check_plan_fits_cluster(plan, recipe.cluster)
+    return plan, f"plan {config.hex.plan_path}"
+
+
+def run(argv: list[str]) -> int:
+    from areal_hex_plugin.specs.recipe import load_recipe
+
+    path, overrides = split_argv(argv)
+    recipe = load_recipe(path, overrides)  # the core reader: precise messages for a bad hex: section
+
+    from areal_hex_plugin.areal.config import load_hex_config
+    from areal_hex_plugin.areal.dryrun import describe_dry_run
+    from areal_hex_plugin.areal.launch import check_scheduler_type, scheduler_factory
+    from areal_hex_plugin.areal.rewrite import apply_plan
+
+    config, _ = load_hex_config(["--config", path, *overrides])
+    check_scheduler_type(config.scheduler.type)
+    plan, source = obtain_plan(recipe, config)
+    rewrite = apply_plan(config, plan)
+    if config.hex.dry_run:
+        print(describe_dry_run(config, rewrite, plan, source))
+        return 0
+    make_scheduler = scheduler_factory(config, plan, rewrite.placement)
+    return _train(config, plan, make_scheduler)
+
+
+def _train(config, plan, make_scheduler) -> int:
+    from areal.dataset import get_custom_dataset
+    from areal.utils.hf_utils import load_hf_tokenizer
+
+    from areal_hex_plugin.areal.trainer import HexPPOTrainer
+
+    tokenizer = load_hf_tokenizer(config.tokenizer_path)
+    train_dataset = get_custom_dataset(
+        split="train", dataset_config=config.train_dataset, tokenizer=tokenizer
+    )
+    valid_dataset = None
+    if config.valid_dataset is not None:
+        valid_dataset = get_custom_dataset(
+            split="test", dataset_config=config.valid_dataset, tokenizer=tokenizer
+        )
+    workflow_kwargs = dict(
+        temperature=config.gconfig.temperature,
+        top_p=config.gconfig.top_p,
+        max_tokens=config.gconfig.max_tokens,
+        max_completion_tokens=config.gconfig.max_new_tokens,
+    )
+    with HexPPOTrainer(
+        config, train_dataset, valid_dataset, plan=plan, make_scheduler=make_scheduler
+    ) as trainer:
+        trainer.train(
+            workflow=WORKFLOW,
+            workflow_kwargs=workflow_kwargs,
+            eval_workflow=WORKFLOW if valid_dataset is not None else None,
+            eval_workflow_kwargs={**workflow_kwargs, "temperature": 0.6},
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(list(sys.argv[1:] if argv is None else argv))
+    except HexError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

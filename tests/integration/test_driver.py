@@ -1,0 +1,89 @@
+"""The driver: dry-run on every shipped recipe, and bad input stopping before anything starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("areal")
+
+from areal_hex_plugin.driver import main  # noqa: E402
+from tests.conftest import RECIPES  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+
+def _argv(recipe: Path, tmp_path: Path, *extra: str) -> list[str]:
+    (tmp_path / "nr").mkdir(exist_ok=True)
+    return [
+        "--config",
+        str(recipe),
+        f"cluster.fileroot={tmp_path}",
+        f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}",
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_dry_run_prints_rewrite_and_placement(recipe: Path, tmp_path: Path, capsys) -> None:
+    assert main(_argv(recipe, tmp_path, "+hex.dry_run=true")) == 0
+    out = capsys.readouterr().out
+    assert "nothing was started" in out
+    backends = [line.split(": ", 1)[1] for line in out.splitlines() if line.strip().startswith("backend:")]
+    assert backends[0].split(":")[0] in ("fsdp", "megatron") and backends[1].startswith("sglang:d")
+    assert "max_head_offpolicyness:" in out and "max_concurrent_rollouts:" in out
+    roles = {line.split()[0] for line in out.split("# Placement")[1].splitlines()[3:] if line.strip()}
+    assert {"actor", "rollout"} <= roles
+
+
+def _save_plan(recipe: Path, path: Path) -> Path:
+    from areal_hex_plugin.scheduler import plan_recipe
+    from areal_hex_plugin.specs.recipe import load_recipe
+
+    return plan_recipe(load_recipe(recipe)).save(path)
+
+
+def test_dry_run_follows_a_saved_plan(tmp_path: Path, capsys) -> None:
+    recipe = REPO / "recipes/paper/1.5b.yaml"
+    plan_file = _save_plan(recipe, tmp_path / "plan.json")
+    assert main(_argv(recipe, tmp_path, "+hex.dry_run=true", f"+hex.plan_path={plan_file}")) == 0
+    assert f"plan {plan_file}" in capsys.readouterr().out
+
+
+def test_stale_plan_for_another_model_exits_2(tmp_path: Path, capsys) -> None:
+    plan_file = _save_plan(REPO / "recipes/paper/7b.yaml", tmp_path / "plan7b.json")
+    code = main(_argv(REPO / "recipes/paper/1.5b.yaml", tmp_path, f"+hex.plan_path={plan_file}"))
+    assert code == 2
+    assert "made for model DeepSeek-R1-Distill-Qwen-7B" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["scheduler.type=kubernetes"], "unknown scheduler type 'kubernetes'"),
+        (["+hex.plan_path=/nonexistent/plan.json"], "cannot read /nonexistent/plan.json"),
+        # No GPUs here: hex_local finds no live inventory and stops before starting workers.
+        (["scheduler.type=hex_local"], "nvidia-smi is not on PATH"),
+    ],
+)
+def test_bad_input_exits_2_before_any_worker(extra, message, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "areal_hex_plugin.driver",
+            *_argv(REPO / "recipes/paper/1.5b.yaml", tmp_path, *extra),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "WANDB_MODE": "offline"},
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    # Upstream's loader saved config.yaml, but no worker ever wrote a log: nothing was started.
+    assert not list(tmp_path.rglob("*.log"))
