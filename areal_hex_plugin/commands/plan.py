@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args
+from areal_hex_plugin.errors import HexError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
     from areal_hex_plugin.scheduler.report import describe_plan, plot_frontier
 
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        # Refuse an unwritable destination before solving, not after.
+        if path and not Path(path).expanduser().parent.is_dir():
+            raise HexError(flag, f"folder {Path(path).expanduser().parent} does not exist", "create it first")
     recipe = load_recipe_from_args(args)
     request = PlanRequest(
         exhaustive=args.exhaustive,

@@ -131,6 +131,7 @@ def test_cli_writes_plan_json_and_plot(tmp_path, capsys):
         ["--budget", "1"],
         ["--target-tokens-per-s", "1e15"],
         ["--json", "/nonexistent-dir/plan.json"],
+        ["--plot", "/nonexistent-dir/frontier.png"],
         ["hex.solver.num_workers=0"],
     ],
 )
