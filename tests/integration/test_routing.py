@@ -1,0 +1,89 @@
+"""Share-weighted routing across unequal rollout servers, and per-GPU-type SGLang flags."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from areal_hex_plugin.areal.routing import ShareRouter
+from areal_hex_plugin.areal.sglang_flags import server_args_for
+
+SHARES = [0.4, 0.3, 0.2, 0.1]
+
+
+def test_shares_policy_follows_the_plan_over_many_requests() -> None:
+    router = ShareRouter(SHARES)
+    counts = Counter(router.choose() for _ in range(10_000))
+    for i, share in enumerate(SHARES):
+        assert counts[i] / 10_000 == pytest.approx(share, abs=0.001)
+
+
+def test_least_outstanding_sends_more_to_faster_servers() -> None:
+    # Each server drains its own queue at a rate proportional to its share; 32 requests stay in flight.
+    router = ShareRouter(SHARES, policy="least_outstanding")
+    rng = random.Random(0)
+    counts = Counter(router.choose() for _ in range(32))
+    for _ in range(20_000):
+        busy = [i for i, n in enumerate(router.outstanding) if n > 0]
+        finished = rng.choices(busy, weights=[SHARES[i] for i in busy])[0]
+        router.release(finished)
+        counts[router.choose()] += 1
+    total = sum(counts.values())
+    for i, share in enumerate(SHARES):
+        assert counts[i] / total == pytest.approx(share, rel=0.05)
+    assert sum(router.take_completed()) == 20_000 and sum(router.take_completed()) == 0
+
+
+def test_bad_router_input() -> None:
+    with pytest.raises(ValueError, match="unknown routing policy"):
+        ShareRouter([1.0], policy="random")
+    with pytest.raises(ValueError, match="positive"):
+        ShareRouter([1.0, 0.0])
+
+
+@pytest.mark.parametrize(
+    ("gpu_type", "hbm", "attention", "mem"),
+    [("H100", 80, "fa3", 0.88), ("A100-80GB", 80, "flashinfer", 0.88), ("L40S", 48, "flashinfer", 0.85),
+     ("RTX4090", 24, "flashinfer", 0.8)],
+)  # fmt: skip
+def test_server_flags_per_gpu_type(gpu_type: str, hbm: float, attention: str, mem: float) -> None:
+    args = server_args_for(
+        gpu_type, hbm, {"attention_backend": "fa3", "mem_fraction_static": 0.88, "tp_size": 1}
+    )
+    assert (args["attention_backend"], args["mem_fraction_static"], args["tp_size"]) == (attention, mem, 1)
+
+
+@pytest.mark.integration
+def test_rollout_controller_routes_by_plan_shares(tmp_path: Path) -> None:
+    pytest.importorskip("areal")
+    from areal.api.cli_args import InferenceEngineConfig
+    from areal.api.scheduler_api import Worker
+
+    from areal_hex_plugin.areal.engines import HexRemoteSGLangEngine, HexRolloutController
+    from areal_hex_plugin.areal.placement import node_local, placement_from_plan
+    from areal_hex_plugin.areal.schedulers.local import HexLocalScheduler
+    from tests.integration.plans import two_type_plan
+
+    plan = two_type_plan()
+    (tmp_path / "nr").mkdir()
+    scheduler = HexLocalScheduler(
+        node_local(placement_from_plan(plan), plan),
+        log_dir=str(tmp_path),
+        experiment_name="hex-test",
+        trial_name="routing",
+        fileroot=str(tmp_path),
+        nfs_record_root=str(tmp_path / "nr"),
+    )
+    controller = HexRemoteSGLangEngine.as_controller(
+        InferenceEngineConfig(backend="sglang:d6p1t1"), scheduler
+    )
+    assert isinstance(controller, HexRolloutController)
+    controller._worker_role = "rollout"
+    controller.workers = [Worker(id=f"rollout/{i}", ip="127.0.0.1") for i in range(6)]
+    picks = Counter(controller._choose_worker()[0].id for _ in range(6000))
+    # Two H100 servers share half the samples, four L40S servers the other half.
+    assert picks["rollout/0"] / 6000 == pytest.approx(0.25, abs=0.01)
+    assert picks["rollout/5"] / 6000 == pytest.approx(0.125, abs=0.01)
