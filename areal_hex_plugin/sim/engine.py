@@ -24,6 +24,7 @@ import heapq
 import random
 from collections import deque
 
+from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.sim.result import PoolUsage, Segment, SimResult, StepRecord
 from areal_hex_plugin.sim.spec import LaneSpec, SimSpec
 from areal_hex_plugin.sim.staleness import AdmissionControl
@@ -332,7 +333,7 @@ class _Loop:
         replicas = self.replicas
         while len(self.steps) < n_steps:
             if not queue:
-                raise RuntimeError("the simulation stalled: no event can make progress")
+                raise self.stalled()
             time, _, kind, a, b = heapq.heappop(queue)
             self.now = time
             self.events += 1
@@ -364,6 +365,18 @@ class _Loop:
             routed={lane.name: n for lane, n in zip(self.spec.lanes, self.routed, strict=True)},
             events=self.events,
             timeline=self.timeline(),
+        )
+
+    def stalled(self) -> HexError:
+        """Nothing runs and nothing may start: the staleness window holds fewer rollouts than a batch."""
+        spec = self.spec
+        window = (spec.max_staleness + self.version + 1) * (spec.consumer_batch or spec.batch)
+        return HexError(
+            "rollout.consumer_batch_size",
+            f"admission stops at {window} rollouts by version {self.version}, but a training step needs "
+            f"{spec.batch} more than the {self.admission.accepted - len(self.ready)} consumed so far: "
+            "upstream would wait forever",
+            "set rollout.consumer_batch_size to train_dataset.batch_size, or raise max_head_offpolicyness",
         )
 
     def lane_busy(self) -> list[float]:

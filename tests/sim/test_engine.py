@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.spec import LaneSpec, SimSpec, linear_steps
 from areal_hex_plugin.sim.staleness import AdmissionControl
@@ -141,3 +142,9 @@ def test_rewards_on_few_workers_bound_the_step():
     assert result.step_time_s == pytest.approx(16.0, rel=0.02)
     unscored = simulate(dataclasses.replace(fast, reward_s_per_sample=0.0), steps=12, seed=0)
     assert unscored.step_time_s < 8.0
+
+
+def test_a_staleness_window_smaller_than_a_batch_is_a_clear_error():
+    with pytest.raises(HexError, match="consumer_batch_size") as caught:
+        simulate(spec(consumer_batch=8, batch=32, max_staleness=0), steps=2)
+    assert "wait forever" in caught.value.message
