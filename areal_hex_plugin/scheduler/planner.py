@@ -115,6 +115,11 @@ class Planner:
             warnings.append(
                 f"the cluster has one GPU type ({self.cluster.gpu_types[0]}): this is the best homogeneous plan"
             )
+        if best.c_t > best.c_i:
+            warnings.append(
+                f"training is the bottleneck (C_T {best.c_t:.1f}s > C_I {best.c_i:.1f}s): rollout will wait at the "
+                f"staleness bound (eta={self.eta}); the paper's schedule assumes C_I >= C_T"
+            )
         gap = 0.0 if result.status == "optimal" else self._gap(best, result.window)
         baselines = self._baselines(best, result.window)
         pareto = self._pareto(result.window) if self.request.pareto else []

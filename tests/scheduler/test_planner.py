@@ -69,6 +69,8 @@ def test_paper_plan_respects_the_budget_and_beats_its_baselines(paper_plan):
     assert costs == sorted(costs) and rates == sorted(rates) and len(plan.pareto) >= 3
     assert plan.binding and set(plan.pool_roles) == {"h800", "h20"}
     assert plan.staleness.max_head_offpolicyness == 8
+    training_bound = p.train_time_s > p.rollout_time_s + p.weight_sync_s
+    assert any("bottleneck" in w for w in plan.warnings) == training_bound
 
 
 def test_target_mode_finds_the_cheapest_plan_reaching_the_target():
