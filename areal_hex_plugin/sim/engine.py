@@ -100,14 +100,6 @@ class _Replica:
         else:
             segments.append(Segment(start, end, state))
 
-    def next_end(self) -> float | None:
-        """When the next running sequence ends, if nothing changes meanwhile."""
-        if self.paused or not self.running:
-            return None
-        start = self.stall_until if self.stall_until > self.time else self.time
-        left = self.running[0][0] - self.steps
-        return start + (left if left > 0 else 0.0) * self.step_table[len(self.running)]
-
 
 class _Loop:
     def __init__(self, spec: SimSpec, seed: int, timeline: bool) -> None:
@@ -163,10 +155,16 @@ class _Loop:
         heapq.heappush(self.queue, (time, self.seq, kind, a, b))
 
     def reschedule(self, replica: _Replica) -> None:
+        """Queue the replica's next sequence end (if nothing changes meanwhile); older ones go stale."""
         replica.token += 1
-        end = replica.next_end()
-        if end is not None:
-            self.push(end, _SEQ_END, replica.index, replica.token)
+        running = replica.running
+        if replica.paused or not running:
+            return
+        start = replica.stall_until if replica.stall_until > replica.time else replica.time
+        left = running[0][0] - replica.steps
+        end = start + (left if left > 0 else 0.0) * replica.step_table[len(running)]
+        self.seq += 1
+        heapq.heappush(self.queue, (end, self.seq, _SEQ_END, replica.index, replica.token))
 
     # -- rollout side ----------------------------------------------------------------------------------------
     def pick_replica(self) -> _Replica:
@@ -205,8 +203,7 @@ class _Loop:
     def start_waiting(self, replica: _Replica) -> None:
         while replica.waiting and len(replica.running) < replica.max_running:
             length, rollout = replica.waiting.popleft()
-            self.seq += 1
-            heapq.heappush(replica.running, (replica.steps + length, self.seq, rollout, replica.steps))
+            heapq.heappush(replica.running, (replica.steps + length, rollout, replica.steps))
             replica.start_sum += replica.steps
 
     def on_sequence_end(self, replica: _Replica) -> None:
@@ -214,7 +211,7 @@ class _Loop:
         running = replica.running
         limit = replica.steps + _EPS_STEPS
         while running and running[0][0] <= limit:
-            end, _, rollout, start = heapq.heappop(running)
+            end, rollout, start = heapq.heappop(running)
             if end > replica.steps:
                 replica.steps = end
             replica.start_sum -= start
