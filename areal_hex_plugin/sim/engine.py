@@ -45,6 +45,7 @@ class _Replica:
         "stall_until",
         "running",
         "start_sum",
+        "prompts",
         "waiting",
         "paused",
         "token",
@@ -65,6 +66,9 @@ class _Replica:
             tuple[float, int, int, float]
         ] = []  # heap of (end step, seq id, rollout, start step)
         self.start_sum = 0.0
+        self.prompts: dict[
+            int, int
+        ] = {}  # rollout -> its samples running here (they share one cached prompt)
         self.waiting: deque[tuple[int, int]] = deque()  # (length, rollout)
         self.paused = False
         self.token = 0  # bumps invalidate this replica's pending event
@@ -205,6 +209,7 @@ class _Loop:
             length, rollout = replica.waiting.popleft()
             heapq.heappush(replica.running, (replica.steps + length, rollout, replica.steps))
             replica.start_sum += replica.steps
+            replica.prompts[rollout] = replica.prompts.get(rollout, 0) + 1
 
     def on_sequence_end(self, replica: _Replica) -> None:
         replica.advance(self.now)
@@ -215,6 +220,9 @@ class _Loop:
             if end > replica.steps:
                 replica.steps = end
             replica.start_sum -= start
+            left = replica.prompts.pop(rollout) - 1
+            if left:
+                replica.prompts[rollout] = left
             self.generated(rollout)
         if not running:
             replica.start_sum = 0.0  # drop accumulated rounding
@@ -306,9 +314,9 @@ class _Loop:
             replica.paused = False
             n = len(replica.running)
             if n and spec.kv_recompute:
-                # Interrupted sequences lost their KV cache: prefill prompt + generated tokens again (this
-                # includes any prompt prefill the pause cut short).
-                kv_tokens = n * spec.prompt_tokens + n * replica.steps - replica.start_sum
+                # Interrupted sequences lost their KV cache: prefill their generated tokens and their prompts
+                # (once per rollout: the radix cache shares them) again, including prefill the pause cut short.
+                kv_tokens = len(replica.prompts) * spec.prompt_tokens + n * replica.steps - replica.start_sum
                 replica.stall_until = self.now + kv_tokens * replica.prefill_s_per_token
             else:
                 # Prefill work the pause cut short resumes where it stopped.

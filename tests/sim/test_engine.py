@@ -148,3 +148,26 @@ def test_a_staleness_window_smaller_than_a_batch_is_a_clear_error():
     with pytest.raises(HexError, match="consumer_batch_size") as caught:
         simulate(spec(consumer_batch=8, batch=32, max_staleness=0), steps=2)
     assert "wait forever" in caught.value.message
+
+
+def test_weight_update_recomputes_generated_tokens_and_each_rollouts_prompt_once():
+    # One replica at a constant 10 ms step; 2 rollouts of 2 samples (1,000 tokens) in flight at each moment.
+    s = spec(
+        lanes=(LaneSpec("a", "r", 1, 1, 1.0, linear_steps(0.01, 0.0, 64), 1e4),),
+        lengths=(1000,),
+        prompt_tokens=100,
+        n_samples=2,
+        batch=1,
+        max_staleness=4,
+        max_concurrent_rollouts=2,
+        train_s=5.0,
+        sync_s=1.0,
+    )
+    result = simulate(s, steps=2, seed=0, timeline=True)
+    first = result.steps[0]
+    # Step 1's rollouts end at 0.02 + 10 s; the next two start at 10.02 and prefill their prompts until 10.04,
+    # then decode until the update at 15.02: 498 tokens each. On resume: 2 prompts + 4 x 498 tokens at 10k/s.
+    assert first.end_s == pytest.approx(16.02)
+    segment = next(seg for seg in result.timeline["r"]["a #0"] if seg.start_s == pytest.approx(first.end_s))
+    assert segment.state == "prefill"
+    assert segment.end_s - segment.start_s == pytest.approx((2 * 100 + 4 * 498) / 1e4)
