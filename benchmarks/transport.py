@@ -116,7 +116,14 @@ def trainer_worker(args: argparse.Namespace) -> None:
             sender = RelaySender(Route.from_dict(command["route"]), config)
             report = sender.send_version(command["version"], buckets)
             sender.close()
-            _answer({"seconds": report.seconds, "committed": len(report.committed), "failed": report.failed})
+            _answer(
+                {
+                    "seconds": report.seconds,
+                    "phases": report.phases,
+                    "committed": len(report.committed),
+                    "failed": report.failed,
+                }
+            )
         elif command["t"] == "naive":
             group, _store = _naive_group(
                 _address(0, None), 0, command["world"], command["prefix"], command["port"]
@@ -359,6 +366,7 @@ def _one_config(args, trainer: Worker, replicas: dict, model: dict, pools: int, 
         "naive_s": round(naive["seconds"], 3),
         "hex_s": round(hex_s, 3),
         "hex_runs_s": [round(run["seconds"], 3) for run in hex_runs],
+        "hex_phases_s": hex_runs[-1]["phases"],
         "bound_s": round(bound_s, 3),
         "hex_over_bound": round(hex_s / bound_s, 3),
         "naive_over_hex": round(naive["seconds"] / hex_s, 3),

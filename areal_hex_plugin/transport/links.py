@@ -87,11 +87,16 @@ class TorchLink:
 
 
 def _make_group(
-    backend: str, store: dist.Store, rank: int, timeout_s: float
+    backend: str, store: dist.Store, rank: int, local_host: str, timeout_s: float
 ) -> tuple[dist.ProcessGroup, torch.device]:
+    """A two-rank group bound to ``local_host``: the address this side of the authenticated connection uses."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, 2, timeout), torch.device("cpu")
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_host)]
+        return dist.ProcessGroupGloo(store, rank, 2, options), torch.device("cpu")
+    # NCCL picks its network interface itself (NCCL_SOCKET_IFNAME / NCCL_IB_HCA); the rendezvous is ours.
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timeout
     device = torch.device("cuda", torch.cuda.current_device())
@@ -109,11 +114,12 @@ def open_sending_link(sock: socket.socket, backend: str, timeout_s: float) -> Da
     store = dist.TCPStore(
         offer["host"], offer["port"], 2, False, timeout=datetime.timedelta(seconds=timeout_s)
     )
-    group, device = _make_group(backend, dist.PrefixStore(offer["prefix"], store), 0, timeout_s)
+    prefixed = dist.PrefixStore(offer["prefix"], store)
+    group, device = _make_group(backend, prefixed, 0, sock.getsockname()[0], timeout_s)
     return TorchLink(group, 0, device, store)
 
 
-def open_receiving_link(sock: socket.socket, bind_host: str, timeout_s: float) -> DataLink:
+def open_receiving_link(sock: socket.socket, timeout_s: float) -> DataLink:
     request = recv_message(sock)
     backend = request.get("backend")
     if backend == "tcp":
@@ -124,8 +130,10 @@ def open_receiving_link(sock: socket.socket, bind_host: str, timeout_s: float) -
         send_message(sock, {"t": "link_error", "error": str(error)})
         raise ConnectionError(str(error)) from error
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(bind_host, 0, 2, True, timeout=timeout, wait_for_workers=False)
+    store = dist.TCPStore(sock.getsockname()[0], 0, 2, True, timeout=timeout, wait_for_workers=False)
     prefix = secrets.token_hex(8)
-    send_message(sock, {"t": "link_offer", "host": bind_host, "port": store.port, "prefix": prefix})
-    group, device = _make_group(backend, dist.PrefixStore(prefix, store), 1, timeout_s)
+    send_message(
+        sock, {"t": "link_offer", "host": sock.getsockname()[0], "port": store.port, "prefix": prefix}
+    )
+    group, device = _make_group(backend, dist.PrefixStore(prefix, store), 1, sock.getsockname()[0], timeout_s)
     return TorchLink(group, 1, device, store)

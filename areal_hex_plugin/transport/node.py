@@ -175,21 +175,25 @@ class ReceiverNode:
             self._forwarder = None
 
     def _on_prepare(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Start a new session: drop whatever was staged and the old downstream link."""
         with self._lock:
             self._drop_forwarder()
             self._staged = {}
             self._session = message["session"]
-        downstream = message.get("downstream")
-        if downstream:
-            try:
-                endpoint = Endpoint.parse(downstream)
-                sock = connect(endpoint.host, endpoint.port, self.token, self.config.timeout_s)
-                send_message(sock, {"role": "data", "session": message["session"]})
-                link = open_sending_link(sock, message["backend"], self.config.timeout_s)
-            except Exception as error:  # noqa: BLE001 - reported to the sender, which re-routes
-                return {"t": "downstream_failed", "peer": downstream, "error": str(error)}
-            self._forwarder = _Forwarder(sock, link, downstream, self._report)
         return {"t": "ready"}
+
+    def _on_connect(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Open the data link to the downstream neighbour (already prepared for the same session)."""
+        downstream = message["downstream"]
+        try:
+            endpoint = Endpoint.parse(downstream)
+            sock = connect(endpoint.host, endpoint.port, self.token, self.config.timeout_s)
+            send_message(sock, {"role": "data", "session": message["session"]})
+            link = open_sending_link(sock, message["backend"], self.config.timeout_s)
+        except Exception as error:  # noqa: BLE001 - reported to the sender, which re-routes
+            return {"t": "downstream_failed", "peer": downstream, "error": str(error)}
+        self._forwarder = _Forwarder(sock, link, downstream, self._report)
+        return {"t": "connected"}
 
     def _on_end(self, message: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -226,7 +230,7 @@ class ReceiverNode:
     # -- data ---------------------------------------------------------------------------------------------
 
     def _serve_data(self, sock: socket.socket) -> None:
-        link = open_receiving_link(sock, self.config.bind_host, self.config.timeout_s)
+        link = open_receiving_link(sock, self.config.timeout_s)
         try:
             while True:
                 header = recv_message(sock)

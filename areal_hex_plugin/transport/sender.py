@@ -58,6 +58,12 @@ class UpdateReport:
     failed: dict[str, str] = field(default_factory=dict)
     resent_buckets: int = 0
     reroutes: int = 0
+    # Seconds since begin() at the end of each phase: prepared, queued (last bucket handed over), received
+    # (every replica acknowledged every bucket), verified, committed.
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, phase: str, began: float) -> None:
+        self.phases[phase] = round(time.perf_counter() - began, 4)
 
 
 class _Control:
@@ -167,6 +173,7 @@ class RelaySender:
         self._failed: dict[str, str] = {}
         self._buckets: list[Bucket] = []
         self._version = -1
+        self._began = 0.0
         self._report: UpdateReport | None = None
 
     # -- public -------------------------------------------------------------------------------------------
@@ -181,13 +188,15 @@ class RelaySender:
 
     def begin(self, version: int) -> None:
         self._version, self._buckets = version, []
-        self._report = UpdateReport(version, "", 0, time.perf_counter())
+        self._began = time.perf_counter()
+        self._report = UpdateReport(version, "", 0, 0.0)
         self._drain_events()
         self._failed = {}
         for state in self._pools.values():
             # Replicas that failed an earlier version are tried again: a recovered one gets this version whole.
             state.alive = list(state.route.replicas)
             self._prepare(state)
+        self._report.mark("prepared", self._began)
 
     def send_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         bucket = pack(len(self._buckets), named_tensors)
@@ -199,17 +208,21 @@ class RelaySender:
         """Wait until every live replica holds every bucket, verify digests, then commit (unless told not to)."""
         report = self._report
         assert report is not None, "begin() first"
+        report.mark("queued", self._began)
         try:
             self._await_buckets()
+            report.mark("received", self._began)
             report.digest = version_digest(self._version, [(b.manifest(), b.crc) for b in self._buckets])
             self._verify(report.digest)
+            report.mark("verified", self._began)
         except BaseException:
             self.abort()
             raise
         report.nbytes = sum(bucket.nbytes for bucket in self._buckets)
         if commit:
             self.commit()
-        report.seconds = time.perf_counter() - report.seconds
+            report.mark("committed", self._began)
+        report.seconds = time.perf_counter() - self._began
         report.failed = dict(self._failed)
         return report
 
@@ -303,9 +316,10 @@ class RelaySender:
                 self._report.reroutes += 1
 
     def _prepare_chain(self, state: _PoolState) -> tuple[Endpoint, str] | None:
+        """Two rounds, each sent to every node before any answer is awaited, so set-up time does not grow with
+        the chain: first every node joins the new session, then every node links to its downstream neighbour."""
         chain = state.alive
-        for position in range(len(chain) - 1, -1, -1):
-            endpoint = chain[position]
+        for endpoint in chain:
             if endpoint not in state.controls:
                 try:
                     state.controls[endpoint] = _Control(
@@ -313,19 +327,29 @@ class RelaySender:
                     )
                 except TransportError as error:
                     return endpoint, str(error)
-            downstream = str(chain[position + 1]) if position + 1 < len(chain) else None
-            reply = state.controls[endpoint].request(
+        links = {"session": state.session, "backend": self.config.backend}
+        rounds = [
+            ({e: {"t": "prepare", "session": state.session} for e in chain}, "ready"),
+            (
                 {
-                    "t": "prepare",
-                    "session": state.session,
-                    "downstream": downstream,
-                    "backend": self.config.backend,
-                }
-            )
-            if reply.get("t") == "downstream_failed":
-                return chain[position + 1], reply.get("error", "unreachable")
-            if reply.get("t") != "ready":
-                return endpoint, reply.get("error", str(reply))
+                    e: {"t": "connect", "downstream": str(d), **links}
+                    for e, d in zip(chain, chain[1:], strict=False)
+                },
+                "connected",
+            ),
+        ]
+        for messages, expected in rounds:
+            for endpoint, message in messages.items():
+                try:
+                    send_message(state.controls[endpoint].sock, message)
+                except OSError as error:
+                    return endpoint, f"control connection lost ({error})"
+            for endpoint in messages:
+                reply = self._reply(state.controls[endpoint])
+                if reply.get("t") == "downstream_failed":
+                    return Endpoint.parse(reply["peer"]), reply.get("error", "unreachable")
+                if reply.get("t") != expected:
+                    return endpoint, reply.get("error", str(reply))
         relay = chain[0]
         try:
             sock = connect(relay.host, relay.port, self.token, self.config.timeout_s)
