@@ -151,6 +151,7 @@ class _Loop:
         self.steps: list[StepRecord] = []
         self.staleness: dict[int, int] = {}
         self.interrupted = 0
+        self.recompute_s = 0.0  # replica-seconds of KV recompute after weight updates
         self.trainer_segments: list[Segment] | None = [] if timeline else None
 
     # -- queue ---------------------------------------------------------------------------------------------
@@ -318,6 +319,7 @@ class _Loop:
                 # (once per rollout: the radix cache shares them) again, including prefill the pause cut short.
                 kv_tokens = len(replica.prompts) * spec.prompt_tokens + n * replica.steps - replica.start_sum
                 replica.stall_until = self.now + kv_tokens * replica.prefill_s_per_token
+                self.recompute_s += kv_tokens * replica.prefill_s_per_token
             else:
                 # Prefill work the pause cut short resumes where it stopped.
                 replica.stall_until = self.now + max(0.0, replica.stall_until - self.sync_started)
@@ -367,6 +369,7 @@ class _Loop:
             pools=self.pool_usage(busy, end - window_start, len(self.steps) - warmup),
             staleness=self.staleness,
             interrupted=self.interrupted,
+            recompute_s_per_update=self.recompute_s / len(self.replicas) / max(1, len(self.steps)),
             routed={lane.name: n for lane, n in zip(self.spec.lanes, self.routed, strict=True)},
             events=self.events,
             timeline=self.timeline(),

@@ -22,7 +22,8 @@ def describe_simulation(result: SimResult, plan: HexPlan) -> str:
         "",
         "idle fraction per pool: "
         + ", ".join(f"{name} {usage.idle_fraction:.1%}" for name, usage in result.pools.items()),
-        f"sequences interrupted by weight updates (KV recomputed): {result.interrupted:,}",
+        f"sequences interrupted by weight updates: {result.interrupted:,}; an average replica then spends "
+        f"{result.recompute_s_per_update:.1f} s re-prefilling their KV caches",
         "staleness of consumed samples (versions behind: samples): "
         + ", ".join(f"{lag}: {n}" for lag, n in sorted(result.staleness.items())),
     ]

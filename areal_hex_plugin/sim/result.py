@@ -58,6 +58,7 @@ class SimResult:
     staleness: dict[int, int]  # version lag at consumption -> samples consumed
     interrupted: int  # sequences interrupted by weight updates (KV recomputed)
     routed: dict[str, int]  # replica group -> rollouts sent to it
+    recompute_s_per_update: float  # seconds an average replica re-prefills KV caches after a weight update
     events: int
     timeline: dict[str, dict[str, list[Segment]]] = field(default_factory=dict)  # pool -> row -> segments
 
@@ -117,6 +118,7 @@ class SimResult:
             },
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
             "interrupted_sequences": self.interrupted,
+            "kv_recompute_s_per_update": self.recompute_s_per_update,
             "rollouts_per_group": self.routed,
             "events": self.events,
             "per_step": [

@@ -84,6 +84,7 @@ def test_kv_recompute_after_weight_updates_costs_time_when_rollout_bound():
     with_recompute = simulate(spec(lanes=slow_prefill, train_s=1.0), steps=10, seed=0)
     without = simulate(spec(lanes=slow_prefill, train_s=1.0, kv_recompute=False), steps=10, seed=0)
     assert with_recompute.interrupted > 0
+    assert with_recompute.recompute_s_per_update > 0 == without.recompute_s_per_update
     assert with_recompute.tokens_per_s < 0.95 * without.tokens_per_s
 
 
