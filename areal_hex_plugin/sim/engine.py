@@ -62,13 +62,11 @@ class _Replica:
         self.steps = 0.0  # decode steps done since the start
         self.time = 0.0  # when ``steps`` was last brought up to date
         self.stall_until = 0.0  # prefill/recompute work keeps the replica from decoding until then
-        self.running: list[
-            tuple[float, int, int, float]
-        ] = []  # heap of (end step, seq id, rollout, start step)
+        # A heap of (end step, rollout, start step) per running sequence, and the sum of their start steps.
+        self.running: list[tuple[float, int, float]] = []
         self.start_sum = 0.0
-        self.prompts: dict[
-            int, int
-        ] = {}  # rollout -> its samples running here (they share one cached prompt)
+        # Rollout -> its samples running here (they share one cached prompt).
+        self.prompts: dict[int, int] = {}
         self.waiting: deque[tuple[int, int]] = deque()  # (length, rollout)
         self.paused = False
         self.token = 0  # bumps invalidate this replica's pending event
@@ -92,10 +90,10 @@ class _Replica:
             self.busy_s += busy_until - then
         if self.segments is not None:
             stall_end = min(now, max(then, self.stall_until))
-            self._record(then, stall_end, "prefill")
-            self._record(stall_end, now, "decode" if n else "idle")
+            self.record(then, stall_end, "prefill")
+            self.record(stall_end, now, "decode" if n else "idle")
 
-    def _record(self, start: float, end: float, state: str) -> None:
+    def record(self, start: float, end: float, state: str) -> None:
         if end <= start:
             return
         segments = self.segments
@@ -290,7 +288,7 @@ class _Loop:
             replica.token += 1
             self.interrupted += len(replica.running)
             if replica.segments is not None:
-                replica._record(self.now, self.now + self.spec.sync_s, "sync")
+                replica.record(self.now, self.now + self.spec.sync_s, "sync")
         self.record_trainer(self.now, self.now + self.spec.sync_s, "sync")
         self.push(self.now + self.spec.sync_s, _SYNC_DONE)
 
