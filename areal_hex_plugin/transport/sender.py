@@ -221,12 +221,16 @@ class RelaySender:
         report.nbytes = sum(bucket.nbytes for bucket in self._buckets)
         if commit:
             self.commit()
-            report.mark("committed", self._began)
         report.seconds = time.perf_counter() - self._began
         report.failed = dict(self._failed)
         return report
 
+    @property
+    def last_report(self) -> UpdateReport | None:
+        return self._report
+
     def commit(self) -> None:
+        """Second phase, after :meth:`finish` with ``commit=False``: every verified replica switches over."""
         report = self._report
         assert report is not None
         message = {"t": "commit", "version": self._version, "digest": report.digest}
@@ -241,6 +245,7 @@ class RelaySender:
                 report.committed.append(str(control.endpoint))
             else:
                 self._mark_failed(state, control.endpoint, f"commit failed: {reply.get('error', reply)}")
+        report.mark("committed", self._began)
         self._buckets = []
 
     def abort(self) -> None:

@@ -1,0 +1,119 @@
+"""Controller side: sequence a weight update as pause, send, verify, commit, resume.
+
+Upstream's trainer calls ``actor.update_weights(meta.with_version(v))`` between ``rollout.pause()`` and
+``set_version(v)`` / ``rollout.resume()``. This controller makes that one call do the whole two-phase update:
+the train workers stream and verify (replicas stage, still serving the old version), then every replica commits,
+so the version label upstream sets right after is true for every replica that answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from areal.infra.utils.concurrent import run_async_task
+from areal.trainer.ppo.actor import PPOActorController
+from areal.utils import logging
+
+from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
+from areal_hex_plugin.transport.wire import TransportError
+
+logger = logging.getLogger("HexPPOActorController")
+
+
+@dataclass
+class TransportPool:
+    """Which rollout workers (indices into the rollout controller's ``workers``) form one pool, and its links."""
+
+    name: str
+    workers: list[int]
+    cross_gb_per_s: float
+    intra_gb_per_s: float
+
+
+@dataclass
+class TransportSettings:
+    pools: list[TransportPool] = field(default_factory=list)
+    # SenderConfig fields: backend (tcp|gloo|nccl), timeout_s, chunk_bytes, on_failure (reroute|fail), max_resends.
+    sender: dict[str, Any] = field(default_factory=dict)
+    # hex_start_receiver keyword arguments: bind_host, port, timeout_s, allowed_hosts, stage_dir, model_path.
+    receiver: dict[str, Any] = field(default_factory=dict)
+    # Raise when fewer replicas than this fraction committed (the rest keep serving their old version).
+    min_committed_fraction: float = 1.0
+
+
+class HexPPOActorController(PPOActorController):
+    hex_settings: TransportSettings | None = None
+    hex_last_report: dict[str, Any] | None = None
+
+    def configure_hex_transport(self, settings: TransportSettings) -> None:
+        """Set the pools (from the plan) before the first update; the receivers start on first use."""
+        self.hex_settings = settings
+        self._hex_route: Route | None = None
+
+    def update_weights(self, meta) -> None:
+        self._check_rollout_engine_connected()
+        if self.hex_settings is None:
+            raise RuntimeError(
+                "hex transport: call configure_hex_transport(settings) before the first update"
+            )
+        if getattr(self, "_hex_route", None) is None:
+            self._hex_route = self._start_receivers()
+            self._custom_function_call(
+                "hex_configure_transport", self._hex_route.to_dict(), self.hex_settings.sender
+            )
+        self.rollout.pause()
+        try:
+            try:
+                self._custom_function_call("update_weights", meta=meta)  # send + verify: replicas stage
+            except Exception:
+                self._custom_function_call("hex_abort")
+                raise
+            report = self._custom_function_call("hex_commit")  # every verified replica switches over
+        finally:
+            self.rollout.resume()
+        self._check(report)
+
+    def _check(self, report: dict[str, Any] | None) -> None:
+        if report is None:
+            raise TransportError("hex transport: the train workers sent nothing")
+        self.hex_last_report = report
+        total = self._hex_route.replica_count
+        committed = len(report["committed"])
+        logger.info(
+            f"weights v{report['version']}: {report['bytes'] / 1e9:.2f} GB to {committed}/{total} replicas in "
+            f"{report['seconds']:.2f} s (re-sent {report['resent_buckets']}, re-routed {report['reroutes']})"
+        )
+        if committed < self.hex_settings.min_committed_fraction * total:
+            raise TransportError(
+                f"hex transport: only {committed} of {total} replicas committed version {report['version']}; "
+                f"failed: {report['failed']}"
+            )
+
+    def _start_receivers(self) -> Route:
+        rollout, settings = self.rollout, self.hex_settings
+
+        async def start_all() -> list[str]:
+            return await asyncio.gather(
+                *[
+                    rollout.scheduler.async_call_engine(
+                        worker.id,
+                        "hex_start_receiver",
+                        engine_name=rollout._engine_name(rank),
+                        **settings.receiver,
+                    )
+                    for rank, worker in enumerate(rollout.workers)
+                ]
+            )
+
+        endpoints = [Endpoint.parse(text) for text in run_async_task(start_all)]
+        pools = settings.pools or [TransportPool("rollout", list(range(len(endpoints))), 1.5, 5.0)]
+        return Route(
+            [
+                PoolRoute(
+                    pool.name, [endpoints[i] for i in pool.workers], pool.cross_gb_per_s, pool.intra_gb_per_s
+                )
+                for pool in pools
+            ]
+        )
