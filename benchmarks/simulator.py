@@ -39,12 +39,11 @@ from areal_hex_plugin.specs.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 30
-# The scale plan: 7B on 256 H800 machines and 1,000 H20 machines (10,048 GPUs, 10,000 of them used).
+# The scale plan: 7B on 256 H800 and 1,000 H20 machines (10,048 GPUs, 10,000 used), 2,048 prompts x 16 per step.
 SCALE_OVERRIDES = [
     "hex.cluster.pools.0.machines=256",
     "hex.cluster.pools.1.machines=1000",
     "train_dataset.batch_size=2048",
-    "hex.solver.time_limit_s=5",
 ]
 
 
