@@ -1,9 +1,11 @@
-"""Controller side: sequence a weight update as pause, send, verify, commit, resume.
+"""Controller side: one weight update as pause, send, verify, commit, resume.
 
-Upstream's trainer calls ``actor.update_weights(meta.with_version(v))`` between ``rollout.pause()`` and
-``set_version(v)`` / ``rollout.resume()``. This controller makes that one call do the whole two-phase update:
-the train workers stream and verify (replicas stage, still serving the old version), then every replica commits,
-so the version label upstream sets right after is true for every replica that answered.
+Upstream's trainer already pauses rollout dispatch before ``actor.update_weights(meta.with_version(v))`` and
+resumes it after ``set_version(v)``; upstream's FSDP update also pauses generation on the servers while the
+buckets stream. Inside that window this controller runs the two phases: the train workers stream and verify
+(replicas stage, still holding the old version), then every verified replica commits (its server pauses, loads,
+takes the version label, resumes). So the label upstream sets right after is true for every replica that
+committed, and a failed update leaves every replica on its old version.
 """
 
 from __future__ import annotations
@@ -63,17 +65,12 @@ class HexPPOActorController(PPOActorController):
             self._custom_function_call(
                 "hex_configure_transport", self._hex_route.to_dict(), self.hex_settings.sender
             )
-        self.rollout.pause()
         try:
-            try:
-                self._custom_function_call("update_weights", meta=meta)  # send + verify: replicas stage
-            except Exception:
-                self._custom_function_call("hex_abort")
-                raise
-            report = self._custom_function_call("hex_commit")  # every verified replica switches over
-        finally:
-            self.rollout.resume()
-        self._check(report)
+            self._custom_function_call("update_weights", meta=meta)  # send + verify: replicas stage
+        except Exception:
+            self._custom_function_call("hex_abort")
+            raise
+        self._check(self._custom_function_call("hex_commit"))  # every verified replica switches over
 
     def _check(self, report: dict[str, Any] | None) -> None:
         if report is None:

@@ -51,3 +51,65 @@ def test_commit_goes_through_sglang_disk_update(tmp_path, monkeypatch):
         engine.hex_stop_receiver()
         engine.destroy()
         server.close()
+
+
+@pytest.mark.slow
+def test_receiver_methods_through_upstream_rpc_worker(tmp_path, monkeypatch):
+    """The controller's path: a real upstream RPC worker creates the engine by import path and serves /call."""
+    import asyncio
+    from pathlib import Path
+
+    from areal.api.cli_args import SchedulingSpec
+    from areal.api.scheduler_api import Job
+    from areal.infra.scheduler.local import LocalScheduler
+
+    repo = Path(__file__).resolve().parents[2]
+    server = SGLangStandIn(tp_size=4)
+    (tmp_path / "name_resolve").mkdir()
+    scheduler = LocalScheduler(
+        gpu_devices=[0],
+        log_dir=str(tmp_path / "logs"),
+        startup_timeout=180,
+        experiment_name="hex",
+        trial_name="rpc",
+        fileroot=str(tmp_path),
+        nfs_record_root=str(tmp_path / "name_resolve"),
+    )
+    spec = SchedulingSpec(
+        cpu=1,
+        gpu=0,
+        mem=1,
+        port_count=1,
+        cmd="python -m areal.infra.rpc.rpc_server",
+        env_vars={"PYTHONPATH": str(repo), "AREAL_HEX_TRANSPORT_TOKEN": TOKEN.decode()},
+    )
+    state = small_qwen2_state_dict(seed=5)
+    try:
+        scheduler.create_workers(Job(role="rollout", replicas=1, tasks=[spec]))
+        (worker,) = scheduler.get_workers("rollout", timeout=180)
+        config = InferenceEngineConfig(experiment_name="hex", trial_name="rpc", pause_grace_period=0.0)
+
+        async def call(method: str, **kwargs):
+            return await scheduler.async_call_engine(worker.id, method, engine_name="rollout/0", **kwargs)
+
+        async def set_up() -> str:
+            engine_path = "areal_hex_plugin.transport.sglang_adapter.HexRemoteSGLangEngine"
+            await scheduler.create_engine(worker.id, engine_path, "rollout/0", config=config)
+            await call("initialize", addr=server.address, train_data_parallel_size=1)
+            return await call("hex_start_receiver", bind_host="127.0.0.1", stage_dir=str(tmp_path / "stage"))
+
+        endpoint = Endpoint.parse(asyncio.run(set_up()))
+        sender = RelaySender(Route([PoolRoute("l40s", [endpoint], 1.5, 5.0)]), SenderConfig(), token=TOKEN)
+        report = sender.send_version(2, in_buckets(state, per_bucket=6))
+        sender.close()
+        assert report.committed == [str(endpoint)]
+        assert asyncio.run(call("hex_receiver_status"))["version"] == 2
+        assert asyncio.run(call("get_version")) == 2
+        assert server.events == ["pause", "load v2", "continue"]
+        for name, full in state.items():
+            dim = shard_dim(name)
+            shards = [server.model.shards[rank][name] for rank in range(4)]
+            assert torch.equal(torch.cat(shards, dim) if dim is not None else shards[0], full), name
+    finally:
+        scheduler.delete_workers(None)
+        server.close()
