@@ -205,9 +205,8 @@ class Planner:
             result = self.search(limits, budget)
             name = f"homogeneous-{gpu_type}"
             if result.best is None:
-                baselines[name] = Baseline(
-                    0.0, 0.0, {}, note=f"nothing fits in ${budget:,.2f}/h of {gpu_type}"
-                )
+                why = "not solved within the time limit" if result.status == "timeout" else "nothing fits"
+                baselines[name] = Baseline(0.0, 0.0, {}, note=f"{why} in ${budget:,.2f}/h of {gpu_type}")
                 continue
             e = self.ev.evaluate(result.best.split, window)
             inventory = sum(
