@@ -116,9 +116,6 @@ def plot_frontier(plan: HexPlan, path: str | Path) -> Path:
             color="0.4",
             label="Pareto frontier",
         )
-    for name, b in plan.baselines.items():
-        if b.tokens_per_s > 0:
-            ax.scatter(b.cost_per_hour, b.tokens_per_s, marker="s", label=name)
     ax.scatter(
         plan.predicted.cost_per_hour,
         plan.predicted.tokens_per_s,
@@ -127,6 +124,18 @@ def plot_frontier(plan: HexPlan, path: str | Path) -> Path:
         color="crimson",
         label="chosen",
     )
+    # Hollow baseline markers drawn over the chosen plan stay visible where they coincide.
+    for i, (name, b) in enumerate(plan.baselines.items()):
+        if b.tokens_per_s > 0:
+            ax.scatter(
+                b.cost_per_hour,
+                b.tokens_per_s,
+                marker="s",
+                s=90,
+                facecolors="none",
+                edgecolors=f"C{i}",
+                label=name,
+            )
     ax.set_xlabel("$ per hour")
     ax.set_ylabel("predicted tokens/s")
     ax.set_title(f"{plan.model}: cost vs throughput")
