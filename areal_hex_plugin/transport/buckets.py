@@ -11,6 +11,9 @@ from typing import Any
 
 import torch
 
+# Every tensor starts on this many bytes, so a receiver can view its bytes as any dtype in place.
+_ALIGN = 16
+
 
 @dataclass(frozen=True)
 class TensorEntry:
@@ -57,8 +60,8 @@ def pack(index: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Bucke
         entries.append(
             TensorEntry(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes)
         )
-        offset += nbytes
-    data = torch.empty(offset, dtype=torch.uint8)
+        offset += -(-nbytes // _ALIGN) * _ALIGN
+    data = torch.zeros(offset, dtype=torch.uint8)
     for entry, (_, tensor) in zip(entries, tensors, strict=True):
         flat = tensor.contiguous().reshape(-1).view(torch.uint8)
         data[entry.offset : entry.offset + entry.nbytes].copy_(flat)

@@ -209,7 +209,9 @@ class ReceiverNode:
     def _on_commit(self, message: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             staged, self._staged = self._staged, {}
-            self._drop_forwarder()
+            forwarder, self._forwarder = self._forwarder, None
+        if forwarder is not None:  # tearing a link down can take a while; the answer need not wait for it
+            threading.Thread(target=forwarder.close, daemon=True).start()
         buckets = [
             Bucket(i, entries_from_manifest(m), data, crc) for i, (m, data, crc) in sorted(staged.items())
         ]
