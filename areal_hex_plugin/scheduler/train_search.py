@@ -6,7 +6,8 @@ are split across stages in proportion to stage compute (the cost model does the 
 Pruning, all exact up to the last point:
 - symmetry: the stages of one pool are identical (dp, tp) and contiguous, pools appear in a fixed order;
 - dominance: a stage of given (k stages, tp) takes the largest dp its pool's GPUs allow;
-- memory: layouts the cost model reports as not fitting are dropped;
+- memory: layouts whose GPUs together cannot hold the sharded training state are skipped unscored, and those
+  the cost model reports as not fitting are dropped;
 - with many pools in training, each pool's TP degree for k stages is first the one that is best when the pool
   trains alone with k stages, then each pool's (k, tp) is swapped for any of its options while that helps
   (exhaustive mode skips this heuristic cut and tries every combination).
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from areal_hex_plugin.costmodel import CostModel, TrainEstimate, TrainStage
+from areal_hex_plugin.costmodel.memory import TRAIN_BYTES_PER_PARAM, USABLE_HBM_FRACTION
 from areal_hex_plugin.specs.cluster import Cluster, Pool
 
 # Beyond this many layouts the per-pool TP cut is applied (outside exhaustive mode).
@@ -109,8 +111,12 @@ def search_train(
         not exhaustive and len(pools) > 1 and count_layouts(full_options, max_pp) > FULL_ENUMERATION_LIMIT
     )
     per_pool = [_best_tp_per_depth(cm, opts) for opts in full_options] if pruned else full_options
-    best: tuple[float, tuple[_PoolOption, ...], object] | None = None
+    usable = {p.name: USABLE_HBM_FRACTION * p.gpu.hbm_bytes for p in pools}
+    state = cm.workload.model.params * TRAIN_BYTES_PER_PARAM
+    best: tuple[float, tuple[_PoolOption, ...], TrainEstimate] | None = None
     for combo in _combinations(per_pool, max_pp):
+        if sum(o.k * o.dp * o.tp * usable[o.pool] for o in combo) < state:
+            continue
         estimate = cm.train(_stages(combo))
         if estimate.feasible and (best is None or estimate.step_time_s < best[0]):
             best = (estimate.step_time_s, combo, estimate)

@@ -8,8 +8,9 @@ import time
 import pytest
 
 from areal_hex_plugin.costmodel import CostModel, TrainStage, recipe_calibration
+from areal_hex_plugin.costmodel.memory import TRAIN_BYTES_PER_PARAM, USABLE_HBM_FRACTION
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
-from areal_hex_plugin.scheduler.train_search import search_train
+from areal_hex_plugin.scheduler.train_search import _combinations, _options, _stages, search_train
 from tests.scheduler.helpers import recipe_with_pools
 
 SMALL_CLUSTERS = [
@@ -95,3 +96,22 @@ def test_gap_is_measured_against_a_valid_bound():
     exhaustive = plan_recipe(recipe, PlanRequest(exhaustive=True))
     assert exhaustive.solver.gap == 0 and exhaustive.solver.status == "optimal"
     assert math.isclose(plan.predicted.tokens_per_s, exhaustive.predicted.tokens_per_s, rel_tol=0.01)
+
+
+def test_the_memory_cut_never_drops_a_layout_the_cost_model_accepts():
+    recipe = recipe_with_pools([("L40S", 4, 2), ("A100-80GB", 2, 2)], "14b")
+    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    pools = [recipe.cluster.pool("p1"), recipe.cluster.pool("p0")]
+    per_pool = [_options(p, p.n_gpus, 4) for p in pools]
+    state = recipe.workload.model.params * TRAIN_BYTES_PER_PARAM
+    cut = kept = 0
+    for combo in _combinations(per_pool, 4):
+        memory = sum(
+            o.k * o.dp * o.tp * USABLE_HBM_FRACTION * recipe.cluster.pool(o.pool).gpu.hbm_bytes for o in combo
+        )
+        if memory < state:
+            cut += 1
+            assert not cm.train(_stages(combo)).feasible
+        else:
+            kept += 1
+    assert cut and kept
