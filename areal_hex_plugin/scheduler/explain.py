@@ -23,6 +23,8 @@ def binding_constraint(e: Evaluation, objective: Objective, cluster: Cluster) ->
             parts.append(
                 f"the ${objective.budget_per_hour:,.2f}/h budget (${left:,.2f}/h left, under one machine)"
             )
+    if objective.kind == "target":
+        parts.append(f"the cheapest plan reaching {objective.target_tokens_per_s:,.0f} tokens/s")
     idle = sum(
         p.machines - t - r for p, t, r in zip(cluster.pools, e.split.train, e.split.rollout, strict=True)
     )
