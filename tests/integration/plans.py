@@ -22,10 +22,16 @@ from areal_hex_plugin.plan import (
 )
 
 
-def two_type_plan() -> HexPlan:
+def two_type_plan(servers_per_machine: int = 2) -> HexPlan:
+    """The plan above; ``servers_per_machine=1`` leaves each rollout machine's second GPU idle (fewer workers)."""
+    n = servers_per_machine
+
     def rollout_machine(pool: str, host: str, gpu_type: str, group: int, first: int) -> Machine:
         gpus = [
-            GpuAssignment(g, "rollout", stage=0, tp_rank=0, group=group, instance=first + g) for g in (0, 1)
+            GpuAssignment(g, "rollout", stage=0, tp_rank=0, group=group, instance=first + g)
+            if g < n
+            else GpuAssignment(g, "idle")
+            for g in (0, 1)
         ]
         return Machine(pool, host, gpu_type, "rollout", gpus)
 
@@ -37,17 +43,17 @@ def two_type_plan() -> HexPlan:
         predicted=Predicted(1000.0, 10.0, 360000.0, 10.0, 6.0, 8.0, 2.0),
         train=TrainPlan({"H100": 2}, [TrainStage("big", "H100", 2, 1, 24, ["big-0"])]),
         rollout=RolloutPlan(
-            {"H100": 2, "L40S": 4},
+            {"H100": n, "L40S": 2 * n},
             [
-                ReplicaGroup("big", "H100", 1, 1, 2, 0.5, 32, 900.0, 64),
-                ReplicaGroup("small", "L40S", 1, 1, 4, 0.5, 32, 450.0, 32),
+                ReplicaGroup("big", "H100", 1, 1, n, 0.5, 32, 900.0, 64),
+                ReplicaGroup("small", "L40S", 1, 1, 2 * n, 0.5, 32, 450.0, 32),
             ],
         ),
         machines=[
             Machine("big", "big-0", "H100", "train", train_gpus),
             rollout_machine("big", "big-1", "H100", 0, 0),
             rollout_machine("small", "small-0", "L40S", 1, 0),
-            rollout_machine("small", "small-1", "L40S", 1, 2),
+            rollout_machine("small", "small-1", "L40S", 1, n),
         ],
         baselines={},
         solver=SolverInfo(0.1, "optimal", 1, 0.0),

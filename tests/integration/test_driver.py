@@ -61,29 +61,30 @@ def test_stale_plan_for_another_model_exits_2(tmp_path: Path, capsys) -> None:
     assert "made for model DeepSeek-R1-Distill-Qwen-7B" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["scheduler.type=kubernetes"], "unknown scheduler type 'kubernetes'"),
-        (["+hex.plan_path=/nonexistent/plan.json"], "cannot read /nonexistent/plan.json"),
-        # No GPUs here: hex_local finds no live inventory and stops before starting workers.
-        (["scheduler.type=hex_local"], "nvidia-smi is not on PATH"),
-    ],
-)
-def test_bad_input_exits_2_before_any_worker(extra, message, tmp_path: Path) -> None:
+def test_unknown_scheduler_type_exits_2_without_traceback(tmp_path: Path) -> None:
+    argv = _argv(REPO / "recipes/paper/1.5b.yaml", tmp_path, "scheduler.type=kubernetes")
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "areal_hex_plugin.driver",
-            *_argv(REPO / "recipes/paper/1.5b.yaml", tmp_path, *extra),
-        ],
+        [sys.executable, "-m", "areal_hex_plugin.driver", *argv],
         capture_output=True,
         text=True,
         timeout=300,
         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "WANDB_MODE": "offline"},
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert "unknown scheduler type 'kubernetes'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["+hex.plan_path=/nonexistent/plan.json"], "cannot read /nonexistent/plan.json"),
+        # No GPUs here: hex_local finds no live inventory and stops before starting workers.
+        (["scheduler.type=hex_local"], "nvidia-smi is not on PATH"),
+    ],
+)
+def test_bad_input_exits_2_before_any_worker(extra, message, tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert main(_argv(REPO / "recipes/paper/1.5b.yaml", tmp_path, *extra)) == 2
+    assert message in capsys.readouterr().err
     # Upstream's loader saved config.yaml, but no worker ever wrote a log: nothing was started.
     assert not list(tmp_path.rglob("*.log"))

@@ -56,7 +56,7 @@ def _spec(gpu: int, strategy: str = "shared") -> SchedulingSpec:
 @pytest.mark.integration
 @pytest.mark.slow
 def test_workers_land_only_on_their_pool_nodes(two_pool_cluster, tmp_path: Path) -> None:
-    plan = two_type_plan()
+    plan = two_type_plan(servers_per_machine=1)
     resources = pool_resources_from_nodes(plan, ray.nodes())
     assert resources == {"big": "accelerator_type:H100", "small": "accelerator_type:L40S"}
     config = GRPOConfig(experiment_name="hex-test", trial_name="ray")
@@ -64,7 +64,7 @@ def test_workers_land_only_on_their_pool_nodes(two_pool_cluster, tmp_path: Path)
     scheduler = HexRayScheduler(placement_from_plan(plan), resources, startup_timeout=180, exp_config=config)
     try:
         actor_ids = scheduler.create_workers(Job(role="actor", replicas=2, tasks=[_spec(1)]))
-        rollout_ids = scheduler.create_workers(Job(role="rollout", replicas=6, tasks=[_spec(1, "separate")]))
+        rollout_ids = scheduler.create_workers(Job(role="rollout", replicas=3, tasks=[_spec(1, "separate")]))
 
         async def report(worker_id: str) -> dict:
             await scheduler.create_engine(worker_id, PROBE)
@@ -77,10 +77,10 @@ def test_workers_land_only_on_their_pool_nodes(two_pool_cluster, tmp_path: Path)
         landed = {w: two_pool_cluster[r["ray_node_id"]] for w, r in reports.items()}
         assert landed == {
             **{w: "H100" for w in actor_ids},
-            **{w: "H100" for w in rollout_ids[:2]},
-            **{w: "L40S" for w in rollout_ids[2:]},
+            rollout_ids[0]: "H100",
+            **{w: "L40S" for w in rollout_ids[1:]},
         }
-        assert {reports[w]["HEX_POOL"] for w in rollout_ids[2:]} == {"small"}
+        assert {reports[w]["HEX_POOL"] for w in rollout_ids[1:]} == {"small"}
     finally:
         scheduler.delete_workers()
 
