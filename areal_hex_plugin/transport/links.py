@@ -75,6 +75,8 @@ class TorchLink:
             payload = self._on_device(chunk.numel())
             payload.copy_(chunk, non_blocking=False)
         self.group.send([payload], 1 - self.rank, _TAG).wait()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the staging buffer is refilled by the next chunk
 
     def recv_into(self, chunk: torch.Tensor) -> None:
         target = chunk if self.device.type == "cpu" else self._on_device(chunk.numel())

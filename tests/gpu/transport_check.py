@@ -1,0 +1,144 @@
+"""GPU check for the weight transport (run by hand on a GPU machine; not collected by pytest).
+
+    python tests/gpu/transport_check.py --json transport_gpu.json [--gb 2]
+
+* ``nccl``: the real NCCL code path. The trainer holds a bf16 state dict on cuda:0 and sends it over NCCL pair
+  groups to a relay chain of receivers on cuda:1.. (NCCL refuses two ranks of one group on the same GPU, so this
+  needs at least 2 GPUs; with 3 or more the receivers form two pools).
+* ``gloo`` and ``tcp``: the same transfer from GPU-resident tensors (bucket packing copies device to host), which
+  also runs on a single GPU.
+
+Each receiver hashes what it committed; ``bit_exact`` compares with the trainer's hash. Prints and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode  # noqa: E402
+from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route  # noqa: E402
+from areal_hex_plugin.transport.sender import RelaySender, SenderConfig  # noqa: E402
+
+
+def _sha(named_tensors) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in named_tensors:
+        digest.update(name.encode())
+        digest.update(memoryview(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()))
+    return digest.hexdigest()
+
+
+class _HashSink:
+    def __init__(self, results, label: str) -> None:
+        self.results, self.label = results, label
+
+    def load(self, version, named_tensors) -> None:
+        self.results.put((self.label, version, _sha(named_tensors)))
+
+
+def _receiver(device: int | None, label: str, ready, results, token: str) -> None:
+    os.environ["AREAL_HEX_TRANSPORT_TOKEN"] = token
+    if device is not None:
+        torch.cuda.set_device(device)
+    node = ReceiverNode(_HashSink(results, label), ReceiverConfig(timeout_s=120.0))
+    ready.put((label, node.start().port))
+    time.sleep(3600)
+
+
+def _state(gigabytes: float) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    count = max(1, int(gigabytes * 1e9 / (4096 * 4096 * 2)))
+    return {
+        f"model.layers.{i}.mlp.up_proj.weight": torch.randn(4096, 4096, device="cuda:0").bfloat16()
+        for i in range(count)
+    }
+
+
+def _run(backend: str, devices: list[int | None], state, reference: str, token: str) -> dict:
+    context = mp.get_context("spawn")
+    ready, results = context.Queue(), context.Queue()
+    labels = [f"r{i}" for i in range(len(devices))]
+    processes = [
+        context.Process(target=_receiver, args=(device, label, ready, results, token), daemon=True)
+        for device, label in zip(devices, labels, strict=True)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        ports = dict(ready.get(timeout=120) for _ in processes)
+        endpoints = [Endpoint("127.0.0.1", ports[label]) for label in labels]
+        half = (len(endpoints) + 1) // 2 if len(endpoints) > 2 else len(endpoints)
+        pools = [PoolRoute("a", endpoints[:half], 1.5, 5.0)]
+        if endpoints[half:]:
+            pools.append(PoolRoute("b", endpoints[half:], 1.5, 5.0))
+        items = list(state.items())
+        buckets = [items[i : i + 8] for i in range(0, len(items), 8)]
+        sender = RelaySender(
+            Route(pools), SenderConfig(backend=backend, timeout_s=120.0, chunk_bytes=64 << 20)
+        )
+        runs = []
+        for version in (1, 2):
+            report = sender.send_version(version, buckets)
+            runs.append({"seconds": round(report.seconds, 3), "phases": report.phases})
+        sender.close()
+        hashes = [results.get(timeout=120) for _ in range(2 * len(processes))]
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        return {
+            "receivers": len(processes),
+            "pools": len(pools),
+            "bytes": nbytes,
+            "runs": runs,
+            "gb_per_s": round(nbytes / runs[-1]["seconds"] / 1e9, 3),
+            "bit_exact": all(sha == reference for _, _, sha in hashes),
+        }
+    finally:
+        for process in processes:
+            process.kill()
+            process.join()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--gb", type=float, default=2.0, help="state dict size")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to check", file=sys.stderr)
+        return 1
+    token = secrets.token_hex(16)
+    os.environ["AREAL_HEX_TRANSPORT_TOKEN"] = token
+    gpus = torch.cuda.device_count()
+    state = _state(args.gb)
+    reference = _sha(state.items())
+    result = {"gpus": gpus, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    if gpus >= 2:
+        result["nccl"] = _run("nccl", list(range(1, gpus)), state, reference, token)
+    else:
+        result["nccl"] = {"skipped": "needs at least 2 GPUs: NCCL refuses two ranks of one group on one GPU"}
+    for backend in ("gloo", "tcp"):
+        result[backend] = _run(backend, [None, None, None], state, reference, token)
+    ok = all(entry.get("bit_exact", True) for entry in result.values() if isinstance(entry, dict))
+    result["ok"] = ok
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
