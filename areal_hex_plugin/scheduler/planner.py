@@ -205,8 +205,14 @@ class Planner:
             result = self.search(limits, budget)
             name = f"homogeneous-{gpu_type}"
             if result.best is None:
-                why = "not solved within the time limit" if result.status == "timeout" else "nothing fits"
-                baselines[name] = Baseline(0.0, 0.0, {}, note=f"{why} in ${budget:,.2f}/h of {gpu_type}")
+                machines = sum(limits)
+                why = (
+                    "not solved within the time limit"
+                    if result.status == "timeout"
+                    else "no trainer + rollout split fits"
+                )
+                note = f"{why} on {machines} {gpu_type} machine(s) within ${budget:,.2f}/h"
+                baselines[name] = Baseline(0.0, 0.0, {}, note=note)
                 continue
             e = self.ev.evaluate(result.best.split, window)
             inventory = sum(

@@ -91,7 +91,7 @@ def _gpus(*parts: dict[str, int]) -> str:
     for part in parts:
         for gpu_type, n in part.items():
             total[gpu_type] = total.get(gpu_type, 0) + n
-    return " + ".join(f"{n} {t}" for t, n in total.items())
+    return " + ".join(f"{n} {t}" for t, n in sorted(total.items()))
 
 
 def plot_frontier(plan: HexPlan, path: str | Path) -> Path:
