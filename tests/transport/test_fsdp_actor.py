@@ -1,0 +1,91 @@
+"""End to end on CPU: a real 2-rank upstream FSDP actor (gloo) gathers and buckets with upstream's own code,
+HexFSDPPPOActor sends the buckets through the relay, and a HexRemoteSGLangEngine receiver commits the version
+into an SGLang stand-in with TP 2, bit-exact."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import socket
+
+import pytest
+import torch
+
+pytest.importorskip("areal")
+
+from areal.api.cli_args import InferenceEngineConfig  # noqa: E402
+
+from areal_hex_plugin.transport import HexRemoteSGLangEngine  # noqa: E402
+from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route  # noqa: E402
+from areal_hex_plugin.transport.sinks import shard_dim  # noqa: E402
+from tests.transport.fsdp_rank import run_rank  # noqa: E402
+from tests.transport.harness import TOKEN  # noqa: E402
+from tests.transport.sglang_standin import SGLangStandIn  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_fsdp_actor_updates_a_rollout_replica(tmp_path, monkeypatch):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN.decode())
+    torch.manual_seed(11)
+    config = Qwen2Config(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "model")
+    expected = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+    server = SGLangStandIn(tp_size=2)
+    engine = HexRemoteSGLangEngine(
+        InferenceEngineConfig(experiment_name="hex", trial_name="t", pause_grace_period=0)
+    )
+    engine.initialize(addr=server.address, train_data_parallel_size=1)
+    endpoint = Endpoint.parse(
+        engine.hex_start_receiver(bind_host="127.0.0.1", stage_dir=str(tmp_path / "stage"))
+    )
+    route = Route([PoolRoute("h20", [endpoint], 1.5, 5.0)]).to_dict()
+    context = mp.get_context("spawn")
+    port, out = _free_port(), tmp_path / "report.json"
+    ranks = [
+        context.Process(
+            target=run_rank, args=(rank, 2, port, str(tmp_path / "model"), server.address, route, str(out))
+        )
+        for rank in range(2)
+    ]
+    try:
+        for process in ranks:
+            process.start()
+        for process in ranks:
+            process.join(timeout=240)
+        assert [process.exitcode for process in ranks] == [0, 0]
+    finally:
+        for process in ranks:
+            if process.is_alive():
+                process.kill()
+        engine.hex_stop_receiver()
+        engine.destroy()
+        server.close()
+    report = json.loads(out.read_text())
+    assert report["version"] == 3 and report["committed"] == [str(endpoint)] and report["failed"] == {}
+    assert engine.get_version() == 3
+    # The trainer's own pause/resume around the stream, then the replica's atomic commit.
+    assert server.events == ["pause", "continue", "pause", "load v3", "continue"]
+    assert set(server.model.shards[0]) == set(expected)
+    for name, full in expected.items():
+        dim = shard_dim(name)
+        shards = [server.model.shards[rank][name] for rank in range(2)]
+        assert torch.equal(torch.cat(shards, dim) if dim is not None else shards[0], full), name
