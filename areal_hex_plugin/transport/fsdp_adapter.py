@@ -49,6 +49,7 @@ class HexFSDPPPOActor(FSDPPPOActor):
         self._hex_sender.commit()
         report, self._hex_report = self._hex_report, None
         report["committed"] = list(self._hex_sender.last_report.committed)
+        report["failed"] = dict(self._hex_sender.last_report.failed)
         return report
 
     def hex_abort(self) -> None:

@@ -161,12 +161,13 @@ class ReceiverNode:
             self._control = sock
         while True:
             message = recv_message(sock)
-            handler = getattr(self, f"_on_{message.get('t')}", None)
-            reply = (
-                handler(message)
-                if handler
-                else {"t": "error", "error": f"unknown message {message.get('t')}"}
-            )
+            kind = message.get("t")
+            handler = getattr(self, f"_on_{kind}", None)
+            try:
+                reply = handler(message) if handler else {"t": "error", "error": f"unknown message {kind}"}
+            except Exception as error:  # noqa: BLE001 - e.g. the sink's server refused; the sender must hear it
+                logger.exception("%s failed", kind)
+                reply = {"t": "error", "error": f"{kind} failed on the replica: {error}"}
             self._report(reply)
 
     def _drop_forwarder(self) -> None:

@@ -238,14 +238,18 @@ class RelaySender:
             (control, state) for state in self._pools.values() for control in self._live_controls(state)
         ]
         for control, _ in pending:
-            send_message(control.sock, message)
+            try:
+                send_message(control.sock, message)
+            except OSError as error:
+                control.replies.put({"t": "lost", "error": f"control connection lost ({error})"})
         for control, state in pending:
             reply = self._reply(control, timeout_s=max(self.config.timeout_s, 300.0))
             if reply.get("t") == "committed" and reply.get("version") == self._version:
                 report.committed.append(str(control.endpoint))
-            else:
-                self._mark_failed(state, control.endpoint, f"commit failed: {reply.get('error', reply)}")
+            else:  # the others have switched already: record it, the caller decides what is enough
+                self._drop(state, control.endpoint, f"commit failed: {reply.get('error', reply)}")
         report.mark("committed", self._began)
+        report.failed = dict(self._failed)
         self._buckets = []
 
     def abort(self) -> None:
@@ -291,15 +295,22 @@ class RelaySender:
             state.push.close()
             state.push = None
 
-    def _mark_failed(self, state: _PoolState, endpoint: Endpoint, reason: str) -> None:
+    def _drop(self, state: _PoolState, endpoint: Endpoint, reason: str) -> bool:
+        """Take a replica out of this version's route; False if it was out already."""
         if endpoint not in state.alive:
-            return
+            return False
         logger.warning("pool %s: replica %s failed: %s", state.route.name, endpoint, reason)
         state.alive.remove(endpoint)
         self._failed[str(endpoint)] = reason
         control = state.controls.pop(endpoint, None)
         if control is not None:
             control.close()
+        return True
+
+    def _mark_failed(self, state: _PoolState, endpoint: Endpoint, reason: str) -> None:
+        """Before commit: drop the replica, then re-route or (``on_failure=fail``, or none left) abort and raise."""
+        if not self._drop(state, endpoint, reason):
+            return
         if self.config.on_failure == "fail" or not state.alive:
             self.abort()
             left = "no replica left in the pool" if state.alive == [] else "on_failure=fail"

@@ -107,3 +107,21 @@ def test_version_labels_follow_commits_and_survive_a_failed_update(nodes):
         assert all(torch.equal(node.sink.tensors[k], v) for node in pool_a for k, v in _state(5).items())
     finally:
         sender.close()
+
+
+class _RefusingSink(MemorySink):
+    def load(self, version, named_tensors) -> None:
+        raise RuntimeError("server refused the checkpoint")
+
+
+def test_a_replica_whose_commit_fails_is_reported_and_keeps_its_version(nodes):
+    good, bad = nodes(2)
+    bad.sink = _RefusingSink()
+    sender = RelaySender(_route([good, bad]), SenderConfig(timeout_s=5.0), token=TOKEN)
+    try:
+        report = sender.send_version(4, [list(_state(4).items())])
+    finally:
+        sender.close()
+    assert report.committed == [str(good.endpoint)]
+    assert "server refused the checkpoint" in report.failed[str(bad.endpoint)]
+    assert good.version == 4 and bad.version == -1
