@@ -12,7 +12,7 @@ the fix; replica groups may still differ in GPU type, count and share.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan
@@ -58,13 +58,6 @@ class Placement:
 
     def for_role(self, role: str) -> tuple[WorkerSlot, ...] | None:
         return self.slots.get(role)
-
-    @property
-    def pools_by_role(self) -> dict[str, list[str]]:
-        return {role: sorted({s.pool for s in slots}) for role, slots in self.slots.items()}
-
-    def hosts(self, role: str) -> list[str]:
-        return sorted({s.host for s in self.slots.get(role, ())})
 
 
 def placement_from_plan(plan: HexPlan) -> Placement:
@@ -236,25 +229,8 @@ def node_local(placement: Placement, plan: HexPlan) -> Placement:
     for machine in plan.machines:
         offsets[machine.host] = next_id
         next_id += max((g.gpu for g in machine.gpus), default=-1) + 1
-    return Placement(
-        slots={
-            role: tuple(
-                WorkerSlot(
-                    s.role,
-                    s.index,
-                    s.pool,
-                    s.gpu_type,
-                    s.host,
-                    tuple(offsets[s.host] + i for i in s.gpu_ids),
-                    s.share,
-                )
-                for s in slots
-            )
-            for role, slots in placement.slots.items()
-        },
-        train_dp=placement.train_dp,
-        train_tp=placement.train_tp,
-        train_pp=placement.train_pp,
-        rollout_tp=placement.rollout_tp,
-        rollout_pp=placement.rollout_pp,
-    )
+    slots = {
+        role: tuple(replace(s, gpu_ids=tuple(offsets[s.host] + i for i in s.gpu_ids)) for s in role_slots)
+        for role, role_slots in placement.slots.items()
+    }
+    return replace(placement, slots=slots)

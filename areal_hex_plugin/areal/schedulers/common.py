@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from areal.api.cli_args import SchedulingSpec
+from areal.api.cli_args import SchedulingSpec, SchedulingStrategyType
+from areal.api.scheduler_api import Job
 from areal.infra.scheduler.exceptions import WorkerCreationError
 
-from areal_hex_plugin.areal.placement import WorkerSlot
+from areal_hex_plugin.areal.placement import Placement, WorkerSlot
 
 
 def specs_for_slots(
@@ -41,3 +42,13 @@ def check_replicas(role: str, replicas: int, slots: tuple[WorkerSlot, ...]) -> N
         raise WorkerCreationError(
             role, "Plan mismatch", f"upstream asks for {replicas} workers but the plan places {len(slots)}"
         )
+
+
+def planned_job(placement: Placement, job: Job) -> tuple[Job, tuple[WorkerSlot, ...] | None]:
+    """``job`` with one spec per planned worker, and its slots; unplanned or colocated roles pass unchanged."""
+    slots = placement.for_role(job.role)
+    separate = SchedulingStrategyType(job.scheduling_strategy.type) == SchedulingStrategyType.separation
+    if slots is None or not separate:
+        return job, None
+    check_replicas(job.role, job.replicas, slots)
+    return replace(job, tasks=specs_for_slots(job.role, list(job.tasks), slots)), slots

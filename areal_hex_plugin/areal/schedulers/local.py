@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import replace
 
-from areal.api.cli_args import SchedulingStrategyType
 from areal.api.scheduler_api import Job
 from areal.infra.scheduler.exceptions import GPUAllocationError
 from areal.infra.scheduler.local import LocalScheduler
 
 from areal_hex_plugin.areal.placement import Placement
-from areal_hex_plugin.areal.schedulers.common import check_replicas, specs_for_slots
+from areal_hex_plugin.areal.schedulers.common import planned_job
 
 
 class HexLocalScheduler(LocalScheduler):
@@ -27,12 +25,9 @@ class HexLocalScheduler(LocalScheduler):
         self._planned_ids: deque[tuple[int, ...]] | None = None
 
     def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
-        slots = self.placement.for_role(job.role)
-        separate = SchedulingStrategyType(job.scheduling_strategy.type) == SchedulingStrategyType.separation
-        if slots is None or not separate:
+        job, slots = planned_job(self.placement, job)
+        if slots is None:
             return super().create_workers(job, *args, **kwargs)
-        check_replicas(job.role, job.replicas, slots)
-        job = replace(job, tasks=specs_for_slots(job.role, list(job.tasks), slots))
         self._planned_ids = deque(s.gpu_ids for s in slots)
         try:
             return super().create_workers(job, *args, **kwargs)

@@ -9,9 +9,9 @@ the *local* CUDA, which is wrong for a CPU head node; here the device is the clu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from areal.api.cli_args import SchedulingSpec, SchedulingStrategyType
+from areal.api.cli_args import SchedulingSpec
 from areal.api.scheduler_api import Job
 from areal.infra.scheduler.ray import RayScheduler
 from areal.infra.utils.ray import create_resource_spec
@@ -22,7 +22,7 @@ from areal.infra.utils.ray_placement_group import (
 )
 
 from areal_hex_plugin.areal.placement import Placement, check_plan_fits_inventory
-from areal_hex_plugin.areal.schedulers.common import check_replicas, specs_for_slots
+from areal_hex_plugin.areal.schedulers.common import planned_job
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.inventory import canonical_gpu_type, group_pools, machines_from_ray_nodes
 from areal_hex_plugin.plan import HexPlan
@@ -116,12 +116,7 @@ class HexRayScheduler(RayScheduler):
         self.gpus_per_node = gpus_per_node or {}
 
     def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
-        slots = self.placement.for_role(job.role)
-        separate = SchedulingStrategyType(job.scheduling_strategy.type) == SchedulingStrategyType.separation
-        if slots is not None and separate:
-            check_replicas(job.role, job.replicas, slots)
-            job = replace(job, tasks=specs_for_slots(job.role, list(job.tasks), slots))
-        return super().create_workers(job, *args, **kwargs)
+        return super().create_workers(planned_job(self.placement, job)[0], *args, **kwargs)
 
     def _get_placement_strategy(self, schedulings: list[SchedulingSpec]) -> RayPlacementStrategy:
         if not all("HEX_POOL" in s.env_vars for s in schedulings):

@@ -14,13 +14,13 @@ import shlex
 from dataclasses import dataclass, replace
 from itertools import groupby
 
-from areal.api.cli_args import SchedulingSpec, SchedulingStrategyType
+from areal.api.cli_args import SchedulingSpec
 from areal.api.scheduler_api import Job
 from areal.infra.scheduler.slurm import SlurmScheduler
 from areal.infra.utils.proc import build_streaming_log_cmd
 
 from areal_hex_plugin.areal.placement import Placement, WorkerSlot
-from areal_hex_plugin.areal.schedulers.common import check_replicas, specs_for_slots
+from areal_hex_plugin.areal.schedulers.common import planned_job
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.inventory import Machine, canonical_gpu_type
 from areal_hex_plugin.specs.catalog import build_catalog
@@ -110,12 +110,7 @@ class HexSlurmScheduler(SlurmScheduler):
         self.pools = pools
 
     def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
-        slots = self.placement.for_role(job.role)
-        separate = SchedulingStrategyType(job.scheduling_strategy.type) == SchedulingStrategyType.separation
-        if slots is not None and separate:
-            check_replicas(job.role, job.replicas, slots)
-            job = replace(job, tasks=specs_for_slots(job.role, list(job.tasks), slots))
-        return super().create_workers(job, *args, **kwargs)
+        return super().create_workers(planned_job(self.placement, job)[0], *args, **kwargs)
 
     def _generate_sbatch_script(self, role: str, replicas: int, nodes: int, total_gpus: int, **kwargs) -> str:
         slots = self.placement.for_role(role)
