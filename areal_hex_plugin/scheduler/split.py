@@ -37,11 +37,15 @@ class Split:
             yield from self._moved(i, limits)
 
     def pair_neighbours(self, limits: tuple[int, ...]) -> Iterator[Split]:
-        """Splits two moves away, one in each of two pools (e.g. release a machine here, rent one there)."""
+        """Splits two moves away, in one pool or two (e.g. release a machine here, rent one there)."""
+        seen = {self}
         for i in range(len(limits)):
             for first in self._moved(i, limits):
-                for j in range(i + 1, len(limits)):
-                    yield from first._moved(j, limits)
+                for j in range(i, len(limits)):
+                    for second in first._moved(j, limits):
+                        if second not in seen:
+                            seen.add(second)
+                            yield second
 
     def _moved(self, i: int, limits: tuple[int, ...]) -> Iterator[Split]:
         t, r = self.train[i], self.rollout[i]
