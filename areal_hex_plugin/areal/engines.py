@@ -30,7 +30,10 @@ class HexSGLangBackend(SGLangBackend):
         if gpu_type:
             from areal_hex_plugin.specs.catalog import build_catalog
 
-            server_args = server_args_for(gpu_type, build_catalog().get(gpu_type).hbm_gb, server_args)
+            catalog = build_catalog()
+            # A type the recipe added under hex.gpu_catalog is unknown here: keep the recipe's memory fraction.
+            hbm_gb = catalog.get(gpu_type).hbm_gb if gpu_type in catalog else None
+            server_args = server_args_for(gpu_type, hbm_gb, server_args)
         return super().launch_server(server_args)
 
 

@@ -15,11 +15,13 @@ FA3_GPUS = frozenset({"H100", "H800", "H800-PCIe", "H20", "H200", "B200"})
 MEM_FRACTION_CAPS = ((70.0, 0.9), (40.0, 0.85), (0.0, 0.8))
 
 
-def server_args_for(gpu_type: str, hbm_gb: float, server_args: dict[str, Any]) -> dict[str, Any]:
-    """``server_args`` adjusted for a server running on ``gpu_type`` with ``hbm_gb`` of memory."""
+def server_args_for(gpu_type: str, hbm_gb: float | None, server_args: dict[str, Any]) -> dict[str, Any]:
+    """``server_args`` adjusted for a server on ``gpu_type`` with ``hbm_gb`` of memory (None: unknown)."""
     args = dict(server_args)
     if gpu_type not in FA3_GPUS and args.get("attention_backend") in ("fa3", None):
         args["attention_backend"] = "flashinfer"
+    if hbm_gb is None:
+        return args
     cap = next(c for floor, c in MEM_FRACTION_CAPS if hbm_gb >= floor)
     if args.get("mem_fraction_static") is None or args["mem_fraction_static"] > cap:
         args["mem_fraction_static"] = cap

@@ -56,6 +56,11 @@ def test_server_flags_per_gpu_type(gpu_type: str, hbm: float, attention: str, me
     assert (args["attention_backend"], args["mem_fraction_static"], args["tp_size"]) == (attention, mem, 1)
 
 
+def test_unknown_memory_keeps_the_recipe_fraction() -> None:
+    args = server_args_for("MI300X", None, {"attention_backend": "fa3", "mem_fraction_static": 0.93})
+    assert args == {"attention_backend": "flashinfer", "mem_fraction_static": 0.93}
+
+
 @pytest.mark.integration
 def test_rollout_controller_routes_by_plan_shares(tmp_path: Path) -> None:
     pytest.importorskip("areal")
