@@ -66,7 +66,17 @@ def scheduler_factory(config, plan: HexPlan, placement: Placement) -> Callable[[
 
         return build_local
     if kind == "hex_ray":
+        import importlib.util
+
         import ray
+
+        if importlib.util.find_spec("areal.infra.utils.ray_placement_group") is None:
+            # areal 2.x rewrote its Ray scheduler (HTTP workers, _build_node_plan); the shim targets 1.0.4.
+            raise HexError(
+                "scheduler.type",
+                "hex_ray supports the Ray scheduler of areal 1.0.4 only",
+                "install areal==1.0.4, or use hex_local / hex_slurm",
+            )
 
         from areal_hex_plugin.areal.schedulers.ray import pool_resources_from_nodes
 
