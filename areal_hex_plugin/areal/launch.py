@@ -102,11 +102,10 @@ def scheduler_factory(config, plan: HexPlan, placement: Placement) -> Callable[[
     machines = machines_from_slurm()
     check_plan_fits_inventory(plan, group_pools(machines), "slurm")
     pools = slurm_pools_from_sinfo(placement, machines, gpus_per_node)
-    container = "apptainer" if config.actor.scheduling_spec[0].image else "native"
 
     def build_slurm():
         from areal_hex_plugin.areal.schedulers.slurm import HexSlurmScheduler
 
-        return HexSlurmScheduler(placement, pools, exp_config=config, container_type=container)
+        return HexSlurmScheduler(placement, pools, exp_config=config)
 
     return build_slurm

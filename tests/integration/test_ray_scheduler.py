@@ -99,3 +99,30 @@ def test_deferred_bundles_split_by_the_pool_node_size() -> None:
     assert [b["GPU"] for b in bundles] == [8.0, 4.0]
     assert [b["CPU"] for b in bundles] == [4.0, 0.0]
     assert all(b["accelerator_type:H100"] > 0 for b in bundles)
+
+
+def _hex_config(tmp_path: Path, scheduler_type: str):
+    from areal_hex_plugin.areal.config import HexGRPOConfig
+    from areal_hex_plugin.specs.config import PoolConfig
+
+    config = HexGRPOConfig(experiment_name="hex-test", trial_name="factory")
+    config.scheduler.type = scheduler_type
+    config.cluster.fileroot = str(tmp_path)
+    config.cluster.name_resolve.nfs_record_root = str(tmp_path)
+    config.hex.cluster.pools = [
+        PoolConfig(name="big", gpu_type="H100", gpus_per_machine=2, machines=2, price_per_gpu_hour=3.0),
+        PoolConfig(name="small", gpu_type="L40S", gpus_per_machine=2, machines=2, price_per_gpu_hour=1.0),
+    ]
+    return config
+
+
+@pytest.mark.integration
+def test_factory_checks_the_live_ray_cluster_then_builds(two_pool_cluster, tmp_path: Path) -> None:
+    from areal_hex_plugin.areal.launch import scheduler_factory
+
+    plan = two_type_plan()
+    build = scheduler_factory(_hex_config(tmp_path, "hex_ray"), plan, placement_from_plan(plan))
+    scheduler = build()
+    assert isinstance(scheduler, HexRayScheduler)
+    assert scheduler.pool_resources == {"big": "accelerator_type:H100", "small": "accelerator_type:L40S"}
+    assert scheduler.gpus_per_node == {"big": 2, "small": 2}

@@ -36,9 +36,17 @@ small-1|gpu:2|l40s,eth|infer
 """
 
 
-def _spec() -> SchedulingSpec:
+def _spec(container: str = "native") -> SchedulingSpec:
     return SchedulingSpec(
-        cpu=4, gpu=1, mem=16, port_count=2, cmd="python3 -m areal.infra.rpc.rpc_server", env_vars={"A": "x y"}
+        cpu=4,
+        gpu=1,
+        mem=16,
+        port_count=2,
+        cmd="python3 -m areal.infra.rpc.rpc_server",
+        env_vars={"A": "x y"},
+        container_type=container,
+        image="/images/areal.sif",
+        mount="/data:/data",
     )
 
 
@@ -95,6 +103,16 @@ def test_rollout_script_has_one_typed_component_per_pool(scheduler: HexSlurmSche
 
 
 @pytest.mark.integration
+def test_apptainer_spec_runs_each_task_in_its_image(scheduler: HexSlurmScheduler) -> None:
+    scheduler.create_workers(Job(role="actor", replicas=2, tasks=[_spec("apptainer")]))
+    text = Path(scheduler._sbatch_path_of("actor")).read_text()
+    assert (
+        "singularity exec --no-home --writable-tmpfs --nv --bind /data:/data /images/areal.sif bash -c"
+        in text
+    )
+
+
+@pytest.mark.integration
 def test_wrong_replica_count_submits_nothing(scheduler: HexSlurmScheduler) -> None:
     with pytest.raises(WorkerCreationError, match="plan places 2"):
         scheduler.create_workers(Job(role="actor", replicas=3, tasks=[_spec()]))
@@ -107,3 +125,34 @@ def test_pools_read_off_sinfo() -> None:
         "big": SlurmPool(gpus_per_node=2, gres_type="h100", partition="train"),
         "small": SlurmPool(gpus_per_node=2, gres_type=None, partition="infer", constraint="l40s"),
     }
+
+
+@pytest.mark.integration
+def test_factory_reads_sinfo_and_refuses_a_missing_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from areal_hex_plugin.areal.config import HexGRPOConfig
+    from areal_hex_plugin.areal.launch import scheduler_factory
+    from areal_hex_plugin.errors import HexError
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sinfo = bin_dir / "sinfo"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    config = HexGRPOConfig(experiment_name="hexexp", trial_name="t0")
+    config.scheduler.type = "hex_slurm"
+    config.cluster.fileroot = str(tmp_path)
+    config.cluster.name_resolve.nfs_record_root = str(tmp_path)
+    plan = two_type_plan()
+    placement = placement_from_plan(plan)
+
+    sinfo.write_text(f"#!/bin/sh\ncat <<'END'\n{SINFO}END\n")
+    sinfo.chmod(0o755)
+    scheduler = scheduler_factory(config, plan, placement)()
+    assert isinstance(scheduler, HexSlurmScheduler)
+    assert scheduler.pools["small"] == POOLS["small"]
+
+    h100_only = "\n".join(SINFO.splitlines()[:2])
+    sinfo.write_text(f"#!/bin/sh\ncat <<'END'\n{h100_only}\nEND\n")
+    with pytest.raises(HexError, match="needs L40S machines but the live slurm cluster has none"):
+        scheduler_factory(config, plan, placement)

@@ -5,7 +5,7 @@ a planned role's job has one component per run of consecutive hosts of one pool 
 workers: each component names its hosts (``--nodelist``), typed GRES (``--gres=gpu:<type>:<n>``), partition and
 constraint. ``srun`` launches all components in one step, so ``SLURM_PROCID`` (upstream's worker index) runs
 across them in plan order. Each worker's env (pool, GPU type, the user's ``env_vars``) is exported in native
-mode too, where upstream drops it.
+mode too, where upstream drops it, and each spec's ``container_type``/``mount`` are honoured.
 """
 
 from __future__ import annotations
@@ -104,7 +104,6 @@ class HexSlurmScheduler(SlurmScheduler):
     """Submits each planned role as a heterogeneous job whose components sit on the planned pools and hosts."""
 
     def __init__(self, placement: Placement, pools: dict[str, SlurmPool], **kwargs) -> None:
-        kwargs.setdefault("container_type", "native")
         super().__init__(**kwargs)
         self.placement = placement
         self.pools = pools
@@ -176,9 +175,10 @@ class HexSlurmScheduler(SlurmScheduler):
             cmds.append("export HEX_GPU_IDS=$CUDA_VISIBLE_DEVICES")
         cmds += [*(spec.additional_bash_cmds or []), self._rpc_command(role, spec)]
         inner = "bash -c " + shlex.quote(";\n".join(cmds))
-        if self.container_type != "apptainer":
+        # The spec's own container settings (upstream's Slurm scheduler reads only its constructor's).
+        if spec.container_type != "apptainer":
             return inner
-        mounts = f" --bind {self.container_mounts}" if self.container_mounts else ""
+        mounts = f" --bind {spec.mount}" if spec.mount else ""
         return f"singularity exec --no-home --writable-tmpfs --nv{mounts} {spec.image} {inner}"
 
     def _rpc_command(self, role: str, spec: SchedulingSpec) -> str:
