@@ -61,8 +61,7 @@ def test_unknown_memory_keeps_the_recipe_fraction() -> None:
     assert args == {"attention_backend": "flashinfer", "mem_fraction_static": 0.93}
 
 
-@pytest.mark.integration
-def test_rollout_controller_routes_by_plan_shares(tmp_path: Path) -> None:
+def _controller(tmp_path: Path):
     pytest.importorskip("areal")
     from areal.api.cli_args import InferenceEngineConfig
     from areal.api.scheduler_api import Worker
@@ -88,7 +87,35 @@ def test_rollout_controller_routes_by_plan_shares(tmp_path: Path) -> None:
     assert isinstance(controller, HexRolloutController)
     controller._worker_role = "rollout"
     controller.workers = [Worker(id=f"rollout/{i}", ip="127.0.0.1") for i in range(6)]
+    return controller
+
+
+@pytest.mark.integration
+def test_rollout_controller_routes_by_plan_shares(tmp_path: Path) -> None:
+    controller = _controller(tmp_path)
     picks = Counter(controller._choose_worker()[0].id for _ in range(6000))
     # Two H100 servers share half the samples, four L40S servers the other half.
     assert picks["rollout/0"] / 6000 == pytest.approx(0.25, abs=0.01)
     assert picks["rollout/5"] / 6000 == pytest.approx(0.125, abs=0.01)
+
+
+@pytest.mark.integration
+def test_failed_rollouts_release_their_server(tmp_path: Path) -> None:
+    import asyncio
+
+    from areal.infra.controller.rollout_controller import _RemoteRolloutTaskInput
+    from areal.infra.staleness_manager import StalenessManager
+
+    controller = _controller(tmp_path)
+    controller._staleness_manager = StalenessManager(controller, 16, 4, 1)
+    tasks = [_RemoteRolloutTaskInput(task_id=i, data={}, workflow=None, workflow_kwargs={}, should_accept_fn=None)
+             for i in range(12)]  # fmt: skip
+
+    async def run_all() -> list:
+        # No worker process exists, so upstream's submit fails and rejects each rollout.
+        return await asyncio.gather(*(controller._create_submit_callback(t)() for t in tasks))
+
+    assert asyncio.run(run_all()) == [None] * 12
+    router = controller._router()
+    assert router.outstanding == [0] * 6 and sum(router.take_completed()) == 12
+    assert controller.staleness_manager.get_stats().rejected == 12
