@@ -30,7 +30,9 @@ WINDOW_TOLERANCE = 0.005
 # Throughputs closer than this (relative) count as a tie, settled by cost.
 THROUGHPUT_TIE = 1e-3
 # Starts of the local search (the best distinct splits the alternations reach).
-REFINED_STARTS = 3
+REFINED_STARTS = 5
+# Training compute shares whose Eq. (3) splits also start the local search.
+GAMMA_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 MAX_POOLS_FOR_ALL_SUBSETS = 6
 # A safety cap on bisection iterations (gamma's interval is below 1e-9 long before it).
 MAX_ITERATIONS = 200
@@ -94,6 +96,24 @@ def two_phase(
                 break
             sub_limits = tuple(m if i in subset else 0 for i, m in enumerate(limits))
             start, n = _alternate(ev, None, sub_limits, budget, window, deadline)
+            starts.append(start)
+            iterations += n
+        # Eq. (3) splits on a coarse gamma grid: the bisection visits few shares, and pipelines that need
+        # several types to fit in memory are invisible to single-pool rate tables.
+        cache: dict[tuple[float, float], Split | None] = {}
+        eps = _machine_share(ev, limits) / 2
+        for gamma in GAMMA_GRID:
+            if time.monotonic() > deadline:
+                break
+            split = _partition(ev, limits, budget, gamma, eps, cache, deadline)
+            if split is not None and ev.evaluate(split, window).feasible:
+                starts.append(ev.evaluate(split, window))
+        # The rate tables add training rates across pools, which a pipeline over slow cross-type links does not
+        # reach: also alternate with training confined to each single pool.
+        for pool in (i for i, m in enumerate(limits) if m):
+            if time.monotonic() > deadline:
+                break
+            start, n = _alternate(ev, None, limits, budget, window, deadline, frozenset((pool,)))
             starts.append(start)
             iterations += n
         found = sorted(
@@ -208,10 +228,12 @@ def _alternate(
     budget: float | None,
     window: int,
     deadline: float,
+    train_pools: frozenset[int] | None = None,
 ) -> tuple[Evaluation | None, int]:
     """EM-style alternation: measure rate tables at the split (phase 1), repartition on them (CP-SAT).
 
-    Returns the best split seen and the number of iterations."""
+    ``train_pools``, when given, are the only pools whose machines may train. Returns the best split seen and
+    the number of iterations."""
     best = start
     current = start.split if start is not None else None
     seen: set[Split] = set()
@@ -220,7 +242,7 @@ def _alternate(
         if best is not None and time.monotonic() > deadline:
             break
         iterations += 1
-        train_rate, rollout_rate = _rates(ev, current, limits)
+        train_rate, rollout_rate = _rates(ev, current, limits, train_pools)
         request = BalanceRequest(limits, budget, train_rate, rollout_rate)
         limit = max(0.05, min(ev.solver.time_limit_s, deadline - time.monotonic()))
         split = solve_balance(ev.cluster, request, limit, ev.solver.num_workers, ev.solver.seed)
@@ -234,7 +256,7 @@ def _alternate(
     return best, iterations
 
 
-def _rates(ev: Evaluator, split: Split | None, limits: tuple[int, ...]):
+def _rates(ev: Evaluator, split: Split | None, limits: tuple[int, ...], train_pools: frozenset[int] | None):
     """Per pool, tables of training steps/s (pool alone) and rollout steps/s by machine count, measured by
     phase 1 on a geometric grid of counts plus the split's own counts, as never-decreasing step functions."""
     generated = ev.workload.rl.samples_per_step * ev.workload.output_lengths.mean
@@ -249,7 +271,10 @@ def _rates(ev: Evaluator, split: Split | None, limits: tuple[int, ...]):
         def rollout_rate(n: int, name: str = pool.name) -> float:
             return ev.pool_fleet(name, n).tokens_per_s / generated
 
-        train_tables.append(_table(train_rate, limit, split.train[i] if split else 0))
+        if train_pools is None or i in train_pools:
+            train_tables.append(_table(train_rate, limit, split.train[i] if split else 0))
+        else:
+            train_tables.append((0.0,) * (limit + 1))
         rollout_tables.append(_table(rollout_rate, limit, split.rollout[i] if split else 0))
     return tuple(train_tables), tuple(rollout_tables)
 

@@ -8,8 +8,8 @@ Pruning, all exact up to the last point:
 - dominance: a stage of given (k stages, tp) takes the largest dp its pool's GPUs allow;
 - memory: layouts whose GPUs together cannot hold the sharded training state are skipped unscored, and those
   the cost model reports as not fitting are dropped;
-- with many pools in training, each pool's TP degree for k stages is first the one that is best when the pool
-  trains alone with k stages, then each pool's (k, tp) is swapped for any of its options while that helps
+- with many pools in training, each pool's TP degrees for k stages are first the two that are best when the pool
+  trains alone with k stages, then one pool at a time takes another (k, tp), leaves or joins while that helps
   (exhaustive mode skips this heuristic cut and tries every combination).
 """
 
@@ -23,8 +23,10 @@ from areal_hex_plugin.costmodel import CostModel, TrainEstimate, TrainStage
 from areal_hex_plugin.costmodel.memory import TRAIN_BYTES_PER_PARAM, USABLE_HBM_FRACTION
 from areal_hex_plugin.specs.cluster import Cluster, Pool
 
-# Beyond this many layouts the per-pool TP cut is applied (outside exhaustive mode).
+# Beyond this many layouts the per-pool TP cut is applied (outside exhaustive mode), keeping this many TP
+# degrees per pool and stage count.
 FULL_ENUMERATION_LIMIT = 150
+TP_PER_DEPTH = 2
 
 
 @dataclass(frozen=True)
@@ -126,16 +128,23 @@ def search_train(
 
 
 def _polish(cm: CostModel, best, full_options: list[list[_PoolOption]], max_pp: int):
-    """After the pruned enumeration: swap one pool's (k, tp) at a time for any of its options while that helps."""
+    """After the pruned enumeration: change one pool at a time (another (k, tp), drop it, or add it) while that
+    helps."""
+    order = [opts[0].pool for opts in full_options if opts]
     improved = True
     while improved:
         improved = False
-        _, combo, _ = best
-        for i, current in enumerate(combo):
-            options = next(opts for opts in full_options if opts and opts[0].pool == current.pool)
-            for option in options:
-                trial = (*combo[:i], option, *combo[i + 1 :])
-                if option == current or sum(o.k for o in trial) > max_pp:
+        chosen = {o.pool: o for o in best[1]}
+        for options in full_options:
+            if not options:
+                continue
+            pool = options[0].pool
+            for option in (None, *options):
+                if option == chosen.get(pool):
+                    continue
+                changed = {**chosen, pool: option}
+                trial = tuple(changed[p] for p in order if changed.get(p) is not None)
+                if not trial or sum(o.k for o in trial) > max_pp:
                     continue
                 estimate = cm.train(_stages(trial))
                 if estimate.feasible and estimate.step_time_s < best[0]:
@@ -144,11 +153,13 @@ def _polish(cm: CostModel, best, full_options: list[list[_PoolOption]], max_pp: 
 
 
 def _best_tp_per_depth(cm: CostModel, options: list[_PoolOption]) -> list[_PoolOption]:
-    """For each stage count k, the TP degree that is best when the pool trains alone (all of them if none fits)."""
+    """For each stage count k, the TP_PER_DEPTH degrees that are best when the pool trains alone (all of them if
+    none fits alone: in a pipeline the pool holds fewer layers)."""
     kept: list[_PoolOption] = []
     for k in sorted({o.k for o in options}):
         same_k = [o for o in options if o.k == k]
         scored = [(cm.train(_stages((o,))), o) for o in same_k]
-        feasible = [(e.step_time_s, o.tp, o) for e, o in scored if e.feasible]
-        kept += [min(feasible)[2]] if feasible else same_k
+        feasible = sorted((e.step_time_s, o.tp) for e, o in scored if e.feasible)
+        best_tps = {tp for _, tp in feasible[:TP_PER_DEPTH]}
+        kept += [o for o in same_k if o.tp in best_tps] if feasible else same_k
     return kept
