@@ -15,6 +15,8 @@ from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan
 
 HEX_SCHEDULERS = ("hex_local", "hex_ray", "hex_slurm")
+# hex_local only: "1" lets planned roles share this machine's GPUs (smoke tests on a one-GPU machine).
+SHARE_GPUS_ENV = "HEX_LOCAL_SHARE_GPUS"
 UPSTREAM_SCHEDULERS = ("local", "ray", "slurm")
 
 
@@ -28,8 +30,9 @@ def check_scheduler_type(kind: str | None) -> None:
         )
 
 
-def check_local_gpus(plan: HexPlan, machines: list) -> None:
-    """hex_local lays every planned machine on this node: it needs at least the planned GPUs of each type."""
+def check_local_gpus(plan: HexPlan, machines: list, share: bool = False) -> list[int]:
+    """hex_local lays every planned machine on this node: it needs the planned GPU types, and as many GPUs of
+    each as planned unless ``share``. Returns this node's device ids."""
     from areal_hex_plugin.inventory import canonical_gpu_type
     from areal_hex_plugin.specs.catalog import build_catalog
 
@@ -41,12 +44,13 @@ def check_local_gpus(plan: HexPlan, machines: list) -> None:
     for machine in plan.machines:
         need[machine.gpu_type] += sum(1 for g in machine.gpus if g.role != "idle")
     for gpu_type, n in sorted(need.items()):
-        if n and have.get(gpu_type, 0) < n:
+        if n and have.get(gpu_type, 0) < (1 if share else n):
             raise HexError(
                 "hex.plan_path",
                 f"the plan needs {n} {gpu_type} GPUs but this machine has {have.get(gpu_type, 0)}",
                 "re-plan for this machine (areal-hex inventory --from local) or use hex_ray/hex_slurm",
             )
+    return list(range(sum(have.values())))
 
 
 def scheduler_factory(config, plan: HexPlan, placement: Placement) -> Callable[[], object]:
@@ -57,12 +61,15 @@ def scheduler_factory(config, plan: HexPlan, placement: Placement) -> Callable[[
     if kind == "hex_local":
         from areal_hex_plugin.inventory import machines_from_local
 
-        check_local_gpus(plan, machines_from_local())
+        share = os.environ.get(SHARE_GPUS_ENV) == "1"
+        devices = check_local_gpus(plan, machines_from_local(), share)
 
         def build_local():
             from areal_hex_plugin.areal.schedulers.local import HexLocalScheduler
 
-            return HexLocalScheduler(node_local(placement, plan), exp_config=config)
+            return HexLocalScheduler(
+                node_local(placement, plan, devices if share else None), exp_config=config
+            )
 
         return build_local
     if kind == "hex_ray":

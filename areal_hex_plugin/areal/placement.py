@@ -222,15 +222,24 @@ def check_plan_fits_inventory(plan: HexPlan, pools: list, source: str) -> None:
             )
 
 
-def node_local(placement: Placement, plan: HexPlan) -> Placement:
-    """The placement with every planned machine laid side by side on one node (GPU ids offset per machine)."""
+def node_local(placement: Placement, plan: HexPlan, devices: list[int] | None = None) -> Placement:
+    """The placement with every planned machine laid side by side on one node (GPU ids offset per machine).
+
+    With ``devices``, planned GPU k runs on ``devices[k % len(devices)]``: roles then share GPUs (a one-GPU
+    smoke test; weight updates must go through disk, NCCL refuses two ranks on one GPU).
+    """
     offsets: dict[str, int] = {}
     next_id = 0
     for machine in plan.machines:
         offsets[machine.host] = next_id
         next_id += max((g.gpu for g in machine.gpus), default=-1) + 1
+
+    def device(host: str, gpu: int) -> int:
+        k = offsets[host] + gpu
+        return devices[k % len(devices)] if devices else k
+
     slots = {
-        role: tuple(replace(s, gpu_ids=tuple(offsets[s.host] + i for i in s.gpu_ids)) for s in role_slots)
+        role: tuple(replace(s, gpu_ids=tuple(device(s.host, i) for i in s.gpu_ids)) for s in role_slots)
         for role, role_slots in placement.slots.items()
     }
     return replace(placement, slots=slots)

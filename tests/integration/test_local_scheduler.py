@@ -86,3 +86,28 @@ def test_replica_count_not_in_the_plan_starts_nothing(tmp_path: Path) -> None:
     with pytest.raises(WorkerCreationError, match="asks for 2 GPUs but the plan gives it 1"):
         scheduler.create_workers(Job(role="actor", replicas=2, tasks=[_spec(2)]))
     assert scheduler._workers == {}
+
+
+@pytest.mark.integration
+def test_factory_reads_nvidia_smi_and_can_share_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from areal_hex_plugin.areal.config import HexGRPOConfig
+    from areal_hex_plugin.areal.launch import SHARE_GPUS_ENV, scheduler_factory
+    from areal_hex_plugin.errors import HexError
+
+    fake = tmp_path / "nvidia-smi"  # one H100 and one L40S, as nvidia-smi prints them
+    fake.write_text(
+        "#!/bin/sh\necho '0, NVIDIA H100 80GB HBM3, 81559 MiB'\necho '1, NVIDIA L40S, 46068 MiB'\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    config = HexGRPOConfig(experiment_name="hex-test", trial_name="factory")
+    config.scheduler.type = "hex_local"
+    config.cluster.fileroot = str(tmp_path)
+    config.cluster.name_resolve.nfs_record_root = str(tmp_path)
+    plan = two_type_plan()
+    with pytest.raises(HexError, match="needs 4 H100 GPUs but this machine has 1"):
+        scheduler_factory(config, plan, placement_from_plan(plan))
+    monkeypatch.setenv(SHARE_GPUS_ENV, "1")
+    scheduler = scheduler_factory(config, plan, placement_from_plan(plan))()
+    ids = {i for slots in scheduler.placement.slots.values() for s in slots for i in s.gpu_ids}
+    assert ids == {0, 1} and scheduler.gpu_devices == [0, 1]

@@ -51,6 +51,25 @@ def test_one_node_layout_gives_distinct_device_ids() -> None:
     assert sorted(ids) == list(range(8))
 
 
+def test_shared_devices_fold_planned_gpus_onto_the_real_ones() -> None:
+    plan = two_type_plan()
+    local = node_local(placement_from_plan(plan), plan, devices=[0, 1])
+    assert [s.gpu_ids for s in local.for_role("actor")] == [(0,), (1,)]
+    assert [s.gpu_ids for s in local.for_role("rollout")] == [(0,), (1,), (0,), (1,), (0,), (1,)]
+
+
+def test_local_gpu_check_counts_unless_shared() -> None:
+    from areal_hex_plugin.areal.launch import check_local_gpus
+    from areal_hex_plugin.inventory import Machine
+
+    live = [Machine("box", "NVIDIA H100 80GB HBM3", 1), Machine("box2", "NVIDIA L40S", 1)]
+    with pytest.raises(HexError, match="needs 4 H100 GPUs but this machine has 1"):
+        check_local_gpus(two_type_plan(), live)
+    assert check_local_gpus(two_type_plan(), live, share=True) == [0, 1]
+    with pytest.raises(HexError, match="needs 4 L40S GPUs but this machine has 0"):
+        check_local_gpus(two_type_plan(), live[:1], share=True)
+
+
 def test_mixed_rollout_tp_is_refused_with_the_fix() -> None:
     plan = two_type_plan()
     groups = [plan.rollout.replicas[0], replace(plan.rollout.replicas[1], tp=2, count=2)]
