@@ -26,8 +26,11 @@ _EXPORTS = {
     "MemorySink": "sinks",
     "TensorParallelSink": "sinks",
     "HexFSDPPPOActor": "fsdp_adapter",
-    "HexRemoteSGLangEngine": "sglang_adapter",
+    "RelayReceiverMixin": "sglang_adapter",
+    "SGLangDiskSink": "sglang_adapter",
     "HexPPOActorController": "controller_adapter",
+    "TransportSettings": "controller_adapter",
+    "TransportPool": "controller_adapter",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,6 +1,8 @@
-"""Rollout side inside upstream AReaL: a RemoteSGLangEngine with a relay receiver next to its server.
+"""Rollout side inside upstream AReaL: relay receiver methods for a RemoteSGLangEngine subclass.
 
-The controller reaches these methods through upstream's generic ``/call`` RPC. A committed version goes into the
+``RelayReceiverMixin`` goes first in the bases of the plugin's ``HexRemoteSGLangEngine`` (which owns the SGLang
+backend and the rollout controller); the controller reaches its ``hex_*`` methods through upstream's generic
+``/call`` RPC. A committed version goes into the
 local SGLang server through SGLang's own ``/update_weights_from_disk`` from a node-local directory (``/dev/shm``
 by default): SGLang's loaders then slice every full HF tensor to the server's TP layout, whatever it is, and no
 shared filesystem or cross-machine NCCL group is needed.
@@ -60,8 +62,8 @@ class SGLangDiskSink:
                 shutil.rmtree(old, ignore_errors=True)
 
 
-class HexRemoteSGLangEngine(RemoteSGLangEngine):
-    """Upstream's SGLang client plus ``hex_*`` receiver methods (start, status, stop)."""
+class RelayReceiverMixin:
+    """``hex_*`` receiver methods (start, status, stop) for a ``RemoteSGLangEngine`` subclass."""
 
     _hex_node: ReceiverNode | None = None
 

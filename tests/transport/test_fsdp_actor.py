@@ -1,5 +1,5 @@
 """End to end on CPU: a real 2-rank upstream FSDP actor (gloo) gathers and buckets with upstream's own code,
-HexFSDPPPOActor sends the buckets through the relay, and a HexRemoteSGLangEngine receiver commits the version
+HexFSDPPPOActor sends the buckets through the relay, and a RelayReceiverMixin engine commits the version
 into an SGLang stand-in with TP 2, bit-exact."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ pytest.importorskip("areal")
 
 from areal.api.cli_args import InferenceEngineConfig  # noqa: E402
 
-from areal_hex_plugin.transport import HexRemoteSGLangEngine  # noqa: E402
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route  # noqa: E402
 from areal_hex_plugin.transport.sinks import shard_dim  # noqa: E402
 from tests.transport.fsdp_rank import run_rank  # noqa: E402
 from tests.transport.harness import TOKEN  # noqa: E402
+from tests.transport.receiver_engine import ReceiverEngine  # noqa: E402
 from tests.transport.sglang_standin import SGLangStandIn  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -50,7 +50,7 @@ def test_fsdp_actor_updates_a_rollout_replica(tmp_path, monkeypatch):
     expected = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
     server = SGLangStandIn(tp_size=2)
-    engine = HexRemoteSGLangEngine(
+    engine = ReceiverEngine(
         InferenceEngineConfig(experiment_name="hex", trial_name="t", pause_grace_period=0)
     )
     engine.initialize(addr=server.address, train_data_parallel_size=1)

@@ -1,4 +1,4 @@
-"""HexRemoteSGLangEngine's receiver: stage and verify without touching the server, then commit as pause, load
+"""The relay receiver of a RemoteSGLangEngine: stage and verify without touching the server, then commit as pause, load
 through SGLang's own disk-update API, version label, resume; the server's TP slicing sees the trainer's tensors."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ pytest.importorskip("areal")
 
 from areal.api.cli_args import InferenceEngineConfig  # noqa: E402
 
-from areal_hex_plugin.transport import HexRemoteSGLangEngine  # noqa: E402
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route  # noqa: E402
 from areal_hex_plugin.transport.sender import RelaySender, SenderConfig  # noqa: E402
 from areal_hex_plugin.transport.sinks import shard_dim  # noqa: E402
 from tests.transport.harness import TOKEN, in_buckets, small_qwen2_state_dict  # noqa: E402
+from tests.transport.receiver_engine import ReceiverEngine  # noqa: E402
 from tests.transport.sglang_standin import SGLangStandIn  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 def test_commit_goes_through_sglang_disk_update(tmp_path, monkeypatch):
     monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN.decode())
     server = SGLangStandIn(tp_size=2)
-    engine = HexRemoteSGLangEngine(
+    engine = ReceiverEngine(
         InferenceEngineConfig(experiment_name="hex", trial_name="t", pause_grace_period=0.0, setup_timeout=30)
     )
     engine.initialize(addr=server.address, train_data_parallel_size=1)
@@ -93,7 +93,7 @@ def test_receiver_methods_through_upstream_rpc_worker(tmp_path, monkeypatch):
             return await scheduler.async_call_engine(worker.id, method, engine_name="rollout/0", **kwargs)
 
         async def set_up() -> str:
-            engine_path = "areal_hex_plugin.transport.sglang_adapter.HexRemoteSGLangEngine"
+            engine_path = "tests.transport.receiver_engine.ReceiverEngine"
             await scheduler.create_engine(worker.id, engine_path, "rollout/0", config=config)
             await call("initialize", addr=server.address, train_data_parallel_size=1)
             return await call("hex_start_receiver", bind_host="127.0.0.1", stage_dir=str(tmp_path / "stage"))
