@@ -164,3 +164,28 @@ def test_silent_link_is_detected_within_timeout_and_rerouted(tmp_path, model_sta
     assert relay.committed()["version"] == -1
     for replica in rest:
         _assert_holds(replica, model_state, 3)
+
+
+def test_middle_replica_killed_mid_transfer_is_routed_around(tmp_path, model_state):
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        relay, middle, tail = fleet.start([1, 2, 1])
+        proxy = _ThrottledProxy(relay.endpoint, bytes_per_s=1.5e6)
+        route = Route([PoolRoute("h20", [proxy.endpoint, middle.endpoint, tail.endpoint], 1.5, 5.0)])
+        sender = RelaySender(
+            route, SenderConfig(backend="tcp", chunk_bytes=64 << 10, timeout_s=5.0), token=TOKEN
+        )
+        killer = _kill_when_transferring(middle, proxy.started)
+        began = time.monotonic()
+        try:
+            report = sender.send_version(9, in_buckets(model_state, per_bucket=3))
+        finally:
+            killer.join()
+            sender.close()
+            proxy.close()
+        elapsed = time.monotonic() - began
+    assert elapsed < 20
+    assert list(report.failed) == [str(middle.endpoint)] and report.reroutes >= 1
+    assert sorted(report.committed) == sorted([str(proxy.endpoint), str(tail.endpoint)])
+    for replica in (relay, tail):
+        _assert_holds(replica, model_state, 9)
+    assert middle.committed()["version"] == -1
