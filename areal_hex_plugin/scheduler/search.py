@@ -29,8 +29,10 @@ MAX_WINDOW_STEPS = 64
 WINDOW_TOLERANCE = 0.005
 # Throughputs closer than this (relative) count as a tie, settled by cost.
 THROUGHPUT_TIE = 1e-3
-# Starts of the local search (the best distinct splits the alternations reach).
-REFINED_STARTS = 5
+# Starts of the local search (the best distinct splits reached so far): more where few pools keep it cheap.
+REFINED_STARTS = 3
+REFINED_STARTS_FEW_POOLS = 5  # with at most FEW_POOLS pools in play
+FEW_POOLS = 3
 # Training compute shares whose Eq. (3) splits also start the local search.
 GAMMA_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 MAX_POOLS_FOR_ALL_SUBSETS = 6
@@ -121,7 +123,8 @@ def two_phase(
             key=lambda e: -e.tokens_per_s(ev.tokens_per_step),
         )
         best = None
-        for start in found[:REFINED_STARTS]:
+        few = sum(1 for m in limits if m) <= FEW_POOLS
+        for start in found[: REFINED_STARTS_FEW_POOLS if few else REFINED_STARTS]:
             best = better(best, _refine(ev, start, limits, budget, window, deadline), ev.tokens_per_step)
         if best is None:
             return result

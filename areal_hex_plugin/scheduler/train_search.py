@@ -3,14 +3,15 @@
 The paper's rule: TP and DP groups stay inside one GPU type, types mix only across pipeline stages, and layers
 are split across stages in proportion to stage compute (the cost model does the split). TP stays inside a machine.
 
-Pruning, all exact up to the last point:
-- symmetry: the stages of one pool are identical (dp, tp) and contiguous, pools appear in a fixed order;
-- dominance: a stage of given (k stages, tp) takes the largest dp its pool's GPUs allow;
-- memory: layouts whose GPUs together cannot hold the sharded training state are skipped unscored, and those
-  the cost model reports as not fitting are dropped;
-- with many pools in training, each pool's TP degrees for k stages are first the two that are best when the pool
-  trains alone with k stages, then one pool at a time takes another (k, tp), leaves or joins while that helps
-  (exhaustive mode skips this heuristic cut and tries every combination).
+Pruning:
+- symmetry (exact): the stages of one pool are identical (dp, tp) and contiguous, pools appear in a fixed order;
+- dominance: a stage of given (k stages, tp) takes the largest dp its pool's GPUs allow (exact while more data
+  parallelism never slows a stage down);
+- memory (exact): layouts whose GPUs together cannot hold the sharded training state are skipped unscored, and
+  those the cost model reports as not fitting are dropped;
+- heuristic, with many layouts (exhaustive mode tries them all): per pool and stage count k, only the two TP
+  degrees (with four or more pools: the one) that are best when the pool trains alone; then, one pool at a time,
+  another (k, tp), or the pool leaving or joining, while that helps.
 """
 
 from __future__ import annotations
@@ -112,7 +113,12 @@ def search_train(
     pruned = (
         not exhaustive and len(pools) > 1 and count_layouts(full_options, max_pp) > FULL_ENUMERATION_LIMIT
     )
-    per_pool = [_best_tp_per_depth(cm, opts) for opts in full_options] if pruned else full_options
+    per_pool = full_options
+    if pruned:
+        # Two TP degrees per depth while that stays near the enumeration limit, else one.
+        per_pool = [_best_tp_per_depth(cm, opts, TP_PER_DEPTH) for opts in full_options]
+        if count_layouts(per_pool, max_pp) > 2 * FULL_ENUMERATION_LIMIT:
+            per_pool = [_best_tp_per_depth(cm, opts, 1) for opts in full_options]
     usable = {p.name: USABLE_HBM_FRACTION * p.gpu.hbm_bytes for p in pools}
     state = cm.workload.model.params * TRAIN_BYTES_PER_PARAM
     best: tuple[float, tuple[_PoolOption, ...], TrainEstimate] | None = None
@@ -152,14 +158,14 @@ def _polish(cm: CostModel, best, full_options: list[list[_PoolOption]], max_pp: 
     return best
 
 
-def _best_tp_per_depth(cm: CostModel, options: list[_PoolOption]) -> list[_PoolOption]:
-    """For each stage count k, the TP_PER_DEPTH degrees that are best when the pool trains alone (all of them if
+def _best_tp_per_depth(cm: CostModel, options: list[_PoolOption], keep: int) -> list[_PoolOption]:
+    """For each stage count k, the ``keep`` TP degrees that are best when the pool trains alone (all of them if
     none fits alone: in a pipeline the pool holds fewer layers)."""
     kept: list[_PoolOption] = []
     for k in sorted({o.k for o in options}):
         same_k = [o for o in options if o.k == k]
         scored = [(cm.train(_stages((o,))), o) for o in same_k]
         feasible = sorted((e.step_time_s, o.tp) for e, o in scored if e.feasible)
-        best_tps = {tp for _, tp in feasible[:TP_PER_DEPTH]}
+        best_tps = {tp for _, tp in feasible[:keep]}
         kept += [o for o in same_k if o.tp in best_tps] if feasible else same_k
     return kept
