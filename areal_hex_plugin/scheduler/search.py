@@ -5,9 +5,10 @@ Two-phase, at a window of delta steps:
    Eq. (3) split (phase 2, partition_model), which phase 1 scores (C_T, C_I); if C_T < C_I training gets less
    compute, else more; it stops once max(C_T, C_I) has been stable for K iterations;
 2. the EM-style alternation (balance_model): phase 1 measures each pool's training and rollout rates, CP-SAT
-   repartitions on them, until the split repeats; run from the bisection's best split and, for diversity, on
-   every subset of pools (weight sync across slow links makes the landscape rugged);
-3. a local search (one machine moved in one pool, else one in each of two pools) from the best distinct starts.
+   repartitions on them, until the split repeats; run from the bisection's best split, on every subset of pools,
+   and with training confined to each single pool (weight sync across slow links and pipelines over slow
+   cross-type links make the landscape rugged); Eq. (3) splits on a coarse gamma grid join the starts;
+3. a local search (one machine moved, else two moves in one or two pools) from the best distinct starts.
 The window delta(eta) then doubles until the best step time stops moving, and the cheapest split within
 THROUGHPUT_TIE of the best is returned. Exhaustive mode scores every split with the same phase 1.
 """
