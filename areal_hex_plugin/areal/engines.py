@@ -1,8 +1,7 @@
 """Worker-side engine and controller subclasses: per-GPU-type SGLang flags and share-weighted routing.
 
-``HexRemoteSGLangEngine`` is upstream's ``RemoteSGLangEngine`` with a :class:`HexSGLangBackend`; its
-``as_controller`` returns a :class:`HexRolloutController`. Weight transport is not touched here: the
-transport package plugs in through the train-engine side (``HexPPOTrainer._create_train_engine``).
+``HexRemoteSGLangEngine`` is upstream's ``RemoteSGLangEngine`` with a :class:`HexSGLangBackend` and the relay
+transport's receiver methods; its ``as_controller`` returns a :class:`HexRolloutController`.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from areal.infra.remote_inf_engine import RemoteInfEngine
 
 from areal_hex_plugin.areal.routing import ShareRouter
 from areal_hex_plugin.areal.sglang_flags import server_args_for
+from areal_hex_plugin.transport.sglang_adapter import RelayReceiverMixin
 
 _chosen_rank: contextvars.ContextVar[int | None] = contextvars.ContextVar("hex_chosen_rank", default=None)
 
@@ -80,7 +80,9 @@ class HexRolloutController(RolloutController):
         return stats
 
 
-class HexRemoteSGLangEngine(RemoteSGLangEngine):
+class HexRemoteSGLangEngine(RelayReceiverMixin, RemoteSGLangEngine):
+    """Per-GPU-type server flags, share routing, and the relay transport's receiver methods (``hex_*``)."""
+
     def __init__(self, config) -> None:
         super().__init__(config)
         self._engine = RemoteInfEngine(config, HexSGLangBackend())

@@ -3,7 +3,9 @@
 ``_init_scheduler`` runs before upstream parses any backend string, so it rewrites the config from the plan,
 saves ``hex_plan.json`` beside upstream's ``config.yaml`` and returns the Hex scheduler for
 ``scheduler.type``. Rollout servers are ``HexRemoteSGLangEngine`` (per-GPU-type flags, share routing), chosen
-by a swap of the engine class scoped to ``_init_rollout``. Upstream's stats logger is wrapped to add ``hex/*``.
+by a swap of the engine class scoped to ``_init_rollout``. With ``hex.transport: relay`` and an FSDP actor, the
+actor is the transport's ``HexFSDPPPOActor`` and its controller gets the plan's rollout pools and links (a
+Megatron actor keeps upstream's xccl path). Upstream's stats logger is wrapped to add ``hex/*``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from areal_hex_plugin.areal.engines import HexRemoteSGLangEngine
 from areal_hex_plugin.areal.launch import scheduler_factory
 from areal_hex_plugin.areal.metrics import HexStatsLog
 from areal_hex_plugin.areal.rewrite import apply_plan
+from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
 from areal_hex_plugin.plan import HexPlan
 
 PLAN_FILE = "hex_plan.json"
@@ -47,12 +50,29 @@ class HexPPOTrainer(PPOTrainer):
         self._make_scheduler = make_scheduler
         super().__init__(config, train_dataset, valid_dataset)
         self.stats_logger = HexStatsLog(self.stats_logger, plan)
+        if self._uses_relay(self.actor_alloc.backend):
+            self.actor.configure_hex_transport(
+                transport_settings(self.hex_rewrite.placement, cluster_of(self.config))
+            )
+
+    def _uses_relay(self, backend: str) -> bool:
+        return self.config.hex.transport == "relay" and backend == "fsdp"
 
     def _init_scheduler(self):
-        rewrite = apply_plan(self.config, self.hex_plan)
+        self.hex_rewrite = apply_plan(self.config, self.hex_plan)
         save_plan_beside_config(self.config, self.hex_plan)
-        build = self._make_scheduler or scheduler_factory(self.config, self.hex_plan, rewrite.placement)
+        placement = self.hex_rewrite.placement
+        build = self._make_scheduler or scheduler_factory(self.config, self.hex_plan, placement)
         return build()
+
+    def _create_train_engine(self, actor_config, alloc):
+        if actor_config is not self.config.actor or not self._uses_relay(alloc.backend):
+            return super()._create_train_engine(actor_config, alloc)
+        from areal_hex_plugin.transport.fsdp_adapter import HexFSDPPPOActor
+
+        actor = HexFSDPPPOActor.as_controller(actor_config, self.scheduler)
+        actor.create_process_group(parallel_strategy=alloc.parallel)
+        return actor
 
     def _init_rollout(self, rollout_config, is_eval: bool = False, lora_path: str | None = None):
         with patch.object(rl_trainer, "RemoteSGLangEngine", HexRemoteSGLangEngine):

@@ -52,3 +52,37 @@ def test_init_scheduler_rewrites_config_saves_plan_and_builds_the_hex_scheduler(
     saved = Path(StatsLogger.get_log_path(config.stats_logger))
     assert (saved / "config.yaml").exists()  # upstream's, written by load_expr_config
     assert json.loads((saved / PLAN_FILE).read_text())["model"] == plan.model
+
+
+@pytest.mark.integration
+def test_relay_transport_gets_the_fsdp_actor_and_the_plans_pools(tmp_path: Path) -> None:
+    from areal_hex_plugin.areal.placement import placement_from_plan
+    from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
+    from areal_hex_plugin.specs.config import PoolConfig
+    from areal_hex_plugin.transport.controller_adapter import HexPPOActorController
+    from tests.integration.plans import two_type_plan
+
+    (tmp_path / "nr").mkdir()
+    overrides = [f"cluster.fileroot={tmp_path}", f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}"]
+    config, _ = load_hex_config(["--config", str(RECIPE), *overrides])
+    config.hex.cluster.pools = [
+        PoolConfig(name="big", gpu_type="H100", gpus_per_machine=2, machines=2, price_per_gpu_hour=3.0),
+        PoolConfig(
+            name="small", gpu_type="L40S", gpus_per_machine=2, machines=2, price_per_gpu_hour=1.0,
+            inter_machine_gb_per_s=3.0,
+        ),
+    ]  # fmt: skip
+    plan = two_type_plan()
+    settings = transport_settings(placement_from_plan(plan), cluster_of(config))
+    got = [(p.name, p.workers, p.cross_gb_per_s, p.intra_gb_per_s) for p in settings.pools]
+    assert got == [("big", [0, 1], 12.5, 12.5), ("small", [2, 3, 4, 5], 1.5, 3.0)]
+
+    trainer = HexPPOTrainer.__new__(HexPPOTrainer)
+    trainer.config = config
+    trainer.scheduler = HexLocalScheduler(node_local(placement_from_plan(plan), plan), exp_config=config)
+    config.hex.transport = "relay"
+    relay = trainer._create_train_engine(config.actor, ModelAllocation.from_str("fsdp:d2"))
+    assert isinstance(relay, HexPPOActorController)
+    config.hex.transport = "upstream"
+    plain = trainer._create_train_engine(config.actor, ModelAllocation.from_str("fsdp:d2"))
+    assert not isinstance(plain, HexPPOActorController)
