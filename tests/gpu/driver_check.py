@@ -8,7 +8,8 @@ reach no network):
 It discovers the local GPUs (nvidia-smi), writes a recipe whose cluster is this machine split into a train pool
 and a rollout pool, runs ``python -m areal_hex_plugin.driver`` with ``scheduler.type=hex_local`` for a few
 steps, and prints the ``hex/*`` metrics upstream's StatsLogger committed. On a one-GPU machine both roles
-share the GPU (``HEX_LOCAL_SHARE_GPUS=1``, weights updated through disk). Exit 0 when the run finished and
+share the GPU (``HEX_LOCAL_SHARE_GPUS=1``, upstream's disk weight update); with more, weights go through the
+relay transport (``hex.transport: relay``). Exit 0 when the run finished and
 logged measured throughput; 2 when this machine cannot run the check (no GPU, no sglang).
 """
 
@@ -52,7 +53,9 @@ def write_recipe(folder: Path, model: str, dataset: str, gpu_type: str, n_gpus: 
     recipe["gconfig"].update(n_samples=4, max_new_tokens=256, max_tokens=1280)
     recipe["sglang"].update(context_length=1280, mem_fraction_static=0.4 if shared else 0.6)
     if shared:
-        recipe["actor"]["weight_update_mode"] = "disk"  # NCCL refuses two ranks on one GPU
+        # NCCL refuses two ranks on one GPU: upstream's disk update instead of the relay transport.
+        recipe["actor"]["weight_update_mode"] = "disk"
+        recipe["hex"]["transport"] = "upstream"
     recipe["train_dataset"].update(path=dataset, batch_size=8, max_length=512, num_workers=0)
     recipe["stats_logger"]["wandb"]["mode"] = "offline"
     recipe["hex"]["cluster"] = {
