@@ -57,6 +57,9 @@ class RolloutEstimate:
     step_time_s: float = 0.0  # one decode step with the batch full
     bound: str = ""  # what limits the full-batch decode step: "hbm", "compute" or "communication"
     kv_capacity_tokens: int = 0
+    # After each weight update upstream aborts and resubmits in-flight requests, so the replica prefills their
+    # prompts (once per rollout: the radix cache shares them) and generated tokens again before decoding on.
+    recompute_s: float = 0.0
 
     @property
     def n_gpus(self) -> int:
@@ -248,6 +251,9 @@ def estimate_rollout(
     full_s = max(0.0, total_tokens - drain_tokens) / peak
     prefill_s = waves * concurrency * max(st.prefill_s for st in built)
     tokens_per_s = total_tokens / (full_s + drain_s + prefill_s)
+    in_flight_prompts = -(-concurrency // workload.rl.n_samples)
+    recompute_tokens = in_flight_prompts * workload.prompt_tokens + concurrency * lengths.inflight_position
+    prefill_s_per_token = max(st.lin_flop_s + st.allreduce_per_seq_s + st.handoff_per_seq_s for st in built)
     return RolloutEstimate(
         feasible=True,
         reason="",
@@ -261,6 +267,7 @@ def estimate_rollout(
         step_time_s=step,
         bound=bound,
         kv_capacity_tokens=int(capacity),
+        recompute_s=recompute_tokens * prefill_s_per_token,
     )
 
 

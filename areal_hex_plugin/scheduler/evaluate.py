@@ -133,7 +133,14 @@ class Evaluator:
                     estimate = self.cm.rollout(tuple(RolloutStage(pool=pool_name, tp=tp) for _ in range(pp)))
                     if estimate.feasible and estimate.tokens_per_s > 0:
                         configs.append(
-                            ReplicaConfig(pool_name, tp, pp, estimate.tokens_per_s, estimate.concurrency)
+                            ReplicaConfig(
+                                pool_name,
+                                tp,
+                                pp,
+                                estimate.tokens_per_s,
+                                estimate.concurrency,
+                                estimate.recompute_s,
+                            )
                         )
             self._configs[pool_name] = prune_dominated(configs)
         return self._configs[pool_name]
@@ -157,7 +164,10 @@ class Evaluator:
         train_s = train.step_time_s if train else math.inf
         if fleet.groups:
             shares = tuple(largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups]))
-            rollout_s = window_rollout_s(fleet, samples * window, self.workload.output_lengths.mean) / window
+            rollout_s = (
+                window_rollout_s(fleet, samples * window, self.workload.output_lengths.mean, updates=window)
+                / window
+            )
             rollout_s += reward_s
         else:
             shares, rollout_s = (), math.inf
@@ -185,11 +195,13 @@ def _stages(config: ReplicaConfig) -> tuple[RolloutStage, ...]:
     return tuple(RolloutStage(pool=config.pool, tp=config.tp) for _ in range(config.pp))
 
 
-def window_rollout_s(fleet: Fleet, samples: int, mean_tokens: float) -> float:
-    """Generation makespan of ``samples`` samples split by largest remainder in proportion to y_psi * h_psi."""
+def window_rollout_s(fleet: Fleet, samples: int, mean_tokens: float, updates: int = 0) -> float:
+    """Generation makespan of ``samples`` samples split by largest remainder in proportion to y_psi * h_psi,
+    with each replica rebuilding its KV cache after each of ``updates`` weight updates."""
     parts = largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups])
     return max(
-        math.ceil(x / y) * mean_tokens / c.tokens_per_s for (c, y), x in zip(fleet.groups, parts, strict=True)
+        math.ceil(x / y) * mean_tokens / c.tokens_per_s + updates * c.recompute_s
+        for (c, y), x in zip(fleet.groups, parts, strict=True)
     )
 
 

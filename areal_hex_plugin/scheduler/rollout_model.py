@@ -27,6 +27,7 @@ class ReplicaConfig:
     pp: int
     tokens_per_s: float  # h_psi: one replica's generation speed
     concurrency: int
+    recompute_s: float = 0.0  # KV rebuild after each weight update (interrupted requests are re-prefilled)
 
     @property
     def gpus(self) -> int:
