@@ -195,10 +195,14 @@ def _stages(config: ReplicaConfig) -> tuple[RolloutStage, ...]:
     return tuple(RolloutStage(pool=config.pool, tp=config.tp) for _ in range(config.pp))
 
 
-def window_rollout_s(fleet: Fleet, samples: int, mean_tokens: float, updates: int = 0) -> float:
-    """Generation makespan of ``samples`` samples split by largest remainder in proportion to y_psi * h_psi,
-    with each replica rebuilding its KV cache after each of ``updates`` weight updates."""
-    parts = largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups])
+def window_rollout_s(
+    fleet: Fleet, samples: int, mean_tokens: float, updates: int = 0, even: bool = False
+) -> float:
+    """Generation makespan of ``samples`` samples split by largest remainder in proportion to y_psi * h_psi
+    (``even``: to y_psi, the same number per replica), with each replica rebuilding its KV cache after each of
+    ``updates`` weight updates."""
+    weights = [y if even else c.tokens_per_s * y for c, y in fleet.groups]
+    parts = largest_remainder(samples, weights)
     return max(
         math.ceil(x / y) * mean_tokens / c.tokens_per_s + updates * c.recompute_s
         for (c, y), x in zip(fleet.groups, parts, strict=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import Baseline, HexPlan, Objective, ParetoPoint, Predicted, SolverInfo, Staleness
-from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
+from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator, window_rollout_s
 from areal_hex_plugin.scheduler.explain import binding_constraint, pool_roles
 from areal_hex_plugin.scheduler.placement import place
 from areal_hex_plugin.scheduler.search import SearchResult, exhaustive, two_phase, upper_bound
@@ -233,11 +233,10 @@ class Planner:
 
     def _uniform(self, e: Evaluation) -> float:
         """The paper's ablation: the chosen split, but every replica gets the same number of samples."""
-        replicas = sum(y for _, y in e.fleet.groups)
         window = e.window
-        per_replica = math.ceil(self.workload.rl.samples_per_step * window / replicas)
+        samples = self.workload.rl.samples_per_step * window
         mean = self.workload.output_lengths.mean
-        rollout = max(per_replica * mean / c.tokens_per_s for c, _ in e.fleet.groups) / window + e.reward_s
+        rollout = window_rollout_s(e.fleet, samples, mean, updates=window, even=True) / window + e.reward_s
         return self.ev.tokens_per_step / (e.sync_s + max(rollout, e.train_s))
 
     def _gpus_by_type(self, e: Evaluation) -> dict[str, int]:
