@@ -32,9 +32,13 @@ class Split:
         return {p.name: r * p.gpus_per_machine for r, p in zip(self.rollout, cluster.pools, strict=True) if r}
 
     def neighbours(self, limits: tuple[int, ...]) -> Iterator[Split]:
-        """Splits one machine move away inside a pool: train <-> rollout, or a machine rented or released."""
+        """Splits one move away inside a pool: a machine changes role (train, rollout, idle), or the pool's
+        machines swap roles or all turn to one role; and the mirror split (every pool swaps roles)."""
         for i in range(len(limits)):
             yield from self._moved(i, limits)
+        mirror = Split(self.rollout, self.train)
+        if mirror != self:
+            yield mirror
 
     def pair_neighbours(self, limits: tuple[int, ...]) -> Iterator[Split]:
         """Splits two moves away, in one pool or two (e.g. release a machine here, rent one there)."""
@@ -48,10 +52,14 @@ class Split:
                             yield second
 
     def _moved(self, i: int, limits: tuple[int, ...]) -> Iterator[Split]:
+        """One machine of pool i changes role, or the whole pool does (swaps roles, or all of it turns to one)."""
         t, r = self.train[i], self.rollout[i]
-        for dt, dr in ((-1, 1), (1, -1), (1, 0), (0, 1), (-1, 0), (0, -1)):
-            nt, nr = t + dt, r + dr
-            if nt >= 0 and nr >= 0 and nt + nr <= limits[i]:
+        steps = [(t + dt, r + dr) for dt, dr in ((-1, 1), (1, -1), (1, 0), (0, 1), (-1, 0), (0, -1))]
+        whole = [(r, t), (t + r, 0), (0, t + r)]
+        seen = {(t, r)}
+        for nt, nr in steps + whole:
+            if nt >= 0 and nr >= 0 and nt + nr <= limits[i] and (nt, nr) not in seen:
+                seen.add((nt, nr))
                 yield Split(_set(self.train, i, nt), _set(self.rollout, i, nr))
 
 
