@@ -9,6 +9,7 @@ the rewritten config and the placement and exits without starting anything. Bad 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from areal_hex_plugin.errors import HexError
 
@@ -33,15 +34,35 @@ def split_argv(argv: list[str]) -> tuple[str, list[str]]:
     return path, rest
 
 
+def solve_for_upstream(recipe):
+    """Solve ``recipe``; when the plan trains on stages of different layouts, which upstream's one actor backend
+    cannot run, solve again with one training stage and say so."""
+    from areal_hex_plugin.areal.placement import placement_from_plan
+    from areal_hex_plugin.scheduler import plan_recipe
+
+    plan = plan_recipe(recipe)
+    try:
+        placement_from_plan(plan)
+    except HexError as exc:
+        if exc.field != "plan.train.stages":
+            raise
+        solver = replace(recipe.hex.solver, max_pp_stages=1)
+        single = plan_recipe(replace(recipe, hex=replace(recipe.hex, solver=solver)))
+        return single, (
+            "solved at start with one training stage: the best plan pipelined training over stages of different "
+            f"layouts, which upstream's single actor backend cannot run ({plan.predicted.tokens_per_s:,.0f} -> "
+            f"{single.predicted.tokens_per_s:,.0f} predicted tokens/s)"
+        )
+    return plan, "solved at start"
+
+
 def obtain_plan(recipe, config):
     """The saved plan at ``hex.plan_path`` (checked against the recipe), or a plan solved now."""
     from areal_hex_plugin.areal.placement import check_plan_fits_cluster
     from areal_hex_plugin.plan import HexPlan
 
     if not config.hex.plan_path:
-        from areal_hex_plugin.scheduler import plan_recipe
-
-        return plan_recipe(recipe), "solved at start"
+        return solve_for_upstream(recipe)
     plan = HexPlan.load(config.hex.plan_path)
     if plan.model != recipe.workload.model.name:
         raise HexError(
