@@ -156,21 +156,25 @@ class Evaluator:
             )
         return self._pool_fleet[key]
 
+    def rollout_s(self, counts: tuple[int, ...], window: int) -> float:
+        """Rollout time per step (generation over the window, plus reward) of these rollout machines alone."""
+        fleet = self.fleet(counts)
+        if not fleet.groups:
+            return math.inf
+        samples = self.workload.rl.samples_per_step
+        generation = window_rollout_s(
+            fleet, samples * window, self.workload.output_lengths.mean, updates=window
+        )
+        return generation / window + self.cm.reward_s(samples)
+
     def _evaluate(self, split: Split, window: int) -> Evaluation:
         train = self.train(split.train) if any(split.train) else None
         fleet = self.fleet(split.rollout)
         samples = self.workload.rl.samples_per_step
         reward_s = self.cm.reward_s(samples)
         train_s = train.step_time_s if train else math.inf
-        if fleet.groups:
-            shares = tuple(largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups]))
-            rollout_s = (
-                window_rollout_s(fleet, samples * window, self.workload.output_lengths.mean, updates=window)
-                / window
-            )
-            rollout_s += reward_s
-        else:
-            shares, rollout_s = (), math.inf
+        rollout_s = self.rollout_s(split.rollout, window)
+        shares = tuple(largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups]))
         sync_s = 0.0
         if train and fleet.groups:
             replicas = [(_stages(c), y) for c, y in fleet.groups]

@@ -309,7 +309,10 @@ def _refine(
     while time.monotonic() < deadline:
         step = _best_move(ev, best, best.split.neighbours(limits), budget, window, deadline)
         if step is None:
-            step = _best_move(ev, best, best.split.pair_neighbours(limits), budget, window, deadline)
+            # Whole-pool moves in pairs only where few pools keep the pair neighbourhood small.
+            few = sum(1 for m in limits if m) <= FEW_POOLS
+            pairs = best.split.pair_neighbours(limits, whole=few)
+            step = _best_move(ev, best, pairs, budget, window, deadline)
         if step is None:
             break
         best = step
@@ -324,6 +327,9 @@ def _best_move(ev: Evaluator, current: Evaluation, splits, budget, window, deadl
         if not (any(split.train) and any(split.rollout)):
             continue
         if budget is not None and split.cost_per_hour(ev.cluster) > budget + 1e-9:
+            continue
+        # The step is at least the rollout time: skip the training search where that alone cannot win.
+        if ev.tokens_per_step / ev.rollout_s(split.rollout, window) < best.tokens_per_s(ev.tokens_per_step):
             continue
         e = ev.evaluate(split, window)
         if e.feasible:

@@ -33,29 +33,41 @@ class Split:
 
     def neighbours(self, limits: tuple[int, ...]) -> Iterator[Split]:
         """Splits one move away inside a pool: a machine changes role (train, rollout, idle), or the pool's
-        machines swap roles or all turn to one role; and the mirror split (every pool swaps roles)."""
+        machines swap roles, turn to one role or are rented; and the mirror split (every pool swaps roles)."""
         for i in range(len(limits)):
             yield from self._moved(i, limits)
         mirror = Split(self.rollout, self.train)
         if mirror != self:
             yield mirror
 
-    def pair_neighbours(self, limits: tuple[int, ...]) -> Iterator[Split]:
-        """Splits two moves away, in one pool or two (e.g. release a machine here, rent one there)."""
+    def pair_neighbours(self, limits: tuple[int, ...], whole: bool = True) -> Iterator[Split]:
+        """Splits two moves away, in one pool or two (e.g. release a machine here, rent one there); ``whole``:
+        whole-pool moves count as moves too (else only single machines move)."""
         seen = {self}
         for i in range(len(limits)):
-            for first in self._moved(i, limits):
+            for first in self._moved(i, limits, whole):
                 for j in range(i, len(limits)):
-                    for second in first._moved(j, limits):
+                    for second in first._moved(j, limits, whole):
                         if second not in seen:
                             seen.add(second)
                             yield second
 
-    def _moved(self, i: int, limits: tuple[int, ...]) -> Iterator[Split]:
-        """One machine of pool i changes role, or the whole pool does (swaps roles, or all of it turns to one)."""
+    def _moved(self, i: int, limits: tuple[int, ...], whole_pool: bool = True) -> Iterator[Split]:
+        """One machine of pool i changes role, or the whole pool does (swaps roles, all of it turns to one role, or
+        its idle machines go to training, to rollout or half to each)."""
         t, r = self.train[i], self.rollout[i]
         steps = [(t + dt, r + dr) for dt, dr in ((-1, 1), (1, -1), (1, 0), (0, 1), (-1, 0), (0, -1))]
-        whole = [(r, t), (t + r, 0), (0, t + r)]
+        idle = limits[i] - t - r
+        whole = [
+            (r, t),
+            (t + r, 0),
+            (0, t + r),
+            (t + idle, r),
+            (t, r + idle),
+            (t + idle // 2, r + idle - idle // 2),
+        ]
+        if not whole_pool:
+            whole = []
         seen = {(t, r)}
         for nt, nr in steps + whole:
             if nt >= 0 and nr >= 0 and nt + nr <= limits[i] and (nt, nr) not in seen:
