@@ -33,29 +33,19 @@ class LengthStats:
     # Mean decode position of the sequences in flight when the batch is kept full: sequences are seen in
     # proportion to their length, at a uniform point of it (E[n^2] / 2E[n]).
     inflight_position: float
-    drain_from_full: DrainCurve  # admission stops with the batch in its steady mix (residual lengths)
     drain_from_start: DrainCurve  # every slot starts together (a synchronous batch)
 
 
-def _curve(lengths: tuple[int, ...], residual: bool) -> DrainCurve:
-    """Survival on a geometric grid, averaged exactly over each interval.
-
-    ``P(n > t)`` when every slot starts together; for residual lengths of a steady batch ``E[(n - t)+] / E[n]``.
-    Both integrate in closed form through tail sums of ``(n - t)`` and ``(n - t)^2``.
-    """
+def _curve(lengths: tuple[int, ...]) -> DrainCurve:
+    """Survival ``P(n > t)`` of a batch whose slots all start together, on a geometric grid, averaged exactly
+    over each interval through tail sums of ``(n - t)``."""
     count = len(lengths)
-    mean = sum(lengths) / count
-    tail1 = list(accumulate(reversed(lengths)))[::-1] + [0]
-    tail2 = list(accumulate(n * n for n in reversed(lengths)))[::-1] + [0]
+    tail = list(accumulate(reversed(lengths)))[::-1] + [0]
 
     def beyond(t: float) -> float:
         """Integral of the survival from ``t`` to the end."""
         i = bisect.bisect_right(lengths, t)
-        k = count - i
-        first = tail1[i] - k * t  # sum of (n - t)+
-        if not residual:
-            return first / count
-        return (tail2[i] - 2 * t * tail1[i] + k * t * t) / 2 / count / mean
+        return (tail[i] - (count - i) * t) / count
 
     top = float(lengths[-1])
     grid = [0.0] + [top * (2.0 ** (k - DRAIN_POINTS + 1)) for k in range(DRAIN_POINTS)]
@@ -66,10 +56,9 @@ def _curve(lengths: tuple[int, ...], residual: bool) -> DrainCurve:
 
 
 def length_stats(dist: LengthDistribution) -> LengthStats:
-    """The in-flight position and drain curves of ``dist`` (computed once per cost model)."""
+    """The in-flight position and drain curve of ``dist`` (computed once per cost model)."""
     return LengthStats(
         mean=dist.mean,
         inflight_position=dist.mean_square / (2 * dist.mean),
-        drain_from_full=_curve(dist.lengths, residual=True),
-        drain_from_start=_curve(dist.lengths, residual=False),
+        drain_from_start=_curve(dist.lengths),
     )

@@ -3,9 +3,10 @@
 One decode step of ``a`` sequences on one TP rank of a stage costs
 ``max(weights / HBM, a * 2 * params / FLOPS) + max(a * ctx * KV bytes / HBM, a * 4 * ctx * q_dim / FLOPS)``
 plus two TP all-reduces per layer over the machine's GPU link. Pipeline stages run ``pp`` micro-batches; the
-slowest stage (with its hand-off) sets the cycle. The replica keeps the batch full (continuous batching) while
-the staleness window admits work, then drains as the long tail finishes; prefill is compute-bound and adds its
-time per sequence (SGLang runs prefill batches apart from decode batches unless mixed chunking is enabled).
+slowest stage (with its hand-off) sets the cycle. With a staleness bound eta >= 1 the replica keeps the batch
+full (continuous batching); with eta = 0 each batch drains through its long tail. Prefill is compute-bound and
+adds its time per sequence (SGLang runs prefill batches apart from decode batches unless mixed chunking is
+enabled), and so does re-prefilling the in-flight sequences after each weight update.
 """
 
 from __future__ import annotations
@@ -238,18 +239,18 @@ def estimate_rollout(
     built = _build_stages(cluster, workload, calibration, stages, layers, gpus)
     step, bound = _cycle(built, concurrency, ctx)
     peak = concurrency / step
-    # The planning window (delta(eta), about eta + 1 training steps) gives each replica eta + 1 full batches of
-    # work; then admission stops and the batch drains. With eta = 0 every batch starts and drains together.
-    waves = workload.rl.max_head_offpolicyness + 1
-    if waves > 1:
-        drain_s, drain_tokens = _drain_time(built, concurrency, ctx, lengths.drain_from_full)
-    else:
+    # With eta >= 1 upstream admits new work while the trainer consumes finished batches, so a replica that
+    # rollout is waiting on stays full (the simulator plays this out); only with eta = 0 does every batch start
+    # together and drain through its long tail before the next version may start.
+    if workload.rl.max_head_offpolicyness == 0:
         drain_s, drain_tokens = _drain_time(
             built, concurrency, workload.prompt_tokens, lengths.drain_from_start
         )
-    total_tokens = waves * concurrency * lengths.mean
+    else:
+        drain_s = drain_tokens = 0.0
+    total_tokens = concurrency * lengths.mean
     full_s = max(0.0, total_tokens - drain_tokens) / peak
-    prefill_s = waves * concurrency * max(st.prefill_s for st in built)
+    prefill_s = concurrency * max(st.prefill_s for st in built)
     tokens_per_s = total_tokens / (full_s + drain_s + prefill_s)
     in_flight_prompts = -(-concurrency // workload.rl.n_samples)
     recompute_tokens = in_flight_prompts * workload.prompt_tokens + concurrency * lengths.inflight_position
