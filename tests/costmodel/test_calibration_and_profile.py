@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from areal_hex_plugin.areal.profiler import measure
 from areal_hex_plugin.cli import main
-from areal_hex_plugin.commands.profile import MEASUREMENTS_FORMAT, derive_factors, measure
+from areal_hex_plugin.commands.profile import MEASUREMENTS_FORMAT, derive_factors
 from areal_hex_plugin.costmodel import Calibration, CostModel, RolloutStage, recipe_calibration
 from areal_hex_plugin.costmodel.calibration import DEFAULTS, GENERIC, read_profile
 from areal_hex_plugin.errors import HexError

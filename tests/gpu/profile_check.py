@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
+from areal_hex_plugin.areal.profiler import measure
 from areal_hex_plugin.cli import main
-from areal_hex_plugin.commands.profile import derive_factors, measure
+from areal_hex_plugin.commands.profile import derive_factors
 from areal_hex_plugin.costmodel.calibration import read_profile
 from areal_hex_plugin.specs.catalog import build_catalog
 from areal_hex_plugin.specs.models import resolve_model
