@@ -126,6 +126,8 @@ class SolverInfo:
 
 @dataclass(frozen=True)
 class Staleness:
+    """Upstream's admission settings; ``max_concurrent_rollouts`` counts rollouts (prompts), as upstream does."""
+
     max_head_offpolicyness: int
     max_concurrent_rollouts: int
 

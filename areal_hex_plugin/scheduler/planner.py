@@ -275,7 +275,9 @@ class Planner:
             weight_sync_s=round(best.sync_s, 4),
             reward_s=round(best.reward_s, 4),
         )
-        in_flight = sum(g.concurrency * g.count for g in rollout.replicas)
+        # Upstream counts rollouts (one prompt with its n_samples samples), not sequences.
+        sequences = sum(g.concurrency * g.count for g in rollout.replicas)
+        in_flight = -(-sequences // self.workload.rl.n_samples)
         return HexPlan(
             recipe=str(self.recipe.path),
             model=self.workload.model.name,

@@ -80,7 +80,7 @@ def test_target_mode_finds_the_cheapest_plan_reaching_the_target():
     plan = plan_recipe(recipe, PlanRequest(target_tokens_per_s=target, exhaustive=True))
     assert plan.objective.kind == "target"
     assert plan.predicted.tokens_per_s >= target
-    assert plan.predicted.cost_per_hour < full.predicted.cost_per_hour
+    assert plan.predicted.cost_per_hour <= full.predicted.cost_per_hour
     assert "cheapest plan reaching" in plan.binding
     frontier = plan_recipe(recipe, PlanRequest(exhaustive=True, pareto=True)).pareto
     cheapest = min(pt.cost_per_hour for pt in frontier if pt.tokens_per_s >= target)
