@@ -45,14 +45,15 @@ FACTORS = tuple(f.name for f in fields(Efficiency))
 GENERIC = Efficiency()
 
 DEFAULTS: dict[str, Efficiency] = {
-    # H20: a Hopper die cut to 148 TFLOPS that keeps the 4 TB/s HBM3. Dense GEMMs saturate its small tensor budget
-    # easily (85% of peak at decode batch sizes, which run compute-bound on it). With few SMs per TB/s, the
+    # H20: a Hopper die cut to 148 TFLOPS that keeps the 4 TB/s HBM3. The cap, not the SMs, limits its GEMMs, so
+    # the decode GEMMs of a CUDA-graph batch (up to 256 sequences, compute-bound on it above ~40) and prefill run at
+    # ~90% of that figure. With few SMs per TB/s, the
     # latency-bound decode kernels (paged KV reads, skinny GEMMs at small batch) pull ~65% of the HBM figure.
     # Training MFU is the one factor set from a measurement: the paper's Observation 2 (5 H20 do not reach one
     # H800 in training, paper.md §1.3) puts its achieved training FLOPS at ~0.6x the H800's share; FSDP's
     # bandwidth- and latency-bound work (gathers, recompute, optimizer, launches) does not shrink with the cut
     # compute.
-    "H20": Efficiency(train_mfu=0.26, infer_mfu=0.85, hbm_fraction=0.65, link_efficiency=0.80),
+    "H20": Efficiency(train_mfu=0.26, infer_mfu=0.90, hbm_fraction=0.65, link_efficiency=0.80),
     # H800-PCIe (the paper's 756 TFLOPS / 2 TB/s part): a 350 W card whose clocks drop under sustained tensor
     # load; skinny decode GEMMs hold ~40% of the datasheet peak, the large GEMMs of training ~45%. Its HBM2e
     # streams at ~90% of the figure (many SMs per TB/s).

@@ -3,10 +3,12 @@
 One decode step of ``a`` sequences on one TP rank of a stage costs
 ``max(weights / HBM, a * 2 * params / FLOPS) + max(a * ctx * KV bytes / HBM, a * 4 * ctx * q_dim / FLOPS)``
 plus two TP all-reduces per layer over the machine's GPU link. Pipeline stages run ``pp`` micro-batches; the
-slowest stage (with its hand-off) sets the cycle. With a staleness bound eta >= 1 the replica keeps the batch
-full (continuous batching); with eta = 0 each batch drains through its long tail. Prefill is compute-bound and
-adds its time per sequence (SGLang runs prefill batches apart from decode batches unless mixed chunking is
-enabled), and so does re-prefilling the in-flight sequences after each weight update.
+slowest stage (with its hand-off) sets the cycle. The batch is as many sequences as the KV cache holds, at most
+SGLang's CUDA-graph batch limit. With a staleness bound eta >= 1 the replica keeps the batch full (continuous
+batching); with eta = 0 each batch drains through its long tail. Prefill is compute-bound and adds its time once
+per prompt (the radix cache shares it between a rollout's samples; SGLang runs prefill batches apart from decode
+batches unless mixed chunking is enabled), and so does re-prefilling the in-flight sequences after each weight
+update.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ from areal_hex_plugin.specs.workload import WorkloadSpec
 
 # Per-step CPU work of the engine (scheduling, sampling, detokenisation hand-off) that CUDA graphs do not hide.
 STEP_OVERHEAD_S = 1e-3
+# SGLang's default ``cuda_graph_max_bs`` (server_args, per GPU memory and TP size; sglang 0.5.x, which
+# areal 1.0.4 pins): (min HBM GB, batch limit below TP4, batch limit at TP4 and above); the first row the card
+# reaches applies. Decode batches above it run without CUDA graphs and pay the kernel-launch cost of every layer
+# on each step, so the plan keeps a replica's batch within it (the in-flight cap it writes bounds the batch).
+CUDA_GRAPH_MAX_BS = ((90.0, 256, 512), (60.0, 256, 512), (35.0, 32, 160), (20.0, 24, 80), (0.0, 8, 64))
 # Latency of one small NCCL all-reduce inside a machine, and of one pipeline hand-off between machines.
 ALLREDUCE_LATENCY_S = 10e-6
 HANDOFF_LATENCY_S = 50e-6
@@ -48,8 +55,9 @@ class RolloutEstimate:
     reason: str
     tokens_per_s: float  # steady generated tokens/s of one replica over a staleness window
     gpus: dict[str, int] = field(hash=False)  # pool -> GPUs
-    # Sequences in flight when the batch is full: KV capacity / mean in-flight context, capped by
-    # rollout.max_concurrent_rollouts (a cluster-wide cap upstream: replicas together must share it).
+    # Sequences in flight when the batch is full: KV capacity / mean in-flight context, at most SGLang's
+    # CUDA-graph batch limit, capped by rollout.max_concurrent_rollouts (a cluster-wide cap upstream: replicas
+    # together must share it).
     concurrency: int
     weights_gb_per_gpu: float  # largest over stages
     kv_gb_per_gpu: float  # KV-cache budget per GPU on the tightest stage
@@ -233,7 +241,7 @@ def estimate_rollout(
             gpus,
         )
     ctx = workload.prompt_tokens + lengths.inflight_position
-    concurrency = max(1, int(capacity / ctx))
+    concurrency = min(max(1, int(capacity / ctx)), _graph_batch_limit(stages, pools))
     if workload.rl.max_concurrent_rollouts:
         concurrency = min(concurrency, workload.rl.max_concurrent_rollouts)
     built = _build_stages(cluster, workload, calibration, stages, layers, gpus)
@@ -250,9 +258,10 @@ def estimate_rollout(
         drain_s = drain_tokens = 0.0
     total_tokens = concurrency * lengths.mean
     full_s = max(0.0, total_tokens - drain_tokens) / peak
-    prefill_s = concurrency * max(st.prefill_s for st in built)
-    tokens_per_s = total_tokens / (full_s + drain_s + prefill_s)
+    # The n_samples sequences of a rollout share one prompt: SGLang's radix cache prefills it once.
     in_flight_prompts = -(-concurrency // workload.rl.n_samples)
+    prefill_s = in_flight_prompts * max(st.prefill_s for st in built)
+    tokens_per_s = total_tokens / (full_s + drain_s + prefill_s)
     recompute_tokens = in_flight_prompts * workload.prompt_tokens + concurrency * lengths.inflight_position
     prefill_s_per_token = max(st.lin_flop_s + st.allreduce_per_seq_s + st.handoff_per_seq_s for st in built)
     return RolloutEstimate(
@@ -270,6 +279,15 @@ def estimate_rollout(
         kv_capacity_tokens=int(capacity),
         recompute_s=recompute_tokens * prefill_s_per_token,
     )
+
+
+def _graph_batch_limit(stages: tuple[RolloutStage, ...], pools: list[Pool]) -> int:
+    """The largest decode batch SGLang captures as a CUDA graph on the replica's smallest-memory stage."""
+    limits = []
+    for s, pool in zip(stages, pools, strict=True):
+        _, small_tp, large_tp = next(row for row in CUDA_GRAPH_MAX_BS if pool.gpu.hbm_gb >= row[0])
+        limits.append(small_tp if s.tp < 4 else large_tp)
+    return min(limits)
 
 
 def _describe(model: str, stages: tuple[RolloutStage, ...], pools: list[Pool], index: int) -> str:
