@@ -65,6 +65,32 @@ def test_memory_and_concurrency_are_consistent():
     assert 1 <= est.concurrency <= 512  # the recipe's max_concurrent_rollouts
 
 
+def test_batch_stays_within_sglangs_cuda_graph_limit():
+    # Room for ~1,000 7B sequences per H20 at TP1 and far more at TP4, but SGLang captures CUDA graphs only up to
+    # 256 sequences below TP4 and 512 from TP4 on (cards of 60 GB and more); a 24 GB card stops at 24 below TP4.
+    cm = cost_model(PAPER_7B, "rollout.max_concurrent_rollouts=null")
+    tp1 = cm.rollout((RolloutStage("h20", 1),))
+    assert tp1.kv_capacity_tokens / 3212 > 256 and tp1.concurrency == 256
+    assert cm.rollout((RolloutStage("h20", 4),)).concurrency == 512
+    assert cm.rollout((RolloutStage("h20", 1), RolloutStage("h800", 4))).concurrency == 256
+    small = cost_model(MIX_4090, "++hex.workload.model=Qwen2.5-1.5B", "rollout.max_concurrent_rollouts=null")
+    assert small.rollout((RolloutStage("rtx4090", 1),)).concurrency == 24
+
+
+def test_a_rollouts_samples_share_one_prompt_prefill():
+    # The same 256 sequences as 16 rollouts of 16 samples (radix cache: 16 prefills) or 256 rollouts of one.
+    cm = cost_model(PAPER_7B)
+    grouped = cm.rollout((RolloutStage("h20", 1),))
+    single = cost_model(PAPER_7B, "gconfig.n_samples=1").rollout((RolloutStage("h20", 1),))
+    assert grouped.concurrency == single.concurrency == 256
+    assert grouped.peak_tokens_per_s == pytest.approx(single.peak_tokens_per_s)
+    tokens = 256 * cm.workload.output_lengths.mean
+    prefill_grouped = tokens / grouped.tokens_per_s - tokens / grouped.peak_tokens_per_s
+    prefill_single = tokens / single.tokens_per_s - tokens / single.peak_tokens_per_s
+    assert prefill_grouped > 0
+    assert prefill_single == pytest.approx(16 * prefill_grouped, rel=0.02)
+
+
 def test_h20_decode_is_compute_bound_and_h800_bandwidth_bound():
     cm = cost_model(PAPER_7B)
     assert cm.rollout((RolloutStage("h20", 1),)).bound == "compute"
