@@ -91,9 +91,11 @@ class Evaluator:
     def tokens_per_step(self) -> float:
         return self.workload.tokens_per_step
 
-    @property
-    def evaluations(self) -> list[Evaluation]:
-        return list(self._seen.values())
+    def scored_at(self, window: int) -> list[Evaluation]:
+        """Every split scored so far (at any window), scored at ``window``: phase 1 is memoised per machine
+        counts, so only the window-dependent parts are recomputed."""
+        splits = sorted({split for split, _ in self._seen})
+        return [self.evaluate(split, window) for split in splits]
 
     def evaluate(self, split: Split, window: int) -> Evaluation:
         key = (split, window)

@@ -160,11 +160,7 @@ class Planner:
                 lo = mid
         # Any split already scored that reaches the target more cheaply is as good an answer.
         window = chosen.window
-        reaching = [
-            e
-            for e in self.ev.evaluations
-            if e.window == window and e.feasible and self.tokens_per_s(e) >= target
-        ]
+        reaching = [e for e in self.ev.scored_at(window) if e.feasible and self.tokens_per_s(e) >= target]
         best = min(reaching, key=lambda e: (round(e.cost_per_hour, 6), -self.tokens_per_s(e), e.split))
         status = "timeout" if time.monotonic() > self.main_deadline else chosen.status
         return SearchResult(best, status, iterations, window)
@@ -253,7 +249,7 @@ class Planner:
             if time.monotonic() > self.deadline:
                 break
             self.search(self.limits, full * level / PARETO_LEVELS)
-        points = [e for e in self.ev.evaluations if e.window == window and e.feasible]
+        points = [e for e in self.ev.scored_at(window) if e.feasible]
         points.sort(key=lambda e: (e.cost_per_hour, -self.tokens_per_s(e), e.split))
         frontier: list[ParetoPoint] = []
         for e in points:

@@ -70,14 +70,13 @@ def better(a: Evaluation | None, b: Evaluation, tokens_per_step: float) -> Evalu
 def cheapest_near(
     ev: Evaluator, best: Evaluation, limits: tuple[int, ...], budget: float | None
 ) -> Evaluation:
-    """The cheapest scored split within THROUGHPUT_TIE of the best one (same window, limits and budget), so a
+    """The cheapest scored split within THROUGHPUT_TIE of the best one (at its window, limits and budget), so a
     plan never rents machines for a gain the cost model cannot resolve."""
     floor = (1 - THROUGHPUT_TIE) * best.tokens_per_s(ev.tokens_per_step)
     near = [
         e
-        for e in ev.evaluations
-        if e.window == best.window
-        and e.feasible
+        for e in ev.scored_at(best.window)
+        if e.feasible
         and e.tokens_per_s(ev.tokens_per_step) >= floor
         and all(t + r <= m for t, r, m in zip(e.split.train, e.split.rollout, limits, strict=True))
         and (budget is None or e.cost_per_hour <= budget + 1e-9)
