@@ -34,6 +34,10 @@ class LengthStats:
     # proportion to their length, at a uniform point of it (E[n^2] / 2E[n]).
     inflight_position: float
     drain_from_start: DrainCurve  # every slot starts together (a synchronous batch)
+    # Expected longest of a rollout's n_samples lengths over the mean length. Upstream's admission counts
+    # rollouts, and one holds its slot until its longest sample ends, so keeping k sequences decoding takes
+    # k / n_samples * group_hold rollouts admitted.
+    group_hold: float = 1.0
 
 
 def _curve(lengths: tuple[int, ...]) -> DrainCurve:
@@ -55,10 +59,17 @@ def _curve(lengths: tuple[int, ...]) -> DrainCurve:
     return DrainCurve(tuple(steps))
 
 
-def length_stats(dist: LengthDistribution) -> LengthStats:
-    """The in-flight position and drain curve of ``dist`` (computed once per cost model)."""
+def expected_longest(lengths: tuple[int, ...], n: int) -> float:
+    """Exact expected maximum of ``n`` independent draws from the sorted sample ``lengths``."""
+    count = len(lengths)
+    return sum(length * ((i / count) ** n - ((i - 1) / count) ** n) for i, length in enumerate(lengths, 1))
+
+
+def length_stats(dist: LengthDistribution, n_samples: int = 1) -> LengthStats:
+    """The in-flight position, drain curve and group hold of ``dist`` (computed once per cost model)."""
     return LengthStats(
         mean=dist.mean,
         inflight_position=dist.mean_square / (2 * dist.mean),
         drain_from_start=_curve(dist.lengths),
+        group_hold=expected_longest(dist.lengths, n_samples) / dist.mean,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from areal_hex_plugin.costmodel.calibration import Calibration
@@ -22,10 +23,15 @@ class CostModel:
         self.cluster = cluster
         self.workload = workload
         self.calibration = calibration or Calibration()
-        self._lengths = length_stats(workload.output_lengths)
+        self._lengths = length_stats(workload.output_lengths, workload.rl.n_samples)
         self._rollout: dict[tuple[RolloutStage, ...], RolloutEstimate] = {}
         self._train: dict[tuple[TrainStage, ...], TrainEstimate] = {}
         self._sync: dict[tuple, WeightSyncEstimate] = {}
+
+    def prompts_to_fill(self, sequences: int) -> int:
+        """Rollouts upstream must admit (``max_concurrent_rollouts``) to keep ``sequences`` decoding: each holds
+        its slot until the longest of its ``n_samples`` samples ends, while its finished samples free their KV."""
+        return math.ceil(sequences / self.workload.rl.n_samples * self._lengths.group_hold)
 
     def rollout(self, stages: tuple[RolloutStage, ...]) -> RolloutEstimate:
         """One rollout replica: ``len(stages)`` pipeline stages, each TP inside one machine."""
