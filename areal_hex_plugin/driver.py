@@ -34,26 +34,50 @@ def split_argv(argv: list[str]) -> tuple[str, list[str]]:
     return path, rest
 
 
-def solve_for_upstream(recipe):
-    """Solve ``recipe``; when the plan trains on stages of different layouts, which upstream's one actor backend
-    cannot run, solve again with one training stage and say so."""
+def _runs_on_upstream(plan) -> bool:
     from areal_hex_plugin.areal.placement import placement_from_plan
-    from areal_hex_plugin.scheduler import plan_recipe
 
-    plan = plan_recipe(recipe)
     try:
         placement_from_plan(plan)
     except HexError as exc:
-        if exc.field != "plan.train.stages":
-            raise
-        solver = replace(recipe.hex.solver, max_pp_stages=1)
-        single = plan_recipe(replace(recipe, hex=replace(recipe.hex, solver=solver)))
-        return single, (
-            "solved at start with one training stage: the best plan pipelined training over stages of different "
-            f"layouts, which upstream's single actor backend cannot run ({plan.predicted.tokens_per_s:,.0f} -> "
-            f"{single.predicted.tokens_per_s:,.0f} predicted tokens/s)"
+        if exc.field in ("plan.train.stages", "plan.rollout.replicas"):
+            return False
+        raise
+    return True
+
+
+def solve_for_upstream(recipe):
+    """Solve ``recipe``. Upstream runs one actor layout and one rollout server layout; when the best plan needs
+    more, solve again with one training stage and, for each rollout (tp, pp), every replica in that layout, keep
+    the best of those, and say what it cost."""
+    from areal_hex_plugin.scheduler import plan_recipe
+
+    plan = plan_recipe(recipe)
+    if _runs_on_upstream(plan):
+        return plan, "solved at start"
+    layouts = sorted({(g.tp, g.pp) for g in plan.rollout.replicas} | {(tp, 1) for tp in (1, 2, 4, 8)})
+    candidates = []
+    for tp, pp in layouts:
+        solver = replace(recipe.hex.solver, max_pp_stages=max(1, pp), rollout_layout=[tp, pp])
+        try:
+            candidate = plan_recipe(replace(recipe, hex=replace(recipe.hex, solver=solver)))
+        except HexError:
+            continue  # nothing fits in this layout
+        if _runs_on_upstream(candidate):
+            candidates.append(candidate)
+    if not candidates:
+        raise HexError(
+            "hex.solver.rollout_layout",
+            "no plan with one training layout and one rollout layout fits this cluster",
+            "add machines, or plan with areal-hex plan and run the pools as separate experiments",
         )
-    return plan, "solved at start"
+    best = max(candidates, key=lambda p: (p.predicted.tokens_per_s, -p.predicted.cost_per_hour))
+    rollout = best.rollout.replicas[0]
+    return best, (
+        f"solved at start in integration mode (one training layout, every rollout server tp{rollout.tp} "
+        f"pp{rollout.pp}): upstream runs one layout per role "
+        f"({plan.predicted.tokens_per_s:,.0f} -> {best.predicted.tokens_per_s:,.0f} predicted tokens/s)"
+    )
 
 
 def obtain_plan(recipe, config):

@@ -84,7 +84,7 @@ class Evaluator:
     deadline: float = math.inf  # time.monotonic() after which CP-SAT gets only a token time limit
     _configs: dict[str, list[ReplicaConfig]] = field(default_factory=dict)
     _train: dict[tuple[int, ...], TrainChoice | None] = field(default_factory=dict)
-    _pool_fleet: dict[tuple[str, int], RolloutSolution] = field(default_factory=dict)
+    _pool_fleet: dict[tuple[str, int, float], RolloutSolution] = field(default_factory=dict)
     _seen: dict[tuple[Split, int], Evaluation] = field(default_factory=dict)
 
     @property
@@ -115,15 +115,26 @@ class Evaluator:
             )
         return self._train[counts]
 
-    def fleet(self, counts: tuple[int, ...]) -> Fleet:
-        groups: list[tuple[ReplicaConfig, int]] = []
-        optimal = True
-        for pool, machines in zip(self.cluster.pools, counts, strict=True):
-            if machines:
-                solution = self.pool_fleet(pool.name, machines)
-                groups += solution.counts
-                optimal = optimal and solution.optimal
-        return Fleet(tuple(groups), optimal)
+    def fleet(self, counts: tuple[int, ...], window: int) -> Fleet:
+        """Phase 1b: the fleet of these rollout machines with the shortest rollout time per step.
+
+        Every replica also rebuilds its KV cache after each weight update, which the linear objective
+        sum(y_psi * h_psi) cannot see. So the program is solved once per bound on that rebuild time, with only
+        the shapes within the bound, and the fleet with the shortest makespan over the window is kept.
+        """
+        pools = [(pool.name, n) for pool, n in zip(self.cluster.pools, counts, strict=True) if n]
+        bounds = sorted({c.recompute_s for name, _ in pools for c in self.replica_configs(name)})
+        samples = self.workload.rl.samples_per_step * window
+        best: tuple[float, Fleet] | None = None
+        for bound in bounds:
+            solutions = [self.pool_fleet(name, n, bound) for name, n in pools]
+            fleet = Fleet(tuple(g for s in solutions for g in s.counts), all(s.optimal for s in solutions))
+            if not fleet.groups:
+                continue
+            makespan = window_rollout_s(fleet, samples, self.workload.output_lengths.mean, updates=window)
+            if best is None or makespan < best[0]:
+                best = (makespan, fleet)
+        return best[1] if best else Fleet((), True)
 
     def replica_configs(self, pool_name: str) -> list[ReplicaConfig]:
         """Feasible replica shapes psi of a pool, dominated shapes removed (see :func:`prune_dominated`)."""
@@ -132,6 +143,8 @@ class Evaluator:
             configs = []
             for pp in range(1, self.solver.max_pp_stages + 1):
                 for tp in tp_degrees(pool.gpus_per_machine):
+                    if self.solver.rollout_layout and [tp, pp] != self.solver.rollout_layout:
+                        continue
                     estimate = self.cm.rollout(tuple(RolloutStage(pool=pool_name, tp=tp) for _ in range(pp)))
                     if estimate.feasible and estimate.tokens_per_s > 0:
                         configs.append(
@@ -147,20 +160,23 @@ class Evaluator:
             self._configs[pool_name] = prune_dominated(configs)
         return self._configs[pool_name]
 
-    def pool_fleet(self, pool_name: str, machines: int) -> RolloutSolution:
-        """Phase 1b on ``machines`` rollout machines of one pool (replicas never span pools)."""
-        key = (pool_name, machines)
+    def pool_fleet(self, pool_name: str, machines: int, max_recompute_s: float = math.inf) -> RolloutSolution:
+        """Phase 1b on ``machines`` rollout machines of one pool (replicas never span pools), using only shapes
+        that rebuild their KV cache within ``max_recompute_s``."""
+        key = (pool_name, machines, max_recompute_s)
         if key not in self._pool_fleet:
             gpus = machines * self.cluster.pool(pool_name).gpus_per_machine
             limit = max(0.05, min(self.solver.time_limit_s, self.deadline - time.monotonic()))
+            configs = [c for c in self.replica_configs(pool_name) if c.recompute_s <= max_recompute_s]
             self._pool_fleet[key] = solve_rollout(
-                self.replica_configs(pool_name), gpus, limit, self.solver.num_workers, self.solver.seed
+                configs, gpus, limit, self.solver.num_workers, self.solver.seed
             )
         return self._pool_fleet[key]
 
     def rollout_s(self, counts: tuple[int, ...], window: int) -> float:
-        """Rollout time per step (generation over the window, plus reward) of these rollout machines alone."""
-        fleet = self.fleet(counts)
+        """Rollout time per step (generation and the KV rebuild after each weight update over the window, plus
+        reward) of these rollout machines alone."""
+        fleet = self.fleet(counts, window)
         if not fleet.groups:
             return math.inf
         samples = self.workload.rl.samples_per_step
@@ -171,7 +187,7 @@ class Evaluator:
 
     def _evaluate(self, split: Split, window: int) -> Evaluation:
         train = self.train(split.train) if any(split.train) else None
-        fleet = self.fleet(split.rollout)
+        fleet = self.fleet(split.rollout, window)
         samples = self.workload.rl.samples_per_step
         reward_s = self.cm.reward_s(samples)
         train_s = train.step_time_s if train else math.inf
@@ -216,19 +232,20 @@ def window_rollout_s(
 
 
 def prune_dominated(configs: list[ReplicaConfig]) -> list[ReplicaConfig]:
-    """Drop shapes that copies of a smaller shape beat: if g' divides g and (g / g') * h' >= h, psi is useless.
+    """Drop shapes that copies of another shape beat on both counts: if g' divides g, (g / g') * h' >= h and
+    psi' rebuilds its KV cache after a weight update no slower, psi is useless.
 
-    Among shapes with the same GPU count only the fastest is kept (ties: fewer pipeline stages).
+    Shapes are visited by GPU count, then speed, then rebuild time, then pipeline depth, and only an earlier shape
+    may dominate a later one, so exact ties keep the first.
     """
-    best: dict[int, ReplicaConfig] = {}
-    for c in sorted(configs, key=lambda c: (c.gpus, -c.tokens_per_s, c.pp)):
-        best.setdefault(c.gpus, c)
-    kept = []
-    for gpus, c in sorted(best.items()):
-        dominated = any(
-            g < gpus and gpus % g == 0 and gpus // g * o.tokens_per_s >= c.tokens_per_s
-            for g, o in best.items()
+    order = sorted(configs, key=lambda c: (c.gpus, -c.tokens_per_s, c.recompute_s, c.pp))
+    return [
+        c
+        for i, c in enumerate(order)
+        if not any(
+            c.gpus % o.gpus == 0
+            and c.gpus // o.gpus * o.tokens_per_s >= c.tokens_per_s
+            and o.recompute_s <= c.recompute_s
+            for o in order[:i]
         )
-        if not dominated:
-            kept.append(c)
-    return kept
+    ]

@@ -271,9 +271,9 @@ class Planner:
             weight_sync_s=round(best.sync_s, 4),
             reward_s=round(best.reward_s, 4),
         )
-        # Upstream counts rollouts (one prompt with its n_samples samples), not sequences.
-        sequences = sum(g.concurrency * g.count for g in rollout.replicas)
-        in_flight = -(-sequences // self.workload.rl.n_samples)
+        # Upstream counts rollouts (one prompt with its n_samples samples), each holding its slot until its
+        # longest sample ends: admit enough of them to keep every planned sequence decoding.
+        in_flight = self.cm.prompts_to_fill(sum(g.concurrency * g.count for g in rollout.replicas))
         return HexPlan(
             recipe=str(self.recipe.path),
             model=self.workload.model.name,

@@ -98,6 +98,8 @@ class SolverConfig:
     # Stop the repartition loop once max(C_T, C_I) is stable for this many iterations (the paper's K).
     stable_iterations: int = 20
     max_pp_stages: int = 4
+    # [tp, pp]: every rollout replica uses this one layout (upstream runs all rollout servers alike); empty: free.
+    rollout_layout: list[int] = field(default_factory=list)
 
 
 @dataclass

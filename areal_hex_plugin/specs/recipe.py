@@ -196,6 +196,13 @@ def _check_knobs(hex_cfg: HexConfig) -> None:
             raise HexError(
                 f"hex.solver.{name}", f"must be positive, got {getattr(solver, name)}", "set it > 0"
             )
+    layout = solver.rollout_layout
+    if layout and (len(layout) != 2 or min(layout) < 1):
+        raise HexError(
+            "hex.solver.rollout_layout",
+            f"must be [tp, pp] with both >= 1, got {layout}",
+            "e.g. [2, 1], or []",
+        )
     obj = hex_cfg.objective
     if obj.budget_per_hour is not None and obj.target_tokens_per_s is not None:
         raise HexError(

@@ -30,7 +30,7 @@ def _argv(recipe: Path, tmp_path: Path, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_dry_run_prints_rewrite_and_placement(recipe: Path, tmp_path: Path, capsys) -> None:
-    assert main(_argv(recipe, tmp_path, "+hex.dry_run=true")) == 0
+    assert main(_argv(recipe, tmp_path, "hex.dry_run=true")) == 0
     out = capsys.readouterr().out
     assert "nothing was started" in out
     backends = [line.split(": ", 1)[1] for line in out.splitlines() if line.strip().startswith("backend:")]
@@ -50,13 +50,13 @@ def _save_plan(recipe: Path, path: Path) -> Path:
 def test_dry_run_follows_a_saved_plan(tmp_path: Path, capsys) -> None:
     recipe = REPO / "recipes/paper/1.5b.yaml"
     plan_file = _save_plan(recipe, tmp_path / "plan.json")
-    assert main(_argv(recipe, tmp_path, "+hex.dry_run=true", f"+hex.plan_path={plan_file}")) == 0
+    assert main(_argv(recipe, tmp_path, "hex.dry_run=true", f"hex.plan_path={plan_file}")) == 0
     assert f"plan {plan_file}" in capsys.readouterr().out
 
 
 def test_stale_plan_for_another_model_exits_2(tmp_path: Path, capsys) -> None:
     plan_file = _save_plan(REPO / "recipes/paper/7b.yaml", tmp_path / "plan7b.json")
-    code = main(_argv(REPO / "recipes/paper/1.5b.yaml", tmp_path, f"+hex.plan_path={plan_file}"))
+    code = main(_argv(REPO / "recipes/paper/1.5b.yaml", tmp_path, f"hex.plan_path={plan_file}"))
     assert code == 2
     assert "made for model DeepSeek-R1-Distill-Qwen-7B" in capsys.readouterr().err
 
@@ -77,7 +77,7 @@ def test_unknown_scheduler_type_exits_2_without_traceback(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["+hex.plan_path=/nonexistent/plan.json"], "cannot read /nonexistent/plan.json"),
+        (["hex.plan_path=/nonexistent/plan.json"], "cannot read /nonexistent/plan.json"),
         # No GPUs here: hex_local finds no live inventory and stops before starting workers.
         (["scheduler.type=hex_local"], "nvidia-smi is not on PATH"),
     ],
