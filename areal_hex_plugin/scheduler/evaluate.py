@@ -196,9 +196,8 @@ class Evaluator:
         sync_s = 0.0
         if train and fleet.groups:
             replicas = [(_stages(c), y) for c, y in fleet.groups]
-            sync_s = self.cm.weight_sync(
-                split.train_gpus(self.cluster), replicas, strategy=self.sync_strategy
-            ).seconds
+            # The GPUs the training layout uses, which may be fewer than the split's training machines hold.
+            sync_s = self.cm.weight_sync(train.estimate.gpus, replicas, strategy=self.sync_strategy).seconds
         return Evaluation(
             split=split,
             window=window,

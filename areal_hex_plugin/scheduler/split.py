@@ -24,13 +24,6 @@ class Split:
             for t, r, p in zip(self.train, self.rollout, cluster.pools, strict=True)
         )
 
-    def train_gpus(self, cluster: Cluster) -> dict[str, int]:
-        """Pool name -> training GPUs (pools with none left out)."""
-        return {p.name: t * p.gpus_per_machine for t, p in zip(self.train, cluster.pools, strict=True) if t}
-
-    def rollout_gpus(self, cluster: Cluster) -> dict[str, int]:
-        return {p.name: r * p.gpus_per_machine for r, p in zip(self.rollout, cluster.pools, strict=True) if r}
-
     def neighbours(self, limits: tuple[int, ...]) -> Iterator[Split]:
         """Splits one move away inside a pool: a machine changes role (train, rollout, idle), or the pool's
         machines swap roles, turn to one role or are rented; and the mirror split (every pool swaps roles)."""
