@@ -26,6 +26,7 @@ from areal_hex_plugin.costmodel.memory import (
     split_layers,
     stage_params,
 )
+from areal_hex_plugin.costmodel.stages import layout_problem
 from areal_hex_plugin.specs.cluster import Cluster, Pool
 from areal_hex_plugin.specs.workload import WorkloadSpec
 
@@ -95,28 +96,9 @@ def _infeasible(reason: str, gpus: dict[str, int]) -> RolloutEstimate:
 
 
 def _check_stages(cluster: Cluster, workload: WorkloadSpec, stages: tuple[RolloutStage, ...]) -> str:
-    model = workload.model
-    if not stages:
-        return "a replica needs at least one stage"
-    if len(stages) > model.layers:
-        return f"{len(stages)} pipeline stages for {model.layers} layers"
-    names = {p.name for p in cluster.pools}
-    used: dict[str, int] = {}
-    for s in stages:
-        if s.pool not in names:
-            return f"unknown pool {s.pool!r} (pools: {', '.join(sorted(names))})"
-        pool = cluster.pool(s.pool)
-        if s.tp < 1:
-            return f"tp must be at least 1, got {s.tp}"
-        if s.tp > pool.gpus_per_machine:
-            return f"TP{s.tp} does not fit one {pool.name} machine of {pool.gpus_per_machine} GPUs"
-        if model.heads % s.tp:
-            return f"TP{s.tp} does not divide {model.name}'s {model.heads} attention heads"
-        used[s.pool] = used.get(s.pool, 0) + s.tp
-    for name, count in used.items():
-        if count > cluster.pool(name).n_gpus:
-            return f"needs {count} GPUs of pool {name}, which has {cluster.pool(name).n_gpus}"
-    return ""
+    if any(s.tp < 1 for s in stages):
+        return f"tp must be at least 1, got {min(s.tp for s in stages)}"
+    return layout_problem(cluster, workload.model, [(s.pool, s.tp, s.tp) for s in stages], "replica")
 
 
 def _build_stages(cluster, workload, calibration: Calibration, stages, layers, gpus) -> list[_Stage]:

@@ -22,6 +22,7 @@ from areal_hex_plugin.costmodel.memory import (
     train_activation_bytes,
     train_state_bytes,
 )
+from areal_hex_plugin.costmodel.stages import layout_problem
 from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.workload import WorkloadSpec
 
@@ -67,28 +68,10 @@ def _infeasible(reason: str, gpus: dict[str, int], layers=(), memory=()) -> Trai
 
 
 def _check(cluster: Cluster, workload: WorkloadSpec, stages: tuple[TrainStage, ...]) -> str:
-    model = workload.model
-    if not stages:
-        return "a trainer needs at least one stage"
-    if len(stages) > model.layers:
-        return f"{len(stages)} pipeline stages for {model.layers} layers"
-    names = {p.name for p in cluster.pools}
-    used: dict[str, int] = {}
     for s in stages:
-        if s.pool not in names:
-            return f"unknown pool {s.pool!r} (pools: {', '.join(sorted(names))})"
-        pool = cluster.pool(s.pool)
         if s.dp < 1 or s.tp < 1:
             return f"dp and tp must be at least 1, got dp={s.dp} tp={s.tp}"
-        if s.tp > pool.gpus_per_machine:
-            return f"TP{s.tp} does not fit one {pool.name} machine of {pool.gpus_per_machine} GPUs"
-        if model.heads % s.tp:
-            return f"TP{s.tp} does not divide {model.name}'s {model.heads} attention heads"
-        used[s.pool] = used.get(s.pool, 0) + s.n_gpus
-    for name, count in used.items():
-        if count > cluster.pool(name).n_gpus:
-            return f"needs {count} GPUs of pool {name}, which has {cluster.pool(name).n_gpus}"
-    return ""
+    return layout_problem(cluster, workload.model, [(s.pool, s.tp, s.n_gpus) for s in stages], "trainer")
 
 
 def estimate_train(
