@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.specs import typed
 
 SCHEMA_VERSION = 1
 ROLES = ("train", "rollout", "idle")
@@ -183,7 +182,7 @@ class HexPlan:
                 f"is {version!r}, this areal-hex reads version {SCHEMA_VERSION}",
                 "re-create the plan with this version: areal-hex plan RECIPE --json OUT",
             )
-        plan = _read(HexPlan, data, source)
+        plan = typed.build(HexPlan, data, source, strict=True)
         _check(plan, source)
         return plan
 
@@ -212,52 +211,6 @@ class HexPlan:
     def machines_with_role(self, role: str) -> list[Machine]:
         """The machines that train, generate or stay idle (``role`` in :data:`ROLES`)."""
         return [m for m in self.machines if m.role == role]
-
-
-def _read(hint: Any, value: Any, path: str) -> Any:
-    """Strictly rebuild ``hint`` (a dataclass, a container or a scalar type) from JSON data."""
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _read(inner, value, path)
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise HexError(path, f"must be an object, got {_kind(value)}", "re-create the plan")
-        fields = {f.name: f for f in dataclasses.fields(hint)}
-        unknown = sorted(set(value) - set(fields))
-        if unknown:
-            raise HexError(f"{path}.{unknown[0]}", "unknown key", "re-create the plan with this areal-hex")
-        hints = typing.get_type_hints(hint)
-        kwargs = {}
-        for name, spec in fields.items():
-            if name not in value:
-                if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
-                    raise HexError(f"{path}.{name}", "is missing", "re-create the plan")
-                continue
-            kwargs[name] = _read(hints[name], value[name], f"{path}.{name}")
-        return hint(**kwargs)
-    if origin is list:
-        if not isinstance(value, list):
-            raise HexError(path, f"must be a list, got {_kind(value)}", "re-create the plan")
-        return [_read(args[0], item, f"{path}[{i}]") for i, item in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise HexError(path, f"must be an object, got {_kind(value)}", "re-create the plan")
-        return {str(k): _read(args[1], v, f"{path}.{k}") for k, v in value.items()}
-    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if hint is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if hint in (str, bool) and isinstance(value, hint):
-        return value
-    raise HexError(path, f"must be {hint.__name__}, got {_kind(value)}", "re-create the plan")
-
-
-def _kind(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
 
 
 def _check(plan: HexPlan, source: str) -> None:
