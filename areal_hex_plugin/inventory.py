@@ -50,8 +50,7 @@ class DiscoveredPool:
 
 def canonical_gpu_type(name: str, catalog: GpuCatalog) -> str:
     """The catalog name for a GPU as NVML, Slurm or Ray spell it (``NVIDIA GeForce RTX 4090``), else ``name``."""
-    vendorless = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.IGNORECASE)
-    return catalog.canonical(name) or catalog.canonical(vendorless) or name
+    return catalog.canonical(name) or name
 
 
 def group_pools(machines: list[Machine], catalog: GpuCatalog | None = None) -> list[DiscoveredPool]:
