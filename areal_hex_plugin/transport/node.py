@@ -168,7 +168,7 @@ class ReceiverNode:
             except Exception as error:  # noqa: BLE001 - e.g. the sink's server refused; the sender must hear it
                 logger.exception("%s failed", kind)
                 reply = {"t": "error", "error": f"{kind} failed on the replica: {error}"}
-            self._report(reply)
+            self._report({**reply, "id": message.get("id")})  # the sender matches answers to requests
 
     def _drop_forwarder(self) -> None:
         if self._forwarder is not None:

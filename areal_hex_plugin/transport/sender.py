@@ -78,6 +78,7 @@ class _Control:
         self.sock.settimeout(None)
         self.replies: queue.Queue[dict[str, Any]] = queue.Queue()
         self.closed = False
+        self._last_id = 0
         self._events = events
         threading.Thread(target=self._read, name=f"hex-control-{endpoint}", daemon=True).start()
 
@@ -95,18 +96,32 @@ class _Control:
                 self._events.put((self.pool, self.endpoint, lost))
                 self.replies.put(lost)
 
-    def request(self, message: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+    def send(self, message: dict[str, Any]) -> int:
+        """Send a request tagged with a fresh id (the node echoes it); returns the id to await."""
+        self._last_id += 1
         try:
-            send_message(self.sock, message)
+            send_message(self.sock, {**message, "id": self._last_id})
         except OSError as error:
-            return {"t": "lost", "error": f"control connection lost ({error})"}
-        try:
-            return self.replies.get(timeout=timeout_s or self.timeout_s)
-        except queue.Empty:
-            return {
-                "t": "lost",
-                "error": f"no answer to {message['t']} within {timeout_s or self.timeout_s:.0f} s",
-            }
+            self.replies.put({"t": "lost", "error": f"control connection lost ({error})"})
+        return self._last_id
+
+    def reply(self, request_id: int, timeout_s: float | None = None) -> dict[str, Any]:
+        """The answer to ``request_id``; late answers to earlier requests (given up on) are discarded."""
+        timeout = timeout_s or self.timeout_s
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                reply = self.replies.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return {"t": "lost", "error": f"no answer within {timeout:.0f} s"}
+            if reply.get("t") == "lost" or reply.get("id") == request_id:
+                return reply
+            logger.info(
+                "%s: discarding a late %s reply to request %s", self.endpoint, reply.get("t"), reply.get("id")
+            )
+
+    def request(self, message: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        return self.reply(self.send(message), timeout_s)
 
     def close(self) -> None:
         self.closed = True
@@ -237,13 +252,9 @@ class RelaySender:
         pending = [
             (control, state) for state in self._pools.values() for control in self._live_controls(state)
         ]
-        for control, _ in pending:
-            try:
-                send_message(control.sock, message)
-            except OSError as error:
-                control.replies.put({"t": "lost", "error": f"control connection lost ({error})"})
-        for control, state in pending:
-            reply = self._reply(control, timeout_s=max(self.config.timeout_s, 300.0))
+        request_ids = [control.send(message) for control, _ in pending]
+        for (control, state), request_id in zip(pending, request_ids, strict=True):
+            reply = control.reply(request_id, timeout_s=max(self.config.timeout_s, 300.0))
             if reply.get("t") == "committed" and reply.get("version") == self._version:
                 report.committed.append(str(control.endpoint))
             else:  # the others have switched already: record it, the caller decides what is enough
@@ -279,12 +290,6 @@ class RelaySender:
 
     def _live_controls(self, state: _PoolState) -> list[_Control]:
         return [state.controls[e] for e in state.alive if e in state.controls]
-
-    def _reply(self, control: _Control, timeout_s: float | None = None) -> dict[str, Any]:
-        try:
-            return control.replies.get(timeout=timeout_s or self.config.timeout_s)
-        except queue.Empty:
-            return {"t": "lost", "error": "no answer within the timeout"}
 
     def _drain_events(self) -> None:
         while not self._events.empty():
@@ -355,13 +360,9 @@ class RelaySender:
             ),
         ]
         for messages, expected in rounds:
-            for endpoint, message in messages.items():
-                try:
-                    send_message(state.controls[endpoint].sock, message)
-                except OSError as error:
-                    return endpoint, f"control connection lost ({error})"
-            for endpoint in messages:
-                reply = self._reply(state.controls[endpoint])
+            request_ids = {endpoint: state.controls[endpoint].send(m) for endpoint, m in messages.items()}
+            for endpoint, request_id in request_ids.items():
+                reply = state.controls[endpoint].reply(request_id)
                 if reply.get("t") == "downstream_failed":
                     return Endpoint.parse(reply["peer"]), reply.get("error", "unreachable")
                 if reply.get("t") != expected:
