@@ -217,6 +217,22 @@ def _check(plan: HexPlan, source: str) -> None:
     """Cross-field checks a consumer relies on: roles are known and every referenced stage/group exists."""
     n_stages = len(plan.train.stages)
     n_groups = len(plan.rollout.replicas)
+    for i, stage in enumerate(plan.train.stages):
+        for name in ("dp", "tp", "layers"):
+            if getattr(stage, name) < 1:
+                raise HexError(
+                    f"{source}.train.stages[{i}].{name}", "must be at least 1", "re-create the plan"
+                )
+    for i, group in enumerate(plan.rollout.replicas):
+        for name in ("tp", "pp", "count", "concurrency"):
+            if getattr(group, name) < 1:
+                raise HexError(
+                    f"{source}.rollout.replicas[{i}].{name}", "must be at least 1", "re-create the plan"
+                )
+        if not 0 <= group.share <= 1:
+            raise HexError(f"{source}.rollout.replicas[{i}].share", "must be in [0, 1]", "re-create the plan")
+    if plan.rollout.replicas and not any(g.share > 0 for g in plan.rollout.replicas):
+        raise HexError(f"{source}.rollout.replicas", "every share is 0", "re-create the plan")
     for i, machine in enumerate(plan.machines):
         where = f"{source}.machines[{i}]"
         if machine.role not in ROLES:

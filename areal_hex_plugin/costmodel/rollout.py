@@ -70,6 +70,7 @@ class RolloutEstimate:
     # After each weight update upstream aborts and resubmits in-flight requests, so the replica prefills their
     # prompts (once per rollout: the radix cache shares them) and generated tokens again before decoding on.
     recompute_s: float = 0.0
+    prefill_s_per_token: float = 0.0  # compute-bound prefill (new prompts and the rebuild after an update)
 
     @property
     def n_gpus(self) -> int:
@@ -260,6 +261,7 @@ def estimate_rollout(
         bound=bound,
         kv_capacity_tokens=int(capacity),
         recompute_s=recompute_tokens * prefill_s_per_token,
+        prefill_s_per_token=prefill_s_per_token,
     )
 
 

@@ -21,6 +21,13 @@ from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.workload import WorkloadSpec
 
 STRATEGIES = ("broadcast", "relay")
+
+
+def strategy_for(transport: str) -> str:
+    """The sync model of a recipe's ``hex.transport``: our relay, or upstream's single-root broadcast."""
+    return "relay" if transport == "relay" else "broadcast"
+
+
 # Upstream's ``weight_chunked_mem_mb`` default; each bucket costs a gather on the trainer, a rendezvous and a
 # load into the engine, which this fixed time per bucket stands for.
 BUCKET_BYTES = 1024 * 1024 * 1024

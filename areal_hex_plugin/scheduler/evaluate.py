@@ -85,6 +85,7 @@ class Evaluator:
     _configs: dict[str, list[ReplicaConfig]] = field(default_factory=dict)
     _train: dict[tuple[int, ...], TrainChoice | None] = field(default_factory=dict)
     _pool_fleet: dict[tuple[str, int, float], RolloutSolution] = field(default_factory=dict)
+    _fleets: dict[tuple[tuple[int, ...], int], tuple[Fleet, float]] = field(default_factory=dict)
     _seen: dict[tuple[Split, int], Evaluation] = field(default_factory=dict)
 
     @property
@@ -116,12 +117,19 @@ class Evaluator:
         return self._train[counts]
 
     def fleet(self, counts: tuple[int, ...], window: int) -> Fleet:
-        """Phase 1b: the fleet of these rollout machines with the shortest rollout time per step.
+        """Phase 1b: the fleet of these rollout machines with the shortest rollout time per step."""
+        return self._fleet_and_makespan(counts, window)[0]
+
+    def _fleet_and_makespan(self, counts: tuple[int, ...], window: int) -> tuple[Fleet, float]:
+        """The fleet of :meth:`fleet` and its generation makespan over the window (memoised).
 
         Every replica also rebuilds its KV cache after each weight update, which the linear objective
         sum(y_psi * h_psi) cannot see. So the program is solved once per bound on that rebuild time, with only
         the shapes within the bound, and the fleet with the shortest makespan over the window is kept.
         """
+        key = (counts, window)
+        if key in self._fleets:
+            return self._fleets[key]
         pools = [(pool.name, n) for pool, n in zip(self.cluster.pools, counts, strict=True) if n]
         bounds = sorted({c.recompute_s for name, _ in pools for c in self.replica_configs(name)})
         samples = self.workload.rl.samples_per_step * window
@@ -134,7 +142,8 @@ class Evaluator:
             makespan = window_rollout_s(fleet, samples, self.workload.output_lengths.mean, updates=window)
             if best is None or makespan < best[0]:
                 best = (makespan, fleet)
-        return best[1] if best else Fleet((), True)
+        self._fleets[key] = (best[1], best[0]) if best else (Fleet((), True), math.inf)
+        return self._fleets[key]
 
     def replica_configs(self, pool_name: str) -> list[ReplicaConfig]:
         """Feasible replica shapes psi of a pool, dominated shapes removed (see :func:`prune_dominated`)."""
@@ -176,14 +185,10 @@ class Evaluator:
     def rollout_s(self, counts: tuple[int, ...], window: int) -> float:
         """Rollout time per step (generation and the KV rebuild after each weight update over the window, plus
         reward) of these rollout machines alone."""
-        fleet = self.fleet(counts, window)
+        fleet, makespan = self._fleet_and_makespan(counts, window)
         if not fleet.groups:
             return math.inf
-        samples = self.workload.rl.samples_per_step
-        generation = window_rollout_s(
-            fleet, samples * window, self.workload.output_lengths.mean, updates=window
-        )
-        return generation / window + self.cm.reward_s(samples)
+        return makespan / window + self.cm.reward_s(self.workload.rl.samples_per_step)
 
     def _evaluate(self, split: Split, window: int) -> Evaluation:
         train = self.train(split.train) if any(split.train) else None

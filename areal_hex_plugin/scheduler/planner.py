@@ -6,6 +6,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import Baseline, HexPlan, Objective, ParetoPoint, Predicted, SolverInfo, Staleness
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator, window_rollout_s
@@ -13,6 +14,7 @@ from areal_hex_plugin.scheduler.explain import binding_constraint, pool_roles
 from areal_hex_plugin.scheduler.placement import place
 from areal_hex_plugin.scheduler.search import SearchResult, exhaustive, two_phase, upper_bound
 from areal_hex_plugin.scheduler.split import count_splits
+from areal_hex_plugin.scheduler.train_search import tp_degrees
 
 # --exhaustive enumerates every split; beyond this many it would take too long to be useful.
 EXHAUSTIVE_MAX_SPLITS = 20_000
@@ -56,7 +58,7 @@ def objective_of(recipe, request: PlanRequest) -> Objective:
 class Planner:
     """One planning session over one recipe: a shared memo of phase-1 scores for every search it runs."""
 
-    def __init__(self, recipe, request: PlanRequest, cost_model=None) -> None:
+    def __init__(self, recipe, request: PlanRequest) -> None:
         from areal_hex_plugin.costmodel import CostModel
         from areal_hex_plugin.costmodel.calibration import recipe_calibration
 
@@ -66,10 +68,9 @@ class Planner:
         self.workload = recipe.workload
         self.solver = recipe.hex.solver
         self.objective = objective_of(recipe, request)
-        self.cm = cost_model or CostModel(
-            recipe.cluster, recipe.workload, calibration=recipe_calibration(recipe)
-        )
+        self.cm = CostModel(recipe.cluster, recipe.workload, calibration=recipe_calibration(recipe))
         self.limits = tuple(p.machines for p in self.cluster.pools)
+        _check_rollout_layout(self.solver, self.cluster)
         self.eta = self.workload.rl.max_head_offpolicyness
         self.start = time.monotonic()
         self.deadline = self.start + self.solver.time_limit_s
@@ -80,7 +81,7 @@ class Planner:
             self.cluster,
             self.workload,
             self.solver,
-            sync_strategy="relay" if recipe.hex.transport == "relay" else "broadcast",
+            sync_strategy=strategy_for(recipe.hex.transport),
             exhaustive=request.exhaustive,
             deadline=self.deadline,
         )
@@ -299,6 +300,20 @@ class Planner:
         )
 
 
-def plan_recipe(recipe, request: PlanRequest | None = None, cost_model=None) -> HexPlan:
+def plan_recipe(recipe, request: PlanRequest | None = None) -> HexPlan:
     """Plan ``recipe`` (see :class:`PlanRequest`); bad input raises :class:`HexError`."""
-    return Planner(recipe, request or PlanRequest(), cost_model).solve()
+    return Planner(recipe, request or PlanRequest()).solve()
+
+
+def _check_rollout_layout(solver, cluster) -> None:
+    """A fixed rollout layout must be one the phase-1b search can build on some pool."""
+    if not solver.rollout_layout:
+        return
+    tp, pp = solver.rollout_layout
+    if pp > solver.max_pp_stages or not any(tp in tp_degrees(p.gpus_per_machine) for p in cluster.pools):
+        degrees = sorted({d for p in cluster.pools for d in tp_degrees(p.gpus_per_machine)})
+        raise HexError(
+            "hex.solver.rollout_layout",
+            f"[{tp}, {pp}] is not a layout any pool can run",
+            f"use tp in {degrees} and pp <= hex.solver.max_pp_stages ({solver.max_pp_stages})",
+        )

@@ -7,10 +7,8 @@ step times in between are interpolated linearly, so ``n / step(n)`` at the full 
 ``peak_tokens_per_s``. Drain, prefill and staleness effects, which the model averages analytically, are then
 played out by the simulation itself.
 
-Prefill (new prompts, and the KV recompute after each weight update) runs at the rate of the model's dense work
-per token: the slope of the step time between one sequence and as many as the KV cache holds, with a near-empty
-context (1-token prompt and outputs), so that attention and weight reads drop out. On the paper's recipes this
-is within about 1% of the model's own per-prompt prefill time.
+Prefill (new prompts, and the KV recompute after each weight update) runs at the model's own compute-bound
+prefill rate (``RolloutEstimate.prefill_s_per_token``), the same figure the planner charges.
 """
 
 from __future__ import annotations
@@ -18,10 +16,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage, TrainStage, recipe_calibration
+from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.sim.spec import LaneSpec, SimSpec
-from areal_hex_plugin.specs.workload import LengthDistribution
 
 
 class _Probes:
@@ -42,9 +40,9 @@ class _Probes:
         return estimate.concurrency, estimate.step_time_s
 
 
-def sim_spec(recipe, plan: HexPlan, cost_model: CostModel | None = None) -> SimSpec:
+def sim_spec(recipe, plan: HexPlan) -> SimSpec:
     """The simulation inputs of ``plan`` on ``recipe``'s cluster and workload."""
-    cm = cost_model or CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
     workload = recipe.workload
     if not plan.rollout.replicas or not plan.train.stages:
         raise HexError(
@@ -53,12 +51,6 @@ def sim_spec(recipe, plan: HexPlan, cost_model: CostModel | None = None) -> SimS
             "re-plan the recipe: areal-hex plan RECIPE --json PLAN.json",
         )
     decode = _Probes(recipe, workload)
-    dense = _Probes(
-        recipe,
-        replace(
-            workload, prompt_tokens=1, output_lengths=LengthDistribution((1,), "one token (dense-work probe)")
-        ),
-    )
     lanes = []
     replicas = []
     for i, group in enumerate(plan.rollout.replicas):
@@ -70,8 +62,6 @@ def sim_spec(recipe, plan: HexPlan, cost_model: CostModel | None = None) -> SimS
                 f"does not run on this recipe: {full.reason}",
                 "re-plan the recipe",
             )
-        many, many_s = dense.step_s(stages, None)
-        _, one_s = dense.step_s(stages, 1)
         lanes.append(
             LaneSpec(
                 name=_lane_name(group, i, plan),
@@ -80,7 +70,7 @@ def sim_spec(recipe, plan: HexPlan, cost_model: CostModel | None = None) -> SimS
                 count=group.count,
                 share=group.share,
                 step_s=_step_table(decode, stages, min(group.concurrency, full.concurrency)),
-                prefill_tokens_per_s=(many - 1) / (many_s - one_s),
+                prefill_tokens_per_s=1 / full.prefill_s_per_token,
             )
         )
         replicas.append((stages, group.count))
@@ -91,7 +81,7 @@ def sim_spec(recipe, plan: HexPlan, cost_model: CostModel | None = None) -> SimS
     train_gpus: dict[str, int] = {}
     for s in train_stages:
         train_gpus[s.pool] = train_gpus.get(s.pool, 0) + s.n_gpus
-    strategy = "relay" if recipe.hex.transport == "relay" else "broadcast"
+    strategy = strategy_for(recipe.hex.transport)
     rl = workload.rl
     return SimSpec(
         lanes=tuple(lanes),

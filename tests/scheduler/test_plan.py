@@ -77,6 +77,10 @@ def test_round_trip_through_json_file(tmp_path):
         (lambda d: d["machines"][0].update(role="boss"), "plan.machines[0].role"),
         (lambda d: d["machines"][1]["gpus"][0].update(group=7), "plan.machines[1].gpus[0].group"),
         (lambda d: d["machines"][0]["gpus"][0].update(stage=None), "plan.machines[0].gpus[0].stage"),
+        (lambda d: d["rollout"]["replicas"][0].update(count=0), "plan.rollout.replicas[0].count"),
+        (lambda d: d["rollout"]["replicas"][0].update(concurrency=0), "plan.rollout.replicas[0].concurrency"),
+        (lambda d: d["rollout"]["replicas"][0].update(share=-0.5), "plan.rollout.replicas[0].share"),
+        (lambda d: d["train"]["stages"][0].update(dp=0), "plan.train.stages[0].dp"),
     ],
 )
 def test_malformed_plans_name_the_field(tmp_path, edit, field):

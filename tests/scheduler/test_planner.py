@@ -136,6 +136,8 @@ def test_cli_writes_plan_json_and_plot(tmp_path, capsys):
         ["--json", "/nonexistent-dir/plan.json"],
         ["--plot", "/nonexistent-dir/frontier.png"],
         ["hex.solver.num_workers=0"],
+        ["+hex.solver.rollout_layout=[3,1]"],
+        ["+hex.solver.rollout_layout=[1,9]"],
     ],
 )
 def test_cli_bad_input_exits_2_without_traceback_or_file(tmp_path, capsys, args):

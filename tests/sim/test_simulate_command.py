@@ -33,7 +33,9 @@ def test_step_table_follows_the_cost_model(planned):
         # More sequences: each step takes longer, but the replica generates more in total.
         assert all(a <= b for a, b in zip(lane.step_s, lane.step_s[1:], strict=False))
         assert lane.tokens_per_s(estimate.concurrency // 4) < estimate.peak_tokens_per_s
-        # Prefill is compute-bound: faster per token than decoding a single sequence.
+        # Prefill (new prompts and the rebuild after an update) at the planner's rate, and compute-bound: faster
+        # per token than decoding a single sequence.
+        assert lane.prefill_tokens_per_s == pytest.approx(1 / estimate.prefill_s_per_token, rel=1e-9)
         assert 1 / lane.step_s[0] < lane.prefill_tokens_per_s
     assert spec.train_s == pytest.approx(plan.predicted.train_time_s, rel=1e-3)
     assert spec.sync_s == pytest.approx(plan.predicted.weight_sync_s, rel=1e-3)
