@@ -61,7 +61,7 @@ class TorchLink:
 
     def __init__(self, group: dist.ProcessGroup, rank: int, device: torch.device, store: dist.Store) -> None:
         self.group, self.rank, self.device = group, rank, device
-        self._store = store  # keeps the rendezvous server alive as long as the group
+        self._store: dist.Store | None = store  # keeps the rendezvous server alive as long as the group
         self._staging: torch.Tensor | None = None
 
     def _on_device(self, nbytes: int) -> torch.Tensor:
@@ -85,7 +85,12 @@ class TorchLink:
             chunk.copy_(target)
 
     def close(self) -> None:
-        self.group = None  # type: ignore[assignment]
+        """Shut the group down and free its store and staging buffer (a new link is opened per version)."""
+        group, self.group = self.group, None
+        # Not dist.destroy_process_group: the group was built directly, not registered with the default world.
+        if group is not None:
+            group.shutdown()
+        self._store = self._staging = None
 
 
 def _make_group(
