@@ -116,8 +116,25 @@ def run(argv: list[str]) -> int:
     if config.hex.dry_run:
         print(describe_dry_run(config, rewrite, plan, source))
         return 0
+    check_transport(config)
     make_scheduler = scheduler_factory(config, plan, rewrite.placement)
     return _train(config, plan, make_scheduler)
+
+
+def check_transport(config) -> None:
+    """What the relay transport needs from the config and the environment, checked before any worker starts."""
+    if config.hex.transport != "relay" or not config.actor.backend.startswith("fsdp"):
+        return
+    mode = config.actor.weight_update_mode
+    if mode != "xccl":
+        raise HexError(
+            "actor.weight_update_mode",
+            f"is {mode!r}, but hex.transport=relay sends weights in place of upstream's xccl buckets",
+            "set actor.weight_update_mode=xccl, or hex.transport=upstream to keep upstream's own path",
+        )
+    from areal_hex_plugin.transport.wire import load_token
+
+    load_token()
 
 
 def _train(config, plan, make_scheduler) -> int:

@@ -23,6 +23,7 @@ from areal_hex_plugin.specs.catalog import GpuCatalog, build_catalog
 # ``sinfo -N -h -o`` format: node, GRES, features, partition (one line per node and partition).
 SINFO_FORMAT = "%N|%G|%f|%P"
 NVIDIA_SMI_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader"]
+TOOL_TIMEOUT_S = 30
 PRICE_MARK = "FILL IN: what one GPU-hour of this pool costs you"
 
 
@@ -218,8 +219,8 @@ def machines_from_sinfo(text: str, catalog: GpuCatalog | None = None) -> list[Ma
 def machines_from_slurm() -> list[Machine]:
     if shutil.which("sinfo") is None:
         raise HexError("--from slurm", "sinfo is not on PATH", "run this on a Slurm login node")
-    out = subprocess.run(
-        ["sinfo", "-N", "-h", "-o", SINFO_FORMAT], capture_output=True, text=True, check=False
+    out = _run_tool(
+        ["sinfo", "-N", "-h", "-o", SINFO_FORMAT], "--from slurm", "check that slurmctld is reachable"
     )
     if out.returncode != 0:
         raise HexError("--from slurm", f"sinfo failed: {out.stderr.strip()}", "check that Slurm is reachable")
@@ -252,7 +253,7 @@ def machines_from_nvidia_smi(text: str, host: str) -> list[Machine]:
 def machines_from_local() -> list[Machine]:
     if shutil.which("nvidia-smi") is None:
         raise HexError("--from local", "nvidia-smi is not on PATH", "run this on a machine with NVIDIA GPUs")
-    out = subprocess.run(NVIDIA_SMI_QUERY, capture_output=True, text=True, check=False)
+    out = _run_tool(NVIDIA_SMI_QUERY, "--from local", "check the NVIDIA driver")
     if out.returncode != 0:
         raise HexError("--from local", f"nvidia-smi failed: {out.stderr.strip()}", "check the NVIDIA driver")
     return machines_from_nvidia_smi(out.stdout, socket.gethostname())
@@ -269,3 +270,11 @@ def discover(source: str, address: str | None = None) -> list[DiscoveredPool]:
     else:
         raise HexError("--from", f"unknown source {source!r}", "use ray, slurm or local")
     return group_pools(machines)
+
+
+def _run_tool(cmd: list[str], field: str, fix: str) -> subprocess.CompletedProcess:
+    """Run an inventory tool, bounded in time: an unreachable controller must not hang the command."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=TOOL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise HexError(field, f"{cmd[0]} gave no answer within {TOOL_TIMEOUT_S}s", fix) from None

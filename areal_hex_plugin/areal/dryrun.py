@@ -41,7 +41,7 @@ def rewritten_config(config) -> dict:
 
 def placement_table(rewrite: Rewrite, config) -> str:
     p = rewrite.placement
-    catalog = build_catalog()
+    catalog = build_catalog({name: asdict(figures) for name, figures in config.hex.gpu_catalog.items()})
     base_flags = {
         "attention_backend": getattr(config.sglang, "attention_backend", None),
         "mem_fraction_static": config.sglang.mem_fraction_static,

@@ -50,10 +50,6 @@ class HexPPOTrainer(PPOTrainer):
         self._make_scheduler = make_scheduler
         super().__init__(config, train_dataset, valid_dataset)
         self.stats_logger = HexStatsLog(self.stats_logger, plan)
-        if self._uses_relay(self.actor_alloc.backend):
-            self.actor.configure_hex_transport(
-                transport_settings(self.hex_rewrite.placement, cluster_of(self.config))
-            )
 
     def _uses_relay(self, backend: str) -> bool:
         return self.config.hex.transport == "relay" and backend == "fsdp"
@@ -72,6 +68,8 @@ class HexPPOTrainer(PPOTrainer):
 
         actor = HexFSDPPPOActor.as_controller(actor_config, self.scheduler)
         actor.create_process_group(parallel_strategy=alloc.parallel)
+        # Configured here, not after __init__: upstream's recovery updates weights inside __init__ on a resume.
+        actor.configure_hex_transport(transport_settings(self.hex_rewrite.placement, cluster_of(self.config)))
         return actor
 
     def _init_rollout(self, rollout_config, is_eval: bool = False, lora_path: str | None = None):

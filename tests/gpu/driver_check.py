@@ -19,6 +19,8 @@ import argparse
 import importlib.util
 import os
 import re
+import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -96,11 +98,31 @@ def main(argv: list[str] | None = None) -> int:
         "scheduler.type=hex_local",
     ]
     print("running:", " ".join(cmd), flush=True)
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(folder)}
+    # The relay transport (2+ GPUs) authenticates every peer with this shared secret.
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(folder),
+        "AREAL_HEX_TRANSPORT_TOKEN": secrets.token_hex(16),
+    }
     if n_gpus == 1:
         env["HEX_LOCAL_SHARE_GPUS"] = "1"
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env, cwd=REPO)
-    log = proc.stdout + proc.stderr
+    # A session of its own, so that a timeout ends the SGLang servers and workers the driver started too.
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+    )
+    try:
+        log, _ = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        log += f"\n[driver_check] killed after {args.timeout}s\n"
     (folder / "driver.log").write_text(log)
     metrics = sorted(set(re.findall(r"(hex/[\w/.-]+)\s*[│|]?\s*([-+0-9.e]+)", log)))
     for key, value in metrics:

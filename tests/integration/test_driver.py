@@ -80,11 +80,20 @@ def test_unknown_scheduler_type_exits_2_without_traceback(tmp_path: Path) -> Non
         (["hex.plan_path=/nonexistent/plan.json"], "cannot read /nonexistent/plan.json"),
         # No GPUs here: hex_local finds no live inventory and stops before starting workers.
         (["scheduler.type=hex_local"], "nvidia-smi is not on PATH"),
+        (["actor.weight_update_mode=disk"], "actor.weight_update_mode: is 'disk'"),
     ],
 )
 def test_bad_input_exits_2_before_any_worker(extra, message, tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", "0123456789abcdef")
     assert main(_argv(REPO / "recipes/paper/1.5b.yaml", tmp_path, *extra)) == 2
     assert message in capsys.readouterr().err
     # Upstream's loader saved config.yaml, but no worker ever wrote a log: nothing was started.
+    assert not list(tmp_path.rglob("*.log"))
+
+
+def test_relay_without_a_token_exits_2_before_any_worker(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.delenv("AREAL_HEX_TRANSPORT_TOKEN", raising=False)
+    assert main(_argv(REPO / "recipes/paper/1.5b.yaml", tmp_path)) == 2
+    assert "AREAL_HEX_TRANSPORT_TOKEN: missing" in capsys.readouterr().err
     assert not list(tmp_path.rglob("*.log"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -80,9 +81,12 @@ def test_relay_transport_gets_the_fsdp_actor_and_the_plans_pools(tmp_path: Path)
     trainer = HexPPOTrainer.__new__(HexPPOTrainer)
     trainer.config = config
     trainer.scheduler = HexLocalScheduler(node_local(placement_from_plan(plan), plan), exp_config=config)
+    trainer.hex_rewrite = SimpleNamespace(placement=placement_from_plan(plan))
     config.hex.transport = "relay"
     relay = trainer._create_train_engine(config.actor, ModelAllocation.from_str("fsdp:d2"))
     assert isinstance(relay, HexPPOActorController)
+    # Configured as the engine is made: upstream's recovery updates weights before __init__ returns.
+    assert relay.hex_settings == settings
     config.hex.transport = "upstream"
     plain = trainer._create_train_engine(config.actor, ModelAllocation.from_str("fsdp:d2"))
     assert not isinstance(plain, HexPPOActorController)
