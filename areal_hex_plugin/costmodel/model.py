@@ -24,7 +24,7 @@ class CostModel:
         self.workload = workload
         self.calibration = calibration or Calibration()
         self._lengths = length_stats(workload.output_lengths, workload.rl.n_samples)
-        self._rollout: dict[tuple[RolloutStage, ...], RolloutEstimate] = {}
+        self._rollout: dict[tuple[tuple[RolloutStage, ...], int | None], RolloutEstimate] = {}
         self._train: dict[tuple[TrainStage, ...], TrainEstimate] = {}
         self._sync: dict[tuple, WeightSyncEstimate] = {}
 
@@ -33,14 +33,24 @@ class CostModel:
         its slot until the longest of its ``n_samples`` samples ends, while its finished samples free their KV."""
         return math.ceil(sequences / self.workload.rl.n_samples * self._lengths.group_hold)
 
-    def rollout(self, stages: tuple[RolloutStage, ...]) -> RolloutEstimate:
-        """One rollout replica: ``len(stages)`` pipeline stages, each TP inside one machine."""
-        stages = tuple(stages)
-        found = self._rollout.get(stages)
+    def rollout(self, stages: tuple[RolloutStage, ...], max_sequences: int | None = None) -> RolloutEstimate:
+        """One rollout replica: ``len(stages)`` pipeline stages, each TP inside one machine, with at most
+        ``max_sequences`` in flight (None: as many as memory and the engine's batch limit allow)."""
+        key = (tuple(stages), max_sequences)
+        found = self._rollout.get(key)
         if found is None:
-            found = estimate_rollout(self.cluster, self.workload, self.calibration, self._lengths, stages)
-            self._rollout[stages] = found
+            found = estimate_rollout(
+                self.cluster, self.workload, self.calibration, self._lengths, key[0], max_sequences
+            )
+            self._rollout[key] = found
         return found
+
+    def staleness_sequences(self) -> int:
+        """Sequences the staleness bound lets upstream keep in flight: (eta + 1) consumer batches of rollouts,
+        each rollout holding its slot until its longest sample ends."""
+        rl = self.workload.rl
+        prompts = (rl.max_head_offpolicyness + 1) * rl.consumer_batch_size
+        return max(1, int(prompts * rl.n_samples / self._lengths.group_hold))
 
     def train(self, stages: tuple[TrainStage, ...]) -> TrainEstimate:
         """One training layout: ``len(stages)`` pipeline stages, each DP x TP GPUs of one pool."""

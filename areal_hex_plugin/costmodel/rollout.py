@@ -57,8 +57,7 @@ class RolloutEstimate:
     tokens_per_s: float  # steady generated tokens/s of one replica over a staleness window
     gpus: dict[str, int] = field(hash=False)  # pool -> GPUs
     # Sequences in flight when the batch is full: KV capacity / mean in-flight context, at most SGLang's
-    # CUDA-graph batch limit, capped by rollout.max_concurrent_rollouts (a cluster-wide cap upstream: replicas
-    # together must share it).
+    # CUDA-graph batch limit and the caller's ``max_sequences`` (the planner's share of the staleness capacity).
     concurrency: int
     weights_gb_per_gpu: float  # largest over stages
     kv_gb_per_gpu: float  # KV-cache budget per GPU on the tightest stage
@@ -186,6 +185,7 @@ def estimate_rollout(
     calibration: Calibration,
     lengths: LengthStats,
     stages: tuple[RolloutStage, ...],
+    max_sequences: int | None = None,
 ) -> RolloutEstimate:
     """One replica's window throughput and memory, or ``feasible=False`` with the reason (never raises)."""
     gpus: dict[str, int] = {}
@@ -225,8 +225,8 @@ def estimate_rollout(
         )
     ctx = workload.prompt_tokens + lengths.inflight_position
     concurrency = min(max(1, int(capacity / ctx)), _graph_batch_limit(stages, pools))
-    if workload.rl.max_concurrent_rollouts:
-        concurrency = min(concurrency, workload.rl.max_concurrent_rollouts)
+    if max_sequences:
+        concurrency = min(concurrency, max_sequences)
     built = _build_stages(cluster, workload, calibration, stages, layers, gpus)
     step, bound = _cycle(built, concurrency, ctx)
     peak = concurrency / step

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
 from areal_hex_plugin.scheduler.rollout_model import (
@@ -136,7 +136,9 @@ class Evaluator:
         best: tuple[float, Fleet] | None = None
         for bound in bounds:
             solutions = [self.pool_fleet(name, n, bound) for name, n in pools]
-            fleet = Fleet(tuple(g for s in solutions for g in s.counts), all(s.optimal for s in solutions))
+            fleet = self._within_staleness(
+                Fleet(tuple(g for s in solutions for g in s.counts), all(s.optimal for s in solutions))
+            )
             if not fleet.groups:
                 continue
             makespan = window_rollout_s(fleet, samples, self.workload.output_lengths.mean, updates=window)
@@ -168,6 +170,25 @@ class Evaluator:
                         )
             self._configs[pool_name] = prune_dominated(configs)
         return self._configs[pool_name]
+
+    def _within_staleness(self, fleet: Fleet) -> Fleet:
+        """``fleet`` with every replica's batch cut in proportion when together they would hold more sequences
+        than upstream's staleness bound admits ((eta + 1) consumer batches of rollouts)."""
+        cap = self.cm.staleness_sequences()
+        total = sum(c.concurrency * y for c, y in fleet.groups)
+        if total <= cap:
+            return fleet
+        groups = []
+        for c, y in fleet.groups:
+            estimate = self.cm.rollout(_stages(c), max_sequences=max(1, c.concurrency * cap // total))
+            throttled = replace(
+                c,
+                tokens_per_s=estimate.tokens_per_s,
+                concurrency=estimate.concurrency,
+                recompute_s=estimate.recompute_s,
+            )
+            groups.append((throttled, y))
+        return Fleet(tuple(groups), fleet.optimal)
 
     def pool_fleet(self, pool_name: str, machines: int, max_recompute_s: float = math.inf) -> RolloutSolution:
         """Phase 1b on ``machines`` rollout machines of one pool (replicas never span pools), using only shapes

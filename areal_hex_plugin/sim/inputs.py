@@ -2,9 +2,9 @@
 
 The cost model gives a replica's decode step at one concurrency (its full batch); the simulator needs the step
 as a function of the sequences in flight. It is read here from public :class:`RolloutEstimate` results only: the
-same replica is estimated with the recipe's concurrency limit set to 1, 2, 4, ... and its full batch, and the
-step times in between are interpolated linearly, so ``n / step(n)`` at the full batch is exactly the model's
-``peak_tokens_per_s``. Drain, prefill and staleness effects, which the model averages analytically, are then
+same replica is estimated with at most 1, 2, 4, ... sequences in flight and with its planned batch
+(``CostModel.rollout(stages, max_sequences=n)``), and the step times in between are interpolated linearly, so
+``n / step(n)`` at the planned batch is exactly the model's ``peak_tokens_per_s``. Drain, prefill and staleness effects, which the model averages analytically, are then
 played out by the simulation itself.
 
 Prefill (new prompts, and the KV recompute after each weight update) runs at the model's own compute-bound
@@ -13,31 +13,11 @@ prefill rate (``RolloutEstimate.prefill_s_per_token``), the same figure the plan
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from areal_hex_plugin.costmodel import CostModel, RolloutStage, TrainStage, recipe_calibration
 from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.sim.spec import LaneSpec, SimSpec
-
-
-class _Probes:
-    """Cost models of the recipe's workload with other concurrency limits (memoised by limit)."""
-
-    def __init__(self, recipe, workload) -> None:
-        self.cluster = recipe.cluster
-        self.workload = workload
-        self.calibration = recipe_calibration(recipe)
-        self.models: dict[int | None, CostModel] = {}
-
-    def step_s(self, stages: tuple[RolloutStage, ...], limit: int | None) -> tuple[int, float]:
-        """(concurrency, decode step seconds) of the replica with at most ``limit`` sequences in flight."""
-        if limit not in self.models:
-            workload = replace(self.workload, rl=replace(self.workload.rl, max_concurrent_rollouts=limit))
-            self.models[limit] = CostModel(self.cluster, workload, self.calibration)
-        estimate = self.models[limit].rollout(stages)
-        return estimate.concurrency, estimate.step_time_s
 
 
 def sim_spec(recipe, plan: HexPlan) -> SimSpec:
@@ -50,7 +30,6 @@ def sim_spec(recipe, plan: HexPlan) -> SimSpec:
             "is empty: a plan needs rollout replicas and a trainer to simulate",
             "re-plan the recipe: areal-hex plan RECIPE --json PLAN.json",
         )
-    decode = _Probes(recipe, workload)
     lanes = []
     replicas = []
     for i, group in enumerate(plan.rollout.replicas):
@@ -69,7 +48,7 @@ def sim_spec(recipe, plan: HexPlan) -> SimSpec:
                 gpus_per_replica=group.tp * group.pp,
                 count=group.count,
                 share=group.share,
-                step_s=_step_table(decode, stages, min(group.concurrency, full.concurrency)),
+                step_s=_step_table(cm, stages, min(group.concurrency, full.concurrency)),
                 prefill_tokens_per_s=1 / full.prefill_s_per_token,
             )
         )
@@ -101,15 +80,20 @@ def sim_spec(recipe, plan: HexPlan) -> SimSpec:
     )
 
 
-def _step_table(probes: _Probes, stages: tuple[RolloutStage, ...], concurrency: int) -> tuple[float, ...]:
+def _step_table(cm: CostModel, stages: tuple[RolloutStage, ...], concurrency: int) -> tuple[float, ...]:
     """Decode step seconds for 1 .. ``concurrency`` sequences: the model at 1, 2, 4, ... and ``concurrency``,
     linear in between."""
+
+    def point(n: int) -> tuple[int, float]:
+        estimate = cm.rollout(stages, max_sequences=n)
+        return estimate.concurrency, estimate.step_time_s
+
     points = []
     n = 1
     while n < concurrency:
-        points.append(probes.step_s(stages, n))
+        points.append(point(n))
         n *= 2
-    points.append(probes.step_s(stages, concurrency))
+    points.append(point(concurrency))
     table = []
     for (n0, s0), (n1, s1) in zip(points, points[1:], strict=False):
         table += [s0 + (s1 - s0) * (n - n0) / (n1 - n0) for n in range(n0, n1)]

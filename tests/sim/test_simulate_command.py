@@ -27,7 +27,8 @@ def test_step_table_follows_the_cost_model(planned):
     spec = sim_spec(recipe, plan)
     cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
     for group, lane in zip(plan.rollout.replicas, spec.lanes, strict=True):
-        estimate = cm.rollout(tuple(RolloutStage(group.pool, group.tp) for _ in range(group.pp)))
+        stages = tuple(RolloutStage(group.pool, group.tp) for _ in range(group.pp))
+        estimate = cm.rollout(stages, max_sequences=group.concurrency)  # the plan's batch per replica
         assert lane.max_running == estimate.concurrency
         assert lane.tokens_per_s(estimate.concurrency) == pytest.approx(estimate.peak_tokens_per_s, rel=1e-9)
         # More sequences: each step takes longer, but the replica generates more in total.
