@@ -14,6 +14,7 @@ from areal.engine.fsdp_engine import FSDPPPOActor
 
 from areal_hex_plugin.transport.route import Route
 from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
+from areal_hex_plugin.transport.wire import TransportError
 
 
 class HexFSDPPPOActor(FSDPPPOActor):
@@ -70,10 +71,16 @@ class HexFSDPPPOActor(FSDPPPOActor):
         import torch.distributed as dist
 
         main_rank = dist.get_rank() == 0
+        failure: Exception | None = None
         if main_rank:
-            if self._hex_sender is None:
-                raise RuntimeError("hex transport: no route yet (HexPPOActorController configures it)")
-            self._hex_sender.begin(meta.version if meta.version is not None else self.get_version() + 1)
+            failure = self._hex_begin(meta.version if meta.version is not None else self.get_version() + 1)
+        # Every rank learns whether rank 0 could begin, so none waits in upstream's collectives for it.
+        outcome = [None if failure is None else f"{type(failure).__name__}: {failure}"]
+        dist.broadcast_object_list(outcome, src=0, group=self.cpu_group)
+        if failure is not None:
+            raise failure
+        if outcome[0] is not None:
+            raise TransportError(f"hex transport: rank 0 could not begin the weight update ({outcome[0]})")
         super()._update_weights_from_distributed(meta)
         if main_rank:
             report = self._hex_sender.finish(commit=False)
@@ -87,6 +94,17 @@ class HexFSDPPPOActor(FSDPPPOActor):
                 "resent_buckets": report.resent_buckets,
                 "reroutes": report.reroutes,
             }
+
+    def _hex_begin(self, version: int) -> Exception | None:
+        """Rank 0: begin the version on the sender; on failure abort it and return the error to raise."""
+        if self._hex_sender is None:
+            return RuntimeError("hex transport: no route yet (HexPPOActorController configures it)")
+        try:
+            self._hex_sender.begin(version)
+        except Exception as error:  # noqa: BLE001 - raised on every rank after the broadcast
+            self._hex_sender.abort()
+            return error
+        return None
 
     def _update_bucket_weights_from_distributed_async(self, meta, named_tensors, stream=None):
         # Packing copies the bucket to host memory, so upstream may reuse its buffers at once.

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from pathlib import Path
 
 
-def run_rank(rank: int, world: int, port: int, model_dir: str, server: str, route: dict, out: str) -> None:
+def _actor(rank: int, world: int, port: int, model_dir: str, server: str, route: dict):
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
     )
@@ -36,10 +38,34 @@ def run_rank(rank: int, world: int, port: int, model_dir: str, server: str, rout
     meta = WeightUpdateMeta(type="xccl", weight_chunked_mem_mb=1)
     actor.connect_engine(rollout, meta)
     actor.hex_configure_transport(route, {"backend": "gloo", "timeout_s": 30.0})
+    return actor, rollout, meta
+
+
+def run_rank(rank: int, world: int, port: int, model_dir: str, server: str, route: dict, out: str) -> None:
+    actor, rollout, meta = _actor(rank, world, port, model_dir, server, route)
     actor.update_weights(meta.with_version(3))
     report = actor.hex_commit()
     if rank == 0:
         with open(out, "w") as handle:
             json.dump(report, handle)
+    rollout.destroy()
+    actor.destroy()
+
+
+def run_rank_expecting_failure(
+    rank: int, world: int, port: int, model_dir: str, server: str, route: dict, out: str
+) -> None:
+    """Writes the error each rank's update raised to ``out``.rank; a rank that failed stays up (as a trainer
+    that catches it would) until every rank has written, so a rank stuck in a collective is not freed by it."""
+    actor, rollout, meta = _actor(rank, world, port, model_dir, server, route)
+    try:
+        actor.update_weights(meta.with_version(3))
+        error = "no error"
+    except Exception as failure:  # noqa: BLE001 - the outcome is what the test checks
+        error = f"{type(failure).__name__}: {failure}"
+    Path(f"{out}.{rank}").write_text(error)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(Path(f"{out}.{r}").exists() for r in range(world)):
+        time.sleep(0.2)
     rollout.destroy()
     actor.destroy()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import socket
+import time
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from areal.api.cli_args import InferenceEngineConfig  # noqa: E402
 
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route  # noqa: E402
 from areal_hex_plugin.transport.sinks import shard_dim  # noqa: E402
-from tests.transport.fsdp_rank import run_rank  # noqa: E402
+from tests.transport.fsdp_rank import run_rank, run_rank_expecting_failure  # noqa: E402
 from tests.transport.harness import TOKEN  # noqa: E402
 from tests.transport.receiver_engine import ReceiverEngine  # noqa: E402
 from tests.transport.sglang_standin import SGLangStandIn  # noqa: E402
@@ -31,10 +32,9 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_fsdp_actor_updates_a_rollout_replica(tmp_path, monkeypatch):
+def _save_model(path) -> dict[str, torch.Tensor]:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN.decode())
     torch.manual_seed(11)
     config = Qwen2Config(
         vocab_size=512,
@@ -46,8 +46,13 @@ def test_fsdp_actor_updates_a_rollout_replica(tmp_path, monkeypatch):
         tie_word_embeddings=False,
     )
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(tmp_path / "model")
-    expected = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    model.save_pretrained(path)
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def test_fsdp_actor_updates_a_rollout_replica(tmp_path, monkeypatch):
+    monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN.decode())
+    expected = _save_model(tmp_path / "model")
 
     server = SGLangStandIn(tp_size=2)
     engine = ReceiverEngine(
@@ -89,3 +94,37 @@ def test_fsdp_actor_updates_a_rollout_replica(tmp_path, monkeypatch):
         dim = shard_dim(name)
         shards = [server.model.shards[rank][name] for rank in range(2)]
         assert torch.equal(torch.cat(shards, dim) if dim is not None else shards[0], full), name
+
+
+def test_every_rank_fails_together_when_rank_0_cannot_begin(tmp_path, monkeypatch):
+    monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN.decode())
+    _save_model(tmp_path / "model")
+    server = SGLangStandIn(tp_size=1)
+    unreachable = Endpoint("127.0.0.1", _free_port())  # nothing listens there
+    route = Route([PoolRoute("h20", [unreachable], 1.5, 5.0)]).to_dict()
+    context = mp.get_context("spawn")
+    port, out = _free_port(), tmp_path / "outcome"
+    ranks = [
+        context.Process(
+            target=run_rank_expecting_failure,
+            args=(rank, 2, port, str(tmp_path / "model"), server.address, route, str(out)),
+        )
+        for rank in range(2)
+    ]
+    try:
+        for process in ranks:
+            process.start()
+        deadline = time.monotonic() + 120
+        for process in ranks:
+            process.join(timeout=max(1.0, deadline - time.monotonic()))
+        assert [process.exitcode for process in ranks] == [0, 0]
+    finally:
+        for process in ranks:
+            if process.is_alive():
+                process.kill()
+        server.close()
+    outcomes = [(tmp_path / f"outcome.{rank}").read_text() for rank in range(2)]
+    assert outcomes[0].startswith("TransportError") and f"cannot reach receiver {unreachable}" in outcomes[0]
+    assert "rank 0 could not begin the weight update" in outcomes[1]
+    assert f"cannot reach receiver {unreachable}" in outcomes[1]
+    assert "pause" not in server.events  # upstream's update never started
