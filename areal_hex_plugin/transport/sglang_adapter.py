@@ -34,32 +34,30 @@ class SGLangDiskSink:
         from safetensors.torch import save_file
 
         target = self.stage_dir / f"v{version}"
-        partial = self.stage_dir / f"v{version}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        # Clones: the views share their bucket's storage, which safetensors refuses.
-        save_file(
-            {name: tensor.clone() for name, tensor in named_tensors}, str(partial / "model.safetensors")
-        )
-        for name in _MODEL_FILES if self.model_path else ():
-            source = Path(self.model_path) / name
-            if source.exists():
-                shutil.copy(source, partial / name)
         shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
-        requests = self.engine._engine.backend.build_disk_weight_update_requests(
-            WeightUpdateMeta(type="disk", path=str(target))
-        )
-        self.engine.pause_generation()
         try:
-            for request in requests.requests:
-                self.engine._engine._run_request_on_all_servers(request)
-            self.engine.set_version(version)
+            target.mkdir(parents=True)
+            # Clones: the views share their bucket's storage, which safetensors refuses.
+            save_file(
+                {name: tensor.clone() for name, tensor in named_tensors}, str(target / "model.safetensors")
+            )
+            for name in _MODEL_FILES if self.model_path else ():
+                source = Path(self.model_path) / name
+                if source.exists():
+                    shutil.copy(source, target / name)
+            requests = self.engine._engine.backend.build_disk_weight_update_requests(
+                WeightUpdateMeta(type="disk", path=str(target))
+            )
+            self.engine.pause_generation()
+            try:
+                for request in requests.requests:
+                    self.engine._engine._run_request_on_all_servers(request)
+                self.engine.set_version(version)
+            finally:
+                self.engine.continue_generation()
         finally:
-            self.engine.continue_generation()
-        for old in self.stage_dir.glob("v*"):
-            if old != target:
-                shutil.rmtree(old, ignore_errors=True)
+            # A full copy of the model in node memory (/dev/shm): of no use once the server has read it.
+            shutil.rmtree(target, ignore_errors=True)
 
 
 class RelayReceiverMixin:
@@ -81,8 +79,8 @@ class RelayReceiverMixin:
             from areal.utils.network import gethostip
 
             config = ReceiverConfig(bind_host or gethostip(), port, timeout_s, list(allowed_hosts or []))
-            sink = SGLangDiskSink(self, Path(stage_dir) / f"{config.bind_host}-{id(self):x}", model_path)
-            self._hex_node = ReceiverNode(sink, config)
+            self._hex_stage_dir = Path(stage_dir) / f"{config.bind_host}-{id(self):x}"
+            self._hex_node = ReceiverNode(SGLangDiskSink(self, self._hex_stage_dir, model_path), config)
             self._hex_endpoint = str(self._hex_node.start())
         return self._hex_endpoint
 
@@ -91,6 +89,8 @@ class RelayReceiverMixin:
         return {"version": node.version if node else -1, "digest": node.digest if node else ""}
 
     def hex_stop_receiver(self) -> None:
+        """Stop the receiver and remove this engine's stage directory (call on teardown)."""
         if self._hex_node is not None:
             self._hex_node.stop()
             self._hex_node = None
+            shutil.rmtree(self._hex_stage_dir, ignore_errors=True)
