@@ -16,7 +16,13 @@ import torch
 import torch.distributed as dist
 
 from areal_hex_plugin.errors import HexError
-from areal_hex_plugin.transport.wire import recv_exact_into, recv_message, send_message
+from areal_hex_plugin.transport.wire import (
+    TransportError,
+    connect,
+    recv_exact_into,
+    recv_message,
+    send_message,
+)
 
 BACKENDS = ("tcp", "gloo", "nccl")
 _TAG = 7
@@ -124,6 +130,19 @@ def open_sending_link(sock: socket.socket, backend: str, timeout_s: float) -> Da
     prefixed = dist.PrefixStore(offer["prefix"], store)
     group, device = _make_group(backend, prefixed, 0, sock.getsockname()[0], timeout_s)
     return TorchLink(group, 0, device, store)
+
+
+def connect_data_link(
+    host: str, port: int, token: bytes, session: str, backend: str, timeout_s: float
+) -> tuple[socket.socket, DataLink]:
+    """Connect to a node's data side for ``session`` and open the sending link; the socket is closed on failure."""
+    sock = connect(host, port, token, timeout_s)
+    try:
+        send_message(sock, {"role": "data", "session": session})
+        return sock, open_sending_link(sock, backend, timeout_s)
+    except (OSError, RuntimeError, ValueError) as error:  # torch's store and group errors are RuntimeErrors
+        sock.close()
+        raise TransportError(f"cannot open a {backend} data link to {host}:{port}: {error}") from error
 
 
 def open_receiving_link(sock: socket.socket, timeout_s: float) -> DataLink:

@@ -21,15 +21,9 @@ from typing import Any, Protocol
 import torch
 
 from areal_hex_plugin.transport.buckets import Bucket, checksum, entries_from_manifest, version_digest
-from areal_hex_plugin.transport.links import DataLink, open_receiving_link, open_sending_link
+from areal_hex_plugin.transport.links import DataLink, connect_data_link, open_receiving_link
 from areal_hex_plugin.transport.route import Endpoint
-from areal_hex_plugin.transport.wire import (
-    authenticate_as_server,
-    connect,
-    load_token,
-    recv_message,
-    send_message,
-)
+from areal_hex_plugin.transport.wire import authenticate_as_server, load_token, recv_message, send_message
 
 logger = logging.getLogger("HexTransportNode")
 
@@ -188,9 +182,14 @@ class ReceiverNode:
         downstream = message["downstream"]
         try:
             endpoint = Endpoint.parse(downstream)
-            sock = connect(endpoint.host, endpoint.port, self.token, self.config.timeout_s)
-            send_message(sock, {"role": "data", "session": message["session"]})
-            link = open_sending_link(sock, message["backend"], self.config.timeout_s)
+            sock, link = connect_data_link(
+                endpoint.host,
+                endpoint.port,
+                self.token,
+                message["session"],
+                message["backend"],
+                self.config.timeout_s,
+            )
         except Exception as error:  # noqa: BLE001 - reported to the sender, which re-routes
             return {"t": "downstream_failed", "peer": downstream, "error": str(error)}
         self._forwarder = _Forwarder(sock, link, downstream, self._report)

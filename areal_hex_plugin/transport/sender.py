@@ -17,7 +17,7 @@ import torch
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.transport.buckets import Bucket, pack, version_digest
-from areal_hex_plugin.transport.links import DataLink, check_backend, open_sending_link
+from areal_hex_plugin.transport.links import DataLink, check_backend, connect_data_link
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
 from areal_hex_plugin.transport.wire import TransportError, connect, load_token, recv_message, send_message
 
@@ -74,7 +74,11 @@ class _Control:
     ) -> None:
         self.endpoint, self.pool, self.timeout_s = endpoint, pool, timeout_s
         self.sock = connect(endpoint.host, endpoint.port, token, timeout_s)
-        send_message(self.sock, {"role": "control"})
+        try:
+            send_message(self.sock, {"role": "control"})
+        except OSError as error:
+            self.sock.close()
+            raise TransportError(f"control connection to {endpoint} broke at once ({error})") from error
         self.sock.settimeout(None)
         self.replies: queue.Queue[dict[str, Any]] = queue.Queue()
         self.closed = False
@@ -369,10 +373,10 @@ class RelaySender:
                     return endpoint, reply.get("error", str(reply))
         relay = chain[0]
         try:
-            sock = connect(relay.host, relay.port, self.token, self.config.timeout_s)
-            send_message(sock, {"role": "data", "session": state.session})
-            link = open_sending_link(sock, self.config.backend, self.config.timeout_s)
-        except (TransportError, OSError, ConnectionError) as error:
+            sock, link = connect_data_link(
+                relay.host, relay.port, self.token, state.session, self.config.backend, self.config.timeout_s
+            )
+        except TransportError as error:
             return relay, f"data link to relay failed ({error})"
         state.push = _PoolPush(sock, link, relay, state.route.name, self._events)
         return None
