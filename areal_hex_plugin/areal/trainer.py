@@ -72,6 +72,13 @@ class HexPPOTrainer(PPOTrainer):
         actor.configure_hex_transport(transport_settings(self.hex_rewrite.placement, cluster_of(self.config)))
         return actor
 
+    def close(self):
+        # Upstream destroys the rollout before the actor: stop the receivers (and free their staged weights) first.
+        stop_receivers = getattr(self.actor, "stop_receivers", None)
+        if stop_receivers is not None:
+            stop_receivers()
+        super().close()
+
     def _init_rollout(self, rollout_config, is_eval: bool = False, lora_path: str | None = None):
         with patch.object(rl_trainer, "RemoteSGLangEngine", HexRemoteSGLangEngine):
             return super()._init_rollout(rollout_config, is_eval=is_eval, lora_path=lora_path)

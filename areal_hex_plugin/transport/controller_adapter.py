@@ -88,23 +88,33 @@ class HexPPOActorController(PPOActorController):
                 f"failed: {report['failed']}"
             )
 
-    def _start_receivers(self) -> Route:
-        rollout, settings = self.rollout, self.hex_settings
+    def _call_receivers(self, method: str, **kwargs: Any) -> list[Any]:
+        """Call ``method`` on every rollout engine through upstream's generic engine RPC, in rank order."""
+        rollout = self.rollout
 
-        async def start_all() -> list[str]:
+        async def call_all() -> list[Any]:
             return await asyncio.gather(
                 *[
                     rollout.scheduler.async_call_engine(
-                        worker.id,
-                        "hex_start_receiver",
-                        engine_name=rollout._engine_name(rank),
-                        **settings.receiver,
+                        worker.id, method, engine_name=rollout._engine_name(rank), **kwargs
                     )
                     for rank, worker in enumerate(rollout.workers)
                 ]
             )
 
-        endpoints = [Endpoint.parse(text) for text in run_async_task(start_all)]
+        return run_async_task(call_all)
+
+    def stop_receivers(self) -> None:
+        """Stop every replica's receiver and remove its staged weights (teardown, before the rollout goes)."""
+        if getattr(self, "_hex_route", None) is not None:
+            self._call_receivers("hex_stop_receiver")
+            self._hex_route = None
+
+    def _start_receivers(self) -> Route:
+        settings = self.hex_settings
+        endpoints = [
+            Endpoint.parse(text) for text in self._call_receivers("hex_start_receiver", **settings.receiver)
+        ]
         pools = settings.pools or [TransportPool("rollout", list(range(len(endpoints))), 1.5, 5.0)]
         return Route(
             [
