@@ -71,13 +71,18 @@ class HexRolloutController(RolloutController):
         return submit_and_release
 
     def export_stats(self) -> dict[str, float]:
-        stats = super().export_stats()
+        return {**super().export_stats(), **self.pool_sample_stats()}
+
+    def pool_sample_stats(self) -> dict[str, float]:
+        """Samples each pool finished since the last export, as ``hex/rollout/<pool>/samples``."""
         per_pool: dict[str, float] = defaultdict(float)
         done_per_server = self._router().take_completed()
         for pool, done in zip(self._hex_pools, done_per_server, strict=True):
             per_pool[pool] += done
-        stats.update({f"hex/rollout/{pool}/samples": n for pool, n in per_pool.items()})
-        return stats
+        # The eval-rollout controller routes over the same servers; its counts must not replace training's.
+        if self._worker_role != "rollout":
+            return {}
+        return {f"hex/rollout/{pool}/samples": n for pool, n in per_pool.items()}
 
 
 class HexRemoteSGLangEngine(RelayReceiverMixin, RemoteSGLangEngine):

@@ -119,3 +119,17 @@ def test_failed_rollouts_release_their_server(tmp_path: Path) -> None:
     router = controller._router()
     assert router.outstanding == [0] * 6 and sum(router.take_completed()) == 12
     assert controller.staleness_manager.get_stats().rejected == 12
+
+
+@pytest.mark.integration
+def test_only_the_training_rollout_reports_per_pool_samples(tmp_path: Path) -> None:
+    """eval-rollout routes over the same servers; its counts must not overwrite the training rollout's."""
+    controller = _controller(tmp_path)
+    router = controller._router()
+    for _ in range(3):
+        router.release(router.choose())
+    assert sum(controller.pool_sample_stats().values()) == 3
+    for _ in range(2):
+        router.release(router.choose())
+    controller._worker_role = "eval-rollout"
+    assert controller.pool_sample_stats() == {}
