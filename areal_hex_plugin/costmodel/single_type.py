@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from areal_hex_plugin.costmodel.model import CostModel
 from areal_hex_plugin.costmodel.rollout import RolloutEstimate, RolloutStage
 from areal_hex_plugin.costmodel.train import TrainEstimate, TrainStage
@@ -16,23 +18,25 @@ def best_rollout(
     cm: CostModel, pool: Pool, max_pp: int
 ) -> tuple[tuple[RolloutStage, ...] | None, RolloutEstimate | None]:
     """The replica on ``pool`` alone with the most generated tokens/s per GPU, or the first refusal if none fits."""
-    best: tuple[tuple[RolloutStage, ...], RolloutEstimate] | None = None
-    refusal: tuple[tuple[RolloutStage, ...], RolloutEstimate] | None = None
-    for pp in range(1, max_pp + 1):
-        for tp in range(1, pool.gpus_per_machine + 1):
-            stages = tuple(RolloutStage(pool.name, tp) for _ in range(pp))
-            est = cm.rollout(stages)
-            if not est.feasible:
-                refusal = refusal or (stages, est)
-                continue
-            if best is None or _better(est, best[1]):
-                best = (stages, est)
+    layouts = (
+        tuple(RolloutStage(pool.name, tp) for _ in range(pp))
+        for pp in range(1, max_pp + 1)
+        for tp in range(1, pool.gpus_per_machine + 1)
+    )
+    return _best_per_gpu(layouts, cm.rollout)
+
+
+def _best_per_gpu(layouts: Iterable[tuple], estimate: Callable) -> tuple:
+    """(layout, estimate) with the most tokens/s per GPU, or the first refusal when nothing fits. Only a real
+    margin (0.1%) replaces the best so far, so near-ties keep the earlier (smaller) layout."""
+    best = refusal = None
+    for stages in layouts:
+        est = estimate(stages)
+        if not est.feasible:
+            refusal = refusal or (stages, est)
+        elif best is None or est.tokens_per_s / est.n_gpus > 1.001 * best[1].tokens_per_s / best[1].n_gpus:
+            best = (stages, est)
     return best or refusal or (None, None)
-
-
-def _better(new: RolloutEstimate | TrainEstimate, old: RolloutEstimate | TrainEstimate) -> bool:
-    """More tokens/s per GPU by a real margin: near-ties keep the earlier (smaller) layout."""
-    return new.tokens_per_s / new.n_gpus > 1.001 * old.tokens_per_s / old.n_gpus
 
 
 def best_train(
@@ -43,17 +47,12 @@ def best_train(
         {d for d in _divisors(pool.gpus_per_machine)}
         | {pool.gpus_per_machine * m for m in range(1, pool.machines + 1)}
     )
-    best: tuple[tuple[TrainStage, ...], TrainEstimate] | None = None
-    refusal: tuple[tuple[TrainStage, ...], TrainEstimate] | None = None
-    for n in sizes:
-        for pp in (p for p in _divisors(n) if p <= max_pp):
-            per_stage = n // pp
-            for tp in (t for t in _divisors(per_stage) if t <= pool.gpus_per_machine):
-                stages = tuple(TrainStage(pool.name, per_stage // tp, tp) for _ in range(pp))
-                est = cm.train(stages)
-                if not est.feasible:
-                    refusal = refusal or (stages, est)
-                    continue
-                if best is None or _better(est, best[1]):
-                    best = (stages, est)
-    return best or refusal or (None, None)
+    layouts = (
+        tuple(TrainStage(pool.name, n // pp // tp, tp) for _ in range(pp))
+        for n in sizes
+        for pp in _divisors(n)
+        if pp <= max_pp
+        for tp in _divisors(n // pp)
+        if tp <= pool.gpus_per_machine
+    )
+    return _best_per_gpu(layouts, cm.train)
