@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from pathlib import Path
+
+from report import emit  # benchmarks/report.py, beside this script
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage, TrainStage, recipe_calibration
 from areal_hex_plugin.specs.recipe import load_recipe
@@ -88,10 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="fresh cost models per kind (default 3)")
     args = parser.parse_args(argv)
     result = bench(max(1, args.repeat))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(result, args.json)
     return 0
 
 

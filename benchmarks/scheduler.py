@@ -12,11 +12,12 @@ split scored by its own search's phase 1). Everything is seeded; the clusters ar
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
 from pathlib import Path
+
+from report import emit  # benchmarks/report.py, beside this script
 
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest
 from areal_hex_plugin.specs.recipe import cheapest_deployment, load_recipe
@@ -178,10 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         if "1024" in report["sizes"]
         else None,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(report, args.json)
     return 0
 
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
+
+from report import emit  # benchmarks/report.py, beside this script
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage, recipe_calibration
 from areal_hex_plugin.plan import (
@@ -143,10 +144,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     report = {"agreement": agreement(args.quick), "scale": scale(args.quick)}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(report, args.json)
     return 0
 
 
