@@ -21,7 +21,7 @@ TOKEN = b"test-token-0123456789abcdef"
 _CTX = mp.get_context("fork")
 
 
-def small_qwen2_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
+def small_qwen2(seed: int = 0, kv_heads: int = 4):
     """A randomly initialised Qwen2-architecture model (tiny), in bf16 like the rollout side expects."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -32,11 +32,14 @@ def small_qwen2_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
         intermediate_size=256,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=4,
+        num_key_value_heads=kv_heads,
         tie_word_embeddings=False,
     )
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    return Qwen2ForCausalLM(config).to(torch.bfloat16)
+
+
+def small_qwen2_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in small_qwen2(seed).state_dict().items()}
 
 
 def in_buckets(state: dict[str, torch.Tensor], per_bucket: int) -> list[list[tuple[str, torch.Tensor]]]:

@@ -19,7 +19,7 @@ from areal.api.cli_args import InferenceEngineConfig  # noqa: E402
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route  # noqa: E402
 from areal_hex_plugin.transport.sinks import shard_dim  # noqa: E402
 from tests.transport.fsdp_rank import run_rank, run_rank_expecting_failure  # noqa: E402
-from tests.transport.harness import TOKEN  # noqa: E402
+from tests.transport.harness import TOKEN, small_qwen2  # noqa: E402
 from tests.transport.receiver_engine import ReceiverEngine  # noqa: E402
 from tests.transport.sglang_standin import SGLangStandIn  # noqa: E402
 
@@ -33,19 +33,7 @@ def _free_port() -> int:
 
 
 def _save_model(path) -> dict[str, torch.Tensor]:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(11)
-    config = Qwen2Config(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    )
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model = small_qwen2(seed=11, kv_heads=2)
     model.save_pretrained(path)
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
