@@ -196,12 +196,7 @@ def estimate_rollout(
         return _infeasible(problem, gpus)
     model = workload.model
     pools = [cluster.pool(s.pool) for s in stages]
-    capability = tuple(
-        s.tp * p.gpu.hbm_bytes_per_s * calibration.for_gpu(p.gpu_type).hbm_fraction
-        for s, p in zip(stages, pools, strict=True)
-    )
-    layers = split_layers(model.layers, capability)
-    assert layers is not None  # stage count checked above
+    layers = _split(model.layers, stages, pools, calibration)
     params = stage_params(model, layers)
     weights = [p * 2 / s.tp for p, s in zip(params, stages, strict=True)]
     budgets = [rollout_kv_budget(pool.gpu, w) for pool, w in zip(pools, weights, strict=True)]
@@ -263,6 +258,44 @@ def estimate_rollout(
         recompute_s=recompute_tokens * prefill_s_per_token,
         prefill_s_per_token=prefill_s_per_token,
     )
+
+
+def batch_timings(
+    cluster: Cluster,
+    workload: WorkloadSpec,
+    calibration: Calibration,
+    stages: tuple[RolloutStage, ...],
+    batch: int,
+    ctx: float,
+) -> tuple[float, float]:
+    """The model's seconds to prefill ``batch`` fresh prompts, and for one decode step of them at context ``ctx``.
+
+    This is what ``areal-hex profile`` times on a real engine, so calibration fits the factors to it. The layout
+    must be valid (``ValueError`` otherwise); memory is not checked, since the measured batch did run.
+    """
+    gpus: dict[str, int] = {}
+    for s in stages:
+        gpus[s.pool] = gpus.get(s.pool, 0) + s.tp
+    problem = _check_stages(cluster, workload, stages)
+    if problem:
+        raise ValueError(problem)
+    pools = [cluster.pool(s.pool) for s in stages]
+    layers = _split(workload.model.layers, stages, pools, calibration)
+    built = _build_stages(cluster, workload, calibration, stages, layers, gpus)
+    return batch * max(st.prefill_s for st in built), _cycle(built, batch, ctx)[0]
+
+
+def _split(
+    layers: int, stages: tuple[RolloutStage, ...], pools: list[Pool], calibration: Calibration
+) -> tuple[int, ...]:
+    """Layers per stage in proportion to each stage's HBM bandwidth (decode is bandwidth-bound)."""
+    capability = tuple(
+        s.tp * p.gpu.hbm_bytes_per_s * calibration.for_gpu(p.gpu_type).hbm_fraction
+        for s, p in zip(stages, pools, strict=True)
+    )
+    split = split_layers(layers, capability)
+    assert split is not None  # stage count checked by the caller
+    return split
 
 
 def _graph_batch_limit(stages: tuple[RolloutStage, ...], pools: list[Pool]) -> int:

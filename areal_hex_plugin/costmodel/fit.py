@@ -1,0 +1,213 @@
+"""Calibration from measurements: the efficiency factors under which the cost model reproduces what a GPU did.
+
+``areal-hex profile`` times a real SGLang engine (prefill, and decode steps at several batch sizes) and a real
+FSDP training step on one machine of a GPU type. Here the cost model is put in that same setting and the factors
+are fitted so that its times match, in this order:
+
+1. ``link_efficiency``: the measured all-reduce bus bandwidth over the machine's GPU link (when several GPUs ran).
+2. ``hbm_fraction`` and ``infer_mfu``: least squares in log time over every decode step and prefill the engine ran
+   (small batches pin the bandwidth, prefill and large batches the compute).
+3. ``train_mfu``: bisection until the model's log-prob forward plus PPO update takes the measured time.
+
+The factors are therefore in the model's own terms (its FLOP counts, its overheads), which is what the scheduler
+needs; ``ProfileFit.points`` shows how closely the fitted model tracks each measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from areal_hex_plugin.costmodel.calibration import Calibration
+from areal_hex_plugin.costmodel.rollout import RolloutStage, batch_timings
+from areal_hex_plugin.costmodel.train import TrainStage, estimate_train
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.specs.cluster import Cluster, Pool
+from areal_hex_plugin.specs.models import ModelShape
+from areal_hex_plugin.specs.workload import LengthDistribution, RLSettings, WorkloadSpec
+
+MEASUREMENTS_FORMAT = "areal-hex-measurements/2"
+PROBE = "probe"
+# Search range of a fraction-of-peak factor: below 1% a measurement is broken, not slow.
+LOWEST_FACTOR = 0.01
+
+
+@dataclass(frozen=True)
+class ProfileFit:
+    factors: dict[str, float]
+    points: list[dict[str, Any]]  # each measured time next to the fitted model's
+
+    @property
+    def rms_log_error(self) -> float:
+        """Root-mean-square of ln(model / measured) over the points (0.1 is about 10%)."""
+        errors = [math.log(p["model_s"] / p["measured_s"]) ** 2 for p in self.points]
+        return math.sqrt(sum(errors) / len(errors))
+
+
+def probe_setting(
+    pool: Pool, model: ModelShape, gpus: int, prompt_tokens: int, output_tokens: int, sequences: int,
+    minibatches: int = 1,
+) -> tuple[Cluster, WorkloadSpec]:  # fmt: skip
+    """One machine of ``pool`` with ``gpus`` GPUs, running ``sequences`` sequences of fixed lengths."""
+    machine = replace(
+        pool, name=PROBE, gpus_per_machine=max(gpus, pool.gpus_per_machine), machines=1, hosts=()
+    )
+    rl = RLSettings(
+        batch_size=sequences,
+        n_samples=1,
+        max_new_tokens=output_tokens,
+        max_head_offpolicyness=1,
+        max_concurrent_rollouts=None,
+        consumer_batch_size=sequences,
+        ppo_n_minibatches=minibatches,
+        recompute_logprob=True,  # the measured step runs one log-prob forward besides the update
+        use_decoupled_loss=False,
+        ref_model=False,
+    )
+    lengths = LengthDistribution((output_tokens,), "profile")
+    workload = WorkloadSpec(model, rl, prompt_tokens, lengths, 0.0, 1)
+    return Cluster((machine,), pool.inter_machine_gb_per_s), workload
+
+
+def _number(data: Mapping, key: str, where: str, positive: bool = True) -> float:
+    value = data.get(key) if isinstance(data, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise HexError(
+            "measurements", f"{where}.{key} is missing or not a number", "re-run areal-hex profile"
+        )
+    if positive and value <= 0:
+        raise HexError(
+            "measurements", f"{where}.{key} must be positive, got {value}", "re-run areal-hex profile"
+        )
+    return float(value)
+
+
+def _fit_link(pool: Pool, train: Mapping) -> dict[str, float]:
+    bus = train.get("allreduce_bus_gb_per_s")
+    if bus is None or _number(train, "gpus", "train") < 2:
+        return {}
+    return {
+        "link_efficiency": min(
+            1.0, _number(train, "allreduce_bus_gb_per_s", "train") / pool.intra_machine_gb_per_s
+        )
+    }
+
+
+def _decode_points(decode: Mapping) -> list[tuple[int, float, float]]:
+    points = decode.get("points") if isinstance(decode, Mapping) else None
+    if not isinstance(points, list) or not points:
+        raise HexError("measurements", "decode.points is missing or empty", "re-run areal-hex profile")
+    out = []
+    for i, point in enumerate(points):
+        batch = _number(point, "batch", f"decode.points[{i}]")
+        out.append((int(batch), _number(point, "prefill_s", f"decode.points[{i}]"),
+                    _number(point, "step_s", f"decode.points[{i}]")))  # fmt: skip
+    return out
+
+
+def _fit_rollout(
+    pool: Pool, model: ModelShape, decode: Mapping, calibration: Calibration
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    points = _decode_points(decode)
+    prompt = int(_number(decode, "prompt_tokens", "decode"))
+    generated = int(_number(decode, "decode_tokens", "decode"))
+    tp = int(_number(decode, "tp", "decode"))
+    cluster, workload = probe_setting(pool, model, tp, prompt, generated, max(b for b, _, _ in points))
+    stages = (RolloutStage(PROBE, tp),)
+    ctx = prompt + generated / 2  # mean context over the timed decode steps
+
+    def model_times(hbm: float, mfu: float) -> list[tuple[float, float]]:
+        cal = calibration.with_factors(pool.gpu_type, {"hbm_fraction": hbm, "infer_mfu": mfu})
+        try:
+            return [batch_timings(cluster, workload, cal, stages, b, ctx) for b, _, _ in points]
+        except ValueError as exc:
+            raise HexError(
+                "measurements", f"decode.tp={tp}: {exc}", "measure a TP the machine can hold"
+            ) from None
+
+    def loss(hbm: float, mfu: float) -> float:
+        return sum(
+            math.log(p / mp) ** 2 + math.log(s / ms) ** 2
+            for (p, s), (_, mp, ms) in zip(model_times(hbm, mfu), points, strict=True)
+        )
+
+    # A coarse log grid, then finer ones around the best point: the loss is smooth with one basin.
+    ratio = LOWEST_FACTOR ** (-1 / 23)
+    grid = [LOWEST_FACTOR * ratio**i for i in range(24)]
+    best = min(((h, m) for h in grid for m in grid), key=lambda hm: loss(*hm))
+    for _ in range(3):
+        near = [ratio ** (j / 8) for j in range(-8, 9)]
+        pairs = ((best[0] * a, best[1] * b) for a in near for b in near)
+        best = min((hm for hm in pairs if max(hm) <= 1), key=lambda hm: loss(*hm))
+        ratio **= 1 / 8
+    hbm, mfu = best
+    fitted = []
+    for (prefill, step), (batch, m_prefill, m_step) in zip(model_times(hbm, mfu), points, strict=True):
+        fitted.append({"what": "prefill", "batch": batch, "measured_s": m_prefill, "model_s": prefill})
+        fitted.append({"what": "decode_step", "batch": batch, "measured_s": m_step, "model_s": step})
+    return {"hbm_fraction": hbm, "infer_mfu": mfu}, fitted
+
+
+def _fit_train(
+    pool: Pool, model: ModelShape, train: Mapping, calibration: Calibration
+) -> tuple[dict[str, float], dict[str, Any]]:
+    gpus = int(_number(train, "gpus", "train"))
+    sequences = int(_number(train, "sequences", "train"))
+    length = int(_number(train, "sequence_tokens", "train"))
+    minibatches = int(train.get("minibatches") or 1)
+    measured = _number(train, "step_s", "train") + _number(train, "logp_s", "train")
+    # Fixed-length sequences attend over half their length on average, however prompt and output split them.
+    cluster, workload = probe_setting(
+        pool, model, gpus, length // 2, length - length // 2, sequences, minibatches
+    )
+    stages = (TrainStage(PROBE, gpus, 1),)
+
+    def step(mfu: float) -> float:
+        cal = calibration.with_factors(pool.gpu_type, {"train_mfu": mfu})
+        est = estimate_train(cluster, workload, cal, stages, check_memory=False)
+        if not est.feasible:
+            raise HexError("measurements", f"train: {est.reason}", "measure a layout one machine can hold")
+        return est.step_time_s
+
+    low, high = LOWEST_FACTOR, 1.0
+    if step(high) >= measured:
+        low = high  # faster than the model can be even at peak: report the cap and the gap
+    for _ in range(40):
+        if high - low < 1e-5:
+            break
+        mid = (low + high) / 2
+        low, high = (low, mid) if step(mid) < measured else (mid, high)
+    mfu = (low + high) / 2
+    point = {"what": "train_step", "batch": sequences, "measured_s": measured, "model_s": step(mfu)}
+    return {"train_mfu": mfu}, point
+
+
+def fit_profile(
+    pool: Pool, model: ModelShape, measurements: Mapping, calibration: Calibration | None = None
+) -> ProfileFit:
+    """Fit ``pool``'s GPU type's factors to ``measurements`` (format :data:`MEASUREMENTS_FORMAT`)."""
+    if not isinstance(measurements, Mapping) or measurements.get("format") != MEASUREMENTS_FORMAT:
+        raise HexError(
+            "measurements", "are not areal-hex measurements", f"expected format {MEASUREMENTS_FORMAT!r}"
+        )
+    if measurements.get("model") != model.name:
+        raise HexError(
+            "measurements",
+            f"were taken with model {measurements.get('model')!r}, the recipe's model is {model.name!r}",
+            "profile with this recipe, or fit with the recipe that was measured",
+        )
+    calibration = calibration or Calibration()
+    factors: dict[str, float] = {}
+    train = measurements.get("train")
+    if not isinstance(train, Mapping):
+        raise HexError("measurements", "train is missing", "re-run areal-hex profile")
+    factors.update(_fit_link(pool, train))
+    calibration = calibration.with_factors(pool.gpu_type, factors)
+    rollout, points = _fit_rollout(pool, model, measurements.get("decode"), calibration)
+    factors.update(rollout)
+    calibration = calibration.with_factors(pool.gpu_type, rollout)
+    trained, point = _fit_train(pool, model, train, calibration)
+    factors.update(trained)
+    return ProfileFit({k: float(f"{v:.4g}") for k, v in factors.items()}, [*points, point])
