@@ -39,7 +39,8 @@ def measure_train(
     Returns ``{"engine": "fsdp", "gpus", "sequences", "sequence_tokens", "tokens", "gradient_checkpointing",
     "logp_s", "step_s", "allreduce_bus_gb_per_s" (None for one rank), "device_name"}``.
     """
-    _check(config, gpus, sequences, sequence_tokens, repeats, device)
+    check_request(config, gpus, sequences, sequence_tokens, repeats)
+    _check_device(device, gpus)
     import torch.multiprocessing as mp
 
     actor_config = dataclasses.replace(config.actor, backend=f"fsdp:d{gpus}")
@@ -60,40 +61,43 @@ def measure_train(
         return json.loads(out.read_text())
 
 
-def _check(config: Any, gpus: int, sequences: int, sequence_tokens: int, repeats: int, device: str) -> None:
-    if device not in ("cuda", "cpu"):
-        raise HexError("device", f"{device!r} is not a device this measures", "use 'cuda' or 'cpu'")
-    for field, value, least in (("gpus", gpus, 1), ("sequences", sequences, 1), ("repeats", repeats, 1)):
-        if not isinstance(value, int) or value < least:
-            raise HexError(field, f"{value!r} is not a whole number >= {least}", f"pass {field} >= {least}")
+def check_request(config: Any, gpus: int, sequences: int, sequence_tokens: int, repeats: int = 3) -> None:
+    """Refuse a measurement the recipe's actor cannot run (before any rank starts); fields are the CLI flags."""
+    for field, value in (("--train-gpus", gpus), ("--train-sequences", sequences), ("repeats", repeats)):
+        if not isinstance(value, int) or value < 1:
+            raise HexError(field, f"{value!r} is not a whole number >= 1", f"pass {field} 1 or more")
     if not isinstance(sequence_tokens, int) or sequence_tokens < 2:
-        raise HexError("sequence_tokens", f"{sequence_tokens!r} is too short", "pass at least 2 tokens")
-    if sequences % gpus:
         raise HexError(
-            "sequences",
-            f"{sequences} sequences do not split evenly over {gpus} data-parallel ranks",
-            f"pass a multiple of {gpus}",
+            "--train-sequence-tokens", f"{sequence_tokens!r} is too short", "pass at least 2 tokens"
         )
     minibatches = config.actor.ppo_n_minibatches
-    if sequences // gpus < minibatches:
+    if sequences % gpus or sequences // gpus < minibatches:
         raise HexError(
-            "sequences",
-            f"{sequences // gpus} sequences per rank cannot fill actor.ppo_n_minibatches={minibatches}",
-            f"pass at least {minibatches * gpus} sequences",
+            "--train-sequences",
+            f"{sequences} sequences do not split into {gpus} GPUs x {minibatches} minibatches "
+            "(actor.ppo_n_minibatches)",
+            f"pass a multiple of {gpus} that is at least {gpus * minibatches}",
         )
     limit = config.actor.mb_spec.max_tokens_per_mb
     if limit is not None and sequence_tokens > limit:
         raise HexError(
-            "sequence_tokens",
+            "--train-sequence-tokens",
             f"{sequence_tokens} tokens do not fit one micro-batch (actor.mb_spec.max_tokens_per_mb={limit})",
             "pass shorter sequences or raise actor.mb_spec.max_tokens_per_mb",
         )
+
+
+def _check_device(device: str, gpus: int) -> None:
+    if device not in ("cuda", "cpu"):
+        raise HexError("device", f"{device!r} is not a device this measures", "use 'cuda' or 'cpu'")
     if device == "cuda":
         import torch
 
         found = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if found < gpus:
-            raise HexError("gpus", f"{gpus} CUDA GPUs asked for, {found} visible", "run on a GPU machine")
+            raise HexError(
+                "--train-gpus", f"{gpus} CUDA GPUs asked for, {found} visible", "run on a GPU machine"
+            )
 
 
 def _free_port() -> int:

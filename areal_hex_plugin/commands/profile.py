@@ -1,9 +1,10 @@
-"""``areal-hex profile --gpu-type X``: measure a GPU's efficiency factors and write a calibration profile.
+"""``areal-hex profile RECIPE --gpu-type X``: measure a GPU type and fit its efficiency factors.
 
-On the GPU it times model-shaped kernels with torch: a device copy (HBM), one decode step's dense GEMMs at
-several batch sizes and its attention over a KV cache (decode), and a forward + recomputed forward + backward
-of the model's layers (training). ``--from-measurements FILE`` turns saved measurements into a profile
-anywhere. Recipes use the result through ``hex.calibration.profile``.
+On a machine with that GPU it runs the recipe's model for real: an SGLang engine built from the recipe's
+``sglang`` section (prefill and decode at several batch sizes) and upstream's FSDP PPO actor built from its
+``actor`` section (log-prob forward and PPO update, plus an all-reduce when several GPUs train). The cost model is
+then fitted to those times (``areal_hex_plugin.costmodel.fit``). ``--from-measurements FILE`` fits saved
+measurements anywhere. Recipes use the result through ``hex.calibration.profile``.
 """
 
 from __future__ import annotations
@@ -13,31 +14,32 @@ import json
 from pathlib import Path
 from typing import Any
 
+from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args, write_json
+from areal_hex_plugin.costmodel.fit import MEASUREMENTS_FORMAT, ProfileFit, fit_profile
 from areal_hex_plugin.errors import HexError
 
-MEASUREMENTS_FORMAT = "areal-hex-measurements/1"
-DEFAULT_BATCHES = (1, 16, 64, 256)
+DEFAULT_BATCHES = "1,8,32,128"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("profile", help="measure a GPU type's efficiency factors for the cost model")
+    add_recipe_arguments(parser)
     parser.add_argument("--gpu-type", required=True, help="catalog name of the GPU being measured, e.g. H20")
-    parser.add_argument(
-        "--model", default="Qwen2.5-7B", help="built-in model or HF config.json whose shapes to use"
-    )
-    parser.add_argument(
-        "--batch-sizes",
-        default=",".join(map(str, DEFAULT_BATCHES)),
-        help="decode batch sizes, comma-separated",
-    )
-    parser.add_argument("--context", type=int, default=2048, help="KV-cache tokens per sequence for decode")
-    parser.add_argument(
-        "--train-tokens", type=int, default=8192, help="tokens in the timed training micro-batch"
-    )
-    parser.add_argument(
-        "--from-measurements", metavar="FILE", help="derive the profile from saved measurements"
-    )
     parser.add_argument("--json", metavar="OUT", required=True, help="where to write the profile JSON")
+    rollout = parser.add_argument_group("rollout (SGLang)")
+    rollout.add_argument("--rollout-tp", type=int, default=1, help="tensor parallel size of the engine")
+    rollout.add_argument("--batch-sizes", default=DEFAULT_BATCHES, help="decode batch sizes, comma-separated")
+    rollout.add_argument("--prompt-tokens", type=int, help="prompt length (default: the recipe's)")
+    rollout.add_argument("--decode-tokens", type=int, default=128, help="tokens generated per timed batch")
+    train = parser.add_argument_group("training (FSDP)")
+    train.add_argument("--train-gpus", type=int, help="GPUs of one machine (default: the pool's per machine)")
+    train.add_argument(
+        "--train-sequences", type=int, help="sequences per step (default: 2 per GPU per minibatch)"
+    )
+    train.add_argument("--train-sequence-tokens", type=int, default=4096, help="tokens per training sequence")
+    parser.add_argument(
+        "--from-measurements", metavar="FILE", help="fit saved measurements instead of measuring"
+    )
     parser.set_defaults(run=run)
 
 
@@ -48,43 +50,26 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
         sizes = ()
     if not sizes or min(sizes) <= 0:
         raise HexError(
-            "--batch-sizes", f"{text!r} is not a list of positive whole numbers", "e.g. 1,16,64,256"
+            "--batch-sizes", f"{text!r} is not a list of positive whole numbers", "e.g. 1,8,32,128"
         )
     return sizes
 
 
-def derive_factors(measurements: dict[str, Any], hbm_tb_per_s: float, tflops_bf16: float) -> dict[str, float]:
-    """Efficiency factors from raw measurements and the GPU's catalog figures (capped at 1)."""
-    peak_bytes, peak_flops = hbm_tb_per_s * 1e12, tflops_bf16 * 1e12
-    try:
-        decode = measurements["decode"]
-        weight_stream = max(d["weight_bytes"] / d["dense_s"] for d in decode)
-        kv_stream = max(d["kv_bytes"] / d["attention_s"] for d in decode)
-        dense_flops = max(d["dense_flops"] / d["dense_s"] for d in decode)
-        train = measurements["train"]
-        train_flops = train["model_flops"] / train["step_s"]
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
-        raise HexError(
-            "measurements", f"incomplete or malformed measurements ({exc!r})", "re-run the profile"
-        ) from None
-    factors = {
-        "hbm_fraction": max(weight_stream, kv_stream) / peak_bytes,
-        "infer_mfu": dense_flops / peak_flops,
-        "train_mfu": train_flops / peak_flops,
-    }
-    if measurements.get("allreduce_bus_gb_per_s") and measurements.get("link_gb_per_s"):
-        factors["link_efficiency"] = measurements["allreduce_bus_gb_per_s"] / measurements["link_gb_per_s"]
-    return {k: float(f"{min(1.0, v):.4g}") for k, v in factors.items() if v > 0}
+def _positive(value: int | None, flag: str) -> None:
+    if value is not None and value <= 0:
+        raise HexError(flag, f"must be a positive whole number, got {value}", f"give {flag} 1 or more")
 
 
-def profile_document(gpu_type: str, measurements: dict, factors: dict[str, float]) -> dict:
-    from areal_hex_plugin.costmodel.calibration import PROFILE_FORMAT
+def _pool(recipe, gpu_type: str, gpus: int):
+    """The recipe's pool of ``gpu_type`` (its link figures), or one machine of it with catalog figures."""
+    from areal_hex_plugin.specs.cluster import Pool
 
-    return {
-        "format": PROFILE_FORMAT,
-        "gpu_types": {gpu_type: factors},
-        "measurements": {gpu_type: measurements},
-    }
+    gpu = recipe.catalog.get(gpu_type, "--gpu-type")
+    for pool in recipe.cluster.pools:
+        if pool.gpu_type == gpu.name:
+            return pool
+    inter = recipe.cluster.cross_pool_gb_per_s
+    return Pool(gpu.name.lower(), gpu, max(gpus, 8), 1, (), 0.0, gpu.link_gb_per_s, inter)
 
 
 def _read_measurements(path: str) -> dict:
@@ -99,7 +84,7 @@ def _read_measurements(path: str) -> dict:
         raise HexError(
             "--from-measurements", f"{file} is not JSON", "give a file written by areal-hex profile"
         ) from None
-    if isinstance(data, dict) and "measurements" in data and data.get("format") != MEASUREMENTS_FORMAT:
+    if isinstance(data, dict) and isinstance(data.get("measurements"), dict):
         data = next(iter(data["measurements"].values()), None)  # a whole profile: take its measurements
     if not isinstance(data, dict) or data.get("format") != MEASUREMENTS_FORMAT:
         raise HexError(
@@ -108,30 +93,102 @@ def _read_measurements(path: str) -> dict:
     return data
 
 
-def run(args: argparse.Namespace) -> int:
-    from areal_hex_plugin.commands.common import write_json
-    from areal_hex_plugin.specs.catalog import build_catalog
-    from areal_hex_plugin.specs.models import resolve_model
+def _measure(args: argparse.Namespace, recipe, pool) -> dict[str, Any]:
+    """Run the recipe's model on this machine's GPUs (SGLang, then FSDP)."""
+    from areal_hex_plugin.areal.config import load_hex_config
+    from areal_hex_plugin.areal.profile_decode import measure_decode
+    from areal_hex_plugin.areal.profile_train import check_request, measure_train
 
-    gpu = build_catalog().get(args.gpu_type, "--gpu-type")
+    gpus = args.train_gpus or pool.gpus_per_machine
+    minibatches = recipe.workload.rl.ppo_n_minibatches
+    sequences = args.train_sequences or 2 * gpus * minibatches
+    config, _ = load_hex_config(["--config", str(recipe.path), *args.overrides])
+    check_request(config, gpus, sequences, args.train_sequence_tokens)
+    device = _local_gpu(recipe, pool.gpu_type)
+    decode = measure_decode(
+        config,
+        gpu_type=pool.gpu_type,
+        hbm_gb=pool.gpu.hbm_gb,
+        tp=args.rollout_tp,
+        batch_sizes=_batch_sizes(args.batch_sizes),
+        prompt_tokens=args.prompt_tokens or recipe.workload.prompt_tokens,
+        decode_tokens=args.decode_tokens,
+    )
+    train = measure_train(config, gpus=gpus, sequences=sequences, sequence_tokens=args.train_sequence_tokens)
+    return {
+        "format": MEASUREMENTS_FORMAT,
+        "gpu_type": pool.gpu_type,
+        "device_name": device,
+        "model": recipe.workload.model.name,
+        "decode": decode,
+        "train": {**train, "minibatches": minibatches},
+    }
+
+
+def _local_gpu(recipe, gpu_type: str) -> str:
+    """The name of this machine's CUDA GPU, which must be ``gpu_type``."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise HexError(
+            "--gpu-type",
+            f"no CUDA GPU on this machine to measure {gpu_type}",
+            "run this on a machine with that GPU, or pass --from-measurements FILE",
+        )
+    name = torch.cuda.get_device_name()
+    if name in recipe.catalog and recipe.catalog.get(name).name != gpu_type:
+        raise HexError(
+            "--gpu-type", f"is {gpu_type} but this machine has {name}", "name the GPU this machine has"
+        )
+    return name
+
+
+def _report(gpu_type: str, fit: ProfileFit) -> str:
+    lines = [f"{gpu_type} factors: " + ", ".join(f"{k}={v:.3f}" for k, v in fit.factors.items())]
+    lines.append(f"{'measured':<12}{'batch':>6}{'measured s':>12}{'model s':>12}{'error':>8}")
+    for p in fit.points:
+        error = p["model_s"] / p["measured_s"] - 1
+        lines.append(
+            f"{p['what']:<12}{p['batch']:>6}{p['measured_s']:>12.4g}{p['model_s']:>12.4g}{error:>8.1%}"
+        )
+    lines.append(f"fit: rms log error {fit.rms_log_error:.3f}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from areal_hex_plugin.costmodel.calibration import PROFILE_FORMAT, recipe_calibration
+
+    for value, flag in (
+        (args.rollout_tp, "--rollout-tp"),
+        (args.prompt_tokens, "--prompt-tokens"),
+        (args.train_gpus, "--train-gpus"),
+        (args.train_sequences, "--train-sequences"),
+        (args.train_sequence_tokens, "--train-sequence-tokens"),
+    ):
+        _positive(value, flag)
+    if args.decode_tokens < 2:
+        raise HexError("--decode-tokens", f"must be at least 2, got {args.decode_tokens}", "e.g. 128")
+    recipe = load_recipe_from_args(args)
+    pool = _pool(recipe, args.gpu_type, args.train_gpus or 0)
     if args.from_measurements:
         measurements = _read_measurements(args.from_measurements)
-    else:
-        from areal_hex_plugin.areal.profiler import cuda_available, measure
-
-        if not cuda_available():
+        if measurements.get("gpu_type", pool.gpu_type) != pool.gpu_type:
             raise HexError(
                 "--gpu-type",
-                f"no CUDA GPU on this machine to measure {gpu.name}",
-                "run this on a machine with that GPU, or pass --from-measurements FILE",
+                f"is {pool.gpu_type} but the measurements are of {measurements['gpu_type']}",
+                f"pass --gpu-type {measurements['gpu_type']}",
             )
-        model = resolve_model(args.model, "--model")
-        measurements = measure(model, _batch_sizes(args.batch_sizes), args.context, args.train_tokens)
-    factors = derive_factors(measurements, gpu.hbm_tb_per_s, gpu.tflops_bf16)
-    write_json(args.json, profile_document(gpu.name, measurements, factors))
-    width = max(map(len, factors))
-    print(f"{gpu.name} ({measurements.get('device_name', '?')}):")
-    for name, value in factors.items():
-        print(f"  {name:<{width}}  {value:.3f}")
+    else:
+        measurements = _measure(args, recipe, pool)
+    fit = fit_profile(pool, recipe.workload.model, measurements, recipe_calibration(recipe))
+    name = pool.gpu_type
+    document = {
+        "format": PROFILE_FORMAT,
+        "gpu_types": {name: fit.factors},
+        "fit": {name: {"rms_log_error": round(fit.rms_log_error, 4), "points": fit.points}},
+        "measurements": {name: measurements},
+    }
+    write_json(args.json, document)
+    print(_report(name, fit))
     print(f"wrote {args.json}; use it with hex.calibration.profile={args.json}")
     return 0

@@ -69,9 +69,13 @@ def test_measures_a_real_fsdp_step(recipe, gpus, sequences):
 @pytest.mark.parametrize(
     "overrides, field",
     [
-        (dict(gpus=2, sequences=9), "sequences"),  # not divisible over the ranks
-        (dict(gpus=2, sequences=6), "sequences"),  # 3 per rank, fewer than the 4 minibatches
-        (dict(gpus=1, sequences=4, sequence_tokens=40000), "sequence_tokens"),  # over max_tokens_per_mb
+        (dict(gpus=2, sequences=9), "--train-sequences"),  # not divisible over the ranks
+        (dict(gpus=2, sequences=6), "--train-sequences"),  # 3 per rank, fewer than the 4 minibatches
+        (
+            dict(gpus=1, sequences=4, sequence_tokens=40000),
+            "--train-sequence-tokens",
+        ),  # over max_tokens_per_mb
+        (dict(gpus=0, sequences=4), "--train-gpus"),
         (dict(gpus=1, sequences=4, device="tpu"), "device"),
     ],
 )

@@ -1,0 +1,201 @@
+"""Fitting efficiency factors to measurements, and ``areal-hex profile``'s CPU-side paths.
+
+Measurements here are written by the cost model itself with known factors (optionally with noise), so the fit
+must hand those factors back: that checks the inverse against the forward model, with nothing hard-coded.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from areal_hex_plugin.cli import main
+from areal_hex_plugin.costmodel import CostModel, RolloutStage, recipe_calibration
+from areal_hex_plugin.costmodel.calibration import DEFAULTS, Calibration, read_profile
+from areal_hex_plugin.costmodel.fit import MEASUREMENTS_FORMAT, PROBE, fit_profile, probe_setting
+from areal_hex_plugin.costmodel.rollout import batch_timings
+from areal_hex_plugin.costmodel.train import TrainStage, estimate_train
+from areal_hex_plugin.errors import HexError
+from tests.costmodel.helpers import recipe
+
+TRUTH = {"hbm_fraction": 0.7, "infer_mfu": 0.55, "train_mfu": 0.33, "link_efficiency": 0.7}
+
+
+def _pool(r, gpu_type: str):
+    return next(p for p in r.cluster.pools if p.gpu_type == gpu_type)
+
+
+def synthetic(r, gpu_type: str, truth: dict, tp: int = 1, noise: float = 0.0, gpus: int = 8) -> dict:
+    """Measurements the cost model predicts under ``truth``; ``noise`` alternately inflates and deflates them."""
+    pool, model = _pool(r, gpu_type), r.workload.model
+    cal = Calibration().with_factors(gpu_type, truth)
+    prompt, generated = 1024, 128
+    cluster, workload = probe_setting(pool, model, tp, prompt, generated, 128)
+    points = []
+    for i, batch in enumerate((1, 8, 32, 128)):
+        wobble = 1 + noise * (-1) ** i
+        prefill, step = batch_timings(
+            cluster, workload, cal, (RolloutStage(PROBE, tp),), batch, prompt + generated / 2
+        )
+        prefill, step = prefill * wobble, step / wobble
+        points.append(
+            {"batch": batch, "prefill_s": prefill, "generate_s": prefill + step * 127, "step_s": step}
+        )
+    sequences, length = 2 * gpus, 4096
+    cluster, workload = probe_setting(pool, model, gpus, length // 2, length // 2, sequences)
+    step = estimate_train(cluster, workload, cal, (TrainStage(PROBE, gpus, 1),), check_memory=False)
+    bus = truth["link_efficiency"] * pool.intra_machine_gb_per_s
+    return {
+        "format": MEASUREMENTS_FORMAT,
+        "gpu_type": gpu_type,
+        "device_name": f"NVIDIA {gpu_type}",
+        "model": model.name,
+        "decode": {"engine": "sglang", "tp": tp, "prompt_tokens": prompt, "decode_tokens": generated,
+                   "points": points},
+        "train": {"engine": "fsdp", "gpus": gpus, "sequences": sequences, "sequence_tokens": length,
+                  "tokens": sequences * length, "gradient_checkpointing": True, "minibatches": 1,
+                  "logp_s": step.step_time_s * 0.2 * (1 + noise), "step_s": step.step_time_s * 0.8 * (1 + noise),
+                  "allreduce_bus_gb_per_s": bus * (1 - noise), "device_name": f"NVIDIA {gpu_type}"},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "gpu_type", "tp"),
+    [("paper/7b.yaml", "H20", 1), ("paper/7b.yaml", "H800-PCIe", 1), ("paper/14b.yaml", "H20", 2),
+     ("paper/1.5b.yaml", "H800-PCIe", 1)],
+)  # fmt: skip
+def test_fit_recovers_the_factors_that_produced_the_measurements(name, gpu_type, tp):
+    r = recipe(name)
+    fit = fit_profile(_pool(r, gpu_type), r.workload.model, synthetic(r, gpu_type, TRUTH, tp=tp))
+    assert fit.factors == pytest.approx(TRUTH, rel=0.01)
+    assert fit.rms_log_error < 0.01
+    assert [p["what"] for p in fit.points] == ["prefill", "decode_step"] * 4 + ["train_step"]
+
+
+def test_fit_tolerates_noisy_measurements():
+    r = recipe("paper/7b.yaml")
+    fit = fit_profile(_pool(r, "H20"), r.workload.model, synthetic(r, "H20", TRUTH, noise=0.05))
+    assert fit.factors == pytest.approx(TRUTH, rel=0.1)
+    assert 0.02 < fit.rms_log_error < 0.1  # the noise shows in the residuals
+
+
+def test_a_step_faster_than_peak_is_capped_and_shows_the_gap():
+    r = recipe("paper/7b.yaml")
+    measured = synthetic(r, "H20", TRUTH)
+    measured["train"]["step_s"] /= 100
+    measured["train"]["logp_s"] /= 100
+    fit = fit_profile(_pool(r, "H20"), r.workload.model, measured)
+    assert fit.factors["train_mfu"] == 1.0
+    train = fit.points[-1]
+    assert train["model_s"] > 10 * train["measured_s"]
+
+
+def test_one_gpu_measures_no_link():
+    r = recipe("paper/7b.yaml")
+    measured = synthetic(r, "H800-PCIe", TRUTH, gpus=1)
+    measured["train"]["allreduce_bus_gb_per_s"] = None
+    fit = fit_profile(_pool(r, "H800-PCIe"), r.workload.model, measured)
+    assert "link_efficiency" not in fit.factors and fit.factors["train_mfu"] == pytest.approx(0.33, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (lambda m: m.update(model="Qwen2.5-14B"), "were taken with model 'Qwen2.5-14B'"),
+        (lambda m: m.update(format="other"), "are not areal-hex measurements"),
+        (lambda m: m["decode"].update(points=[]), "decode.points is missing or empty"),
+        (lambda m: m["decode"]["points"][1].update(step_s=-1), r"decode.points\[1\].step_s must be positive"),
+        (lambda m: m["train"].pop("logp_s"), "train.logp_s is missing"),
+        (lambda m: m["decode"].update(tp=16), "decode.tp=16"),
+        (lambda m: m.pop("train"), "train is missing"),
+    ],
+)
+def test_malformed_measurements_name_what_is_wrong(damage, words):
+    r = recipe("paper/7b.yaml")
+    measured = synthetic(r, "H20", TRUTH)
+    damage(measured)
+    with pytest.raises(HexError, match=words):
+        fit_profile(_pool(r, "H20"), r.workload.model, measured)
+
+
+def _profile(tmp_path, *extra: str) -> list[str]:
+    return ["profile", "recipes/paper/7b.yaml", *extra, "--json", str(tmp_path / "h20.json")]
+
+
+def test_profile_command_fits_saved_measurements_into_a_profile_recipes_use(tmp_path, capsys, monkeypatch):
+    from tests.conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    slow = dict(TRUTH, hbm_fraction=0.4, infer_mfu=0.3)
+    raw = tmp_path / "raw.json"
+    raw.write_text(json.dumps(synthetic(recipe("paper/7b.yaml"), "H20", slow)))
+    assert main(_profile(tmp_path, "--gpu-type", "h20-96gb", "--from-measurements", str(raw))) == 0
+    out = capsys.readouterr().out
+    assert "decode_step" in out and "rms log error" in out
+    profile = tmp_path / "h20.json"
+    assert read_profile(profile)["H20"] == pytest.approx(slow, rel=0.01)
+    assert json.loads(profile.read_text())["fit"]["H20"]["rms_log_error"] < 0.01
+    # A recipe pointing at it gets those factors; its own hex.calibration entries win over the profile.
+    r = recipe(
+        "paper/7b.yaml",
+        f"++hex.calibration.profile={profile}",
+        "++hex.calibration.gpu_types.H20.train_mfu=0.3",
+    )
+    cal = recipe_calibration(r)
+    assert cal.for_gpu("H20").infer_mfu == pytest.approx(0.3, rel=0.01)
+    assert cal.for_gpu("H20").train_mfu == 0.3
+    assert cal.for_gpu("H800-PCIe") == DEFAULTS["H800-PCIe"]
+    fitted = CostModel(r.cluster, r.workload, cal).rollout((RolloutStage("h20", 1),))
+    default = CostModel(r.cluster, r.workload).rollout((RolloutStage("h20", 1),))
+    assert fitted.tokens_per_s < default.tokens_per_s
+    # A written profile is also valid --from-measurements input, and fits to the same factors.
+    again = tmp_path / "again"
+    again.mkdir()
+    assert main(_profile(again, "--gpu-type", "H20", "--from-measurements", str(profile))) == 0
+    assert read_profile(again / "h20.json") == read_profile(profile)
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "words"),
+    [
+        ("{", (), "not JSON"),
+        ('{"format": "other"}', (), "holds no measurements"),
+        ("[1]", (), "holds no measurements"),
+        (None, ("--gpu-type", "H800-PCIe"), "is H800-PCIe but the measurements are of H20"),
+        (None, ("--gpu-type", "Z9000"), "unknown GPU type 'Z9000'"),
+        (None, ("--gpu-type", "H20", "--decode-tokens", "1"), "must be at least 2"),
+        (None, ("--gpu-type", "H20", "--train-gpus", "0"), "must be a positive whole number"),
+    ],
+)
+def test_profile_command_bad_input_exits_2_without_output(
+    tmp_path, capsys, monkeypatch, content, extra, words
+):
+    from tests.conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    raw = tmp_path / "raw.json"
+    raw.write_text(content or json.dumps(synthetic(recipe("paper/7b.yaml"), "H20", TRUTH)))
+    flags = extra or ("--gpu-type", "H20")
+    assert main(_profile(tmp_path, *flags, "--from-measurements", str(raw))) == 2
+    assert words in capsys.readouterr().err and not (tmp_path / "h20.json").exists()
+
+
+def test_profile_command_without_a_gpu_says_so(tmp_path, capsys, monkeypatch):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from tests.conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    assert main(_profile(tmp_path, "--gpu-type", "H20")) == 2
+    assert "no CUDA GPU on this machine" in capsys.readouterr().err
+
+
+def test_profile_command_checks_the_training_split_before_measuring(tmp_path, capsys, monkeypatch):
+    from tests.conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    code = main(_profile(tmp_path, "--gpu-type", "H20", "--train-gpus", "8", "--train-sequences", "12"))
+    assert code == 2
+    assert "12 sequences do not split into 8 GPUs x 4 minibatches" in capsys.readouterr().err
