@@ -137,7 +137,11 @@ def time_batches(
     """
     _check_request(batch_sizes, prompt_tokens, decode_tokens, repeats)
     if vocab_size <= 2 * ID_MARGIN:
-        raise HexError("model", f"vocab_size {vocab_size} is too small for random prompts", "")
+        raise HexError(
+            "actor.path",
+            f"vocab_size {vocab_size} is too small for random prompts",
+            "profile a language model",
+        )
     rng = random.Random(SEED)
 
     def timed(batch: int, new_tokens: int) -> float:
@@ -189,7 +193,7 @@ def _check_request(batch_sizes: Sequence[int], prompt_tokens: int, decode_tokens
     if decode_tokens < 2:  # step_s divides by decode_tokens - 1
         raise HexError("--decode-tokens", f"must be at least 2, got {decode_tokens}", "e.g. 128")
     if repeats < 1:
-        raise HexError("repeats", f"must be at least 1, got {repeats}", "")
+        raise HexError("repeats", f"must be at least 1, got {repeats}", "time each batch at least once")
 
 
 def _check_known(args: dict[str, Any], server_args_cls: type, version: str) -> None:
