@@ -77,6 +77,7 @@ def describe_dry_run(config, rewrite: Rewrite, plan: HexPlan, plan_source: str) 
         "",
         "# Placement",
         placement_table(rewrite, config),
+        f"Rollout requests go to servers by hex.routing={rewrite.placement.routing}",
         "",
         f"Predicted: {plan.predicted.tokens_per_s:,.0f} tokens/s at ${plan.predicted.cost_per_hour:,.2f}/h "
         f"({plan.predicted.tokens_per_dollar:,.0f} tokens/$), step {plan.predicted.step_time_s:.1f}s",

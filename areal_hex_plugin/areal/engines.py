@@ -40,8 +40,6 @@ class HexSGLangBackend(SGLangBackend):
 class HexRolloutController(RolloutController):
     """Routes each rollout to a server by the plan's shares instead of round-robin; counts completions per pool."""
 
-    routing_policy = "shares"
-
     def _router(self) -> ShareRouter:
         router = getattr(self, "_hex_router", None)
         if router is None or len(router.shares) != len(self.workers):
@@ -49,7 +47,7 @@ class HexRolloutController(RolloutController):
             placement = self.scheduler.placement
             slots = placement.for_role(self._worker_role) or placement.for_role("rollout")
             self._hex_pools = [s.pool for s in slots]
-            router = self._hex_router = ShareRouter([s.share for s in slots], self.routing_policy)
+            router = self._hex_router = ShareRouter([s.share for s in slots], placement.routing)
         return router
 
     def _choose_worker(self):

@@ -55,6 +55,7 @@ class Placement:
     train_pp: int
     rollout_tp: int
     rollout_pp: int
+    routing: str = "shares"  # hex.routing: how the rollout controller spreads requests over the servers
 
     def for_role(self, role: str) -> tuple[WorkerSlot, ...] | None:
         return self.slots.get(role)

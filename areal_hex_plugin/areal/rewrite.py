@@ -6,7 +6,7 @@ Runs before upstream parses any backend string (in the driver, and again, idempo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from areal.api.alloc_mode import ModelAllocation
 
@@ -37,7 +37,7 @@ def _train_backend(current: str, placement: Placement) -> tuple[str, list[str]]:
 
 def apply_plan(config, plan: HexPlan) -> Rewrite:
     """Rewrite ``config`` (an upstream PPO/GRPO config) in place to follow ``plan``."""
-    placement = placement_from_plan(plan)
+    placement = replace(placement_from_plan(plan), routing=config.hex.routing)
     actor_backend, notes = _train_backend(config.actor.backend, placement)
     config.actor.backend = actor_backend
     for name in ("ref", "critic"):

@@ -10,13 +10,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-POLICIES = ("shares", "least_outstanding")
+from areal_hex_plugin.specs.config import ROUTING_POLICIES
 
 
 class ShareRouter:
     def __init__(self, shares: Sequence[float], policy: str = "shares") -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown routing policy {policy!r}; use one of {', '.join(POLICIES)}")
+        if policy not in ROUTING_POLICIES:
+            raise ValueError(f"unknown routing policy {policy!r}; use one of {', '.join(ROUTING_POLICIES)}")
         if not shares or any(s <= 0 for s in shares):
             raise ValueError(f"shares must be positive, got {list(shares)}")
         total = float(sum(shares))

@@ -120,6 +120,9 @@ class CalibrationConfig:
     gpu_types: dict[str, GpuEfficiencyConfig] = field(default_factory=dict)
 
 
+ROUTING_POLICIES = ("shares", "least_outstanding")
+
+
 @dataclass
 class HexConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -130,6 +133,9 @@ class HexConfig:
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     # Weight transport between GPU types: "relay" (ours) or "upstream" (AReaL's own xccl/disk path).
     transport: str = "relay"
+    # How the rollout controller picks a server: "shares" (weighted round-robin by the plan's shares) or
+    # "least_outstanding" (fewest requests in flight per unit of share; adapts when a server runs slow).
+    routing: str = "shares"
     # Load this saved plan instead of solving at start.
     plan_path: str | None = None
     # Print the rewritten upstream config and the placement, then exit.

@@ -17,7 +17,7 @@ from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs import typed
 from areal_hex_plugin.specs.catalog import GpuCatalog, build_catalog
 from areal_hex_plugin.specs.cluster import Cluster, build_cluster
-from areal_hex_plugin.specs.config import HexConfig
+from areal_hex_plugin.specs.config import ROUTING_POLICIES, HexConfig
 from areal_hex_plugin.specs.models import resolve_model
 from areal_hex_plugin.specs.workload import RLSettings, WorkloadSpec, build_lengths
 
@@ -189,6 +189,12 @@ def _check_knobs(hex_cfg: HexConfig) -> None:
     if hex_cfg.transport not in TRANSPORTS:
         raise HexError(
             "hex.transport", f"unknown transport {hex_cfg.transport!r}", f"use one of {', '.join(TRANSPORTS)}"
+        )
+    if hex_cfg.routing not in ROUTING_POLICIES:
+        raise HexError(
+            "hex.routing",
+            f"unknown routing policy {hex_cfg.routing!r}",
+            f"use one of {', '.join(ROUTING_POLICIES)}",
         )
     solver = hex_cfg.solver
     for name in ("time_limit_s", "num_workers", "stable_iterations", "max_pp_stages"):

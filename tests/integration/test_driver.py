@@ -40,6 +40,12 @@ def test_dry_run_prints_rewrite_and_placement(recipe: Path, tmp_path: Path, caps
     assert {"actor", "rollout"} <= roles
 
 
+def test_dry_run_shows_the_routing_policy_the_controller_will_use(tmp_path: Path, capsys) -> None:
+    recipe = REPO / "recipes/paper/7b.yaml"
+    assert main(_argv(recipe, tmp_path, "hex.dry_run=true", "hex.routing=least_outstanding")) == 0
+    assert "by hex.routing=least_outstanding" in capsys.readouterr().out
+
+
 def _save_plan(recipe: Path, path: Path) -> Path:
     from areal_hex_plugin.scheduler import plan_recipe
     from areal_hex_plugin.specs.recipe import load_recipe

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,7 @@ def test_unknown_memory_keeps_the_recipe_fraction() -> None:
     assert args == {"attention_backend": "flashinfer", "mem_fraction_static": 0.93}
 
 
-def _controller(tmp_path: Path):
+def _controller(tmp_path: Path, routing: str = "shares"):
     pytest.importorskip("areal")
     from areal.api.cli_args import InferenceEngineConfig
     from areal.api.scheduler_api import Worker
@@ -72,9 +73,10 @@ def _controller(tmp_path: Path):
     from tests.integration.plans import two_type_plan
 
     plan = two_type_plan()
-    (tmp_path / "nr").mkdir()
+    (tmp_path / "nr").mkdir(parents=True)
+    placement = replace(placement_from_plan(plan), routing=routing)
     scheduler = HexLocalScheduler(
-        node_local(placement_from_plan(plan), plan),
+        node_local(placement, plan),
         log_dir=str(tmp_path),
         experiment_name="hex-test",
         trial_name="routing",
@@ -97,6 +99,22 @@ def test_rollout_controller_routes_by_plan_shares(tmp_path: Path) -> None:
     # Two H100 servers share half the samples, four L40S servers the other half.
     assert picks["rollout/0"] / 6000 == pytest.approx(0.25, abs=0.01)
     assert picks["rollout/5"] / 6000 == pytest.approx(0.125, abs=0.01)
+
+
+@pytest.mark.integration
+def test_least_outstanding_routing_from_the_recipe_avoids_a_stuck_server(tmp_path: Path) -> None:
+    controller = _controller(tmp_path, routing="least_outstanding")
+    stuck = controller._choose_worker()[1]  # never released: a server that stopped answering
+    picks = []
+    for _ in range(600):
+        rank = controller._choose_worker()[1]
+        controller._router().release(rank)
+        picks.append(rank)
+    assert stuck not in picks
+    # Under "shares" the same server keeps its share whatever it has in flight.
+    shares = _controller(tmp_path / "shares", routing="shares")
+    shares._choose_worker()
+    assert 0 in [shares._choose_worker()[1] for _ in range(600)]
 
 
 @pytest.mark.integration

@@ -111,6 +111,7 @@ CASES = [
     ("null-required", _hex("transport", None), [], "hex.transport"),
     ("no-hex-section", _edit(lambda c: c.pop("hex")), [], "hex"),
     ("unknown-transport", _hex("transport", "carrier-pigeon"), [], "hex.transport"),
+    ("unknown-routing", _hex("routing", "random"), [], "hex.routing"),
     ("budget-and-target", _hex("objective.target_tokens_per_s", 1000.0), [], "hex.objective"),
     (
         "negative-target",
