@@ -12,52 +12,10 @@ import pytest
 
 from areal_hex_plugin.cli import main
 from areal_hex_plugin.costmodel import CostModel, RolloutStage, recipe_calibration
-from areal_hex_plugin.costmodel.calibration import DEFAULTS, Calibration, read_profile
-from areal_hex_plugin.costmodel.fit import MEASUREMENTS_FORMAT, PROBE, fit_profile, probe_setting
-from areal_hex_plugin.costmodel.rollout import batch_timings
-from areal_hex_plugin.costmodel.train import TrainStage, estimate_train
+from areal_hex_plugin.costmodel.calibration import DEFAULTS, read_profile
+from areal_hex_plugin.costmodel.fit import fit_profile
 from areal_hex_plugin.errors import HexError
-from tests.costmodel.helpers import recipe
-
-TRUTH = {"hbm_fraction": 0.7, "infer_mfu": 0.55, "train_mfu": 0.33, "link_efficiency": 0.7}
-
-
-def _pool(r, gpu_type: str):
-    return next(p for p in r.cluster.pools if p.gpu_type == gpu_type)
-
-
-def synthetic(r, gpu_type: str, truth: dict, tp: int = 1, noise: float = 0.0, gpus: int = 8) -> dict:
-    """Measurements the cost model predicts under ``truth``; ``noise`` alternately inflates and deflates them."""
-    pool, model = _pool(r, gpu_type), r.workload.model
-    cal = Calibration().with_factors(gpu_type, truth)
-    prompt, generated = 1024, 128
-    cluster, workload = probe_setting(pool, model, tp, prompt, generated, 128)
-    points = []
-    for i, batch in enumerate((1, 8, 32, 128)):
-        wobble = 1 + noise * (-1) ** i
-        prefill, step = batch_timings(
-            cluster, workload, cal, (RolloutStage(PROBE, tp),), batch, prompt + generated / 2
-        )
-        prefill, step = prefill * wobble, step / wobble
-        points.append(
-            {"batch": batch, "prefill_s": prefill, "generate_s": prefill + step * 127, "step_s": step}
-        )
-    sequences, length = 2 * gpus, 4096
-    cluster, workload = probe_setting(pool, model, gpus, length // 2, length // 2, sequences)
-    step = estimate_train(cluster, workload, cal, (TrainStage(PROBE, gpus, 1),), check_memory=False)
-    bus = truth["link_efficiency"] * pool.intra_machine_gb_per_s
-    return {
-        "format": MEASUREMENTS_FORMAT,
-        "gpu_type": gpu_type,
-        "device_name": f"NVIDIA {gpu_type}",
-        "model": model.name,
-        "decode": {"engine": "sglang", "tp": tp, "prompt_tokens": prompt, "decode_tokens": generated,
-                   "points": points},
-        "train": {"engine": "fsdp", "gpus": gpus, "sequences": sequences, "sequence_tokens": length,
-                  "tokens": sequences * length, "gradient_checkpointing": True, "minibatches": 1,
-                  "logp_s": step.step_time_s * 0.2 * (1 + noise), "step_s": step.step_time_s * 0.8 * (1 + noise),
-                  "allreduce_bus_gb_per_s": bus * (1 - noise), "device_name": f"NVIDIA {gpu_type}"},
-    }  # fmt: skip
+from tests.costmodel.helpers import TRUTH, pool_of, recipe, synthetic_measurements
 
 
 @pytest.mark.parametrize(
@@ -67,7 +25,9 @@ def synthetic(r, gpu_type: str, truth: dict, tp: int = 1, noise: float = 0.0, gp
 )  # fmt: skip
 def test_fit_recovers_the_factors_that_produced_the_measurements(name, gpu_type, tp):
     r = recipe(name)
-    fit = fit_profile(_pool(r, gpu_type), r.workload.model, synthetic(r, gpu_type, TRUTH, tp=tp))
+    fit = fit_profile(
+        pool_of(r, gpu_type), r.workload.model, synthetic_measurements(r, gpu_type, TRUTH, tp=tp)
+    )
     assert fit.factors == pytest.approx(TRUTH, rel=0.01)
     assert fit.rms_log_error < 0.01
     assert [p["what"] for p in fit.points] == ["prefill", "decode_step"] * 4 + ["train_step"]
@@ -75,17 +35,19 @@ def test_fit_recovers_the_factors_that_produced_the_measurements(name, gpu_type,
 
 def test_fit_tolerates_noisy_measurements():
     r = recipe("paper/7b.yaml")
-    fit = fit_profile(_pool(r, "H20"), r.workload.model, synthetic(r, "H20", TRUTH, noise=0.05))
+    fit = fit_profile(
+        pool_of(r, "H20"), r.workload.model, synthetic_measurements(r, "H20", TRUTH, noise=0.05)
+    )
     assert fit.factors == pytest.approx(TRUTH, rel=0.1)
     assert 0.02 < fit.rms_log_error < 0.1  # the noise shows in the residuals
 
 
 def test_a_step_faster_than_peak_is_capped_and_shows_the_gap():
     r = recipe("paper/7b.yaml")
-    measured = synthetic(r, "H20", TRUTH)
+    measured = synthetic_measurements(r, "H20", TRUTH)
     measured["train"]["step_s"] /= 100
     measured["train"]["logp_s"] /= 100
-    fit = fit_profile(_pool(r, "H20"), r.workload.model, measured)
+    fit = fit_profile(pool_of(r, "H20"), r.workload.model, measured)
     assert fit.factors["train_mfu"] == 1.0
     train = fit.points[-1]
     assert train["model_s"] > 10 * train["measured_s"]
@@ -93,9 +55,9 @@ def test_a_step_faster_than_peak_is_capped_and_shows_the_gap():
 
 def test_one_gpu_measures_no_link():
     r = recipe("paper/7b.yaml")
-    measured = synthetic(r, "H800-PCIe", TRUTH, gpus=1)
+    measured = synthetic_measurements(r, "H800-PCIe", TRUTH, gpus=1)
     measured["train"]["allreduce_bus_gb_per_s"] = None
-    fit = fit_profile(_pool(r, "H800-PCIe"), r.workload.model, measured)
+    fit = fit_profile(pool_of(r, "H800-PCIe"), r.workload.model, measured)
     assert "link_efficiency" not in fit.factors and fit.factors["train_mfu"] == pytest.approx(0.33, rel=0.01)
 
 
@@ -113,10 +75,10 @@ def test_one_gpu_measures_no_link():
 )
 def test_malformed_measurements_name_what_is_wrong(damage, words):
     r = recipe("paper/7b.yaml")
-    measured = synthetic(r, "H20", TRUTH)
+    measured = synthetic_measurements(r, "H20", TRUTH)
     damage(measured)
     with pytest.raises(HexError, match=words):
-        fit_profile(_pool(r, "H20"), r.workload.model, measured)
+        fit_profile(pool_of(r, "H20"), r.workload.model, measured)
 
 
 def _profile(tmp_path, *extra: str) -> list[str]:
@@ -129,7 +91,7 @@ def test_profile_command_fits_saved_measurements_into_a_profile_recipes_use(tmp_
     monkeypatch.chdir(REPO)
     slow = dict(TRUTH, hbm_fraction=0.4, infer_mfu=0.3)
     raw = tmp_path / "raw.json"
-    raw.write_text(json.dumps(synthetic(recipe("paper/7b.yaml"), "H20", slow)))
+    raw.write_text(json.dumps(synthetic_measurements(recipe("paper/7b.yaml"), "H20", slow)))
     assert main(_profile(tmp_path, "--gpu-type", "h20-96gb", "--from-measurements", str(raw))) == 0
     out = capsys.readouterr().out
     assert "decode_step" in out and "rms log error" in out
@@ -175,7 +137,7 @@ def test_profile_command_bad_input_exits_2_without_output(
 
     monkeypatch.chdir(REPO)
     raw = tmp_path / "raw.json"
-    raw.write_text(content or json.dumps(synthetic(recipe("paper/7b.yaml"), "H20", TRUTH)))
+    raw.write_text(content or json.dumps(synthetic_measurements(recipe("paper/7b.yaml"), "H20", TRUTH)))
     flags = extra or ("--gpu-type", "H20")
     assert main(_profile(tmp_path, *flags, "--from-measurements", str(raw))) == 2
     assert words in capsys.readouterr().err and not (tmp_path / "h20.json").exists()

@@ -12,7 +12,10 @@ pytest.importorskip("areal")
 
 from areal_hex_plugin.areal.config import load_hex_config  # noqa: E402
 from areal_hex_plugin.areal.profile_train import measure_train  # noqa: E402
+from areal_hex_plugin.costmodel.fit import fit_profile  # noqa: E402
 from areal_hex_plugin.errors import HexError  # noqa: E402
+from areal_hex_plugin.specs.recipe import load_recipe  # noqa: E402
+from tests.costmodel.helpers import TRUTH, pool_of, synthetic_measurements  # noqa: E402
 from tests.transport.harness import small_qwen2  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -64,6 +67,16 @@ def test_measures_a_real_fsdp_step(recipe, gpus, sequences):
         assert result["allreduce_bus_gb_per_s"] is None
     else:
         assert result["allreduce_bus_gb_per_s"] > 0
+    # What the real actor measured is what the fit reads: a CPU timed against H20 figures fits a tiny factor.
+    r = load_recipe(RECIPE, [f"actor.path={recipe.actor.path}"])
+    measured = synthetic_measurements(r, "H20", TRUTH, gpus=gpus)
+    measured["train"] = {**result, "minibatches": recipe.actor.ppo_n_minibatches}
+    fit = fit_profile(pool_of(r, "H20"), r.workload.model, measured)
+    assert (
+        fit.factors["train_mfu"] < 0.05
+        and fit.points[-1]["measured_s"] == result["logp_s"] + result["step_s"]
+    )
+    assert fit.factors["hbm_fraction"] == pytest.approx(TRUTH["hbm_fraction"], rel=0.01)
 
 
 @pytest.mark.parametrize(
