@@ -32,7 +32,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     rollout.add_argument("--prompt-tokens", type=int, help="prompt length (default: the recipe's)")
     rollout.add_argument("--decode-tokens", type=int, default=128, help="tokens generated per timed batch")
     train = parser.add_argument_group("training (FSDP)")
-    train.add_argument("--train-gpus", type=int, help="GPUs of one machine (default: the pool's per machine)")
+    train.add_argument(
+        "--train-gpus",
+        type=int,
+        help="GPUs to train on (default: this machine's, at most the pool's per machine)",
+    )
     train.add_argument(
         "--train-sequences", type=int, help="sequences per step (default: 2 per GPU per minibatch)"
     )
@@ -95,11 +99,14 @@ def _read_measurements(path: str) -> dict:
 
 def _measure(args: argparse.Namespace, recipe, pool) -> dict[str, Any]:
     """Run the recipe's model on this machine's GPUs (SGLang, then FSDP)."""
+    import torch
+
     from areal_hex_plugin.areal.config import load_hex_config
     from areal_hex_plugin.areal.profile_decode import measure_decode
     from areal_hex_plugin.areal.profile_train import check_request, measure_train
 
-    gpus = args.train_gpus or pool.gpus_per_machine
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = args.train_gpus or max(1, min(pool.gpus_per_machine, visible))
     minibatches = recipe.workload.rl.ppo_n_minibatches
     sequences = args.train_sequences or 2 * gpus * minibatches
     config, _ = load_hex_config(["--config", str(recipe.path), *args.overrides])
