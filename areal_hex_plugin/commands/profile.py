@@ -158,7 +158,9 @@ def _report(gpu_type: str, fit: ProfileFit) -> str:
         lines.append(
             f"{p['what']:<12}{p['batch']:>6}{p['measured_s']:>12.4g}{p['model_s']:>12.4g}{error:>8.1%}"
         )
-    lines.append(f"fit: rms log error {fit.rms_log_error:.3f}")
+    lines.append(
+        f"fit: rms log error {fit.rms_log_error:.3f}; engine cost per prefill call {fit.prefill_call_s * 1e3:.1f} ms"
+    )
     return "\n".join(lines)
 
 
@@ -192,7 +194,13 @@ def run(args: argparse.Namespace) -> int:
     document = {
         "format": PROFILE_FORMAT,
         "gpu_types": {name: fit.factors},
-        "fit": {name: {"rms_log_error": round(fit.rms_log_error, 4), "points": fit.points}},
+        "fit": {
+            name: {
+                "rms_log_error": round(fit.rms_log_error, 4),
+                "prefill_call_s": round(fit.prefill_call_s, 6),
+                "points": fit.points,
+            }
+        },
         "measurements": {name: measurements},
     }
     write_json(args.json, document)

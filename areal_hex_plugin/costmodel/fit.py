@@ -6,7 +6,9 @@ are fitted so that its times match, in this order:
 
 1. ``link_efficiency``: the measured all-reduce bus bandwidth over the machine's GPU link (when several GPUs ran).
 2. ``hbm_fraction`` and ``infer_mfu``: least squares in log time over every decode step and prefill the engine ran
-   (small batches pin the bandwidth, prefill and large batches the compute).
+   (small batches pin the bandwidth, prefill and large batches the compute). A prefill call also pays the
+   engine's fixed cost per request batch, which the model has no term for: it is the intercept of prefill time
+   over batch size, taken off before fitting and reported as ``prefill_call_s``.
 3. ``train_mfu``: bisection until the model's log-prob forward plus PPO update takes the measured time.
 
 The factors are therefore in the model's own terms (its FLOP counts, its overheads), which is what the scheduler
@@ -38,6 +40,7 @@ LOWEST_FACTOR = 0.01
 class ProfileFit:
     factors: dict[str, float]
     points: list[dict[str, Any]]  # each measured time next to the fitted model's
+    prefill_call_s: float = 0.0  # the engine's fixed cost per prefill call, outside the model
 
     @property
     def rms_log_error(self) -> float:
@@ -107,10 +110,27 @@ def _decode_points(decode: Mapping) -> list[tuple[int, float, float]]:
     return out
 
 
+def _call_cost(points: list[tuple[int, float, float]]) -> float:
+    """Intercept of prefill seconds over batch size, within [0, fastest call).
+
+    Least squares on relative error (weights 1/t^2): timing noise scales with the time, so the large batches
+    must not set the intercept that only the small ones can show.
+    """
+    weights = [(b, t, 1 / t**2) for b, t, _ in points]
+    s, sb, sbb = (sum(w * b**k for b, _, w in weights) for k in (0, 1, 2))
+    st, sbt = sum(w * t for _, t, w in weights), sum(w * b * t for b, t, w in weights)
+    det = s * sbb - sb**2
+    if det <= 0:  # one batch size: no line to draw
+        return 0.0
+    intercept = (sbb * st - sb * sbt) / det
+    return min(max(0.0, intercept), 0.9 * min(t for _, t, _ in points))
+
+
 def _fit_rollout(
     pool: Pool, model: ModelShape, decode: Mapping, calibration: Calibration
-) -> tuple[dict[str, float], list[dict[str, Any]]]:
+) -> tuple[dict[str, float], list[dict[str, Any]], float]:
     points = _decode_points(decode)
+    call_s = _call_cost(points)
     prompt = int(_number(decode, "prompt_tokens", "decode"))
     generated = int(_number(decode, "decode_tokens", "decode"))
     tp = int(_number(decode, "tp", "decode"))
@@ -129,7 +149,7 @@ def _fit_rollout(
 
     def loss(hbm: float, mfu: float) -> float:
         return sum(
-            math.log(p / mp) ** 2 + math.log(s / ms) ** 2
+            math.log(p / (mp - call_s)) ** 2 + math.log(s / ms) ** 2
             for (p, s), (_, mp, ms) in zip(model_times(hbm, mfu), points, strict=True)
         )
 
@@ -145,9 +165,11 @@ def _fit_rollout(
     hbm, mfu = best
     fitted = []
     for (prefill, step), (batch, m_prefill, m_step) in zip(model_times(hbm, mfu), points, strict=True):
-        fitted.append({"what": "prefill", "batch": batch, "measured_s": m_prefill, "model_s": prefill})
+        fitted.append(
+            {"what": "prefill", "batch": batch, "measured_s": m_prefill, "model_s": call_s + prefill}
+        )
         fitted.append({"what": "decode_step", "batch": batch, "measured_s": m_step, "model_s": step})
-    return {"hbm_fraction": hbm, "infer_mfu": mfu}, fitted
+    return {"hbm_fraction": hbm, "infer_mfu": mfu}, fitted, call_s
 
 
 def _fit_train(
@@ -205,9 +227,9 @@ def fit_profile(
         raise HexError("measurements", "train is missing", "re-run areal-hex profile")
     factors.update(_fit_link(pool, train))
     calibration = calibration.with_factors(pool.gpu_type, factors)
-    rollout, points = _fit_rollout(pool, model, measurements.get("decode"), calibration)
+    rollout, points, call_s = _fit_rollout(pool, model, measurements.get("decode"), calibration)
     factors.update(rollout)
     calibration = calibration.with_factors(pool.gpu_type, rollout)
     trained, point = _fit_train(pool, model, train, calibration)
     factors.update(trained)
-    return ProfileFit({k: float(f"{v:.4g}") for k, v in factors.items()}, [*points, point])
+    return ProfileFit({k: float(f"{v:.4g}") for k, v in factors.items()}, [*points, point], call_s)

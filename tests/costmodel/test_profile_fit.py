@@ -42,6 +42,17 @@ def test_fit_tolerates_noisy_measurements():
     assert 0.02 < fit.rms_log_error < 0.1  # the noise shows in the residuals
 
 
+def test_the_engines_fixed_cost_per_prefill_call_is_taken_off_before_fitting():
+    r = recipe("paper/7b.yaml")
+    measured = synthetic_measurements(r, "H20", TRUTH)
+    for point in measured["decode"]["points"]:
+        point["prefill_s"] += 0.03  # request handling, scheduling, sampling the first token
+    fit = fit_profile(pool_of(r, "H20"), r.workload.model, measured)
+    assert fit.prefill_call_s == pytest.approx(0.03, rel=0.01)
+    assert fit.factors == pytest.approx(TRUTH, rel=0.01)
+    assert fit.rms_log_error < 0.01
+
+
 def test_a_step_faster_than_peak_is_capped_and_shows_the_gap():
     r = recipe("paper/7b.yaml")
     measured = synthetic_measurements(r, "H20", TRUTH)
