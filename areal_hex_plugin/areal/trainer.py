@@ -69,7 +69,8 @@ class HexPPOTrainer(PPOTrainer):
         actor = HexFSDPPPOActor.as_controller(actor_config, self.scheduler)
         actor.create_process_group(parallel_strategy=alloc.parallel)
         # Configured here, not after __init__: upstream's recovery updates weights inside __init__ on a resume.
-        actor.configure_hex_transport(transport_settings(self.hex_rewrite.placement, cluster_of(self.config)))
+        placement, relay = self.hex_rewrite.placement, self.config.hex.relay
+        actor.configure_hex_transport(transport_settings(placement, cluster_of(self.config), relay))
         return actor
 
     def close(self):

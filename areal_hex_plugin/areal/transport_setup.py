@@ -1,5 +1,6 @@
-"""Wire the relay weight transport (``hex.transport: relay``) to the plan: which rollout workers form each pool
-and how fast its links are. The transport itself lives in ``areal_hex_plugin.transport``."""
+"""Wire the relay weight transport (``hex.transport: relay``) to the plan and the recipe: which rollout workers
+form each pool, how fast its links are, and the ``hex.relay`` options. The transport itself lives in
+``areal_hex_plugin.transport``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import asdict
 from areal_hex_plugin.areal.placement import ROLLOUT_ROLE, TRAIN_ROLE, Placement
 from areal_hex_plugin.specs.catalog import build_catalog
 from areal_hex_plugin.specs.cluster import Cluster, build_cluster
+from areal_hex_plugin.specs.config import RelayConfig
 
 
 def cluster_of(config) -> Cluster:
@@ -16,8 +18,9 @@ def cluster_of(config) -> Cluster:
     return build_cluster(config.hex.cluster, catalog)
 
 
-def transport_settings(placement: Placement, cluster: Cluster):
-    """One TransportPool per rollout pool: its workers (in the controller's order) and its links (GB/s)."""
+def transport_settings(placement: Placement, cluster: Cluster, relay: RelayConfig):
+    """The controller's settings: one TransportPool per rollout pool (its workers in the controller's order and
+    its links in GB/s), and the sender, receiver and commit options from ``hex.relay``."""
     from areal_hex_plugin.transport.controller_adapter import TransportPool, TransportSettings
 
     train_pools = {s.pool for s in placement.slots[TRAIN_ROLE]}
@@ -34,4 +37,19 @@ def transport_settings(placement: Placement, cluster: Cluster):
         )
         for pool, workers in members.items()
     ]
-    return TransportSettings(pools=pools)
+    sender = {
+        "backend": relay.backend,
+        "timeout_s": relay.timeout_s,
+        "chunk_bytes": relay.chunk_mb << 20,
+        "on_failure": relay.on_failure,
+        "max_resends": relay.max_resends,
+    }
+    receiver = {
+        "timeout_s": relay.timeout_s,
+        "allowed_hosts": list(relay.allowed_hosts),
+        "bind_interface": relay.bind_interface,
+        "stage_dir": relay.stage_dir,
+    }
+    return TransportSettings(
+        pools=pools, sender=sender, receiver=receiver, min_committed_fraction=relay.min_committed_fraction
+    )

@@ -121,6 +121,34 @@ class CalibrationConfig:
 
 
 ROUTING_POLICIES = ("shares", "least_outstanding")
+# The relay transport's choices; areal_hex_plugin.transport checks against these same tuples.
+RELAY_BACKENDS = ("tcp", "gloo", "nccl")
+RELAY_ON_FAILURE = ("reroute", "fail")
+
+
+@dataclass
+class RelayConfig:
+    """Options of the relay weight transport (used when ``transport: relay``)."""
+
+    # Payload link between neighbours on a route: "tcp" (works anywhere), "gloo", or "nccl" (CUDA on both ends).
+    backend: str = "tcp"
+    # A replica silent for this long, or a link that stops moving, counts as dead (sender and receivers).
+    timeout_s: float = 30.0
+    # Payload chunk in MiB: the unit each replica forwards down its chain as soon as it arrives.
+    chunk_mb: int = 4
+    # When a replica dies: "reroute" (drop it; the next one in its pool relays) or "fail" (abort everywhere).
+    on_failure: str = "reroute"
+    # Re-sends of a bucket that keeps failing its checksum at one replica before that replica counts as dead.
+    max_resends: int = 3
+    # The update fails when fewer than this fraction of replicas committed (the rest keep their old version).
+    min_committed_fraction: float = 1.0
+    # Peer addresses a receiver accepts; empty: any peer that proves AREAL_HEX_TRANSPORT_TOKEN.
+    allowed_hosts: list[str] = field(default_factory=list)
+    # Interface the receivers listen on (e.g. "ib0"), resolved to its IPv4 address on each rollout worker;
+    # None: the worker's own address.
+    bind_interface: str | None = None
+    # Node-local directory a verified version is written to for SGLang to load (memory-backed by default).
+    stage_dir: str = "/dev/shm/areal-hex"
 
 
 @dataclass
@@ -133,6 +161,7 @@ class HexConfig:
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     # Weight transport between GPU types: "relay" (ours) or "upstream" (AReaL's own xccl/disk path).
     transport: str = "relay"
+    relay: RelayConfig = field(default_factory=RelayConfig)
     # How the rollout controller picks a server: "shares" (weighted round-robin by the plan's shares) or
     # "least_outstanding" (fewest requests in flight per unit of share; adapts when a server runs slow).
     routing: str = "shares"

@@ -17,7 +17,13 @@ from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs import typed
 from areal_hex_plugin.specs.catalog import GpuCatalog, build_catalog
 from areal_hex_plugin.specs.cluster import Cluster, build_cluster
-from areal_hex_plugin.specs.config import ROUTING_POLICIES, HexConfig
+from areal_hex_plugin.specs.config import (
+    RELAY_BACKENDS,
+    RELAY_ON_FAILURE,
+    ROUTING_POLICIES,
+    HexConfig,
+    RelayConfig,
+)
 from areal_hex_plugin.specs.models import resolve_model
 from areal_hex_plugin.specs.workload import RLSettings, WorkloadSpec, build_lengths
 
@@ -185,6 +191,50 @@ def _rl_settings(up: dict[str, Any], config: dict) -> RLSettings:
     )
 
 
+def _check_relay(relay: RelayConfig) -> None:
+    for name, allowed in (("backend", RELAY_BACKENDS), ("on_failure", RELAY_ON_FAILURE)):
+        value = getattr(relay, name)
+        if value not in allowed:
+            raise HexError(
+                f"hex.relay.{name}", f"unknown value {value!r}", f"use one of {', '.join(allowed)}"
+            )
+    for name, example in (("timeout_s", "30 (seconds)"), ("chunk_mb", "4 (MiB)")):
+        if getattr(relay, name) <= 0:
+            raise HexError(
+                f"hex.relay.{name}", f"must be positive, got {getattr(relay, name)}", f"e.g. {example}"
+            )
+    if relay.max_resends < 0:
+        raise HexError(
+            "hex.relay.max_resends", f"must be >= 0, got {relay.max_resends}", "e.g. 3; 0 never re-sends"
+        )
+    fraction = relay.min_committed_fraction
+    if not 0 < fraction <= 1:
+        raise HexError(
+            "hex.relay.min_committed_fraction",
+            f"must be in (0, 1], got {fraction}",
+            "1.0 fails the update if any replica missed it; 0.5 tolerates half",
+        )
+    for i, host in enumerate(relay.allowed_hosts):
+        if not host.strip():
+            raise HexError(
+                f"hex.relay.allowed_hosts[{i}]", "is empty", "give a peer's IP address or host name"
+            )
+    name = relay.bind_interface
+    # Linux interface names are at most 15 characters, without spaces or slashes.
+    if name is not None and (not name or len(name) > 15 or any(c.isspace() or c == "/" for c in name)):
+        raise HexError(
+            "hex.relay.bind_interface",
+            f"{name!r} is not a network interface name",
+            "give a name such as ib0 or eth0 (see `ip -br addr` on a rollout machine), or null",
+        )
+    if not relay.stage_dir.startswith("/"):
+        raise HexError(
+            "hex.relay.stage_dir",
+            f"must be an absolute path on the rollout machines, got {relay.stage_dir!r}",
+            "e.g. /dev/shm/areal-hex",
+        )
+
+
 def _check_knobs(hex_cfg: HexConfig) -> None:
     if hex_cfg.transport not in TRANSPORTS:
         raise HexError(
@@ -196,6 +246,7 @@ def _check_knobs(hex_cfg: HexConfig) -> None:
             f"unknown routing policy {hex_cfg.routing!r}",
             f"use one of {', '.join(ROUTING_POLICIES)}",
         )
+    _check_relay(hex_cfg.relay)
     solver = hex_cfg.solver
     for name in ("time_limit_s", "num_workers", "stable_iterations", "max_pp_stages"):
         if getattr(solver, name) <= 0:

@@ -39,7 +39,8 @@ class TransportSettings:
     pools: list[TransportPool] = field(default_factory=list)
     # SenderConfig fields: backend (tcp|gloo|nccl), timeout_s, chunk_bytes, on_failure (reroute|fail), max_resends.
     sender: dict[str, Any] = field(default_factory=dict)
-    # hex_start_receiver keyword arguments: bind_host, port, timeout_s, allowed_hosts, stage_dir, model_path.
+    # hex_start_receiver keyword arguments: bind_host or bind_interface, port, timeout_s, allowed_hosts, stage_dir,
+    # model_path.
     receiver: dict[str, Any] = field(default_factory=dict)
     # Raise when fewer replicas than this fraction committed (the rest keep serving their old version).
     min_committed_fraction: float = 1.0

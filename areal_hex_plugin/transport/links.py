@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.specs.config import RELAY_BACKENDS as BACKENDS
 from areal_hex_plugin.transport.wire import (
     TransportError,
     connect,
@@ -24,7 +25,6 @@ from areal_hex_plugin.transport.wire import (
     send_message,
 )
 
-BACKENDS = ("tcp", "gloo", "nccl")
 _TAG = 7
 
 
@@ -39,10 +39,10 @@ class DataLink(Protocol):
 def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise HexError(
-            "hex.transport.backend", f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}"
+            "hex.relay.backend", f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}"
         )
     if backend == "nccl" and not (torch.cuda.is_available() and dist.is_nccl_available()):
-        raise HexError("hex.transport.backend", "nccl needs CUDA GPUs on both sides", "use gloo or tcp here")
+        raise HexError("hex.relay.backend", "nccl needs CUDA GPUs on both sides", "use gloo or tcp here")
     return backend
 
 

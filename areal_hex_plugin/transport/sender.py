@@ -16,14 +16,13 @@ from typing import Any
 import torch
 
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.specs.config import RELAY_ON_FAILURE as ON_FAILURE
 from areal_hex_plugin.transport.buckets import Bucket, pack, version_digest
 from areal_hex_plugin.transport.links import DataLink, check_backend, connect_data_link
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
 from areal_hex_plugin.transport.wire import TransportError, connect, load_token, recv_message, send_message
 
 logger = logging.getLogger("HexTransportSender")
-
-ON_FAILURE = ("reroute", "fail")
 
 
 @dataclass
@@ -40,12 +39,16 @@ class SenderConfig:
         check_backend(self.backend)
         if self.on_failure not in ON_FAILURE:
             raise HexError(
-                "hex.transport.on_failure", f"unknown value {self.on_failure!r}", "use reroute or fail"
+                "hex.relay.on_failure",
+                f"unknown value {self.on_failure!r}",
+                f"use one of {', '.join(ON_FAILURE)}",
             )
-        if self.timeout_s <= 0 or self.chunk_bytes <= 0:
-            raise HexError(
-                "hex.transport", "timeout_s and chunk_bytes must be positive", "raise them above 0"
-            )
+        if self.timeout_s <= 0:
+            raise HexError("hex.relay.timeout_s", f"must be positive, got {self.timeout_s}", "e.g. 30")
+        if self.chunk_bytes <= 0:  # set from hex.relay.chunk_mb
+            raise HexError("hex.relay.chunk_mb", f"must be positive, got {self.chunk_bytes} bytes", "e.g. 4")
+        if self.max_resends < 0:
+            raise HexError("hex.relay.max_resends", f"must be >= 0, got {self.max_resends}", "e.g. 3")
 
 
 @dataclass

@@ -20,6 +20,7 @@ from areal.api.io_struct import WeightUpdateMeta
 from areal.engine.sglang_remote import RemoteSGLangEngine
 
 from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode
+from areal_hex_plugin.transport.wire import interface_address
 
 _MODEL_FILES = ("config.json", "generation_config.json")
 
@@ -73,11 +74,18 @@ class RelayReceiverMixin:
         allowed_hosts: list[str] | None = None,
         stage_dir: str = "/dev/shm/areal-hex",
         model_path: str | None = None,
+        bind_interface: str | None = None,
     ) -> str:
-        """Start (once) the receiver on ``bind_host`` (default: this host's address); returns ``host:port``."""
+        """Start (once) the receiver; returns ``host:port``.
+
+        It listens on ``bind_host``, else on the IPv4 address of ``bind_interface`` (resolved here, on the rollout
+        machine), else on this host's own address.
+        """
         if self._hex_node is None:
             from areal.utils.network import gethostip
 
+            if bind_host is None and bind_interface is not None:
+                bind_host = interface_address(bind_interface)
             config = ReceiverConfig(bind_host or gethostip(), port, timeout_s, list(allowed_hosts or []))
             self._hex_stage_dir = Path(stage_dir) / f"{config.bind_host}-{id(self):x}"
             self._hex_node = ReceiverNode(SGLangDiskSink(self, self._hex_stage_dir, model_path), config)

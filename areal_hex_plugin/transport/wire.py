@@ -108,3 +108,25 @@ def connect(host: str, port: int, token: bytes, timeout_s: float) -> socket.sock
         sock.close()
         raise
     return sock
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of this machine's network interface ``name`` (``hex.relay.bind_interface``)."""
+    import psutil
+
+    interfaces = psutil.net_if_addrs()
+    host = socket.gethostname()
+    if name not in interfaces:
+        raise HexError(
+            "hex.relay.bind_interface",
+            f"rollout machine {host} has no network interface {name!r}",
+            f"use one of {', '.join(sorted(interfaces))}, or null for the machine's own address",
+        )
+    for address in interfaces[name]:
+        if address.family == socket.AF_INET:
+            return address.address
+    raise HexError(
+        "hex.relay.bind_interface",
+        f"interface {name!r} of rollout machine {host} has no IPv4 address",
+        "bring it up with an address, or choose another interface",
+    )

@@ -55,17 +55,13 @@ def test_init_scheduler_rewrites_config_saves_plan_and_builds_the_hex_scheduler(
     assert json.loads((saved / PLAN_FILE).read_text())["model"] == plan.model
 
 
-@pytest.mark.integration
-def test_relay_transport_gets_the_fsdp_actor_and_the_plans_pools(tmp_path: Path) -> None:
-    from areal_hex_plugin.areal.placement import placement_from_plan
-    from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
+def _two_pool_config(tmp_path: Path, *overrides: str):
+    """The 7b recipe (upstream's reader) with the pools of tests/integration/plans.py's two-type plan."""
     from areal_hex_plugin.specs.config import PoolConfig
-    from areal_hex_plugin.transport.controller_adapter import HexPPOActorController
-    from tests.integration.plans import two_type_plan
 
     (tmp_path / "nr").mkdir()
-    overrides = [f"cluster.fileroot={tmp_path}", f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}"]
-    config, _ = load_hex_config(["--config", str(RECIPE), *overrides])
+    paths = [f"cluster.fileroot={tmp_path}", f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}"]
+    config, _ = load_hex_config(["--config", str(RECIPE), *paths, *overrides])
     config.hex.cluster.pools = [
         PoolConfig(name="big", gpu_type="H100", gpus_per_machine=2, machines=2, price_per_gpu_hour=3.0),
         PoolConfig(
@@ -73,8 +69,19 @@ def test_relay_transport_gets_the_fsdp_actor_and_the_plans_pools(tmp_path: Path)
             inter_machine_gb_per_s=3.0,
         ),
     ]  # fmt: skip
+    return config
+
+
+@pytest.mark.integration
+def test_relay_transport_gets_the_fsdp_actor_and_the_plans_pools(tmp_path: Path) -> None:
+    from areal_hex_plugin.areal.placement import placement_from_plan
+    from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
+    from areal_hex_plugin.transport.controller_adapter import HexPPOActorController
+    from tests.integration.plans import two_type_plan
+
+    config = _two_pool_config(tmp_path)
     plan = two_type_plan()
-    settings = transport_settings(placement_from_plan(plan), cluster_of(config))
+    settings = transport_settings(placement_from_plan(plan), cluster_of(config), config.hex.relay)
     got = [(p.name, p.workers, p.cross_gb_per_s, p.intra_gb_per_s) for p in settings.pools]
     assert got == [("big", [0, 1], 12.5, 12.5), ("small", [2, 3, 4, 5], 1.5, 3.0)]
 
@@ -90,3 +97,46 @@ def test_relay_transport_gets_the_fsdp_actor_and_the_plans_pools(tmp_path: Path)
     config.hex.transport = "upstream"
     plain = trainer._create_train_engine(config.actor, ModelAllocation.from_str("fsdp:d2"))
     assert not isinstance(plain, HexPPOActorController)
+
+
+@pytest.mark.integration
+def test_recipe_relay_options_reach_the_sender_receivers_and_commit_check(tmp_path: Path) -> None:
+    import inspect
+
+    from areal_hex_plugin.areal.placement import placement_from_plan
+    from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
+    from areal_hex_plugin.specs.config import RelayConfig
+    from areal_hex_plugin.transport.sender import SenderConfig
+    from areal_hex_plugin.transport.sglang_adapter import RelayReceiverMixin
+    from tests.integration.plans import two_type_plan
+
+    overrides = ["hex.relay.backend=gloo", "hex.relay.min_committed_fraction=0.5", "hex.relay.chunk_mb=8"]
+    more = ["hex.relay.bind_interface=lo", "hex.relay.allowed_hosts=[10.0.0.1]", "hex.relay.on_failure=fail"]
+    config = _two_pool_config(tmp_path, *overrides, *more)
+    assert load_recipe(RECIPE, overrides + more).hex.relay == config.hex.relay  # the core reader agrees
+    plan = two_type_plan()
+    trainer = HexPPOTrainer.__new__(HexPPOTrainer)
+    trainer.config = config
+    trainer.scheduler = HexLocalScheduler(node_local(placement_from_plan(plan), plan), exp_config=config)
+    trainer.hex_rewrite = SimpleNamespace(placement=placement_from_plan(plan))
+    settings = trainer._create_train_engine(config.actor, ModelAllocation.from_str("fsdp:d2")).hex_settings
+
+    assert SenderConfig(**settings.sender) == SenderConfig(
+        backend="gloo", timeout_s=30.0, chunk_bytes=8 << 20, on_failure="fail", max_resends=3
+    )
+    assert settings.receiver == {
+        "timeout_s": 30.0,
+        "allowed_hosts": ["10.0.0.1"],
+        "bind_interface": "lo",
+        "stage_dir": "/dev/shm/areal-hex",
+    }
+    assert settings.min_committed_fraction == 0.5
+    assert [p.name for p in settings.pools] == ["big", "small"]
+
+    # The recipe's defaults are the transport's own: a recipe without overrides changes nothing.
+    default = transport_settings(placement_from_plan(plan), cluster_of(config), RelayConfig())
+    assert SenderConfig(**default.sender) == SenderConfig()
+    start = inspect.signature(RelayReceiverMixin.hex_start_receiver).parameters
+    # hex_start_receiver reads allowed_hosts=None as [] (any peer holding the token).
+    expected = {**default.receiver, "allowed_hosts": None}
+    assert {name: start[name].default for name in default.receiver} == expected

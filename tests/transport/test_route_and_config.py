@@ -51,9 +51,11 @@ def test_bad_routes_name_the_field(change, field):
 @pytest.mark.parametrize(
     ("settings", "field"),
     [
-        ({"backend": "mpi"}, "hex.transport.backend"),
-        ({"on_failure": "retry"}, "hex.transport.on_failure"),
-        ({"timeout_s": 0}, "hex.transport"),
+        ({"backend": "mpi"}, "hex.relay.backend"),
+        ({"on_failure": "retry"}, "hex.relay.on_failure"),
+        ({"timeout_s": 0}, "hex.relay.timeout_s"),
+        ({"chunk_bytes": 0}, "hex.relay.chunk_mb"),
+        ({"max_resends": -1}, "hex.relay.max_resends"),
     ],
 )
 def test_bad_sender_settings_name_the_field(settings, field):
