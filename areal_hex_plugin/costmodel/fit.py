@@ -50,9 +50,14 @@ class ProfileFit:
 
 
 def probe_setting(
-    pool: Pool, model: ModelShape, gpus: int, prompt_tokens: int, output_tokens: int, sequences: int,
+    pool: Pool,
+    model: ModelShape,
+    gpus: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    sequences: int,
     minibatches: int = 1,
-) -> tuple[Cluster, WorkloadSpec]:  # fmt: skip
+) -> tuple[Cluster, WorkloadSpec]:
     """One machine of ``pool`` with ``gpus`` GPUs, running ``sequences`` sequences of fixed lengths."""
     machine = replace(
         pool, name=PROBE, gpus_per_machine=max(gpus, pool.gpus_per_machine), machines=1, hosts=()
@@ -74,13 +79,14 @@ def probe_setting(
     return Cluster((machine,), pool.inter_machine_gb_per_s), workload
 
 
-def _number(data: Mapping, key: str, where: str, positive: bool = True) -> float:
+def _number(data: Mapping, key: str, where: str) -> float:
+    """``data[key]`` as a positive finite number, or a HexError naming ``where.key``."""
     value = data.get(key) if isinstance(data, Mapping) else None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise HexError(
             "measurements", f"{where}.{key} is missing or not a number", "re-run areal-hex profile"
         )
-    if positive and value <= 0:
+    if value <= 0:
         raise HexError(
             "measurements", f"{where}.{key} must be positive, got {value}", "re-run areal-hex profile"
         )
