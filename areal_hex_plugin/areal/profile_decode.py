@@ -91,14 +91,28 @@ def measure_decode(
     vocab = _vocab_size(args["model_path"])
     sampling = _sampling(config.gconfig)
 
-    engine = sglang.Engine(**args)
+    try:
+        engine = sglang.Engine(**args)
+    except Exception as exc:  # noqa: BLE001 - any start failure is one message for the person running this
+        raise HexError(
+            "sglang",
+            f"the engine for {args['model_path']} did not start: {type(exc).__name__}: {exc}",
+            "read the engine's log above; check actor.path, free GPU memory and sglang.mem_fraction_static",
+        ) from None
     try:
         running, kv_tokens = _engine_limits(engine.get_server_info())
         _check_limits(batch_sizes, prompt_tokens, decode_tokens, running, kv_tokens)
 
         def generate(input_ids: list[list[int]], params: dict[str, Any]) -> Any:
             # return_logprob as the rollout requests it: it adds per-token work to every step.
-            return engine.generate(input_ids=input_ids, sampling_params=params, return_logprob=True)
+            try:
+                return engine.generate(input_ids=input_ids, sampling_params=params, return_logprob=True)
+            except Exception as exc:  # noqa: BLE001 - the engine died mid-measurement
+                raise HexError(
+                    "sglang",
+                    f"a batch of {len(input_ids)} failed: {type(exc).__name__}: {exc}",
+                    "read the engine's log above; smaller --batch-sizes need less memory",
+                ) from None
 
         points = time_batches(
             generate,
