@@ -94,14 +94,10 @@ def _number(data: Mapping, key: str, where: str) -> float:
 
 
 def _fit_link(pool: Pool, train: Mapping) -> dict[str, float]:
-    bus = train.get("allreduce_bus_gb_per_s")
-    if bus is None or _number(train, "gpus", "train") < 2:
+    if train.get("allreduce_bus_gb_per_s") is None or _number(train, "gpus", "train") < 2:
         return {}
-    return {
-        "link_efficiency": min(
-            1.0, _number(train, "allreduce_bus_gb_per_s", "train") / pool.intra_machine_gb_per_s
-        )
-    }
+    bus = _number(train, "allreduce_bus_gb_per_s", "train")
+    return {"link_efficiency": min(1.0, bus / pool.intra_machine_gb_per_s)}
 
 
 def _decode_points(decode: Mapping) -> list[tuple[int, float, float]]:
@@ -147,7 +143,7 @@ def _fit_rollout(
     def model_times(hbm: float, mfu: float) -> list[tuple[float, float]]:
         cal = calibration.with_factors(pool.gpu_type, {"hbm_fraction": hbm, "infer_mfu": mfu})
         try:
-            return [batch_timings(cluster, workload, cal, stages, b, ctx) for b, _, _ in points]
+            return batch_timings(cluster, workload, cal, stages, [b for b, _, _ in points], ctx)
         except ValueError as exc:
             raise HexError(
                 "measurements", f"decode.tp={tp}: {exc}", "measure a TP the machine can hold"

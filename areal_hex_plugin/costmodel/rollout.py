@@ -13,6 +13,7 @@ update.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from areal_hex_plugin.costmodel.calibration import Calibration
@@ -188,9 +189,7 @@ def estimate_rollout(
     max_sequences: int | None = None,
 ) -> RolloutEstimate:
     """One replica's window throughput and memory, or ``feasible=False`` with the reason (never raises)."""
-    gpus: dict[str, int] = {}
-    for s in stages:
-        gpus[s.pool] = gpus.get(s.pool, 0) + s.tp
+    gpus = _gpus_by_pool(stages)
     problem = _check_stages(cluster, workload, stages)
     if problem:
         return _infeasible(problem, gpus)
@@ -265,24 +264,31 @@ def batch_timings(
     workload: WorkloadSpec,
     calibration: Calibration,
     stages: tuple[RolloutStage, ...],
-    batch: int,
+    batches: Sequence[int],
     ctx: float,
-) -> tuple[float, float]:
-    """The model's seconds to prefill ``batch`` fresh prompts, and for one decode step of them at context ``ctx``.
+) -> list[tuple[float, float]]:
+    """Per batch size: the model's seconds to prefill that many fresh prompts, and for one decode step of them at
+    context ``ctx``.
 
     This is what ``areal-hex profile`` times on a real engine, so calibration fits the factors to it. The layout
     must be valid (``ValueError`` otherwise); memory is not checked, since the measured batch did run.
     """
-    gpus: dict[str, int] = {}
-    for s in stages:
-        gpus[s.pool] = gpus.get(s.pool, 0) + s.tp
+    gpus = _gpus_by_pool(stages)
     problem = _check_stages(cluster, workload, stages)
     if problem:
         raise ValueError(problem)
     pools = [cluster.pool(s.pool) for s in stages]
     layers = _split(workload.model.layers, stages, pools, calibration)
     built = _build_stages(cluster, workload, calibration, stages, layers, gpus)
-    return batch * max(st.prefill_s for st in built), _cycle(built, batch, ctx)[0]
+    prefill = max(st.prefill_s for st in built)
+    return [(batch * prefill, _cycle(built, batch, ctx)[0]) for batch in batches]
+
+
+def _gpus_by_pool(stages: tuple[RolloutStage, ...]) -> dict[str, int]:
+    gpus: dict[str, int] = {}
+    for s in stages:
+        gpus[s.pool] = gpus.get(s.pool, 0) + s.tp
+    return gpus
 
 
 def _split(

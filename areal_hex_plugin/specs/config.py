@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from areal_hex_plugin.errors import HexError
+
 
 @dataclass
 class GpuTypeConfig:
@@ -124,6 +126,31 @@ ROUTING_POLICIES = ("shares", "least_outstanding")
 # The relay transport's choices; areal_hex_plugin.transport checks against these same tuples.
 RELAY_BACKENDS = ("tcp", "gloo", "nccl")
 RELAY_ON_FAILURE = ("reroute", "fail")
+
+
+def check_relay_sender(
+    backend: str, on_failure: str, timeout_s: float, chunk_bytes: float, max_resends: int
+) -> None:
+    """Refuse sender options no relay can run with, naming the ``hex.relay`` field (the recipe reader and the
+    transport's SenderConfig both call this)."""
+    for name, value, allowed in (
+        ("backend", backend, RELAY_BACKENDS),
+        ("on_failure", on_failure, RELAY_ON_FAILURE),
+    ):
+        if value not in allowed:
+            raise HexError(
+                f"hex.relay.{name}", f"unknown value {value!r}", f"use one of {', '.join(allowed)}"
+            )
+    if timeout_s <= 0:
+        raise HexError("hex.relay.timeout_s", f"must be positive, got {timeout_s}", "e.g. 30 (seconds)")
+    if chunk_bytes <= 0:
+        raise HexError(
+            "hex.relay.chunk_mb", f"must be positive, got {chunk_bytes / 2**20:g} MiB", "e.g. 4 (MiB)"
+        )
+    if max_resends < 0:
+        raise HexError(
+            "hex.relay.max_resends", f"must be >= 0, got {max_resends}", "e.g. 3; 0 never re-sends"
+        )
 
 
 @dataclass

@@ -17,13 +17,7 @@ from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs import typed
 from areal_hex_plugin.specs.catalog import GpuCatalog, build_catalog
 from areal_hex_plugin.specs.cluster import Cluster, build_cluster
-from areal_hex_plugin.specs.config import (
-    RELAY_BACKENDS,
-    RELAY_ON_FAILURE,
-    ROUTING_POLICIES,
-    HexConfig,
-    RelayConfig,
-)
+from areal_hex_plugin.specs.config import ROUTING_POLICIES, HexConfig, RelayConfig, check_relay_sender
 from areal_hex_plugin.specs.models import resolve_model
 from areal_hex_plugin.specs.workload import RLSettings, WorkloadSpec, build_lengths
 
@@ -192,21 +186,9 @@ def _rl_settings(up: dict[str, Any], config: dict) -> RLSettings:
 
 
 def _check_relay(relay: RelayConfig) -> None:
-    for name, allowed in (("backend", RELAY_BACKENDS), ("on_failure", RELAY_ON_FAILURE)):
-        value = getattr(relay, name)
-        if value not in allowed:
-            raise HexError(
-                f"hex.relay.{name}", f"unknown value {value!r}", f"use one of {', '.join(allowed)}"
-            )
-    for name, example in (("timeout_s", "30 (seconds)"), ("chunk_mb", "4 (MiB)")):
-        if getattr(relay, name) <= 0:
-            raise HexError(
-                f"hex.relay.{name}", f"must be positive, got {getattr(relay, name)}", f"e.g. {example}"
-            )
-    if relay.max_resends < 0:
-        raise HexError(
-            "hex.relay.max_resends", f"must be >= 0, got {relay.max_resends}", "e.g. 3; 0 never re-sends"
-        )
+    check_relay_sender(
+        relay.backend, relay.on_failure, relay.timeout_s, relay.chunk_mb * 2**20, relay.max_resends
+    )
     fraction = relay.min_committed_fraction
     if not 0 < fraction <= 1:
         raise HexError(

@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-from areal_hex_plugin.errors import HexError
-from areal_hex_plugin.specs.config import RELAY_ON_FAILURE as ON_FAILURE
+from areal_hex_plugin.specs.config import check_relay_sender
 from areal_hex_plugin.transport.buckets import Bucket, pack, version_digest
 from areal_hex_plugin.transport.links import DataLink, check_backend, connect_data_link
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
@@ -36,19 +35,8 @@ class SenderConfig:
     max_resends: int = 3
 
     def __post_init__(self) -> None:
-        check_backend(self.backend)
-        if self.on_failure not in ON_FAILURE:
-            raise HexError(
-                "hex.relay.on_failure",
-                f"unknown value {self.on_failure!r}",
-                f"use one of {', '.join(ON_FAILURE)}",
-            )
-        if self.timeout_s <= 0:
-            raise HexError("hex.relay.timeout_s", f"must be positive, got {self.timeout_s}", "e.g. 30")
-        if self.chunk_bytes <= 0:  # set from hex.relay.chunk_mb
-            raise HexError("hex.relay.chunk_mb", f"must be positive, got {self.chunk_bytes} bytes", "e.g. 4")
-        if self.max_resends < 0:
-            raise HexError("hex.relay.max_resends", f"must be >= 0, got {self.max_resends}", "e.g. 3")
+        check_relay_sender(self.backend, self.on_failure, self.timeout_s, self.chunk_bytes, self.max_resends)
+        check_backend(self.backend)  # nccl also needs CUDA here
 
 
 @dataclass

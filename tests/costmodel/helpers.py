@@ -39,12 +39,13 @@ def synthetic_measurements(
     cal = Calibration().with_factors(gpu_type, truth)
     prompt, generated = 1024, 128
     cluster, workload = probe_setting(pool, model, tp, prompt, generated, 128)
+    batches = (1, 8, 32, 128)
+    timings = batch_timings(
+        cluster, workload, cal, (RolloutStage(PROBE, tp),), batches, prompt + generated / 2
+    )
     points = []
-    for i, batch in enumerate((1, 8, 32, 128)):
+    for i, (batch, (prefill, step)) in enumerate(zip(batches, timings, strict=True)):
         wobble = 1 + noise * (-1) ** i
-        prefill, step = batch_timings(
-            cluster, workload, cal, (RolloutStage(PROBE, tp),), batch, prompt + generated / 2
-        )
         prefill, step = prefill * wobble, step / wobble
         points.append(
             {"batch": batch, "prefill_s": prefill, "generate_s": prefill + step * 127, "step_s": step}
