@@ -187,7 +187,7 @@ class HexPlan:
         return plan
 
     def save(self, path: str | Path) -> Path:
-        from areal_hex_plugin.commands.common import write_json
+        from areal_hex_plugin.outfiles import write_json
 
         return write_json(path, self.to_dict())
 

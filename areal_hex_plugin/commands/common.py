@@ -1,15 +1,8 @@
-"""Pieces shared by subcommands: the recipe argument and atomic output files."""
+"""Pieces shared by subcommands: the recipe argument."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import tempfile
-from pathlib import Path
-from typing import Any
-
-from areal_hex_plugin.errors import HexError
 
 
 def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,23 +16,3 @@ def load_recipe_from_args(args: argparse.Namespace):
     from areal_hex_plugin.specs.recipe import load_recipe
 
     return load_recipe(args.recipe, args.overrides)
-
-
-def write_atomic(path: str | Path, text: str, what: str = "--json") -> Path:
-    """Write ``text`` to ``path`` all at once (a temp file renamed into place): never a half-written file."""
-    target = Path(path).expanduser()
-    parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        raise HexError(what, f"folder {parent} does not exist", "create it first or write somewhere else")
-    try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise HexError(what, f"cannot write {target}: {exc.strerror}", "choose a writable path") from None
-    return target
-
-
-def write_json(path: str | Path, data: Any, what: str = "--json") -> Path:
-    return write_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n", what)

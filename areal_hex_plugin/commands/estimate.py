@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args, write_json
+from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args
+from areal_hex_plugin.outfiles import check_writable, console, write_json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -12,7 +13,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "estimate", help="per GPU type: rollout and training tokens/s per GPU from the cost model"
     )
     add_recipe_arguments(parser)
-    parser.add_argument("--json", metavar="OUT", help="also write the estimates to this JSON file")
+    parser.add_argument("--json", metavar="OUT", help="also write the estimates as JSON here; - for stdout")
     parser.set_defaults(run=run)
 
 
@@ -149,10 +150,12 @@ def _table(doc: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_writable(args.json, "--json")
+    out = console(args.json)
     recipe = load_recipe_from_args(args)
     doc = estimate(recipe)
-    print(f"{doc['model']}: {doc['workload']['tokens_per_step']:,} tokens per step\n")
-    print(_table(doc))
+    print(f"{doc['model']}: {doc['workload']['tokens_per_step']:,} tokens per step\n", file=out)
+    print(_table(doc), file=out)
     if args.json:
         write_json(args.json, doc)
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from areal_hex_plugin.commands.common import write_atomic
+from areal_hex_plugin.outfiles import is_stdout, write_output
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -13,7 +13,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--from", dest="source", required=True, choices=("ray", "slurm", "local"))
     parser.add_argument("--address", default=None, help="Ray cluster address (default: auto)")
-    parser.add_argument("--out", default=None, metavar="FILE", help="write the YAML here instead of stdout")
+    parser.add_argument(
+        "--out", default=None, metavar="FILE", help="write the YAML here (default or -: stdout)"
+    )
     parser.set_defaults(run=run)
 
 
@@ -21,8 +23,8 @@ def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.inventory import discover, render_cluster_yaml
 
     text = render_cluster_yaml(discover(args.source, args.address), args.source)
-    if args.out:
-        path = write_atomic(args.out, text, what="--out")
+    if args.out and not is_stdout(args.out):
+        path = write_output(args.out, text, what="--out")
         print(f"wrote {path}; fill in price_per_gpu_hour for every pool before planning")
     else:
         print(text, end="")

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args
-from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.outfiles import check_writable, console
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,8 +33,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="score every machine split (the true optimum; small clusters)",
     )
     parser.add_argument("--pareto", action="store_true", help="also compute the cost vs tokens/s frontier")
-    parser.add_argument("--json", metavar="OUT", help="write the plan (HexPlan JSON) here")
-    parser.add_argument("--plot", metavar="OUT.png", help="draw the Pareto frontier (implies --pareto)")
+    parser.add_argument("--json", metavar="OUT", help="write the plan (HexPlan JSON) here; - for stdout")
+    parser.add_argument(
+        "--plot", metavar="OUT.png", help="draw the Pareto frontier (implies --pareto); - for stdout"
+    )
     parser.set_defaults(run=run)
 
 
@@ -44,9 +45,8 @@ def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.scheduler.report import describe_plan, plot_frontier
 
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        # Refuse an unwritable destination before solving, not after.
-        if path and not Path(path).expanduser().parent.is_dir():
-            raise HexError(flag, f"folder {Path(path).expanduser().parent} does not exist", "create it first")
+        check_writable(path, flag)  # before solving, not after
+    out = console(args.json, args.plot)
     recipe = load_recipe_from_args(args)
     request = PlanRequest(
         exhaustive=args.exhaustive,
@@ -55,9 +55,9 @@ def run(args: argparse.Namespace) -> int:
         pareto=args.pareto or bool(args.plot),
     )
     plan = plan_recipe(recipe, request)
-    print(describe_plan(plan))
+    print(describe_plan(plan), file=out)
     if args.json:
-        print(f"\nplan written to {plan.save(args.json)}")
+        print(f"\nplan written to {plan.save(args.json)}", file=out)
     if args.plot:
-        print(f"frontier plotted to {plot_frontier(plan, args.plot)}")
+        print(f"frontier plotted to {plot_frontier(plan, args.plot)}", file=out)
     return 0

@@ -14,9 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args, write_json
+from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args
 from areal_hex_plugin.costmodel.fit import MEASUREMENTS_FORMAT, ProfileFit, fit_profile
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.outfiles import console, write_json
 
 DEFAULT_BATCHES = "1,8,32,128"
 
@@ -203,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
         },
         "measurements": {name: measurements},
     }
-    write_json(args.json, document)
-    print(_report(name, fit))
-    print(f"wrote {args.json}; use it with hex.calibration.profile={args.json}")
+    where = write_json(args.json, document)
+    out = console(args.json)
+    print(_report(name, fit), file=out)
+    print(f"wrote {where}; use it with hex.calibration.profile={where}", file=out)
     return 0

@@ -15,7 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "reproduce",
         help="re-run the paper's experiments (equal budget, equal throughput, ablation, solve time)",
     )
-    parser.add_argument("--json", metavar="OUT", help="write the results as JSON")
+    parser.add_argument("--json", metavar="OUT", help="write the results as JSON; - for stdout")
     parser.add_argument("--plots", metavar="DIR", help="draw each simulated plan's timelines into DIR")
     parser.add_argument(
         "--recipes", metavar="DIR", default=str(RECIPES), help="folder with 1.5b.yaml, 7b.yaml, 14b.yaml"
@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from areal_hex_plugin.commands.common import write_json
+    from areal_hex_plugin.outfiles import check_writable, console, write_json
     from areal_hex_plugin.sim.reproduce import MODELS, reproduce, tables
 
     folder = Path(args.recipes).expanduser()
@@ -35,17 +35,19 @@ def run(args: argparse.Namespace) -> int:
         raise HexError("--recipes", f"{folder} lacks {', '.join(missing)}", "point at recipes/paper")
     if args.plots and not Path(args.plots).expanduser().is_dir():
         raise HexError("--plots", f"{args.plots} is not a folder", "create it first")
+    check_writable(args.json, "--json")
+    con = console(args.json)
     out, runs = reproduce(
         folder, progress=lambda line: print(line, file=sys.stderr), timeline=bool(args.plots)
     )
-    print(tables(out))
+    print(tables(out), file=con)
     if args.json:
-        print(f"\nresults written to {write_json(args.json, out)}")
+        print(f"\nresults written to {write_json(args.json, out)}", file=con)
     if args.plots:
         from areal_hex_plugin.sim.plot import plot_timelines
 
         folder = Path(args.plots).expanduser()
         for name, result in runs.items():
             paths = plot_timelines(result.result, folder / f"{name}.png", title=name)
-            print(f"{name}: timelines in {', '.join(p.name for p in paths)}")
+            print(f"{name}: timelines in {', '.join(p.name for p in paths)}", file=con)
     return 0

@@ -24,13 +24,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="what-if: interrupted sequences keep their KV cache across weight updates (upstream re-prefills)",
     )
-    parser.add_argument("--json", metavar="OUT", help="write the simulation results as JSON")
+    parser.add_argument("--json", metavar="OUT", help="write the simulation results as JSON; - for stdout")
     parser.add_argument("--plot", metavar="OUT.png", help="draw a timeline per pool (OUT-<pool>.png)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from areal_hex_plugin.commands.common import write_json
+    from areal_hex_plugin.outfiles import check_writable, console, write_json
     from areal_hex_plugin.plan import HexPlan
     from areal_hex_plugin.scheduler import plan_recipe
     from areal_hex_plugin.sim.engine import simulate
@@ -41,13 +41,15 @@ def run(args: argparse.Namespace) -> int:
         raise HexError(
             "--steps", f"must be at least 1, got {args.steps}", "simulate 30 steps, as the paper does"
         )
+    check_writable(args.json, "--json")
+    out = console(args.json)
     recipe = load_recipe_from_args(args)
     plan = HexPlan.load(args.plan) if args.plan else plan_recipe(recipe)
     spec = sim_spec(recipe, plan)
     if args.no_kv_recompute:
         spec = dataclasses.replace(spec, kv_recompute=False)
     result = simulate(spec, steps=args.steps, seed=args.seed, timeline=bool(args.plot))
-    print(describe_simulation(result, plan))
+    print(describe_simulation(result, plan), file=out)
     if args.json:
         data = {
             "recipe": str(recipe.path),
@@ -56,10 +58,10 @@ def run(args: argparse.Namespace) -> int:
             "predicted": dataclasses.asdict(plan.predicted),
         }
         data.update(result.to_dict())
-        print(f"\nresults written to {write_json(args.json, data)}")
+        print(f"\nresults written to {write_json(args.json, data)}", file=out)
     if args.plot:
         from areal_hex_plugin.sim.plot import plot_timelines
 
         for path in plot_timelines(result, args.plot, title=recipe.workload.model.name):
-            print(f"timeline plotted to {path}")
+            print(f"timeline plotted to {path}", file=out)
     return 0

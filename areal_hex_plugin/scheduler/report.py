@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from tabulate import tabulate
 
-from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.outfiles import check_writable, save_png
 from areal_hex_plugin.plan import HexPlan
 
 
@@ -101,11 +100,7 @@ def plot_frontier(plan: HexPlan, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    target = Path(path).expanduser()
-    if not target.parent.is_dir():
-        raise HexError(
-            "--plot", f"folder {target.parent} does not exist", "create it first or write somewhere else"
-        )
+    check_writable(path, "--plot")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if plan.pareto:
         ax.step(
@@ -142,14 +137,4 @@ def plot_frontier(plan: HexPlan, path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    # Written beside the target and renamed into place: never a half-written file.
-    tmp = target.with_name(f".{target.name}.tmp")
-    try:
-        fig.savefig(tmp, dpi=120, format="png")
-        os.replace(tmp, target)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise HexError("--plot", f"cannot write {target}: {exc.strerror}", "choose a writable path") from None
-    finally:
-        plt.close(fig)
-    return target
+    return save_png(fig, path, "--plot")

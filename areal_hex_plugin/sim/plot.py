@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.outfiles import check_writable, is_stdout, save_png
 from areal_hex_plugin.sim.result import SimResult
 
 COLORS = {
@@ -26,11 +26,12 @@ def plot_timelines(result: SimResult, out: str | Path, title: str = "") -> list[
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    target = Path(out).expanduser()
-    if not target.parent.is_dir():
+    if is_stdout(out):
         raise HexError(
-            "--plot", f"folder {target.parent} does not exist", "create it first or write somewhere else"
+            "--plot", "draws one PNG per pool, so it cannot be stdout", "give a file name, e.g. t.png"
         )
+    check_writable(out, "--plot")
+    target = Path(out).expanduser()
     written = []
     for pool, rows in sorted(result.timeline.items()):
         fig, ax = plt.subplots(figsize=(12, 1.2 + 0.6 * len(rows)))
@@ -53,15 +54,5 @@ def plot_timelines(result: SimResult, out: str | Path, title: str = "") -> list[
         )
         fig.tight_layout()
         path = target.with_name(f"{target.stem}-{pool}{target.suffix or '.png'}")
-        tmp = path.with_name(f".{path.name}.tmp")
-        try:
-            fig.savefig(tmp, format="png", dpi=110)
-            os.replace(tmp, path)  # never a half-written image
-        except OSError as exc:
-            raise HexError(
-                "--plot", f"cannot write {path}: {exc.strerror}", "choose a writable path"
-            ) from None
-        finally:
-            plt.close(fig)
-        written.append(path)
+        written.append(save_png(fig, path, "--plot", dpi=110))
     return written
