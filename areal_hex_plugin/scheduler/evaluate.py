@@ -40,7 +40,7 @@ class Fleet:
 
 @dataclass(frozen=True)
 class Evaluation:
-    split: Split
+    split: Split  # the machines its layouts occupy (those of the split scored, less any they leave empty)
     window: int
     cost_per_hour: float
     train: TrainChoice | None
@@ -224,6 +224,8 @@ class Evaluator:
             replicas = [(_stages(c), y) for c, y in fleet.groups]
             # The GPUs the training layout uses, which may be fewer than the split's training machines hold.
             sync_s = self.cm.weight_sync(train.estimate.gpus, replicas, strategy=self.sync_strategy).seconds
+        if train and fleet.groups:
+            split = self._used(train, fleet)
         return Evaluation(
             split=split,
             window=window,
@@ -235,6 +237,17 @@ class Evaluator:
             sync_s=sync_s,
             reward_s=reward_s,
             shares=shares,
+        )
+
+    def _used(self, train: TrainChoice, fleet: Fleet) -> Split:
+        """The machines the layouts occupy: a plan pays for these, not for machines its split left empty."""
+        rollout_gpus: dict[str, int] = {}
+        for c, y in fleet.groups:
+            rollout_gpus[c.pool] = rollout_gpus.get(c.pool, 0) + c.gpus * y
+        pools = self.cluster.pools
+        return Split(
+            tuple(-(-train.estimate.gpus.get(p.name, 0) // p.gpus_per_machine) for p in pools),
+            tuple(-(-rollout_gpus.get(p.name, 0) // p.gpus_per_machine) for p in pools),
         )
 
 

@@ -116,13 +116,21 @@ class Planner:
             warnings.append(
                 f"the cluster has one GPU type ({self.cluster.gpu_types[0]}): this is the best homogeneous plan"
             )
+        baselines, rivals = self._baselines(best, result.window)
+        chosen = self._preferred([best, *rivals])
+        if chosen is not best:
+            warnings.append(
+                "a single-type plan the baselines found beats the mixed search's plan "
+                f"({result.status}), so it is the plan"
+            )
+            best = chosen
+        baselines["uniform"] = self._uniform_baseline(best)
+        gap = 0.0 if result.status == "optimal" else self._gap(best, result.window)
         if best.c_t > best.c_i:
             warnings.append(
                 f"training is the bottleneck (C_T {best.c_t:.1f}s > C_I {best.c_i:.1f}s): rollout will wait at the "
                 f"staleness bound (eta={self.eta}); the paper's schedule assumes C_I >= C_T"
             )
-        gap = 0.0 if result.status == "optimal" else self._gap(best, result.window)
-        baselines = self._baselines(best, result.window)
         pareto = self._pareto(result.window) if self.request.pareto else []
         solve_time = time.monotonic() - self.start
         return self._plan(best, result, gap, solve_time, baselines, pareto, warnings)
@@ -191,9 +199,25 @@ class Planner:
             return 0.0
         return round(max(0.0, 1 - self.tokens_per_s(best) / bound), 6)
 
-    def _baselines(self, best: Evaluation, window: int) -> dict[str, Baseline]:
+    def _preferred(self, candidates: list[Evaluation]) -> Evaluation:
+        """The candidate the objective prefers: the cheapest reaching a target (then the fastest), else the
+        fastest (then the cheapest); the first one on a tie."""
+        target = self.objective.target_tokens_per_s
+
+        def key(e: Evaluation):
+            rate, cost = round(self.tokens_per_s(e), 6), round(e.cost_per_hour, 6)
+            if target is not None:
+                return (rate >= target, -cost, rate)
+            return (rate, -cost)
+
+        return max(candidates, key=key)
+
+    def _baselines(self, best: Evaluation, window: int) -> tuple[dict[str, Baseline], list[Evaluation]]:
+        """The best plan on each GPU type alone within the objective's budget (else the chosen plan's cost),
+        and their evaluations."""
         budget = self.objective.budget_per_hour or best.cost_per_hour
         baselines: dict[str, Baseline] = {}
+        rivals: list[Evaluation] = []
         for gpu_type in self.cluster.gpu_types:
             limits = tuple(
                 m if p.gpu_type == gpu_type else 0
@@ -212,6 +236,7 @@ class Planner:
                 baselines[name] = Baseline(0.0, 0.0, {}, note=note)
                 continue
             e = self.ev.evaluate(result.best.split, window)
+            rivals.append(e)
             inventory = sum(
                 p.n_gpus * p.price_per_gpu_hour for p in self.cluster.pools if p.gpu_type == gpu_type
             )
@@ -219,14 +244,15 @@ class Planner:
             baselines[name] = Baseline(
                 round(self.tokens_per_s(e), 3), round(e.cost_per_hour, 4), self._gpus_by_type(e), note
             )
-        uniform = self._uniform(best)
-        baselines["uniform"] = Baseline(
-            round(uniform, 3),
+        return baselines, rivals
+
+    def _uniform_baseline(self, best: Evaluation) -> Baseline:
+        return Baseline(
+            round(self._uniform(best), 3),
             round(best.cost_per_hour, 4),
             self._gpus_by_type(best),
             "same machines, samples split evenly across replicas",
         )
-        return baselines
 
     def _uniform(self, e: Evaluation) -> float:
         """The paper's ablation: the chosen split, but every replica gets the same number of samples."""
