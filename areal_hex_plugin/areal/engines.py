@@ -7,9 +7,11 @@ transport's receiver methods; its ``as_controller`` returns a :class:`HexRollout
 from __future__ import annotations
 
 import contextvars
+import functools
 import os
 from collections import defaultdict
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from areal.engine.sglang_remote import RemoteSGLangEngine, SGLangBackend
 from areal.infra.controller.rollout_controller import RolloutController
@@ -19,7 +21,9 @@ from areal_hex_plugin.areal.routing import ShareRouter
 from areal_hex_plugin.areal.sglang_flags import server_args_for
 from areal_hex_plugin.transport.sglang_adapter import RelayReceiverMixin
 
-_chosen_rank: contextvars.ContextVar[int | None] = contextvars.ContextVar("hex_chosen_rank", default=None)
+# The servers picked inside one routed call (submit or agenerate); released when that call ends.
+_picks: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("hex_picks", default=None)
+T = TypeVar("T")
 
 
 class HexSGLangBackend(SGLangBackend):
@@ -51,36 +55,57 @@ class HexRolloutController(RolloutController):
         return router
 
     def _choose_worker(self):
+        """The server for the next request; inside :meth:`_routed` it is released when the call ends, otherwise
+        the caller releases it."""
         rank = self._router().choose()
-        _chosen_rank.set(rank)
+        picks = _picks.get()
+        if picks is not None:
+            picks.append(rank)
         return self.workers[rank], rank
+
+    async def _routed(self, call: Callable[[], Awaitable[T]], produced: Callable[[T], bool]) -> T:
+        """Run ``call`` and release every server it picked, on every path: completed when ``produced(result)``,
+        failed when it returns nothing, raises or is cancelled (an abort)."""
+        picks: list[int] = []
+        token = _picks.set(picks)
+        ok = False
+        try:
+            result = await call()
+            ok = produced(result)
+            return result
+        finally:
+            _picks.reset(token)
+            router = self._router()
+            for rank in picks:
+                router.release(rank, completed=ok)
 
     def _create_submit_callback(self, pending_task):
         submit = super()._create_submit_callback(pending_task)
 
         async def submit_and_release():
-            try:
-                return await submit()
-            finally:
-                rank = _chosen_rank.get()
-                if rank is not None:
-                    self._router().release(rank)
+            # Upstream returns None for a rollout that failed, timed out or was rejected.
+            return await self._routed(submit, lambda result: result is not None)
 
         return submit_and_release
+
+    async def agenerate(self, req):
+        return await self._routed(functools.partial(super().agenerate, req), lambda _: True)
 
     def export_stats(self) -> dict[str, float]:
         return {**super().export_stats(), **self.pool_sample_stats()}
 
     def pool_sample_stats(self) -> dict[str, float]:
-        """Samples each pool finished since the last export, as ``hex/rollout/<pool>/samples``."""
-        per_pool: dict[str, float] = defaultdict(float)
-        done_per_server = self._router().take_completed()
-        for pool, done in zip(self._hex_pools, done_per_server, strict=True):
-            per_pool[pool] += done
+        """Requests each pool completed and failed since the last export, as ``hex/rollout/<pool>/samples`` and
+        ``hex/rollout/<pool>/failed``."""
+        router = self._router()
+        counts: dict[str, float] = defaultdict(float)
+        for kind, per_server in (("samples", router.take_completed()), ("failed", router.take_failed())):
+            for pool, n in zip(self._hex_pools, per_server, strict=True):
+                counts[f"hex/rollout/{pool}/{kind}"] += n
         # The eval-rollout controller routes over the same servers; its counts must not replace training's.
         if self._worker_role != "rollout":
             return {}
-        return {f"hex/rollout/{pool}/samples": n for pool, n in per_pool.items()}
+        return dict(counts)
 
 
 class HexRemoteSGLangEngine(RelayReceiverMixin, RemoteSGLangEngine):

@@ -3,6 +3,8 @@
 ``shares``: smooth weighted round-robin, so over any window of requests each server's fraction follows its
 share within one request. ``least_outstanding``: the server with the fewest requests in flight per unit of
 share (a fast server drains its queue sooner and so gets more), ties broken by the weighted round-robin.
+Every :meth:`ShareRouter.choose` is matched by one :meth:`ShareRouter.release`, which counts the request as
+completed (it produced a result) or failed (error, time-out, abort, or no trajectory).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class ShareRouter:
         self.policy = policy
         self.outstanding = [0] * len(shares)
         self.completed = [0] * len(shares)
+        self.failed = [0] * len(shares)
         self._credit = [0.0] * len(shares)
         self._lock = threading.Lock()
 
@@ -45,13 +48,22 @@ class ShareRouter:
             self.outstanding[index] += 1
             return index
 
-    def release(self, index: int) -> None:
+    def release(self, index: int, completed: bool = True) -> None:
+        """The request chosen for server ``index`` is over: it ``completed``, or failed."""
         with self._lock:
+            if self.outstanding[index] <= 0:
+                raise RuntimeError(f"server {index} has no request in flight to release")
             self.outstanding[index] -= 1
-            self.completed[index] += 1
+            (self.completed if completed else self.failed)[index] += 1
 
     def take_completed(self) -> list[int]:
-        """Requests each server finished since the last call."""
+        """Requests each server completed since the last call."""
         with self._lock:
             done, self.completed = self.completed, [0] * len(self.shares)
             return done
+
+    def take_failed(self) -> list[int]:
+        """Requests each server failed since the last call."""
+        with self._lock:
+            failed, self.failed = self.failed, [0] * len(self.shares)
+            return failed

@@ -23,3 +23,27 @@ class PoolProbe(InferenceEngine):
         except ImportError:
             pass
         return report
+
+
+class AnswerProbe(InferenceEngine):
+    """Answers ``agenerate`` and ``submit`` calls from the rollout controller: ``{"fail": True}`` raises and
+    ``{"sleep_s": s}`` answers after ``s`` seconds (a request that a caller can abort mid-flight)."""
+
+    @property
+    def initialized(self) -> bool:
+        return True
+
+    def agenerate(self, req: dict) -> dict:
+        import time
+
+        if req.get("fail"):
+            raise RuntimeError("this request fails on purpose")
+        time.sleep(req.get("sleep_s", 0.0))
+        return {"pid": os.getpid()}
+
+    def submit(self, data: dict, **kwargs) -> int:
+        self.agenerate(data)
+        return kwargs["task_id"]
+
+    def wait_for_task(self, task_id: int, **kwargs) -> dict:
+        return {"task_id": task_id, "pid": os.getpid()}

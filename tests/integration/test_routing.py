@@ -36,6 +36,18 @@ def test_least_outstanding_sends_more_to_faster_servers() -> None:
     for i, share in enumerate(SHARES):
         assert counts[i] / total == pytest.approx(share, rel=0.05)
     assert sum(router.take_completed()) == 20_000 and sum(router.take_completed()) == 0
+    assert sum(router.take_failed()) == 0
+
+
+def test_release_counts_failures_and_refuses_a_second_release() -> None:
+    router = ShareRouter(SHARES)
+    first, second = router.choose(), router.choose()
+    router.release(first)
+    router.release(second, completed=False)
+    assert router.outstanding == [0] * 4
+    assert sum(router.take_completed()) == 1 and sum(router.take_failed()) == 1
+    with pytest.raises(RuntimeError, match="no request in flight"):
+        router.release(first)
 
 
 def test_bad_router_input() -> None:
@@ -135,8 +147,31 @@ def test_failed_rollouts_release_their_server(tmp_path: Path) -> None:
 
     assert asyncio.run(run_all()) == [None] * 12
     router = controller._router()
-    assert router.outstanding == [0] * 6 and sum(router.take_completed()) == 12
+    # Released, and counted as failures: a failed rollout produced no sample.
+    assert router.outstanding == [0] * 6
     assert controller.staleness_manager.get_stats().rejected == 12
+    assert controller.pool_sample_stats() == {
+        "hex/rollout/big/samples": 0,
+        "hex/rollout/small/samples": 0,
+        "hex/rollout/big/failed": 6,
+        "hex/rollout/small/failed": 6,
+    }
+
+
+@pytest.mark.integration
+def test_failed_agenerate_calls_release_their_server(tmp_path: Path) -> None:
+    import asyncio
+
+    controller = _controller(tmp_path, routing="least_outstanding")
+
+    async def call_all() -> list:
+        # No worker process exists, so every call fails inside upstream's agenerate.
+        return await asyncio.gather(*(controller.agenerate({}) for _ in range(12)), return_exceptions=True)
+
+    assert all(isinstance(r, Exception) for r in asyncio.run(call_all()))
+    router = controller._router()
+    assert router.outstanding == [0] * 6
+    assert sum(router.take_completed()) == 0 and sum(router.take_failed()) == 12
 
 
 @pytest.mark.integration
@@ -151,3 +186,119 @@ def test_only_the_training_rollout_reports_per_pool_samples(tmp_path: Path) -> N
         router.release(router.choose())
     controller._worker_role = "eval-rollout"
     assert controller.pool_sample_stats() == {}
+
+
+ANSWER = "tests.integration.probe_engine.AnswerProbe"
+
+
+@pytest.fixture(scope="module")
+def answering(tmp_path_factory: pytest.TempPathFactory):
+    """A HexRolloutController whose six servers are engines of one real upstream RPC worker (AnswerProbe)."""
+    import asyncio
+
+    from areal.api.cli_args import SchedulingSpec
+    from areal.api.scheduler_api import Job
+    from areal.infra.staleness_manager import StalenessManager
+
+    from tests.conftest import REPO
+
+    controller = _controller(tmp_path_factory.mktemp("answering"), routing="least_outstanding")
+    scheduler = controller.scheduler
+    spec = SchedulingSpec(
+        cpu=1, gpu=0, mem=1, port_count=1, cmd="python -m areal.infra.rpc.rpc_server",
+        env_vars={"PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    try:
+        scheduler.create_workers(Job(role="answer", replicas=1, tasks=[spec]))
+        worker = scheduler.get_workers("answer", timeout=180)[0]
+
+        async def engines() -> None:
+            for rank in range(6):
+                await scheduler.create_engine(worker.id, ANSWER, engine_name=f"rollout/{rank}")
+
+        asyncio.run(engines())
+        controller.workers = [worker] * 6
+        controller._staleness_manager = StalenessManager(controller, 16, 4, 1)
+        # Upstream's submit names a callback address; nothing calls it back here (the test resolves the future).
+        controller._callback_host, controller._callback_port = "127.0.0.1", 9
+        yield controller
+    finally:
+        scheduler.delete_workers()
+
+
+def _fresh_router(controller):
+    controller._hex_router = None
+    return controller._router()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_agenerate_releases_every_pick(answering) -> None:
+    import asyncio
+
+    router = _fresh_router(answering)
+
+    async def sequential() -> None:
+        for i in range(12):
+            request = {"fail": True} if i in (3, 7) else {}
+            try:
+                await answering.agenerate(request)
+            except Exception:  # noqa: BLE001 - the two failing requests
+                assert i in (3, 7)
+
+    asyncio.run(sequential())
+    assert router.outstanding == [0] * 6
+    assert sum(router.take_completed()) == 10 and sum(router.take_failed()) == 2
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_aborted_calls_release_their_server(answering) -> None:
+    import asyncio
+    import contextlib
+
+    from areal.infra.controller.rollout_controller import _RemoteRolloutTaskInput
+
+    router = _fresh_router(answering)
+
+    async def abort(start) -> None:
+        task = asyncio.ensure_future(start())
+        while sum(router.outstanding) == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(abort(lambda: answering.agenerate({"sleep_s": 2.0})))
+    rollout = _RemoteRolloutTaskInput(
+        task_id=7, data={}, workflow=None, workflow_kwargs={}, should_accept_fn=None
+    )
+    asyncio.run(abort(answering._create_submit_callback(rollout)))  # no callback ever comes: aborted waiting
+    assert router.outstanding == [0] * 6
+    assert sum(router.take_completed()) == 0 and sum(router.take_failed()) == 2
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_finished_rollout_counts_as_a_sample(answering) -> None:
+    import asyncio
+
+    from areal.infra.controller.rollout_controller import _RemoteRolloutTaskInput
+
+    router = _fresh_router(answering)
+    rollout = _RemoteRolloutTaskInput(
+        task_id=8, data={}, workflow=None, workflow_kwargs={}, should_accept_fn=None
+    )
+
+    async def finish():
+        task = asyncio.ensure_future(answering._create_submit_callback(rollout)())
+        while 8 not in answering._pending_futures:
+            await asyncio.sleep(0.01)
+        answering._resolve_task_future(8)  # what upstream's callback server does when the rollout completes
+        return await task
+
+    result = asyncio.run(finish())
+    assert result.task_id == 8 and result.trajectory["task_id"] == 8
+    assert router.outstanding == [0] * 6
+    assert sum(router.take_completed()) == 1 and sum(router.take_failed()) == 0
