@@ -82,19 +82,11 @@ def solve_for_upstream(recipe):
 
 def obtain_plan(recipe, config):
     """The saved plan at ``hex.plan_path`` (checked against the recipe), or a plan solved now."""
-    from areal_hex_plugin.areal.placement import check_plan_fits_cluster
-    from areal_hex_plugin.plan import HexPlan
+    from areal_hex_plugin.plan import load_plan_for
 
     if not config.hex.plan_path:
         return solve_for_upstream(recipe)
-    plan = HexPlan.load(config.hex.plan_path)
-    if plan.model != recipe.workload.model.name:
-        raise HexError(
-            "hex.plan_path",
-            f"the plan was made for model {plan.model}, the recipe trains {recipe.workload.model.name}",
-            "re-plan for this recipe (areal-hex plan RECIPE --json PLAN) or drop hex.plan_path",
-        )
-    check_plan_fits_cluster(plan, recipe.cluster)
+    plan = load_plan_for(config.hex.plan_path, recipe.cluster, recipe.workload.model, "hex.plan_path")
     return plan, f"plan {config.hex.plan_path}"
 
 

@@ -6,35 +6,55 @@ breakdown, the baselines it was compared with and how the solver fared. It is sa
 file of another version, or a malformed one, raises :class:`HexError`.
 
 Units: seconds, tokens per second, $ per hour. GPU ids are local to their machine (0 .. gpus_per_machine - 1).
+
+Every number has its sane range in its field's metadata (checked by ``specs/typed.py`` when a file is read), and
+:func:`check_plan_fits` checks a plan against the recipe it is used with (model, pools, hosts, GPU indices, layer
+counts, replica and stage sizes) before simulate, the driver or the transport use it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs import typed
+from areal_hex_plugin.specs.files import read_json
+from areal_hex_plugin.specs.typed import between, spec
+
+if TYPE_CHECKING:
+    from areal_hex_plugin.specs.cluster import Cluster
+    from areal_hex_plugin.specs.models import ModelShape
 
 SCHEMA_VERSION = 1
 ROLES = ("train", "rollout", "idle")
+OBJECTIVES = ("max_throughput", "budget", "target")
+
+# Ranges of a plan's numbers, generous beside what a recipe allows (specs/config.py); check_plan_fits then holds
+# the plan to its recipe's actual cluster and model.
+_GPUS = between(0, 4096 * 72)  # GPUs of one pool at most
+_TP = between(1, 72)  # a TP group or pipeline stage stays inside one machine
+_LAYERS = between(1, 1_024)
+_INDEX = between(0, 4096 * 72)
+_RATE = between(0, 1e12, "tokens/s")
+_DOLLARS = between(0, 1e9, "$/h")
+_SECONDS = between(0, 1e9, "s")
 
 
 @dataclass(frozen=True)
 class Predicted:
     """The paper's metric: tokens per step / (weight sync + max(rollout incl. reward, train))."""
 
-    tokens_per_s: float
-    cost_per_hour: float
-    tokens_per_dollar: float
-    step_time_s: float
-    train_time_s: float
-    rollout_time_s: float  # generation plus reward, per step
-    weight_sync_s: float
-    reward_s: float = 0.0
+    tokens_per_s: float = spec(help="predicted tokens per second", range=_RATE)
+    cost_per_hour: float = spec(help="$ per hour of the machines used", range=_DOLLARS)
+    tokens_per_dollar: float = spec(help="tokens per $", range=between(0, 1e18))
+    step_time_s: float = spec(help="seconds per training step", range=_SECONDS)
+    train_time_s: float = spec(help="seconds of training per step", range=_SECONDS)
+    rollout_time_s: float = spec(help="generation plus reward, per step", range=_SECONDS)
+    weight_sync_s: float = spec(help="weight sync per step", range=_SECONDS)
+    reward_s: float = spec(0.0, "reward per step", _SECONDS)
 
 
 @dataclass(frozen=True)
@@ -43,17 +63,17 @@ class TrainStage:
 
     pool: str
     gpu_type: str
-    dp: int
-    tp: int
-    layers: int
-    hosts: list[str]
+    dp: int = spec(help="data-parallel degree", range=between(1, _GPUS.high))
+    tp: int = spec(help="tensor-parallel degree", range=_TP)
+    layers: int = spec(help="transformer layers this stage holds", range=_LAYERS)
+    hosts: list[str] = spec(help="the machines of this stage")
 
 
 @dataclass(frozen=True)
 class TrainPlan:
-    gpus: dict[str, int]  # GPU type -> GPUs training
+    gpus: dict[str, int] = spec(help="GPU type -> GPUs training", range=_GPUS)
     stages: list[TrainStage]
-    memory_gb_per_gpu: float = 0.0
+    memory_gb_per_gpu: float = spec(0.0, "training memory per GPU", between(0, 100_000, "GB"))
 
 
 @dataclass(frozen=True)
@@ -67,18 +87,18 @@ class ReplicaGroup:
 
     pool: str
     gpu_type: str
-    tp: int
-    pp: int
-    count: int
-    share: float
-    samples_per_step: int
-    tokens_per_s: float
-    concurrency: int
+    tp: int = spec(help="tensor-parallel degree", range=_TP)
+    pp: int = spec(help="pipeline stages", range=_LAYERS)
+    count: int = spec(help="replicas in the group", range=between(1, _GPUS.high))
+    share: float = spec(help="fraction of a step's samples the group generates", range=between(0, 1))
+    samples_per_step: int = spec(help="samples per step the group generates", range=between(0, 1 << 20))
+    tokens_per_s: float = spec(help="one replica's predicted speed", range=_RATE)
+    concurrency: int = spec(help="requests one replica keeps in flight", range=between(1, 10_000_000))
 
 
 @dataclass(frozen=True)
 class RolloutPlan:
-    gpus: dict[str, int]  # GPU type -> GPUs generating
+    gpus: dict[str, int] = spec(help="GPU type -> GPUs generating", range=_GPUS)
     replicas: list[ReplicaGroup]
 
 
@@ -87,13 +107,13 @@ class GpuAssignment:
     """What one GPU serves: train stage ``stage`` (dp_rank, tp_rank), or rollout replica group ``group``,
     instance ``instance``, pipeline stage ``stage`` (tp_rank); or nothing (idle)."""
 
-    gpu: int
-    role: str
-    stage: int | None = None
-    dp_rank: int | None = None
-    tp_rank: int | None = None
-    group: int | None = None
-    instance: int | None = None
+    gpu: int = spec(help="GPU index on its machine", range=between(0, _TP.high - 1))
+    role: str = spec(help="what the GPU serves", choices=ROLES)
+    stage: int | None = spec(None, "train or pipeline stage", between(0, _LAYERS.high))
+    dp_rank: int | None = spec(None, "data-parallel rank", _INDEX)
+    tp_rank: int | None = spec(None, "tensor-parallel rank", between(0, _TP.high - 1))
+    group: int | None = spec(None, "rollout replica group", _INDEX)
+    instance: int | None = spec(None, "replica of the group", _INDEX)
 
 
 @dataclass(frozen=True)
@@ -101,48 +121,50 @@ class Machine:
     pool: str
     host: str
     gpu_type: str
-    role: str  # train | rollout | idle
+    role: str = spec(help="train | rollout | idle", choices=ROLES)
     gpus: list[GpuAssignment]
 
 
 @dataclass(frozen=True)
 class Baseline:
-    tokens_per_s: float
-    cost_per_hour: float
-    gpus: dict[str, int]
+    tokens_per_s: float = spec(help="the baseline's tokens per second", range=_RATE)
+    cost_per_hour: float = spec(help="the baseline's $ per hour", range=_DOLLARS)
+    gpus: dict[str, int] = spec(help="GPU type -> GPUs", range=_GPUS)
     note: str = ""
 
 
 @dataclass(frozen=True)
 class SolverInfo:
-    solve_time_s: float
-    status: str  # optimal | feasible | timeout | single_type
-    iterations: int
-    gap: float  # relative gap to the best bound known (0 when proven optimal)
+    solve_time_s: float = spec(help="seconds the solver took", range=_SECONDS)
+    status: str = spec(help="optimal | feasible | timeout | single_type")
+    iterations: int = spec(help="repartition iterations", range=between(0, 1_000_000))
+    gap: float = spec(
+        help="relative gap to the best bound known (0 when proven optimal)", range=between(0, 1e9)
+    )
     mode: str = "two_phase"  # two_phase | exhaustive
-    window_steps: int = 1  # the δ(η) window the costs were averaged over
+    window_steps: int = spec(1, "the δ(η) window the costs were averaged over", between(1, 1_000_000))
 
 
 @dataclass(frozen=True)
 class Staleness:
     """Upstream's admission settings; ``max_concurrent_rollouts`` counts rollouts (prompts), as upstream does."""
 
-    max_head_offpolicyness: int
-    max_concurrent_rollouts: int
+    max_head_offpolicyness: int = spec(help="the staleness bound η (0: on-policy)", range=between(0, 1_000))
+    max_concurrent_rollouts: int = spec(help="rollouts in flight", range=between(1, 10_000_000))
 
 
 @dataclass(frozen=True)
 class ParetoPoint:
-    cost_per_hour: float
-    tokens_per_s: float
-    gpus: dict[str, int]
+    cost_per_hour: float = spec(help="$ per hour", range=_DOLLARS)
+    tokens_per_s: float = spec(help="tokens per second", range=_RATE)
+    gpus: dict[str, int] = spec(help="GPU type -> GPUs", range=_GPUS)
 
 
 @dataclass(frozen=True)
 class Objective:
-    kind: str  # max_throughput | budget | target
-    budget_per_hour: float | None = None
-    target_tokens_per_s: float | None = None
+    kind: str = spec(help="what the plan optimised", choices=OBJECTIVES)
+    budget_per_hour: float | None = spec(None, "the $/h budget", between(0, 1e9, "$/h"))
+    target_tokens_per_s: float | None = spec(None, "the tokens/s target", _RATE)
 
 
 @dataclass(frozen=True)
@@ -192,20 +214,9 @@ class HexPlan:
         return write_json(path, self.to_dict())
 
     @staticmethod
-    def load(path: str | Path) -> HexPlan:
-        file = Path(path).expanduser()
-        try:
-            text = file.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise HexError(
-                "plan", f"cannot read {file}: {exc}", "give the path of a plan JSON file"
-            ) from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise HexError(
-                "plan", f"{file} is not JSON ({exc.msg} at line {exc.lineno})", "re-create the plan"
-            ) from None
+    def load(path: str | Path, field: str = "plan") -> HexPlan:
+        """The plan saved at ``path`` (``field``: the option or key that named the file, for messages)."""
+        data = read_json(path, field, "give a plan written by areal-hex plan RECIPE --json PLAN.json")
         return HexPlan.from_dict(data, "plan")
 
     def machines_with_role(self, role: str) -> list[Machine]:
@@ -213,42 +224,153 @@ class HexPlan:
         return [m for m in self.machines if m.role == role]
 
 
+_REPLAN = "re-create the plan: areal-hex plan RECIPE --json PLAN.json"
+
+
 def _check(plan: HexPlan, source: str) -> None:
-    """Cross-field checks a consumer relies on: roles are known and every referenced stage/group exists."""
+    """Cross-field checks a consumer relies on: every referenced stage/group exists and some group has work."""
     n_stages = len(plan.train.stages)
     n_groups = len(plan.rollout.replicas)
-    for i, stage in enumerate(plan.train.stages):
-        for name in ("dp", "tp", "layers"):
-            if getattr(stage, name) < 1:
-                raise HexError(
-                    f"{source}.train.stages[{i}].{name}", "must be at least 1", "re-create the plan"
-                )
-    for i, group in enumerate(plan.rollout.replicas):
-        for name in ("tp", "pp", "count", "concurrency"):
-            if getattr(group, name) < 1:
-                raise HexError(
-                    f"{source}.rollout.replicas[{i}].{name}", "must be at least 1", "re-create the plan"
-                )
-        if not 0 <= group.share <= 1:
-            raise HexError(f"{source}.rollout.replicas[{i}].share", "must be in [0, 1]", "re-create the plan")
     if plan.rollout.replicas and not any(g.share > 0 for g in plan.rollout.replicas):
-        raise HexError(f"{source}.rollout.replicas", "every share is 0", "re-create the plan")
+        raise HexError(f"{source}.rollout.replicas", "every share is 0", _REPLAN)
+    for i, machine in enumerate(plan.machines):
+        for j, gpu in enumerate(machine.gpus):
+            where = f"{source}.machines[{i}].gpus[{j}]"
+            if gpu.role == "train" and not (gpu.stage is not None and gpu.stage < n_stages):
+                raise HexError(f"{where}.stage", f"no train stage {gpu.stage!r}", _REPLAN)
+            if gpu.role == "rollout" and not (gpu.group is not None and gpu.group < n_groups):
+                raise HexError(f"{where}.group", f"no replica group {gpu.group!r}", _REPLAN)
+
+
+def load_plan_for(path: str | Path, cluster: Cluster, model: ModelShape, field: str) -> HexPlan:
+    """The plan at ``path`` (named by ``field``), checked against the recipe's cluster and model."""
+    plan = HexPlan.load(path, field)
+    check_plan_fits(plan, cluster, model)
+    return plan
+
+
+def check_plan_fits(plan: HexPlan, cluster: Cluster, model: ModelShape, source: str = "plan") -> None:
+    """Refuse a plan that does not fit the recipe it is used with, before anything uses it.
+
+    ``cluster`` is the recipe's cluster (the driver checks the live inventory afterwards): the plan's model is the
+    recipe's; every pool it names exists with the same GPU type; its machines are the pool's hosts (or its
+    numbered machines), each listed once, with GPU indices inside the machine; train stages hold layers that sum
+    to the model's, and fit their pool; replica groups fit their pool, each TP group inside one machine; the GPUs
+    assigned to each stage and group are as many as it needs, on its own pool; no pool gives more GPUs than it has.
+    """
+    if plan.model != model.name:
+        raise HexError(
+            f"{source}.model",
+            f"the plan was made for model {plan.model}, the recipe trains {model.name}",
+            "re-plan for this recipe (areal-hex plan RECIPE --json PLAN) or use the recipe it was made for",
+        )
+    pools = {p.name: p for p in cluster.pools}
+
+    def pool_of(name: str, gpu_type: str, where: str):
+        pool = pools.get(name)
+        if pool is None:
+            raise HexError(
+                f"{where}.pool",
+                f"the plan uses pool {name!r}, which the recipe's cluster does not have "
+                f"(pools: {', '.join(pools)})",
+                "re-plan for this cluster (areal-hex plan RECIPE --json PLAN)",
+            )
+        if gpu_type != pool.gpu_type:
+            raise HexError(
+                f"{where}.gpu_type",
+                f"the plan puts {gpu_type} GPUs in pool {name!r}, but the recipe's cluster has {pool.gpu_type} there",
+                "re-plan for this cluster",
+            )
+        return pool
+
+    used: dict[str, int] = {name: 0 for name in pools}
+    for i, stage in enumerate(plan.train.stages):
+        where = f"{source}.train.stages[{i}]"
+        pool = pool_of(stage.pool, stage.gpu_type, where)
+        if stage.tp > pool.gpus_per_machine:
+            raise HexError(
+                f"{where}.tp",
+                f"is {stage.tp}, but {pool.name} machines have {pool.gpus_per_machine} GPUs",
+                _REPLAN,
+            )
+        used[pool.name] += stage.dp * stage.tp
+    layers = sum(s.layers for s in plan.train.stages)
+    if plan.train.stages and layers != model.layers:
+        raise HexError(
+            f"{source}.train.stages",
+            f"hold {layers} layers in all, but {model.name} has {model.layers}",
+            _REPLAN,
+        )
+    for i, group in enumerate(plan.rollout.replicas):
+        where = f"{source}.rollout.replicas[{i}]"
+        pool = pool_of(group.pool, group.gpu_type, where)
+        if group.tp > pool.gpus_per_machine:
+            raise HexError(
+                f"{where}.tp",
+                f"is {group.tp}, but {pool.name} machines have {pool.gpus_per_machine} GPUs",
+                _REPLAN,
+            )
+        if group.pp > model.layers:
+            raise HexError(
+                f"{where}.pp", f"is {group.pp}, but {model.name} has {model.layers} layers", _REPLAN
+            )
+        used[pool.name] += group.count * group.tp * group.pp
+    for name, gpus in used.items():
+        if gpus > pools[name].n_gpus:
+            raise HexError(
+                f"{source}.machines",
+                f"the plan uses {gpus:,} GPUs of pool {name!r}, which has {pools[name].n_gpus:,}",
+                "re-plan for the machines you have now",
+            )
+    _check_machines(plan, pool_of, source)
+
+
+def _check_machines(plan: HexPlan, pool_of, source: str) -> None:
+    """Each machine once, on a host its pool has, GPU indices inside it, GPUs on the pool of their stage/group."""
+    seen: set[str] = set()
+    assigned: dict[tuple[str, int], int] = {}
     for i, machine in enumerate(plan.machines):
         where = f"{source}.machines[{i}]"
-        if machine.role not in ROLES:
+        pool = pool_of(machine.pool, machine.gpu_type, where)
+        hosts = pool.hosts or tuple(pool.host(k) for k in range(pool.machines))
+        if machine.host not in hosts:
             raise HexError(
-                f"{where}.role", f"unknown role {machine.role!r}", f"use one of {', '.join(ROLES)}"
+                f"{where}.host",
+                f"the plan uses host(s) {machine.host} of pool {pool.name!r}, which the recipe's cluster lacks",
+                "re-plan for the machines you have now",
             )
+        if machine.host in seen:
+            raise HexError(f"{where}.host", f"{machine.host} is listed twice", _REPLAN)
+        seen.add(machine.host)
+        indices = [g.gpu for g in machine.gpus]
+        if len(set(indices)) != len(indices):
+            raise HexError(f"{where}.gpus", "lists a GPU index twice", _REPLAN)
         for j, gpu in enumerate(machine.gpus):
-            if gpu.role not in ROLES:
+            if gpu.gpu >= pool.gpus_per_machine:
                 raise HexError(
-                    f"{where}.gpus[{j}].role", f"unknown role {gpu.role!r}", f"use one of {', '.join(ROLES)}"
+                    f"{where}.gpus[{j}].gpu",
+                    f"is GPU {gpu.gpu}, but {pool.name} machines have GPUs 0-{pool.gpus_per_machine - 1}",
+                    _REPLAN,
                 )
-            if gpu.role == "train" and not (gpu.stage is not None and 0 <= gpu.stage < n_stages):
+            if gpu.role == "idle":
+                continue
+            owner = plan.train.stages[gpu.stage] if gpu.role == "train" else plan.rollout.replicas[gpu.group]
+            if owner.pool != machine.pool:
                 raise HexError(
-                    f"{where}.gpus[{j}].stage", f"no train stage {gpu.stage!r}", "re-create the plan"
+                    f"{where}.gpus[{j}]",
+                    f"serves a {gpu.role} {'stage' if gpu.role == 'train' else 'group'} of pool {owner.pool!r} "
+                    f"on a machine of pool {machine.pool!r}",
+                    _REPLAN,
                 )
-            if gpu.role == "rollout" and not (gpu.group is not None and 0 <= gpu.group < n_groups):
-                raise HexError(
-                    f"{where}.gpus[{j}].group", f"no replica group {gpu.group!r}", "re-create the plan"
-                )
+            key = (gpu.role, gpu.stage if gpu.role == "train" else gpu.group)
+            assigned[key] = assigned.get(key, 0) + 1
+    needs = {("train", i): s.dp * s.tp for i, s in enumerate(plan.train.stages)}
+    needs |= {("rollout", i): g.count * g.tp * g.pp for i, g in enumerate(plan.rollout.replicas)}
+    for (role, index), need in needs.items():
+        if assigned.get((role, index), 0) != need:
+            what = f"train.stages[{index}]" if role == "train" else f"rollout.replicas[{index}]"
+            raise HexError(
+                f"{source}.{what}",
+                f"needs {need:,} GPUs, but the plan's machines give it {assigned.get((role, index), 0):,}",
+                _REPLAN,
+            )

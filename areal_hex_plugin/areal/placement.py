@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan
-from areal_hex_plugin.specs.cluster import Cluster
 
 TRAIN_ROLE = "actor"
 ROLLOUT_ROLE = "rollout"
@@ -145,49 +144,6 @@ def placement_from_plan(plan: HexPlan) -> Placement:
         rollout_tp=rollout_tp,
         rollout_pp=rollout_pp,
     )
-
-
-def check_plan_fits_cluster(plan: HexPlan, cluster: Cluster, source: str = "hex.cluster") -> None:
-    """Refuse a plan made for another cluster (stale) or a cluster that lost machines since planning.
-
-    ``cluster`` is the recipe's cluster or the live inventory: every planned pool must exist there with the
-    same GPU type and at least as many machines, and named hosts must still be there.
-    """
-    used: dict[str, set[str]] = defaultdict(set)
-    for machine in plan.machines:
-        if machine.role != "idle":
-            used[machine.pool].add(machine.host)
-    for pool_name, hosts in sorted(used.items()):
-        try:
-            pool = cluster.pool(pool_name)
-        except KeyError:
-            raise HexError(
-                "hex.plan_path",
-                f"the plan uses pool {pool_name!r}, which {source} does not have "
-                f"(pools: {', '.join(p.name for p in cluster.pools)})",
-                "re-plan for this cluster (areal-hex plan RECIPE --json PLAN) or drop hex.plan_path",
-            ) from None
-        planned_type = next(m.gpu_type for m in plan.machines if m.pool == pool_name)
-        if planned_type != pool.gpu_type:
-            raise HexError(
-                "hex.plan_path",
-                f"the plan puts {planned_type} GPUs in pool {pool_name!r}, but {source} has {pool.gpu_type} there",
-                "re-plan for this cluster or drop hex.plan_path",
-            )
-        if pool.hosts:
-            missing = sorted(hosts - set(pool.hosts))
-            if missing:
-                raise HexError(
-                    "hex.plan_path",
-                    f"the plan uses host(s) {', '.join(missing)} of pool {pool_name!r}, which {source} lacks",
-                    "re-plan for the machines you have now",
-                )
-        elif len(hosts) > pool.machines:
-            raise HexError(
-                "hex.plan_path",
-                f"the plan uses {len(hosts)} machines of pool {pool_name!r}, but {source} has {pool.machines}",
-                "re-plan for the machines you have now",
-            )
 
 
 def check_plan_fits_inventory(plan: HexPlan, pools: list, source: str) -> None:

@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.outfiles import check_writable, console, write_json
-    from areal_hex_plugin.plan import HexPlan
+    from areal_hex_plugin.plan import load_plan_for
     from areal_hex_plugin.scheduler import plan_recipe
     from areal_hex_plugin.sim.engine import simulate
     from areal_hex_plugin.sim.inputs import sim_spec
@@ -44,7 +44,10 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.json, "--json")
     out = console(args.json)
     recipe = load_recipe_from_args(args)
-    plan = HexPlan.load(args.plan) if args.plan else plan_recipe(recipe)
+    if args.plan:
+        plan = load_plan_for(args.plan, recipe.cluster, recipe.workload.model, "--plan")
+    else:
+        plan = plan_recipe(recipe)
     spec = sim_spec(recipe, plan)
     if args.no_kv_recompute:
         spec = dataclasses.replace(spec, kv_recompute=False)

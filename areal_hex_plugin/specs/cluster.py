@@ -9,7 +9,10 @@ from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs.catalog import GpuCatalog, GpuSpec
 from areal_hex_plugin.specs.config import ClusterConfig, PoolConfig
 
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+# A DNS name, an address, or a scheduler's node name (Ray's look like vm#46985a57): no spaces, at most 253.
+_HOST = re.compile(r"^[!-~]{1,253}$")
+MAX_MACHINES = PoolConfig.__dataclass_fields__["machines"].metadata["range"].high
 
 
 @dataclass(frozen=True)
@@ -72,22 +75,27 @@ class Cluster:
         return sorted({p.gpu_type for p in self.pools})
 
 
-def _positive(value: float | int | None, path: str, what: str) -> None:
-    if value is None or value <= 0:
-        raise HexError(path, f"must be a positive {what}, got {value!r}", f"set {path} to a value > 0")
-
-
 def build_pool(cfg: PoolConfig, catalog: GpuCatalog, path: str) -> Pool:
     if not cfg.name:
         raise HexError(f"{path}.name", "is missing", "name the pool, e.g. 'h20' (letters, digits, - and _)")
     if not _NAME.match(cfg.name):
         raise HexError(
-            f"{path}.name", f"{cfg.name!r} is not a valid pool name", "use letters, digits, - and _"
+            f"{path}.name",
+            f"{cfg.name!r} is not a valid pool name",
+            "use letters, digits, - and _ (up to 64)",
         )
     if not cfg.gpu_type:
         raise HexError(f"{path}.gpu_type", "is missing", f"set it to one of {', '.join(catalog.names)}")
     gpu = catalog.get(cfg.gpu_type, f"{path}.gpu_type")
-    _positive(cfg.gpus_per_machine, f"{path}.gpus_per_machine", "whole number")
+    for i, host in enumerate(cfg.hosts):
+        if not _HOST.match(host):
+            raise HexError(
+                f"{path}.hosts[{i}]",
+                f"{host!r} is not a host name",
+                "give the machine's name or address (printable, no spaces, up to 253 characters)",
+            )
+    if cfg.machines is None and len(cfg.hosts) > MAX_MACHINES:
+        raise HexError(f"{path}.hosts", f"lists {len(cfg.hosts):,} machines", f"at most {MAX_MACHINES:,}")
     if cfg.hosts:
         if len(set(cfg.hosts)) != len(cfg.hosts):
             raise HexError(f"{path}.hosts", "lists a host twice", "list each machine once")
@@ -101,7 +109,6 @@ def build_pool(cfg: PoolConfig, catalog: GpuCatalog, path: str) -> Pool:
     else:
         if cfg.machines is None:
             raise HexError(f"{path}.machines", "is missing", "give the machine count, or list the hosts")
-        _positive(cfg.machines, f"{path}.machines", "whole number")
         machines = cfg.machines
     if cfg.price_per_gpu_hour is None:
         raise HexError(
@@ -109,10 +116,7 @@ def build_pool(cfg: PoolConfig, catalog: GpuCatalog, path: str) -> Pool:
             "is missing",
             "give what one GPU-hour of this pool costs you (there are no default prices)",
         )
-    _positive(cfg.price_per_gpu_hour, f"{path}.price_per_gpu_hour", "price")
     intra = gpu.link_gb_per_s if cfg.intra_machine_gb_per_s is None else cfg.intra_machine_gb_per_s
-    _positive(intra, f"{path}.intra_machine_gb_per_s", "bandwidth in GB/s")
-    _positive(cfg.inter_machine_gb_per_s, f"{path}.inter_machine_gb_per_s", "bandwidth in GB/s")
     return Pool(
         name=cfg.name,
         gpu=gpu,
@@ -142,7 +146,6 @@ def build_cluster(cfg: ClusterConfig, catalog: GpuCatalog, path: str = "hex.clus
         raise HexError(
             f"{path}.pools", f"host {duplicated[0]!r} is in two pools", "put each machine in one pool"
         )
-    _positive(cfg.cross_pool_gb_per_s, f"{path}.cross_pool_gb_per_s", "bandwidth in GB/s")
     links: dict[tuple[str, str], float] = {}
     for i, link in enumerate(cfg.links):
         lpath = f"{path}.links[{i}]"
@@ -153,6 +156,7 @@ def build_cluster(cfg: ClusterConfig, catalog: GpuCatalog, path: str = "hex.clus
                 raise HexError(
                     f"{lpath}.pools", f"unknown pool {name!r}", f"use one of {', '.join(sorted(seen))}"
                 )
-        _positive(link.gb_per_s, f"{lpath}.gb_per_s", "bandwidth in GB/s")
+        if link.gb_per_s is None:
+            raise HexError(f"{lpath}.gb_per_s", "is missing", "give the link's bandwidth in GB/s")
         links[tuple(sorted(link.pools))] = link.gb_per_s
     return Cluster(pools=pools, cross_pool_gb_per_s=cfg.cross_pool_gb_per_s, links=links)

@@ -3,6 +3,10 @@
 The same classes serve both readers: the core loads them with omegaconf (no areal import), and the integration
 side nests :class:`HexConfig` in ``HexGRPOConfig(GRPOConfig)`` so upstream's ``load_expr_config`` loads the very same
 recipe. Units: bandwidths in GB/s (1e9 bytes/s) per direction, prices in $ per GPU-hour, times in seconds.
+
+Each field's metadata holds its help, its choices and its sane range (``specs/typed.py`` checks them where the
+recipe enters). The ranges are what a real cluster can have, generously: a value outside one is a typo or a unit
+mistake, and would otherwise reach the solver as an overflow or an endless search.
 """
 
 from __future__ import annotations
@@ -10,50 +14,66 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.specs.typed import above, between, scalar, spec
+
+# A GPU link or network between machines: NVLink 5 is 900 GB/s per direction; 10 TB/s leaves room.
+BANDWIDTH = above(0, 10_000, "GB/s")
+# A whole number of seconds, from a moment to a day.
+SECONDS = above(0, 86_400, "s")
 
 
 @dataclass
 class GpuTypeConfig:
     """Override catalog figures of a GPU type, or describe a new one (then all four are needed)."""
 
-    tflops_bf16: float | None = None
-    hbm_gb: float | None = None
-    hbm_tb_per_s: float | None = None
-    link_gb_per_s: float | None = None
+    tflops_bf16: float | None = spec(None, "dense BF16 TFLOPS", above(0, 100_000, "TFLOPS"))
+    hbm_gb: float | None = spec(None, "HBM capacity", above(0, 10_000, "GB"))
+    hbm_tb_per_s: float | None = spec(None, "HBM bandwidth", above(0, 1_000, "TB/s"))
+    link_gb_per_s: float | None = spec(None, "GPU link bandwidth per direction", BANDWIDTH)
 
 
 @dataclass
 class PoolConfig:
     """A pool of identical machines."""
 
-    name: str = ""
-    gpu_type: str = ""
-    gpus_per_machine: int = 8
-    # Either a machine count or the host names (then the count is their number).
-    machines: int | None = None
-    hosts: list[str] = field(default_factory=list)
+    name: str = spec("", "pool name: letters, digits, - and _")
+    gpu_type: str = spec("", "a GPU type of the catalog or of hex.gpu_catalog")
+    # Up to a 72-GPU NVLink rack counted as one machine.
+    gpus_per_machine: int = spec(8, "GPUs in one machine", between(1, 72))
+    machines: int | None = spec(
+        None, "the machine count; or list the hosts (then the count is their number)", between(1, 4096)
+    )
+    hosts: list[str] = spec(help="host names, one per machine", default_factory=list)
     # User input: prices differ by provider and contract, so there is no default.
-    price_per_gpu_hour: float | None = None
-    # GPU-to-GPU bandwidth inside one machine; None takes the catalog's link figure.
-    intra_machine_gb_per_s: float | None = None
-    # Machine-to-machine bandwidth inside the pool (100 GbE = 12.5 GB/s).
-    inter_machine_gb_per_s: float = 12.5
+    price_per_gpu_hour: float | None = spec(None, "what one GPU-hour costs you", above(0, 1_000, "$"))
+    intra_machine_gb_per_s: float | None = spec(
+        None, "GPU-to-GPU bandwidth inside one machine; null takes the catalog's link figure", BANDWIDTH
+    )
+    inter_machine_gb_per_s: float = spec(
+        12.5, "machine-to-machine bandwidth inside the pool (100 GbE = 12.5 GB/s)", BANDWIDTH
+    )
 
 
 @dataclass
 class LinkConfig:
     """Bandwidth between two pools, overriding ``cluster.cross_pool_gb_per_s`` for that pair."""
 
-    pools: list[str] = field(default_factory=list)
-    gb_per_s: float = 0.0
+    pools: list[str] = spec(help="the two pools this link joins", default_factory=list)
+    gb_per_s: float | None = spec(None, "machine-to-machine bandwidth between the two pools", BANDWIDTH)
 
 
 @dataclass
 class ClusterConfig:
     pools: list[PoolConfig] = field(default_factory=list)
-    # Default machine-to-machine bandwidth between different pools (the paper's H800<->H20 figure).
-    cross_pool_gb_per_s: float = 1.5
+    cross_pool_gb_per_s: float = spec(
+        1.5,
+        "default machine-to-machine bandwidth between different pools (the paper's H800<->H20)",
+        BANDWIDTH,
+    )
     links: list[LinkConfig] = field(default_factory=list)
+
+
+LENGTH_KINDS = ("lognormal", "file")
 
 
 @dataclass
@@ -64,118 +84,141 @@ class OutputLengthConfig:
     ``file``: profiled lengths, one integer per line (or a JSON list), at ``path``.
     """
 
-    kind: str = "lognormal"
-    mean_tokens: float | None = None
-    sigma: float = 0.8
-    path: str | None = None
+    kind: str = spec("lognormal", "output-length distribution", choices=LENGTH_KINDS)
+    mean_tokens: float | None = spec(None, "mean generated tokens per sample", above(0, 10_000_000, "tokens"))
+    sigma: float = spec(0.8, "log-space sigma; typical long-CoT tails: 0.5 to 1.2", above(0, 3))
+    path: str | None = spec(None, "file of profiled lengths (kind: file)")
 
 
 @dataclass
 class WorkloadConfig:
-    # A built-in model name or a local HF model directory / config.json; None takes ``actor.path``.
-    model: str | None = None
-    # Mean prompt length in tokens; None takes half of ``train_dataset.max_length`` (or 512).
-    prompt_tokens: int | None = None
+    model: str | None = spec(
+        None, "a built-in model name or a local HF model directory / config.json; null takes actor.path"
+    )
+    prompt_tokens: int | None = spec(
+        None,
+        "mean prompt length; null takes half of train_dataset.max_length (or 512)",
+        between(1, 10_000_000, "tokens"),
+    )
     output_lengths: OutputLengthConfig = field(default_factory=OutputLengthConfig)
-    # Reward: CPU-seconds per sample spread over reward_cpus cores (rule-based math: about 0).
-    reward_cpu_s_per_sample: float = 0.0
-    reward_cpus: int = 16
+    reward_cpu_s_per_sample: float = spec(
+        0.0, "reward CPU-seconds per sample (rule-based math: about 0)", between(0, 86_400, "s")
+    )
+    reward_cpus: int = spec(16, "CPU cores scoring rewards", between(1, 65_536))
 
 
 @dataclass
 class ObjectiveConfig:
     """What to optimise. Neither set: max tokens/s on the whole inventory."""
 
-    # Max tokens/s under this $/h, choosing which machines of the inventory to use.
-    budget_per_hour: float | None = None
-    # Min $/h reaching this tokens/s.
-    target_tokens_per_s: float | None = None
+    budget_per_hour: float | None = spec(
+        None, "max tokens/s under this $/h, choosing which machines to use", above(0, 10_000_000, "$/h")
+    )
+    target_tokens_per_s: float | None = spec(
+        None, "min $/h reaching this tokens/s", above(0, 1e10, "tokens/s")
+    )
 
 
 @dataclass
 class SolverConfig:
-    time_limit_s: float = 60.0
-    num_workers: int = 2
-    seed: int = 0
-    # Stop the repartition loop once max(C_T, C_I) is stable for this many iterations (the paper's K).
-    stable_iterations: int = 20
-    max_pp_stages: int = 4
-    # [tp, pp]: every rollout replica uses this one layout (upstream runs all rollout servers alike); empty: free.
-    rollout_layout: list[int] = field(default_factory=list)
+    time_limit_s: float = spec(60.0, "time limit of each CP-SAT solve", SECONDS)
+    num_workers: int = spec(2, "CP-SAT search workers", between(1, 256))
+    # CP-SAT's random_seed is a 32-bit integer.
+    seed: int = spec(0, "CP-SAT random seed", between(0, 2**31 - 1))
+    stable_iterations: int = spec(
+        20,
+        "stop the repartition loop once max(C_T, C_I) is stable this many iterations (K)",
+        between(1, 1_000),
+    )
+    max_pp_stages: int = spec(4, "most pipeline stages of the training layout", between(1, 16))
+    rollout_layout: list[int] = spec(
+        help="[tp, pp]: every rollout replica uses this layout; empty: free",
+        range=between(1, 72),
+        default_factory=list,
+    )
 
 
 @dataclass
 class GpuEfficiencyConfig:
     """Calibration factors of one GPU type (each in (0, 1]); unset ones keep the profile's or the default."""
 
-    train_mfu: float | None = None
-    infer_mfu: float | None = None
-    hbm_fraction: float | None = None
-    link_efficiency: float | None = None
+    train_mfu: float | None = spec(None, "training model FLOPs utilisation", above(0, 1))
+    infer_mfu: float | None = spec(None, "fraction of peak FLOPS of compute-bound inference", above(0, 1))
+    hbm_fraction: float | None = spec(None, "fraction of the HBM bandwidth decode sustains", above(0, 1))
+    link_efficiency: float | None = spec(None, "fraction of the GPU link NCCL achieves", above(0, 1))
 
 
 @dataclass
 class CalibrationConfig:
     """Cost-model efficiency factors: defaults, then a profile JSON (``areal-hex profile``), then these."""
 
-    profile: str | None = None
+    profile: str | None = spec(None, "a profile JSON written by areal-hex profile")
     gpu_types: dict[str, GpuEfficiencyConfig] = field(default_factory=dict)
 
 
 ROUTING_POLICIES = ("shares", "least_outstanding")
+TRANSPORTS = ("relay", "upstream")
 # The relay transport's choices; areal_hex_plugin.transport checks against these same tuples.
 RELAY_BACKENDS = ("tcp", "gloo", "nccl")
 RELAY_ON_FAILURE = ("reroute", "fail")
-
-
-def check_relay_sender(
-    backend: str, on_failure: str, timeout_s: float, chunk_bytes: float, max_resends: int
-) -> None:
-    """Refuse sender options no relay can run with, naming the ``hex.relay`` field (the recipe reader and the
-    transport's SenderConfig both call this)."""
-    for name, value, allowed in (
-        ("backend", backend, RELAY_BACKENDS),
-        ("on_failure", on_failure, RELAY_ON_FAILURE),
-    ):
-        if value not in allowed:
-            raise HexError(
-                f"hex.relay.{name}", f"unknown value {value!r}", f"use one of {', '.join(allowed)}"
-            )
-    if timeout_s <= 0:
-        raise HexError("hex.relay.timeout_s", f"must be positive, got {timeout_s}", "e.g. 30 (seconds)")
-    if chunk_bytes <= 0:
-        raise HexError(
-            "hex.relay.chunk_mb", f"must be positive, got {chunk_bytes / 2**20:g} MiB", "e.g. 4 (MiB)"
-        )
-    if max_resends < 0:
-        raise HexError(
-            "hex.relay.max_resends", f"must be >= 0, got {max_resends}", "e.g. 3; 0 never re-sends"
-        )
 
 
 @dataclass
 class RelayConfig:
     """Options of the relay weight transport (used when ``transport: relay``)."""
 
-    # Payload link between neighbours on a route: "tcp" (works anywhere), "gloo", or "nccl" (CUDA on both ends).
-    backend: str = "tcp"
-    # A replica silent for this long, or a link that stops moving, counts as dead (sender and receivers).
-    timeout_s: float = 30.0
-    # Payload chunk in MiB: the unit each replica forwards down its chain as soon as it arrives.
-    chunk_mb: int = 4
-    # When a replica dies: "reroute" (drop it; the next one in its pool relays) or "fail" (abort everywhere).
-    on_failure: str = "reroute"
-    # Re-sends of a bucket that keeps failing its checksum at one replica before that replica counts as dead.
-    max_resends: int = 3
-    # The update fails when fewer than this fraction of replicas committed (the rest keep their old version).
-    min_committed_fraction: float = 1.0
-    # Peer addresses a receiver accepts; empty: any peer that proves AREAL_HEX_TRANSPORT_TOKEN.
-    allowed_hosts: list[str] = field(default_factory=list)
-    # Interface the receivers listen on (e.g. "ib0"), resolved to its IPv4 address on each rollout worker;
-    # None: the worker's own address.
-    bind_interface: str | None = None
-    # Node-local directory a verified version is written to for SGLang to load (memory-backed by default).
-    stage_dir: str = "/dev/shm/areal-hex"
+    backend: str = spec(
+        "tcp", "payload link: tcp (works anywhere), gloo, or nccl (CUDA on both ends)", choices=RELAY_BACKENDS
+    )
+    timeout_s: float = spec(
+        30.0, "a replica silent this long, or a link that stops moving, counts as dead", SECONDS
+    )
+    chunk_mb: int = spec(4, "payload chunk each replica forwards down its chain", between(1, 1024, "MiB"))
+    on_failure: str = spec(
+        "reroute", "when a replica dies: reroute around it, or fail the update", choices=RELAY_ON_FAILURE
+    )
+    max_resends: int = spec(
+        3,
+        "re-sends of a corrupted bucket before that replica counts as dead; 0 never re-sends",
+        between(0, 100),
+    )
+    min_committed_fraction: float = spec(
+        1.0, "the update fails when fewer replicas than this fraction committed", above(0, 1)
+    )
+    allowed_hosts: list[str] = spec(
+        help="peer addresses a receiver accepts; empty: any peer proving AREAL_HEX_TRANSPORT_TOKEN",
+        default_factory=list,
+    )
+    bind_interface: str | None = spec(
+        None, "interface the receivers listen on (e.g. ib0); null: the worker's own address"
+    )
+    stage_dir: str = spec(
+        "/dev/shm/areal-hex", "node-local directory a verified version is written to for SGLang to load"
+    )
+
+
+def check_relay_sender(
+    backend: str, on_failure: str, timeout_s: float, chunk_bytes: float, max_resends: int
+) -> None:
+    """Refuse sender options no relay can run with, naming the ``hex.relay`` field (the recipe reader and the
+    transport's SenderConfig both call this), by :class:`RelayConfig`'s own metadata."""
+    meta = {f: RelayConfig.__dataclass_fields__[f].metadata for f in RelayConfig.__dataclass_fields__}
+    scalar(str, backend, "hex.relay.backend", meta["backend"])
+    scalar(str, on_failure, "hex.relay.on_failure", meta["on_failure"])
+    scalar(float, timeout_s, "hex.relay.timeout_s", meta["timeout_s"])
+    # The recipe gives whole MiB (checked by its range); the transport's tests use smaller chunks.
+    limit = meta["chunk_mb"]["range"].high * 2**20
+    if (
+        isinstance(chunk_bytes, bool)
+        or not isinstance(chunk_bytes, int | float)
+        or not 0 < chunk_bytes <= limit
+    ):
+        raise HexError(
+            "hex.relay.chunk_mb",
+            f"must be in (0, {limit / 2**20:g}] MiB, got {chunk_bytes!r} bytes",
+            "e.g. 4 (MiB)",
+        )
+    scalar(int, max_resends, "hex.relay.max_resends", meta["max_resends"])
 
 
 @dataclass
@@ -186,13 +229,17 @@ class HexConfig:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     solver: SolverConfig = field(default_factory=SolverConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
-    # Weight transport between GPU types: "relay" (ours) or "upstream" (AReaL's own xccl/disk path).
-    transport: str = "relay"
+    transport: str = spec(
+        "relay",
+        "weight transport between GPU types: relay (ours) or upstream (xccl/disk)",
+        choices=TRANSPORTS,
+    )
     relay: RelayConfig = field(default_factory=RelayConfig)
-    # How the rollout controller picks a server: "shares" (weighted round-robin by the plan's shares) or
-    # "least_outstanding" (fewest requests in flight per unit of share; adapts when a server runs slow).
-    routing: str = "shares"
-    # Load this saved plan instead of solving at start.
-    plan_path: str | None = None
-    # Print the rewritten upstream config and the placement, then exit.
-    dry_run: bool = False
+    routing: str = spec(
+        "shares",
+        "how the rollout controller picks a server: shares (weighted round-robin by the plan's shares) or "
+        "least_outstanding (fewest requests in flight per unit of share)",
+        choices=ROUTING_POLICIES,
+    )
+    plan_path: str | None = spec(None, "load this saved plan instead of solving at start")
+    dry_run: bool = spec(False, "print the rewritten upstream config and the placement, then exit")

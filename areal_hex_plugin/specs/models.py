@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.specs.typed import between
 
 
 @dataclass(frozen=True)
@@ -92,30 +93,42 @@ _FOLDED = {name.lower(): shape for name, shape in BUILTIN_MODELS.items()}
 _QKV_BIAS_TYPES = {"qwen2"}
 
 
+# The config.json fields a shape needs, with the ranges a real dense decoder has (generously).
+_HF_FIELDS = {
+    "num_hidden_layers": ("layers", between(1, 1_024)),
+    "hidden_size": ("hidden", between(1, 1_000_000)),
+    "num_attention_heads": ("heads", between(1, 10_000)),
+    "intermediate_size": ("ffn", between(1, 10_000_000)),
+    "vocab_size": ("vocab", between(1, 100_000_000)),
+}
+
+
 def from_hf_config(config: dict, name: str, source: str) -> ModelShape:
     """A shape from the fields of an HF ``config.json`` (dense decoder models)."""
-    required = {
-        "num_hidden_layers": "layers",
-        "hidden_size": "hidden",
-        "num_attention_heads": "heads",
-        "intermediate_size": "ffn",
-        "vocab_size": "vocab",
-    }
     values = {}
-    for key, attr in required.items():
+    for key, (attr, allowed) in _HF_FIELDS.items():
         value = config.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        if not isinstance(value, int) or isinstance(value, bool) or value not in allowed:
             raise HexError(
-                source, f"config.json has no positive integer {key!r}", "point at a dense decoder model"
+                source,
+                f"config.json has no {key!r} that is a whole number in {allowed}",
+                "point at a dense decoder model",
             )
         values[attr] = value
-    kv_heads = config.get("num_key_value_heads") or values["heads"]
+    optional = {"num_key_value_heads": values["heads"], "head_dim": 0}
+    for key in optional:
+        value = config.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value not in between(0, 100_000):
+            raise HexError(source, f"config.json's {key!r} is {value!r}", "point at a dense decoder model")
+        optional[key] = value or optional[key]
     bias = bool(config.get("attention_bias", config.get("model_type") in _QKV_BIAS_TYPES))
     return ModelShape(
         name=name,
-        kv_heads=int(kv_heads),
+        kv_heads=optional["num_key_value_heads"],
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        head_dim=int(config.get("head_dim") or 0),
+        head_dim=optional["head_dim"],
         qkv_bias=bias,
         **values,
     )
@@ -124,11 +137,15 @@ def from_hf_config(config: dict, name: str, source: str) -> ModelShape:
 def resolve_model(spec: str, field_path: str) -> ModelShape:
     """A model shape from a local HF directory / config.json, or a built-in name (an HF id's last part works)."""
     path = Path(spec).expanduser()
-    config_file = path / "config.json" if path.is_dir() else path
-    if config_file.is_file():
+    try:
+        config_file = path / "config.json" if path.is_dir() else path
+        local = config_file.is_file()
+    except OSError:  # a name too long for a file name, or a path this user cannot see into
+        local = False
+    if local:
         try:
             config = json.loads(config_file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise HexError(
                 field_path, f"cannot read {config_file}: {exc}", "point at a readable HF config.json"
             ) from None
@@ -139,9 +156,10 @@ def resolve_model(spec: str, field_path: str) -> ModelShape:
     # Fine-tuned variants share the base shape: Qwen2.5-7B-Instruct, Llama-3.1-8B-Instruct, ...
     shape = _FOLDED.get(base) or _FOLDED.get(re.sub(r"-(instruct|chat|base|it)$", "", base))
     if shape is None:
+        shown = spec if len(spec) <= 80 else spec[:77] + "..."
         raise HexError(
             field_path,
-            f"model {spec!r} is neither a local HF model directory nor a built-in model",
+            f"model {shown!r} is neither a local HF model directory nor a built-in model",
             f"give a directory with config.json, or set hex.workload.model to one of {', '.join(BUILTIN_MODELS)}",
         )
     return shape

@@ -10,14 +10,63 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any
 
 from areal_hex_plugin.errors import HexError
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
+# The longest string any field takes (a path, a host, a model name): longer is a mistake, and a file name
+# that long makes the OS fail.
+MAX_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a number may take: ``low`` to ``high`` inclusive, or above ``low`` when ``open_low``."""
+
+    low: float
+    high: float
+    open_low: bool = False
+    unit: str = ""
+
+    def __contains__(self, value: float) -> bool:
+        return (self.low < value if self.open_low else self.low <= value) and value <= self.high
+
+    def __str__(self) -> str:
+        low, high = (f"{v:,}" if isinstance(v, int) else f"{v:g}" for v in (self.low, self.high))
+        return f"{'(' if self.open_low else '['}{low}, {high}]" + (f" {self.unit}" if self.unit else "")
+
+
+def spec(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    range: Range | None = None,
+    choices: tuple[str, ...] = (),
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A dataclass field with its help, sane range or choices in ``metadata`` (checked by :func:`build`)."""
+    metadata = {"help": help, "range": range, "choices": choices}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def between(low: float, high: float, unit: str = "") -> Range:
+    return Range(low, high, False, unit)
+
+
+def above(low: float, high: float, unit: str = "") -> Range:
+    return Range(low, high, True, unit)
+
+
+def choices_of(cls: type, name: str) -> tuple[str, ...]:
+    """The ``choices`` written in the metadata of field ``name`` of dataclass ``cls``."""
+    return next(f.metadata["choices"] for f in dataclasses.fields(cls) if f.name == name)
 
 
 def build(cls: type, data: Any, path: str, strict: bool = False) -> Any:
@@ -42,17 +91,23 @@ def build(cls: type, data: Any, path: str, strict: bool = False) -> Any:
             and f.default_factory is dataclasses.MISSING
         ):
             raise HexError(f"{path}.{f.name}", "is missing", f"give {path}.{f.name}")
-    return cls(**{key: _convert(hints[key], value, f"{path}.{key}", strict) for key, value in data.items()})
+    meta = {f.name: f.metadata for f in dataclasses.fields(cls)}
+    return cls(
+        **{
+            key: _convert(hints[key], value, f"{path}.{key}", strict, meta[key])
+            for key, value in data.items()
+        }
+    )
 
 
-def _convert(hint: Any, value: Any, path: str, strict: bool) -> Any:
+def _convert(hint: Any, value: Any, path: str, strict: bool, meta: Any = None) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         (inner,) = [a for a in args if a is not type(None)]
-        return _convert(inner, value, path, strict)
+        return _convert(inner, value, path, strict, meta)
     if value is None:
         raise HexError(
             path, "must not be empty (null)", "give it a value or remove the key to take the default"
@@ -62,14 +117,48 @@ def _convert(hint: Any, value: Any, path: str, strict: bool) -> Any:
     if origin is list:
         if not isinstance(value, list):
             raise HexError(path, f"must be a list, got {_describe(value)}", f"write {path} as a YAML list")
-        return [_convert(args[0], item, f"{path}[{i}]", strict) for i, item in enumerate(value)]
+        return [_convert(args[0], item, f"{path}[{i}]", strict, meta) for i, item in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise HexError(
                 path, f"must be a mapping, got {_describe(value)}", f"write {path} as 'key: value' lines"
             )
-        return {str(k): _convert(args[1], v, f"{path}.{k}", strict) for k, v in value.items()}
-    return _scalar(hint, value, path, strict)
+        return {str(k): _convert(args[1], v, _key(k, path), strict, meta) for k, v in value.items()}
+    return scalar(hint, value, path, meta or {}, strict)
+
+
+def _key(key: Any, path: str) -> str:
+    if len(str(key)) > MAX_CHARS:
+        raise HexError(path, f"has a key of {len(str(key)):,} characters", f"keep keys under {MAX_CHARS}")
+    return f"{path}.{key}"
+
+
+def scalar(hint: type, value: Any, path: str, meta: Any = None, strict: bool = False) -> Any:
+    """``value`` as a ``hint`` (bool, int, float or str), checked against the field's ``meta``data."""
+    checked = _scalar(hint, value, path, strict)
+    _check_meta(checked, path, meta or {})
+    return checked
+
+
+def _check_meta(value: Any, path: str, meta: Any) -> None:
+    what = f" ({meta['help']})" if meta.get("help") else ""
+    if isinstance(value, str):
+        choices = meta.get("choices")
+        if choices and value not in choices:
+            raise HexError(path, f"unknown value {value!r}", f"use one of {', '.join(choices)}")
+        if len(value) > MAX_CHARS:
+            raise HexError(
+                path, f"is {len(value):,} characters long", f"give at most {MAX_CHARS} characters{what}"
+            )
+        return
+    if isinstance(value, bool):
+        return
+    kind = "a whole number" if isinstance(value, int) else "a number"
+    if isinstance(value, float) and not math.isfinite(value):
+        raise HexError(path, f"must be a finite number, got {value}", f"set {path} to {kind}{what}")
+    allowed = meta.get("range")
+    if allowed is not None and value not in allowed:
+        raise HexError(path, f"must be {kind} in {allowed}, got {value!r}", f"set {path} in that range{what}")
 
 
 def _scalar(hint: type, value: Any, path: str, strict: bool = False) -> Any:
@@ -83,7 +172,7 @@ def _scalar(hint: type, value: Any, path: str, strict: bool = False) -> Any:
     elif hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if not strict and isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        if not strict and isinstance(value, str) and value.strip().lstrip("+-").isdigit() and len(value) < 30:
             return int(value)
     elif hint is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -108,4 +197,5 @@ def _describe(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    return f"{type(value).__name__} {value!r}"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 80 else text[:77] + '...'}"

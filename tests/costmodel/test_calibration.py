@@ -15,7 +15,7 @@ from tests.costmodel.helpers import recipe
 @pytest.mark.parametrize(
     ("override", "words"),
     [
-        ("++hex.calibration.gpu_types.H20.infer_mfu=1.5", "must be a fraction in (0, 1]"),
+        ("++hex.calibration.gpu_types.H20.infer_mfu=1.5", "must be a number in (0, 1]"),
         ("++hex.calibration.gpu_types.Z9000.infer_mfu=0.5", "unknown GPU type 'Z9000'"),
         ("++hex.calibration.profile=/nonexistent/p.json", "cannot read"),
     ],

@@ -38,7 +38,7 @@ def test_upstream_defaults_match_the_core_reader():
     from areal.api.cli_args import GRPOConfig
 
     defaults = GRPOConfig.__dataclass_fields__
-    for key, (_, default) in UPSTREAM_FIELDS.items():
+    for key, (_, default, _meta) in UPSTREAM_FIELDS.items():
         section, name = key.split(".")
         section_default = defaults[section].default_factory()
         assert getattr(section_default, name) == default, key

@@ -103,3 +103,31 @@ def test_relay_without_a_token_exits_2_before_any_worker(tmp_path: Path, monkeyp
     assert main(_argv(REPO / "recipes/paper/1.5b.yaml", tmp_path)) == 2
     assert "AREAL_HEX_TRANSPORT_TOKEN: missing" in capsys.readouterr().err
     assert not list(tmp_path.rglob("*.log"))
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda p: p["machines"][0]["gpus"][0].update(gpu=999), "plan.machines[0].gpus[0].gpu"),
+        (lambda p: p["train"]["stages"][0].update(layers=1000), "plan.train.stages"),
+        (lambda p: p["machines"][0].update(host="ghost-host"), "plan.machines[0].host"),
+        (lambda p: p["rollout"]["replicas"][0].update(pool="ghost-pool"), "plan.rollout.replicas[0].pool"),
+        (
+            lambda p: p["staleness"].update(max_concurrent_rollouts=0, max_head_offpolicyness=-1),
+            "plan.staleness.max_head_offpolicyness",
+        ),
+    ],
+    ids=["gpu-999", "layers-1000", "ghost-host", "ghost-pool", "staleness"],
+)
+def test_dry_run_refuses_a_plan_that_does_not_fit_the_recipe(edit, field, tmp_path: Path, capsys) -> None:
+    """Issue 16: the dry run printed these plans into the upstream config and exited 0."""
+    import json
+
+    recipe = REPO / "recipes/paper/1.5b.yaml"
+    plan = json.loads(_save_plan(recipe, tmp_path / "plan.json").read_text())
+    edit(plan)
+    (tmp_path / "bad.json").write_text(json.dumps(plan))
+    assert main(_argv(recipe, tmp_path, "hex.dry_run=true", f"hex.plan_path={tmp_path / 'bad.json'}")) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"error: {field}") and "fix:" in captured.err, captured.err
+    assert "# Placement" not in captured.out

@@ -6,18 +6,14 @@ from dataclasses import replace
 
 import pytest
 
-from areal_hex_plugin.areal.placement import (
-    check_plan_fits_cluster,
-    check_plan_fits_inventory,
-    node_local,
-    placement_from_plan,
-)
+from areal_hex_plugin.areal.placement import check_plan_fits_inventory, node_local, placement_from_plan
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.inventory import DiscoveredPool
-from areal_hex_plugin.plan import ReplicaGroup
+from areal_hex_plugin.plan import ReplicaGroup, check_plan_fits
 from areal_hex_plugin.specs.catalog import build_catalog
 from areal_hex_plugin.specs.cluster import build_cluster
 from areal_hex_plugin.specs.config import ClusterConfig, PoolConfig
+from areal_hex_plugin.specs.models import BUILTIN_MODELS
 from tests.integration.plans import two_type_plan
 
 
@@ -79,7 +75,7 @@ def test_mixed_rollout_tp_is_refused_with_the_fix() -> None:
 
 
 def test_plan_fits_its_cluster() -> None:
-    check_plan_fits_cluster(two_type_plan(), _cluster())
+    check_plan_fits(two_type_plan(), _cluster(), BUILTIN_MODELS["Qwen2.5-0.5B"])
 
 
 @pytest.mark.parametrize(
@@ -91,7 +87,7 @@ def test_plan_fits_its_cluster() -> None:
 )
 def test_stale_plan_is_refused(cluster_kwargs, message) -> None:
     with pytest.raises(HexError, match=message):
-        check_plan_fits_cluster(two_type_plan(), _cluster(**cluster_kwargs))
+        check_plan_fits(two_type_plan(), _cluster(**cluster_kwargs), BUILTIN_MODELS["Qwen2.5-0.5B"])
 
 
 def test_live_inventory_missing_type_or_machines_is_refused() -> None:

@@ -70,13 +70,22 @@ def test_simulate_with_a_saved_plan_writes_json_and_timelines(planned, tmp_path,
     assert "simulated" in capsys.readouterr().out
 
 
-def test_a_plan_for_another_cluster_exits_2_naming_the_replica_group(planned, tmp_path, capsys):
+def test_a_plan_for_another_cluster_exits_2_naming_the_pool(planned, tmp_path, capsys):
     _, plan = planned
     plan_file = plan.save(tmp_path / "plan.json")
     other = REPO / "recipes" / "mixes" / "a100_l40s_qwen2.5-7b.yaml"
-    assert main(["simulate", str(other), "--plan", str(plan_file), "--steps", "2"]) == 2
+    same_model = "actor.path=deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
+    assert main(["simulate", str(other), same_model, "--plan", str(plan_file), "--steps", "2"]) == 2
     err = capsys.readouterr().err
-    assert "plan.rollout.replicas[0]" in err and "unknown pool" in err
+    assert err.startswith("error: plan.train.stages[0].pool: the plan uses pool 'h800'"), err
+
+
+def test_a_plan_for_another_model_exits_2(planned, tmp_path, capsys):
+    _, plan = planned
+    plan_file = plan.save(tmp_path / "plan.json")
+    other = REPO / "recipes" / "paper" / "7b.yaml"
+    assert main(["simulate", str(other), "--plan", str(plan_file), "--steps", "2"]) == 2
+    assert "made for model DeepSeek-R1-Distill-Qwen-1.5B" in capsys.readouterr().err
 
 
 def test_without_kv_recompute_no_slower(planned, tmp_path):

@@ -1,0 +1,137 @@
+"""Issue 16: every number of a recipe is checked where it enters (type, finite, within the range written next to
+its field), and each example of the mutation run ends in exit 2 with one message naming the field and the fix."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+
+from areal_hex_plugin.cli import main
+from areal_hex_plugin.specs import config as hex_config
+from areal_hex_plugin.specs.recipe import UPSTREAM_FIELDS
+from tests.conftest import REPO
+
+RECIPE = str(REPO / "recipes/paper/7b.yaml")
+P0 = "hex.cluster.pools.0"
+
+# (id, overrides, the field the message must name)
+REFUSED = [
+    ("mean-nan", ["hex.workload.output_lengths.mean_tokens=.nan"], "hex.workload.output_lengths.mean_tokens"),
+    ("cross-pool-nan", ["hex.cluster.cross_pool_gb_per_s=.nan"], "hex.cluster.cross_pool_gb_per_s"),
+    ("price-inf", [f"{P0}.price_per_gpu_hour=.inf"], "hex.cluster.pools[0].price_per_gpu_hour"),
+    ("relay-timeout-nan", ["hex.relay.timeout_s=.nan"], "hex.relay.timeout_s"),
+    ("time-limit-nan", ["hex.solver.time_limit_s=.nan"], "hex.solver.time_limit_s"),
+    ("machines-1e15", [f"{P0}.machines=1000000000000000"], "hex.cluster.pools[0].machines"),
+    (
+        "pp-stages-1e15",
+        ["+hex.solver.max_pp_stages=1000000000000000", "++hex.solver.time_limit_s=1"],
+        "hex.solver.max_pp_stages",
+    ),
+    ("price-1e15", [f"{P0}.price_per_gpu_hour=1.0e+15"], "hex.cluster.pools[0].price_per_gpu_hour"),
+    (
+        "gpus-per-machine-1e15",
+        [f"{P0}.gpus_per_machine=1000000000000000"],
+        "hex.cluster.pools[0].gpus_per_machine",
+    ),
+    ("budget-1e15", ["hex.objective.budget_per_hour=1.0e+15"], "hex.objective.budget_per_hour"),
+    ("seed-1e15", ["hex.solver.seed=1000000000000000"], "hex.solver.seed"),
+    ("workers-1e15", ["hex.solver.num_workers=1000000000000000"], "hex.solver.num_workers"),
+    ("reward-cpus-1e15", ["+hex.workload.reward_cpus=1000000000000000"], "hex.workload.reward_cpus"),
+    ("max-length-negative", ["train_dataset.max_length=-10"], "train_dataset.max_length"),
+    ("minibatches-negative", ["actor.ppo_n_minibatches=-2"], "actor.ppo_n_minibatches"),
+    ("empty-host", [f"+{P0}.hosts=['', 'n2']", f"~{P0}.machines"], "hex.cluster.pools[0].hosts[0]"),
+    ("host-with-space", [f"+{P0}.hosts=['n 1']", f"~{P0}.machines"], "hex.cluster.pools[0].hosts[0]"),
+    ("long-model-name", ["actor.path=" + "m" * 5000], "actor.path"),
+    ("long-unknown-model", ["actor.path=org/" + "m" * 300], "actor.path"),
+    ("sigma-nan", ["hex.workload.output_lengths.sigma=.nan"], "hex.workload.output_lengths.sigma"),
+    ("kl-inf", ["actor.kl_ctl=.inf"], "actor.kl_ctl"),
+    ("eta-huge", ["rollout.max_head_offpolicyness=1000000000"], "rollout.max_head_offpolicyness"),
+    (
+        "samples-per-step",
+        ["train_dataset.batch_size=65536", "gconfig.n_samples=1024"],
+        "train_dataset.batch_size",
+    ),
+    ("layout-zero", ["+hex.solver.rollout_layout=[0, 1]"], "hex.solver.rollout_layout[0]"),
+    ("chunk-huge", ["hex.relay.chunk_mb=1000000"], "hex.relay.chunk_mb"),
+    ("fraction-nan", ["hex.relay.min_committed_fraction=.nan"], "hex.relay.min_committed_fraction"),
+    ("gpu-figure-inf", ["+hex.gpu_catalog.H20.hbm_gb=.inf"], "hex.gpu_catalog.H20.hbm_gb"),
+    (
+        "factor-nan",
+        ["+hex.calibration.gpu_types.H20.train_mfu=.nan"],
+        "hex.calibration.gpu_types.H20.train_mfu",
+    ),
+    (
+        "link-missing-bandwidth",
+        ["+hex.cluster.links=[{pools: [h800, h20]}]"],
+        "hex.cluster.links[0].gb_per_s",
+    ),
+]
+
+# Valid values at the edges of their ranges are accepted.
+ACCEPTED = [
+    ("price-cents", [f"{P0}.price_per_gpu_hour=0.01"]),
+    ("seed-int32", ["hex.solver.seed=2147483647"]),
+    ("many-machines", ["hex.cluster.pools.1.machines=4096"]),
+    ("pp-stages-16", ["+hex.solver.max_pp_stages=16"]),
+    ("eta-zero", ["rollout.max_head_offpolicyness=0"]),
+    ("named-hosts", [f"+{P0}.hosts=[n1, 10.0.0.2, 'gpu-3.example.com']", f"~{P0}.machines"]),
+    ("short-prompt", ["train_dataset.max_length=1"]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "field"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_bad_number_exits_2_naming_the_field_and_the_fix(capsys, overrides, field):
+    assert main(["validate", RECIPE, *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {field}: "), err
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("  fix: "), err
+    assert len(err) < 600  # the bad value is shown, not echoed whole
+
+
+@pytest.mark.parametrize("overrides", [c[1] for c in ACCEPTED], ids=[c[0] for c in ACCEPTED])
+def test_valid_edge_values_are_accepted(capsys, overrides):
+    assert main(["validate", RECIPE, *overrides]) == 0, capsys.readouterr().err
+
+
+def test_the_mutation_runs_hang_is_refused_at_once():
+    """`plan` with max_pp_stages=1e15 ran past 70 s; it now stops before any search."""
+    assert (
+        main(["plan", RECIPE, "+hex.solver.max_pp_stages=1000000000000000", "++hex.solver.time_limit_s=1"])
+        == 2
+    )
+
+
+def _numeric_fields(cls, seen=None):
+    seen = seen if seen is not None else set()
+    if cls in seen:
+        return
+    seen.add(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        types = [hints[f.name], *typing.get_args(hints[f.name])]
+        types += [a for t in types for a in typing.get_args(t)]
+        for t in types:
+            if dataclasses.is_dataclass(t):
+                yield from _numeric_fields(t, seen)
+        if any(t in (int, float) for t in types):
+            yield cls, f
+
+
+def test_every_number_of_the_hex_section_has_a_range_its_default_keeps():
+    fields = list(_numeric_fields(hex_config.HexConfig))
+    assert len(fields) > 30
+    for cls, f in fields:
+        allowed = f.metadata.get("range")
+        assert allowed is not None and f.metadata.get("help"), f"{cls.__name__}.{f.name} has no range or help"
+        if f.default is not dataclasses.MISSING and f.default is not None:
+            assert f.default in allowed, f"{cls.__name__}.{f.name}'s default is outside {allowed}"
+
+
+def test_every_upstream_number_the_planner_reads_has_a_range():
+    for key, (kind, default, meta) in UPSTREAM_FIELDS.items():
+        if kind in (int, float):
+            assert meta.get("range") is not None, key
+            assert default is None or default in meta["range"], key
