@@ -95,3 +95,9 @@ def train_state_bytes(params: int, model: ModelShape, layers: int, dp: int, tp: 
     # FSDP unshards about two layers at a time (the current one and the prefetched next) in bf16.
     gathered = min(layers, 2) * model.params_per_layer * 2 / tp if dp > 1 else 0.0
     return sharded + gathered
+
+
+def megatron_state_bytes(params: int, model: ModelShape, layers: int, dp: int, tp: int) -> float:
+    """Per GPU under Megatron's distributed optimizer: bf16 parameters and fp32 gradients whole on every dp rank
+    (TP-split), fp32 master weights and Adam moments sharded over dp."""
+    return params / tp * (2 + 4 + (TRAIN_BYTES_PER_PARAM - 6) / dp)

@@ -3,8 +3,10 @@
 Each pipeline stage is ``dp x tp`` GPUs of one pool; layers go to stages in proportion to stage compute. A step
 trains on ``workload.tokens_per_step`` tokens: forward + backward + activation recompute (8 x params FLOPs per
 token plus attention), and ``rl.forward_passes`` extra forward passes for log-probs. FSDP gathers bf16 parameters
-twice and reduce-scatters fp32 gradients per micro-batch; that traffic overlaps compute, so a stage takes the
-larger of the two. Pipelines add the 1F1B bubble.
+twice and reduce-scatters fp32 gradients per micro-batch (upstream shards over one dp mesh, across machines too);
+a pipeline runs on Megatron, whose distributed optimizer reduce-scatters gradients and all-gathers parameters once
+per optimizer step. That traffic overlaps compute, so a stage takes the larger of the two. Pipelines add the 1F1B
+bubble; their dp replicas hand activations over in parallel, one link per machine.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from areal_hex_plugin.costmodel.links import between_stages, gpu_link, network
 from areal_hex_plugin.costmodel.memory import (
     GB,
     USABLE_HBM_FRACTION,
+    megatron_state_bytes,
     split_layers,
     stage_params,
     train_activation_bytes,
@@ -61,6 +64,10 @@ class TrainEstimate:
     @property
     def n_gpus(self) -> int:
         return sum(self.gpus.values())
+
+
+def _machines(stage: TrainStage, pool) -> int:
+    return -(-stage.n_gpus // pool.gpus_per_machine)
 
 
 def _infeasible(reason: str, gpus: dict[str, int], layers=(), memory=()) -> TrainEstimate:
@@ -111,9 +118,12 @@ def estimate_train(
     minibatches = max(1, rl.ppo_n_minibatches)
     forward_passes = rl.forward_passes
 
+    # Pipelines run on Megatron (FSDP has no pipeline parallelism); one stage is upstream's FSDP.
+    megatron = pp > 1
     memory: list[float] = []
     parts = {"compute": 0.0, "tp_comm": 0.0, "dp_comm": 0.0, "pp_comm": 0.0, "optimizer": 0.0}
     stage_times: list[float] = []
+    works: list[float] = []  # per stage: the per-micro-batch work of the whole step (compute and TP traffic)
     micro_per_minibatch = 1
     for i, (s, pool, eff, n, p) in enumerate(zip(stages, pools, effs, layers, params, strict=True)):
         last = i == pp - 1
@@ -143,9 +153,16 @@ def estimate_train(
             else:
                 bw = gpu_link(pool, calibration)
                 volume = p / s.tp * (s.dp - 1) / s.dp
-            per_micro = volume * (2 * 2 + 4) / bw  # two bf16 all-gathers + one fp32 reduce-scatter
-            per_forward = volume * 2 / bw
-            dp_comm = minibatches * micro * per_micro + forward_passes * minibatches * micro * per_forward
+            if megatron:
+                # Distributed optimizer: one fp32 gradient reduce-scatter and one bf16 parameter all-gather
+                # per optimizer step; parameters stay whole on each rank between steps.
+                dp_comm = minibatches * volume * (4 + 2) / bw
+            else:
+                # FSDP (upstream's 1-D dp mesh): two bf16 all-gathers and one fp32 reduce-scatter per
+                # micro-batch, one all-gather per micro-batch of each forward-only pass.
+                per_micro = volume * (2 * 2 + 4) / bw
+                per_forward = volume * 2 / bw
+                dp_comm = minibatches * micro * (per_micro + forward_passes * per_forward)
 
         optimizer = (
             minibatches
@@ -156,10 +173,11 @@ def estimate_train(
         )
         stage_time = max(compute + tp_comm, dp_comm) + optimizer
         stage_times.append(stage_time)
+        works.append(compute + tp_comm)
         if stage_time > (max(stage_times[:-1]) if i else 0.0):
             parts.update(compute=compute, tp_comm=tp_comm, dp_comm=dp_comm, optimizer=optimizer)
 
-        state = train_state_bytes(p, model, n, s.dp, s.tp)
+        state = (megatron_state_bytes if megatron else train_state_bytes)(p, model, n, s.dp, s.tp)
         in_flight = min(pp - i, micro) if pp > 1 else 1  # 1F1B keeps up to pp - i micro-batches' checkpoints
         acts = train_activation_bytes(model, n, mb_tokens, s.tp, last)
         acts += (in_flight - 1) * mb_tokens * model.hidden * 2 * n
@@ -169,12 +187,16 @@ def estimate_train(
     for i in range(pp - 1):
         same_machine = stages[i].n_gpus + stages[i + 1].n_gpus <= pools[i].gpus_per_machine
         link = between_stages(cluster, calibration, pools[i], pools[i + 1], same_machine)
+        if not same_machine:
+            # The dp pipeline replicas hand off in parallel, over every machine the narrower stage spans.
+            link *= min(_machines(stages[j], pools[j]) for j in (i, i + 1))
         # bf16 activations forward and their gradients backward, plus the forward-only passes' activations.
         volume = tokens * model.hidden * 2 * (2 + forward_passes)
         pp_comm = max(pp_comm, volume / link)
     slowest = max(stage_times)
-    # 1F1B flushes once per optimizer step: pp - 1 micro-batch slots idle per minibatch.
-    bubble = slowest * (pp - 1) / micro_per_minibatch
+    # 1F1B flushes once per optimizer step: pp - 1 micro-batch slots of the slowest stage's per-micro-batch
+    # work idle per minibatch (once-per-step traffic and the optimizer do not repeat per micro-batch).
+    bubble = max(works) * (pp - 1) / micro_per_minibatch
     step = max(slowest + bubble, pp_comm)
     parts.update(pp_comm=pp_comm, bubble=bubble)
 
