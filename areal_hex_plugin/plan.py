@@ -138,8 +138,9 @@ class SolverInfo:
     solve_time_s: float = spec(help="seconds the solver took", range=_SECONDS)
     status: str = spec(help="optimal | feasible | timeout | single_type")
     iterations: int = spec(help="repartition iterations", range=between(0, 1_000_000))
-    gap: float = spec(
-        help="relative gap to the best bound known (0 when proven optimal)", range=between(0, 1e9)
+    gap: float | None = spec(
+        help="proven relative gap to the optimum (0 when proven optimal; null when no bound is known)",
+        range=between(0, 1e9),
     )
     mode: str = "two_phase"  # two_phase | exhaustive
     window_steps: int = spec(1, "the δ(η) window the costs were averaged over", between(1, 1_000_000))

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import Baseline, HexPlan, Objective, ParetoPoint, Predicted, SolverInfo, Staleness
+from areal_hex_plugin.scheduler.bound import cost_bound, throughput_bound
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator, window_rollout_s
 from areal_hex_plugin.scheduler.explain import binding_constraint, pool_roles
 from areal_hex_plugin.scheduler.placement import place
-from areal_hex_plugin.scheduler.search import SearchResult, exhaustive, two_phase, upper_bound
+from areal_hex_plugin.scheduler.search import SearchResult, exhaustive, two_phase
 from areal_hex_plugin.scheduler.split import count_splits
 from areal_hex_plugin.scheduler.train_search import tp_degrees
 
@@ -125,7 +126,7 @@ class Planner:
             )
             best = chosen
         baselines["uniform"] = self._uniform_baseline(best)
-        gap = 0.0 if result.status == "optimal" else self._gap(best, result.window)
+        gap = 0.0 if result.status == "optimal" else self._gap(best)
         if best.c_t > best.c_i:
             warnings.append(
                 f"training is the bottleneck (C_T {best.c_t:.1f}s > C_I {best.c_i:.1f}s): rollout will wait at the "
@@ -193,10 +194,17 @@ class Planner:
             "add machines or GPUs with more memory, or choose a smaller model",
         )
 
-    def _gap(self, best: Evaluation, window: int) -> float:
-        bound = upper_bound(self.ev, self.limits, window)
+    def _gap(self, best: Evaluation) -> float | None:
+        """How far ``best`` may be from the optimum, proven by the relaxation of ``scheduler/bound.py``: on
+        tokens/s within the budget, or on $/h for a target; None when no finite bound is known."""
+        target = self.objective.target_tokens_per_s
+        if target is not None:
+            floor = cost_bound(self.ev, self.limits, target)
+            ok = math.isfinite(floor) and best.cost_per_hour > 0
+            return round(max(0.0, 1 - floor / best.cost_per_hour), 6) if ok else None
+        bound = throughput_bound(self.ev, self.limits, self.objective.budget_per_hour)
         if not math.isfinite(bound) or bound <= 0:
-            return 0.0
+            return None
         return round(max(0.0, 1 - self.tokens_per_s(best) / bound), 6)
 
     def _preferred(self, candidates: list[Evaluation]) -> Evaluation:

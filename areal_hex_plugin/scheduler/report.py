@@ -72,11 +72,16 @@ def describe_plan(plan: HexPlan) -> str:
     out += ["", f"Binding constraint: {plan.binding}", "Why each pool got its role:"]
     out += [f"  {pool}: {why}" for pool, why in plan.pool_roles.items()]
     s = plan.solver
-    gap = (
-        "optimal over the search space"
-        if s.status == "optimal"
-        else f"at most {100 * s.gap:.1f}% short of optimal (against a loose bound: all machines train and generate)"
-    )
+    if s.status == "optimal":
+        gap = "optimal over the search space"
+    elif s.gap is None:
+        gap = "no bound on the distance to the optimum is known"
+    else:
+        what = "$/h" if plan.objective.kind == "target" else "tokens/s"
+        gap = (
+            f"at most {100 * s.gap:.1f}% short of optimal in {what} (proven by a relaxation within the budget: "
+            "every GPU at its type's training MFU or best rollout tokens/s per GPU)"
+        )
     out.append(
         f"Solver: {s.mode}, {s.status} after {s.iterations} iterations in {s.solve_time_s:.2f}s, {gap}; "
         f"costs averaged over a {s.window_steps}-step window (eta={plan.staleness.max_head_offpolicyness})"

@@ -15,7 +15,6 @@ THROUGHPUT_TIE of the best is returned. Exhaustive mode scores every split with 
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from itertools import combinations
@@ -356,12 +355,3 @@ def exhaustive(
         return SearchResult(best, "optimal" if best else "infeasible", iterations, window)
 
     return _grow_window(ev, limits, budget, eta, deadline, search)
-
-
-def upper_bound(ev: Evaluator, limits: tuple[int, ...], window: int) -> float:
-    """A relaxation bound on tokens/s: every machine both trains and generates, and weight sync is free."""
-    rollout = ev.evaluate(Split(tuple(0 for _ in limits), limits), window).rollout_s
-    train = ev.train(limits)
-    if train is None or not math.isfinite(rollout):
-        return math.inf
-    return ev.tokens_per_step / max(rollout, train.step_time_s)
