@@ -8,7 +8,11 @@ import argparse
 def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", help="recipe YAML (an upstream AReaL GRPO config with a hex: section)")
     parser.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style overrides, e.g. hex.solver.seed=1"
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="Hydra overrides: key=value changes a key (e.g. gconfig.n_samples=8), +key=value adds one "
+        "(e.g. +hex.solver.seed=1), ++key=value does either, ~key deletes one",
     )
 
 

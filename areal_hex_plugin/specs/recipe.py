@@ -9,7 +9,6 @@ from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from areal_hex_plugin.costmodel.calibration import build_calibration
 from areal_hex_plugin.costmodel.memory import min_rollout_gpus, min_train_gpus
@@ -20,10 +19,9 @@ from areal_hex_plugin.specs.cluster import Cluster, build_cluster
 from areal_hex_plugin.specs.config import HexConfig, RelayConfig, check_relay_sender
 from areal_hex_plugin.specs.files import check_depth
 from areal_hex_plugin.specs.models import resolve_model
+from areal_hex_plugin.specs.overrides import apply_overrides
 from areal_hex_plugin.specs.typed import between
 from areal_hex_plugin.specs.workload import RLSettings, WorkloadSpec, build_lengths
-
-_ABSENT = object()
 
 # The upstream fields the planner reads: type, upstream AReaL 1.0.4's default (a test checks them against
 # areal.api.cli_args), and the field's help and sane range, checked where the recipe enters like the hex: fields.
@@ -118,56 +116,6 @@ def read_yaml(path: str | Path, what: str = "recipe") -> dict:
         )
     check_depth(loaded, what, "write a flat recipe like recipes/paper/7b.yaml")
     return loaded
-
-
-def apply_overrides(config: dict, overrides: list[str]) -> dict:
-    """Apply Hydra-style ``a.b=c``, ``+a.b=c``, ``++a.b=c`` and ``~a.b`` overrides, as upstream accepts them."""
-    cfg = OmegaConf.create(config)
-    for item in overrides:
-        if item.startswith("~"):
-            key = item[1:].split("=", 1)[0]
-            parent, _, leaf = key.rpartition(".")
-            node = OmegaConf.select(cfg, parent) if parent else cfg
-            if node is None or leaf not in node:
-                raise HexError(
-                    f"override {item!r}", f"there is no {key!r} to delete", "check the key's spelling"
-                )
-            del node[leaf]
-            continue
-        if "=" not in item:
-            raise HexError(
-                f"override {item!r}",
-                "is not key=value",
-                "write overrides as key=value, e.g. hex.solver.seed=1",
-            )
-        raw_key, value = item.split("=", 1)
-        key = raw_key.lstrip("+")
-        if not key:
-            raise HexError(f"override {item!r}", "has no key", "write overrides as key=value")
-        # Hydra's rules: a=b changes an existing key, +a=b adds a new one, ++a=b does either.
-        exists = OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT
-        if raw_key.startswith("+") and not raw_key.startswith("++") and exists:
-            raise HexError(f"override {item!r}", f"{key} is already in the recipe", f"write {key}={value}")
-        if not raw_key.startswith("+") and not exists:
-            raise HexError(
-                f"override {item!r}", f"{key} is not in the recipe", f"write +{key}={value} to add it"
-            )
-        try:
-            parsed = yaml.safe_load(value) if value else ""
-        except yaml.YAMLError:
-            parsed = value
-        try:
-            OmegaConf.update(cfg, key, parsed, force_add=True)
-        except OmegaConfBaseException as exc:
-            raise HexError(f"override {item!r}", str(exc).splitlines()[0], "check the key path") from None
-    try:
-        return OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException as exc:
-        raise HexError(
-            "recipe",
-            f"cannot resolve an interpolation: {str(exc).splitlines()[0]}",
-            "fix the ${...} reference",
-        ) from None
 
 
 def _upstream_values(config: dict) -> dict[str, Any]:
