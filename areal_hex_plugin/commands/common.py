@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
@@ -11,12 +12,17 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
         "overrides",
         nargs="*",
         metavar="KEY=VALUE",
-        help="Hydra overrides: key=value changes a key (e.g. gconfig.n_samples=8), +key=value adds one "
-        "(e.g. +hex.solver.seed=1), ++key=value does either, ~key deletes one",
+        help="Hydra overrides: key=value changes a key the recipe has (e.g. gconfig.n_samples=8), "
+        "+key=value adds one, ++key=value does either (e.g. ++hex.solver.seed=1), ~key deletes one",
     )
 
 
 def load_recipe_from_args(args: argparse.Namespace):
+    """The recipe; its warnings and result-changing defaults go to stderr (stdout may carry data)."""
+    from areal_hex_plugin.specs.advice import recipe_notes
     from areal_hex_plugin.specs.recipe import load_recipe
 
-    return load_recipe(args.recipe, args.overrides)
+    recipe = load_recipe(args.recipe, args.overrides)
+    for note in recipe_notes(recipe):
+        print(note, file=sys.stderr)
+    return recipe
