@@ -9,7 +9,6 @@ so short windows pay for integer sample counts and long ones approach the fluid 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field, replace
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
@@ -81,7 +80,6 @@ class Evaluator:
     solver: SolverConfig
     sync_strategy: str = "relay"
     exhaustive: bool = False
-    deadline: float = math.inf  # time.monotonic() after which CP-SAT gets only a token time limit
     _configs: dict[str, list[ReplicaConfig]] = field(default_factory=dict)
     _train: dict[tuple[int, ...], TrainChoice | None] = field(default_factory=dict)
     _pool_fleet: dict[tuple[str, int, float], RolloutSolution] = field(default_factory=dict)
@@ -196,11 +194,8 @@ class Evaluator:
         key = (pool_name, machines, max_recompute_s)
         if key not in self._pool_fleet:
             gpus = machines * self.cluster.pool(pool_name).gpus_per_machine
-            limit = max(0.05, min(self.solver.time_limit_s, self.deadline - time.monotonic()))
             configs = [c for c in self.replica_configs(pool_name) if c.recompute_s <= max_recompute_s]
-            self._pool_fleet[key] = solve_rollout(
-                configs, gpus, limit, self.solver.num_workers, self.solver.seed
-            )
+            self._pool_fleet[key] = solve_rollout(configs, gpus)
         return self._pool_fleet[key]
 
     def rollout_s(self, counts: tuple[int, ...], window: int) -> float:

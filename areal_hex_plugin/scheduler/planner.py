@@ -84,7 +84,6 @@ class Planner:
             self.solver,
             sync_strategy=strategy_for(recipe.hex.transport),
             exhaustive=request.exhaustive,
-            deadline=self.deadline,
         )
         if request.exhaustive and count_splits(self.limits) > EXHAUSTIVE_MAX_SPLITS:
             raise HexError(

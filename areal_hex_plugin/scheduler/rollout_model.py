@@ -1,21 +1,16 @@
-"""Phase 1b: the rollout integer program on CP-SAT, and the workload shares it implies.
+"""Phase 1b: the rollout replica program of one pool, solved exactly, and the workload shares it implies.
 
 The paper's makespan program (Eq. 2) is bilinear as printed; for fixed replica counts y the best assignment is
 x_psi proportional to y_psi * h_psi, so minimising the makespan is exactly maximising sum_psi y_psi * h_psi under
-the per-pool GPU counts (paper.md §2.4 note). Each replica stage runs TP inside one machine; the TP degrees
-offered form a divisibility chain of the machine size, so counting GPUs per pool is also an exact machine packing.
+the per-pool GPU counts (paper.md §2.4 note): an unbounded knapsack (see :func:`solve_rollout`). Each replica
+stage runs TP inside one machine; the TP degrees offered form a divisibility chain of the machine size, so
+counting GPUs per pool is also an exact machine packing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from ortools.sat.python import cp_model
-
-from areal_hex_plugin.scheduler.cpsat import found, solve_model
-
-# Throughputs are scaled to integers with this resolution relative to the fastest configuration.
-_RESOLUTION = 1_000_000
+from functools import cache
 
 
 @dataclass(frozen=True)
@@ -45,36 +40,47 @@ class RolloutSolution:
         return sum(y for _, y in self.counts)
 
 
-def solve_rollout(
-    configs: list[ReplicaConfig], gpus: int, time_limit_s: float, num_workers: int, seed: int
-) -> RolloutSolution:
-    """Replica counts of one pool's configurations maximising total generation speed on ``gpus`` GPUs."""
-    usable = [c for c in configs if c.gpus <= gpus]
+def solve_rollout(configs: list[ReplicaConfig], gpus: int) -> RolloutSolution:
+    """Replica counts of one pool's configurations maximising total generation speed on ``gpus`` GPUs (exact).
+
+    An unbounded knapsack solved by dynamic programming on a short prefix of the capacity: with psi* the shape of
+    best speed per GPU, some optimal fleet holds fewer than g(psi*) replicas of other shapes (among g(psi*) of
+    them, a nonempty set spans a multiple of g(psi*) GPUs and copies of psi* do no worse there), so those use
+    fewer than g(psi*) * max_psi g(psi) GPUs and copies of psi* fill the rest. The table over that prefix is
+    computed once per set of shapes, so a pool of thousands of replicas costs no more than one of a few.
+    """
+    usable = tuple(c for c in configs if c.gpus <= gpus)
     if not usable:
         return RolloutSolution((), 0.0, True)
-    model, counts = _build(usable, gpus)
-    solver, status = solve_model(model, time_limit_s, num_workers, seed)
-    return _read_back(solver, status, usable, counts)
+    star = max(usable, key=lambda c: (c.tokens_per_s / c.gpus, -c.gpus))
+    span = star.gpus * max(c.gpus for c in usable)
+    value, back = _prefix_table(usable, span)
+
+    def total(c: int) -> float:
+        return value[c] + (gpus - c) // star.gpus * star.tokens_per_s
+
+    prefix = max(range(min(gpus, span) + 1), key=lambda c: (total(c), -c))
+    counts: dict[ReplicaConfig, int] = {star: (gpus - prefix) // star.gpus}
+    c = prefix
+    while c > 0:
+        k, c = back[c]
+        if k >= 0:
+            counts[usable[k]] = counts.get(usable[k], 0) + 1
+    chosen = tuple((psi, counts[psi]) for psi in usable if counts.get(psi))
+    return RolloutSolution(chosen, sum(psi.tokens_per_s * y for psi, y in chosen), True)
 
 
-def _build(configs: list[ReplicaConfig], gpus: int) -> tuple[cp_model.CpModel, list[cp_model.IntVar]]:
-    model = cp_model.CpModel()
-    fastest = max(c.tokens_per_s for c in configs)
-    counts = [model.new_int_var(0, gpus // c.gpus, f"y_tp{c.tp}_pp{c.pp}") for c in configs]
-    model.add(sum(c.gpus * y for c, y in zip(configs, counts, strict=True)) <= gpus)
-    weights = [round(c.tokens_per_s / fastest * _RESOLUTION) for c in configs]
-    model.maximize(sum(w * y for w, y in zip(weights, counts, strict=True)))
-    return model, counts
-
-
-def _read_back(
-    solver: cp_model.CpSolver, status: int, configs: list[ReplicaConfig], counts: list
-) -> RolloutSolution:
-    if not found(status):
-        return RolloutSolution((), 0.0, False)
-    chosen = tuple((c, solver.value(y)) for c, y in zip(configs, counts, strict=True) if solver.value(y) > 0)
-    total = sum(c.tokens_per_s * y for c, y in chosen)
-    return RolloutSolution(chosen, total, status == cp_model.OPTIMAL)
+@cache
+def _prefix_table(configs: tuple[ReplicaConfig, ...], span: int) -> tuple[list[float], list[tuple[int, int]]]:
+    """Best speed on at most c GPUs for c = 0 .. span, and per c (shape added, or -1; the c it came from)."""
+    value: list[float] = [0.0] * (span + 1)
+    back: list[tuple[int, int]] = [(-1, 0)] * (span + 1)
+    for c in range(1, span + 1):
+        value[c], back[c] = value[c - 1], (-1, c - 1)
+        for k, psi in enumerate(configs):
+            if psi.gpus <= c and value[c - psi.gpus] + psi.tokens_per_s > value[c]:
+                value[c], back[c] = value[c - psi.gpus] + psi.tokens_per_s, (k, c - psi.gpus)
+    return value, back
 
 
 def largest_remainder(total: int, weights: list[float]) -> list[int]:

@@ -34,10 +34,32 @@ def brute_knapsack(configs: list[ReplicaConfig], gpus: int) -> float:
 def test_rollout_program_matches_brute_force(speeds, gpus):
     shapes = [(1, 1), (2, 1), (4, 1), (2, 2)]
     configs = [ReplicaConfig("p", tp, pp, h, 8) for (tp, pp), h in zip(shapes, speeds, strict=True)]
-    solution = solve_rollout(configs, gpus, 10.0, 1, 0)
+    solution = solve_rollout(configs, gpus)
     assert solution.optimal
     assert sum(c.gpus * y for c, y in solution.counts) <= gpus
     assert solution.tokens_per_s == pytest.approx(brute_knapsack(configs, gpus), rel=1e-5)
+
+
+def full_knapsack(configs: list[ReplicaConfig], gpus: int) -> float:
+    """Unbounded knapsack over every capacity up to ``gpus`` (the textbook table, no shortcut)."""
+    best = [0.0] * (gpus + 1)
+    for c in range(1, gpus + 1):
+        best[c] = max([best[c - 1]] + [best[c - x.gpus] + x.tokens_per_s for x in configs if x.gpus <= c])
+    return best[gpus]
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    speeds=st.lists(st.floats(min_value=10, max_value=5000), min_size=7, max_size=7),
+    gpus=st.integers(min_value=1, max_value=12_000),
+)
+def test_rollout_program_is_exact_at_thousands_of_replicas(speeds, gpus):
+    shapes = [(1, 1), (2, 1), (4, 1), (8, 1), (2, 3), (8, 4), (4, 3)]
+    configs = [ReplicaConfig("p", tp, pp, h, 8) for (tp, pp), h in zip(shapes, speeds, strict=True)]
+    solution = solve_rollout(configs, gpus)
+    assert sum(c.gpus * y for c, y in solution.counts) <= gpus
+    assert solution.tokens_per_s == pytest.approx(full_knapsack(configs, gpus), rel=1e-9)
+    assert solution.tokens_per_s == pytest.approx(sum(c.tokens_per_s * y for c, y in solution.counts))
 
 
 @given(
