@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from areal_hex_plugin import __version__
+from areal_hex_plugin.commands.common import NOTES
 from areal_hex_plugin.errors import HexError
 
 COMMANDS = ("validate", "inventory", "estimate", "plan", "profile", "simulate", "reproduce")
@@ -38,8 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    NOTES.clear()
     try:
-        return args.run(args)
+        code = args.run(args)
+        for note in NOTES:
+            print(note, file=sys.stderr)
+        return code
     except HexError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2

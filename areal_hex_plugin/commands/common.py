@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,12 +16,15 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# Warnings and result-changing defaults of the recipe a command loaded; ``cli.main`` prints them on stderr once
+# the command has succeeded (bad input stays one message).
+NOTES: list = []
+
+
 def load_recipe_from_args(args: argparse.Namespace):
-    """The recipe; its warnings and result-changing defaults go to stderr (stdout may carry data)."""
     from areal_hex_plugin.specs.advice import recipe_notes
     from areal_hex_plugin.specs.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
-    for note in recipe_notes(recipe):
-        print(note, file=sys.stderr)
+    NOTES.extend(recipe_notes(recipe))
     return recipe

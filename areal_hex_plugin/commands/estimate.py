@@ -104,8 +104,12 @@ def estimate(recipe) -> dict:
     }
 
 
-def _table(doc: dict) -> str:
-    from tabulate import tabulate
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _table(doc: dict, stream) -> str:
+    from areal_hex_plugin.tables import render_table
 
     rows = []
     for gpu_type, e in doc["per_gpu_type"].items():
@@ -124,12 +128,12 @@ def _table(doc: dict) -> str:
         rows.append(
             [
                 gpu_type,
-                e["rollout_tokens_per_s_per_gpu"],
+                f"{e['rollout_tokens_per_s_per_gpu']:,.0f}",
                 r_layout,
-                e["train_tokens_per_s_per_gpu"],
+                f"{e['train_tokens_per_s_per_gpu']:,.0f}",
                 t_layout,
-                e["rollout_usd_per_mtoken"],
-                e["train_usd_per_mtoken"],
+                _usd(e["rollout_usd_per_mtoken"]),
+                _usd(e["train_usd_per_mtoken"]),
             ]
         )
     headers = [
@@ -141,12 +145,8 @@ def _table(doc: dict) -> str:
         "$/Mtok rollout",
         "$/Mtok train",
     ]
-    return tabulate(
-        rows,
-        headers=headers,
-        floatfmt=("", ".0f", "", ".0f", "", ".3f", ".3f"),
-        maxcolwidths=[None, None, 40, None, 40, None, None],
-    )
+    right = ("rollout tok/s/GPU", "train tok/s/GPU", "$/Mtok rollout", "$/Mtok train")
+    return render_table(headers, rows, right=right, stream=stream)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     recipe = load_recipe_from_args(args)
     doc = estimate(recipe)
     print(f"{doc['model']}: {doc['workload']['tokens_per_step']:,} tokens per step\n", file=out)
-    print(_table(doc), file=out)
+    print(_table(doc, out), file=out)
     if args.json:
         write_json(args.json, doc)
     return 0

@@ -6,6 +6,7 @@ import argparse
 
 from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args
 from areal_hex_plugin.outfiles import check_writable, console
+from areal_hex_plugin.progress import working
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -54,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
         target_tokens_per_s=args.target_tokens_per_s,
         pareto=args.pareto or bool(args.plot),
     )
-    plan = plan_recipe(recipe, request)
-    print(describe_plan(plan), file=out)
+    with working(f"planning {args.recipe}"):
+        plan = plan_recipe(recipe, request)
+    print(describe_plan(plan, out), file=out)
     if args.json:
         print(f"\nplan written to {plan.save(args.json)}", file=out)
     if args.plot:

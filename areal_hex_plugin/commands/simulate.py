@@ -32,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.outfiles import check_writable, console, write_json
     from areal_hex_plugin.plan import load_plan_for
+    from areal_hex_plugin.progress import working
     from areal_hex_plugin.scheduler import plan_recipe
     from areal_hex_plugin.sim.engine import simulate
     from areal_hex_plugin.sim.inputs import sim_spec
@@ -44,14 +45,15 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.json, "--json")
     out = console(args.json)
     recipe = load_recipe_from_args(args)
-    if args.plan:
-        plan = load_plan_for(args.plan, recipe.cluster, recipe.workload.model, "--plan")
-    else:
-        plan = plan_recipe(recipe)
-    spec = sim_spec(recipe, plan)
-    if args.no_kv_recompute:
-        spec = dataclasses.replace(spec, kv_recompute=False)
-    result = simulate(spec, steps=args.steps, seed=args.seed, timeline=bool(args.plot))
+    with working(f"simulating {args.steps} steps of {args.recipe}"):
+        if args.plan:
+            plan = load_plan_for(args.plan, recipe.cluster, recipe.workload.model, "--plan")
+        else:
+            plan = plan_recipe(recipe)
+        spec = sim_spec(recipe, plan)
+        if args.no_kv_recompute:
+            spec = dataclasses.replace(spec, kv_recompute=False)
+        result = simulate(spec, steps=args.steps, seed=args.seed, timeline=bool(args.plot))
     print(describe_simulation(result, plan), file=out)
     if args.json:
         data = {

@@ -21,6 +21,8 @@ from areal_hex_plugin.scheduler.train_search import tp_degrees
 EXHAUSTIVE_MAX_SPLITS = 20_000
 # Budget levels of the Pareto sweep (fractions of the whole inventory's price).
 PARETO_LEVELS = 8
+# A costlier point joins the frontier only if it is at least this much faster (not by rounding noise).
+PARETO_MIN_GAIN = 1e-3
 # Share of hex.solver.time_limit_s for the chosen plan's search (baselines and the frontier get the rest).
 MAIN_SEARCH_SHARE = 0.6
 # Budget bisection steps for a throughput target.
@@ -288,7 +290,7 @@ class Planner:
         frontier: list[ParetoPoint] = []
         for e in points:
             rate = self.tokens_per_s(e)
-            if not frontier or rate > frontier[-1].tokens_per_s + 1e-9:
+            if not frontier or rate > frontier[-1].tokens_per_s * (1 + PARETO_MIN_GAIN):
                 frontier.append(ParetoPoint(round(e.cost_per_hour, 4), round(rate, 3), self._gpus_by_type(e)))
         return frontier
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import IO
 
-from tabulate import tabulate
-
+from areal_hex_plugin.hostlist import compress_hosts
 from areal_hex_plugin.outfiles import check_writable, save_png
 from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.tables import render_table
 
 
 def _objective(plan: HexPlan) -> str:
@@ -24,7 +26,7 @@ def _layout_rows(plan: HexPlan) -> list[list[str]]:
     for k, s in enumerate(plan.train.stages):
         rows.append(
             ["train", s.pool, s.gpu_type, f"stage {k}: dp{s.dp} x tp{s.tp}", s.dp * s.tp, f"{s.layers} layers",
-             ", ".join(s.hosts)]
+             compress_hosts(s.hosts)]
         )  # fmt: skip
     for index, g in enumerate(plan.rollout.replicas):
         hosts = sorted(
@@ -32,7 +34,7 @@ def _layout_rows(plan: HexPlan) -> list[list[str]]:
         )
         rows.append(
             ["rollout", g.pool, g.gpu_type, f"{g.count} x (tp{g.tp} pp{g.pp})", g.count * g.tp * g.pp,
-             f"{100 * g.share:.1f}% samples, {g.tokens_per_s:,.0f} tok/s each", ", ".join(hosts)]
+             f"{100 * g.share:.1f}% samples, {g.tokens_per_s:,.0f} tok/s each", compress_hosts(hosts)]
         )  # fmt: skip
     idle: dict[str, list[str]] = {}
     for m in plan.machines:
@@ -40,35 +42,70 @@ def _layout_rows(plan: HexPlan) -> list[list[str]]:
             idle.setdefault(f"{m.pool}\0{m.gpu_type}", []).append(m.host)
     for key, hosts in idle.items():
         pool, gpu_type = key.split("\0")
-        rows.append(["idle", pool, gpu_type, f"{len(hosts)} machine(s)", "", "", ", ".join(hosts)])
+        rows.append(["idle", pool, gpu_type, f"{len(hosts)} machine(s)", "", "", compress_hosts(hosts)])
     return rows
 
 
-def describe_plan(plan: HexPlan) -> str:
-    """The console view: chosen layout, predicted step, baselines, binding constraint, why each pool's role."""
+def _ratio(chosen: float, other: float) -> str:
+    return f"{chosen / other:.2f}x" if other > 0 else "-"
+
+
+def _comparison(plan: HexPlan, stream: IO[str] | None) -> str:
+    """The chosen plan beside each baseline, in tokens/s and in tokens per dollar."""
+    p = plan.predicted
+    rows = [["AReaL-Hex (chosen)", f"{p.cost_per_hour:,.2f}", f"{p.tokens_per_s:,.0f}", f"{p.tokens_per_dollar:,.0f}",
+             "", "", _gpus(plan.train.gpus, plan.rollout.gpus), ""]]  # fmt: skip
+    for name, b in plan.baselines.items():
+        per_dollar = b.tokens_per_s * 3600 / b.cost_per_hour if b.cost_per_hour else 0.0
+        rows.append(
+            [name, f"{b.cost_per_hour:,.2f}", f"{b.tokens_per_s:,.0f}", f"{per_dollar:,.0f}",
+             _ratio(p.tokens_per_s, b.tokens_per_s), _ratio(p.tokens_per_dollar, per_dollar), _gpus(b.gpus), b.note]
+        )  # fmt: skip
+    headers = ["plan", "$/h", "tokens/s", "tokens/$", "chosen is: tok/s", "chosen is: tok/$", "GPUs", "note"]
+    return render_table(headers, rows, right=headers[1:6], stream=stream)
+
+
+def _frontier(plan: HexPlan, stream: IO[str] | None) -> str:
+    """The Pareto frontier: each point's cost, throughput, throughput per dollar and GPU mix."""
+    p = plan.predicted
+    rows = []
+    for pt in plan.pareto:
+        chosen = math.isclose(pt.cost_per_hour, p.cost_per_hour, rel_tol=1e-6) and math.isclose(
+            pt.tokens_per_s, p.tokens_per_s, rel_tol=1e-6
+        )
+        per_dollar = pt.tokens_per_s * 3600 / pt.cost_per_hour if pt.cost_per_hour else 0.0
+        rows.append(
+            [f"{pt.cost_per_hour:,.2f}", f"{pt.tokens_per_s:,.0f}", f"{per_dollar:,.0f}", _gpus(pt.gpus),
+             "chosen" if chosen else ""]
+        )  # fmt: skip
+    return render_table(
+        ["$/h", "tokens/s", "tokens/$", "GPUs", "note"],
+        rows,
+        right=["$/h", "tokens/s", "tokens/$"],
+        stream=stream,
+    )
+
+
+def describe_plan(plan: HexPlan, stream: IO[str] | None = None) -> str:
+    """The console view: chosen layout, predicted step, baselines, the Pareto frontier when computed, binding
+    constraint, why each pool's role. ``stream`` is where it will be printed (a terminal gets rich styling)."""
     p = plan.predicted
     out = [f"AReaL-Hex plan for {plan.recipe} ({plan.model}); objective: {_objective(plan)}", ""]
-    out.append(
-        tabulate(_layout_rows(plan), headers=["role", "pool", "GPU", "layout", "GPUs", "detail", "hosts"])
-    )
+    headers = ["role", "pool", "GPU", "layout", "GPUs", "detail", "hosts"]
+    out.append(render_table(headers, _layout_rows(plan), right=["GPUs"], stream=stream))
     out += [
         "",
         f"Predicted step {p.step_time_s:.1f}s = weight sync {p.weight_sync_s:.1f}s + max(rollout "
         f"{p.rollout_time_s:.1f}s incl. reward {p.reward_s:.1f}s, train {p.train_time_s:.1f}s)",
         "",
+        _comparison(plan, stream),
     ]
-    rows = [["AReaL-Hex (chosen)", p.cost_per_hour, p.tokens_per_s, p.tokens_per_dollar, "1.00x", _gpus(plan.train.gpus, plan.rollout.gpus), ""]]  # fmt: skip
-    for name, b in plan.baselines.items():
-        ratio = f"{p.tokens_per_s / b.tokens_per_s:.2f}x" if b.tokens_per_s > 0 else "-"
-        per_dollar = b.tokens_per_s * 3600 / b.cost_per_hour if b.cost_per_hour else 0.0
-        rows.append([name, b.cost_per_hour, b.tokens_per_s, per_dollar, ratio, _gpus(b.gpus), b.note])
-    out.append(
-        tabulate(
-            rows,
-            headers=["plan", "$/h", "tokens/s", "tokens/$", "chosen is", "GPUs", "note"],
-            floatfmt=("", ",.2f", ",.0f", ",.0f"),
-        )
-    )
+    if plan.pareto:
+        out += [
+            "",
+            f"Pareto frontier ({len(plan.pareto)} points: no cheaper plan is faster):",
+            _frontier(plan, stream),
+        ]
     out += ["", f"Binding constraint: {plan.binding}", "Why each pool got its role:"]
     out += [f"  {pool}: {why}" for pool, why in plan.pool_roles.items()]
     s = plan.solver

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from tabulate import tabulate
+from typing import IO
 
 from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.recipe import Recipe
 from areal_hex_plugin.specs.workload import WorkloadSpec
+from areal_hex_plugin.tables import render_table
 
 
-def describe_cluster(cluster: Cluster) -> str:
+def describe_cluster(cluster: Cluster, stream: IO[str] | None = None) -> str:
     rows = [
         [
             p.name,
@@ -38,7 +39,8 @@ def describe_cluster(cluster: Cluster) -> str:
         "HBM TB/s",
         "GB/s in/out machine",
     ]
-    text = tabulate(rows, headers=headers, tablefmt="simple")
+    right = ("machines", "GPUs", "$/GPU-h", "$/h", "TFLOPS", "HBM GB", "HBM TB/s")
+    text = render_table(headers, rows, right=right, stream=stream)
     names = [p.name for p in cluster.pools]
     links = [
         f"{a} <-> {b}: {cluster.link_gb_per_s(a, b):g} GB/s"
@@ -48,7 +50,7 @@ def describe_cluster(cluster: Cluster) -> str:
     return text + ("\ncross-pool links: " + ", ".join(links) if links else "")
 
 
-def describe_workload(workload: WorkloadSpec) -> str:
+def describe_workload(workload: WorkloadSpec, stream: IO[str] | None = None) -> str:
     m, rl, lengths = workload.model, workload.rl, workload.output_lengths
     rows = [
         [
@@ -73,8 +75,9 @@ def describe_workload(workload: WorkloadSpec) -> str:
             f"{rl.ppo_n_minibatches} minibatches, {rl.forward_passes} extra forward pass(es) per step",
         ],
     ]
-    return tabulate(rows, tablefmt="plain")
+    return render_table(["", ""], rows, show_header=False, stream=stream)
 
 
-def describe_recipe(recipe: Recipe) -> str:
-    return f"Cluster\n{describe_cluster(recipe.cluster)}\n\nWorkload\n{describe_workload(recipe.workload)}"
+def describe_recipe(recipe: Recipe, stream: IO[str] | None = None) -> str:
+    cluster, workload = describe_cluster(recipe.cluster, stream), describe_workload(recipe.workload, stream)
+    return f"Cluster\n{cluster}\n\nWorkload\n{workload}"
