@@ -25,7 +25,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="what-if: interrupted sequences keep their KV cache across weight updates (upstream re-prefills)",
     )
     parser.add_argument("--json", metavar="OUT", help="write the simulation results as JSON; - for stdout")
-    parser.add_argument("--plot", metavar="OUT.png", help="draw a timeline per pool (OUT-<pool>.png)")
+    parser.add_argument(
+        "--plot", metavar="OUT.png", help="draw a timeline per pool over the last steps (OUT-<pool>.png)"
+    )
+    parser.add_argument(
+        "--trace",
+        metavar="OUT.json",
+        help="write the whole run, every replica, as a Chrome/Perfetto trace (ui.perfetto.dev); - for stdout",
+    )
     parser.set_defaults(run=run)
 
 
@@ -43,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
             "--steps", f"must be at least 1, got {args.steps}", "simulate 30 steps, as the paper does"
         )
     check_writable(args.json, "--json")
-    out = console(args.json)
+    check_writable(args.trace, "--trace")
+    out = console(args.json, args.trace)
     recipe = load_recipe_from_args(args)
     with working(f"simulating {args.steps} steps of {args.recipe}"):
         if args.plan:
@@ -53,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         spec = sim_spec(recipe, plan)
         if args.no_kv_recompute:
             spec = dataclasses.replace(spec, kv_recompute=False)
-        result = simulate(spec, steps=args.steps, seed=args.seed, timeline=bool(args.plot))
+        result = simulate(spec, steps=args.steps, seed=args.seed, timeline=bool(args.plot or args.trace))
     print(describe_simulation(result, plan), file=out)
     if args.json:
         data = {
@@ -64,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
         }
         data.update(result.to_dict())
         print(f"\nresults written to {write_json(args.json, data)}", file=out)
+    if args.trace:
+        from areal_hex_plugin.sim.trace import chrome_trace
+
+        trace = chrome_trace(result, f"{recipe.workload.model.name}: {args.recipe}")
+        print(f"trace written to {write_json(args.trace, trace, '--trace')}", file=out)
     if args.plot:
         from areal_hex_plugin.sim.plot import plot_timelines
 

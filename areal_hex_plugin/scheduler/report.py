@@ -135,15 +135,17 @@ def _gpus(*parts: dict[str, int]) -> str:
     return " + ".join(f"{n} {t}" for t, n in sorted(total.items()))
 
 
-def plot_frontier(plan: HexPlan, path: str | Path) -> Path:
-    """Draw cost vs tokens/s: the Pareto frontier, the chosen plan and the baselines (PNG)."""
+def frontier_figure(plan: HexPlan):
+    """Cost vs tokens/s: the Pareto frontier with each point's GPU mix, the budget or target line, the chosen plan
+    and the baselines (a matplotlib figure)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import StrMethodFormatter
 
-    check_writable(path, "--plot")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    p, obj = plan.predicted, plan.objective
+    fig, ax = plt.subplots(figsize=(9, 5.5))
     if plan.pareto:
         ax.step(
             [pt.cost_per_hour for pt in plan.pareto],
@@ -151,32 +153,51 @@ def plot_frontier(plan: HexPlan, path: str | Path) -> Path:
             where="post",
             marker=".",
             color="0.4",
-            label="Pareto frontier",
+            label="Pareto frontier (best tokens/s for the $/h)",
         )
-    ax.scatter(
-        plan.predicted.cost_per_hour,
-        plan.predicted.tokens_per_s,
-        marker="*",
-        s=200,
-        color="crimson",
-        label="chosen",
-    )
+        right = 0.6 * max(pt.cost_per_hour for pt in plan.pareto)
+        for k, pt in enumerate(plan.pareto):
+            left = pt.cost_per_hour > right  # labels on the right half point left, staying inside the axes
+            ax.annotate(
+                _gpus(pt.gpus),
+                (pt.cost_per_hour, pt.tokens_per_s),
+                xytext=(-4 if left else 4, -11 if k % 2 else 4),
+                textcoords="offset points",
+                ha="right" if left else "left",
+                fontsize=6.5,
+                color="0.3",
+            )
+    if obj.kind == "budget":
+        ax.axvline(
+            obj.budget_per_hour, ls="--", color="darkorange", label=f"budget ${obj.budget_per_hour:,.2f}/h"
+        )
+    if obj.kind == "target":
+        ax.axhline(
+            obj.target_tokens_per_s,
+            ls="--",
+            color="darkorange",
+            label=f"target {obj.target_tokens_per_s:,.0f} tokens/s",
+        )
+    chosen = _gpus(plan.train.gpus, plan.rollout.gpus)
+    ax.scatter(p.cost_per_hour, p.tokens_per_s, marker="*", s=220, color="crimson", zorder=3,
+               label=f"chosen: {chosen}")  # fmt: skip
     # Hollow baseline markers drawn over the chosen plan stay visible where they coincide.
     for i, (name, b) in enumerate(plan.baselines.items()):
         if b.tokens_per_s > 0:
-            ax.scatter(
-                b.cost_per_hour,
-                b.tokens_per_s,
-                marker="s",
-                s=90,
-                facecolors="none",
-                edgecolors=f"C{i}",
-                label=name,
-            )
-    ax.set_xlabel("$ per hour")
-    ax.set_ylabel("predicted tokens/s")
-    ax.set_title(f"{plan.model}: cost vs throughput")
+            ax.scatter(b.cost_per_hour, b.tokens_per_s, marker="s", s=90, facecolors="none", edgecolors=f"C{i}",
+                       zorder=3, label=f"{name}: {_gpus(b.gpus)}")  # fmt: skip
+    ax.set_xlabel("cost (US$ per hour)")
+    ax.set_ylabel("predicted throughput (tokens/s)")
+    ax.xaxis.set_major_formatter(StrMethodFormatter("${x:,.0f}"))
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.set_title(f"{plan.model}: cost vs throughput, {_objective(plan)}", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7.5, loc="lower right")
     fig.tight_layout()
-    return save_png(fig, path, "--plot")
+    return fig
+
+
+def plot_frontier(plan: HexPlan, path: str | Path) -> Path:
+    """Write :func:`frontier_figure` as a PNG (``-``: stdout)."""
+    check_writable(path, "--plot")
+    return save_png(frontier_figure(plan), path, "--plot")

@@ -116,9 +116,7 @@ class _Loop:
         self.lanes: list[list[_Replica]] = []
         self.replicas: list[_Replica] = []
         for i, lane in enumerate(spec.lanes):
-            group = [
-                _Replica(len(self.replicas) + k, i, lane, timeline and k == 0) for k in range(lane.count)
-            ]
+            group = [_Replica(len(self.replicas) + k, i, lane, timeline) for k in range(lane.count)]
             self.lanes.append(group)
             self.replicas.extend(group)
         self.shares = [lane.share if lane.count else 0.0 for lane in spec.lanes]
@@ -413,15 +411,16 @@ class _Loop:
         return usage
 
     def timeline(self) -> dict[str, dict[str, list[Segment]]]:
-        """Pool -> row -> segments: the trainer (on each training pool) and the first replica of each group."""
+        """Pool -> row -> segments: the trainer (on each training pool) and every rollout replica."""
         if self.trainer_segments is None:
             return {}
         rows: dict[str, dict[str, list[Segment]]] = {}
         for pool in self.spec.train_gpus:
             rows.setdefault(pool, {})["trainer"] = self.trainer_segments
         for lane, replicas in zip(self.spec.lanes, self.lanes, strict=True):
-            if replicas and replicas[0].segments is not None:
-                rows.setdefault(lane.pool, {})[f"{lane.name} #0"] = replicas[0].segments
+            for k, replica in enumerate(replicas):
+                if replica.segments is not None:
+                    rows.setdefault(lane.pool, {})[f"{lane.name} #{k}"] = replica.segments
         return rows
 
 

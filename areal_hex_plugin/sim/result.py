@@ -50,6 +50,12 @@ class Segment:
     state: str  # decode | prefill | sync | idle | train | wait
 
 
+def row_order(name: str) -> tuple:
+    """Timeline rows in reading order: the trainer, then replicas by group and number ("a #2" before "a #10")."""
+    group, _, number = name.rpartition(" #")
+    return (name != "trainer", group or name, int(number) if number.isdigit() else -1)
+
+
 @dataclass(frozen=True)
 class SimResult:
     steps: list[StepRecord]

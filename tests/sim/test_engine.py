@@ -110,9 +110,10 @@ def test_idle_fraction_and_breakdown_add_up():
         assert step.step_s == pytest.approx(step.rollout_wait_s + step.train_s + step.sync_s)
 
 
-def test_timeline_rows_cover_trainer_and_one_replica_per_group():
+def test_timeline_rows_cover_the_trainer_and_every_replica():
     result = simulate(spec(), steps=3, seed=0, timeline=True)
-    assert {pool: set(rows) for pool, rows in result.timeline.items()} == {"t": {"trainer"}, "r": {"a #0"}}
+    replicas = {f"a #{k}" for k in range(4)}
+    assert {pool: set(rows) for pool, rows in result.timeline.items()} == {"t": {"trainer"}, "r": replicas}
     states = {seg.state for seg in result.timeline["r"]["a #0"]}
     assert {"decode", "sync"} <= states
     assert [seg.state for seg in result.timeline["t"]["trainer"]][:3] == ["wait", "train", "sync"]
