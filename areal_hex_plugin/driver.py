@@ -1,8 +1,9 @@
 """``python -m areal_hex_plugin.driver --config RECIPE.yaml [Hydra overrides]``: run a recipe on upstream AReaL.
 
 Same shape as upstream's example scripts (and usable as an ``areal train run --driver`` function on 2.x):
-load the recipe, take the plan (``hex.plan_path``, or solve it now), rewrite the upstream config, check the plan
-against the recipe's cluster and the live one, then train with ``HexPPOTrainer``. ``hex.dry_run=true`` prints
+call :func:`register` (the plugin's one way in, shared with user scripts), load the recipe, take the plan
+(``hex.plan_path``, or solve it now), rewrite the upstream config, check the plan against the recipe's cluster and
+the live one, then train with ``HexPPOTrainer`` and the recipe's ``hex.workflow``. ``hex.dry_run=true`` prints
 the rewritten config and the placement and exits without starting anything. Bad input exits 2 with one message.
 """
 
@@ -12,8 +13,6 @@ import sys
 from dataclasses import replace
 
 from areal_hex_plugin.errors import HexError
-
-WORKFLOW = "areal.workflow.openai.math_agent.MathAgent"
 
 
 def split_argv(argv: list[str]) -> tuple[str, list[str]]:
@@ -91,8 +90,10 @@ def obtain_plan(recipe, config):
 
 
 def run(argv: list[str]) -> int:
+    from areal_hex_plugin.areal.plugin import register
     from areal_hex_plugin.specs.recipe import load_recipe
 
+    register()
     path, overrides = split_argv(argv)
     recipe = load_recipe(path, overrides)  # the core reader: precise messages for a bad hex: section
 
@@ -109,6 +110,7 @@ def run(argv: list[str]) -> int:
         print(describe_dry_run(config, rewrite, plan, source))
         return 0
     check_transport(config)
+    check_workflow(config.hex.workflow)
     make_scheduler = scheduler_factory(config, plan, rewrite.placement)
     return _train(config, plan, make_scheduler)
 
@@ -127,6 +129,24 @@ def check_transport(config) -> None:
     from areal_hex_plugin.transport.wire import load_token
 
     load_token()
+
+
+def check_workflow(path: str) -> None:
+    """``hex.workflow`` must name a class in a module that exists, checked before any worker starts. The module
+    is found, not imported: it runs on the rollout workers, which may have packages this machine lacks."""
+    import importlib.util
+
+    module, _, name = path.rpartition(".")
+    try:
+        found = bool(module and name) and importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise HexError(
+            "hex.workflow",
+            f"{path!r} names no class in an installed module",
+            "give an import path such as areal.workflow.openai.math_agent.MathAgent",
+        )
 
 
 def _train(config, plan, make_scheduler) -> int:
@@ -154,9 +174,9 @@ def _train(config, plan, make_scheduler) -> int:
         config, train_dataset, valid_dataset, plan=plan, make_scheduler=make_scheduler
     ) as trainer:
         trainer.train(
-            workflow=WORKFLOW,
+            workflow=config.hex.workflow,
             workflow_kwargs=workflow_kwargs,
-            eval_workflow=WORKFLOW if valid_dataset is not None else None,
+            eval_workflow=config.hex.workflow if valid_dataset is not None else None,
             eval_workflow_kwargs={**workflow_kwargs, "temperature": 0.6},
         )
     return 0

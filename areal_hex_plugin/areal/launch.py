@@ -6,26 +6,30 @@ Every check here runs before any worker starts, so a plan that does not fit stop
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 from areal_hex_plugin.areal.placement import Placement, check_plan_fits_inventory, node_local
+from areal_hex_plugin.areal.plugin import SCHEDULERS, load, register
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan
 
-HEX_SCHEDULERS = ("hex_local", "hex_ray", "hex_slurm")
 # hex_local only: "1" lets planned roles share this machine's GPUs (smoke tests on a one-GPU machine).
 SHARE_GPUS_ENV = "HEX_LOCAL_SHARE_GPUS"
 UPSTREAM_SCHEDULERS = ("local", "ray", "slurm")
 
 
 def check_scheduler_type(kind: str | None) -> None:
-    if kind not in HEX_SCHEDULERS:
+    """``kind`` must be a scheduler :func:`register` installed (``hex_local``, ``hex_ray``, ``hex_slurm``)."""
+    register()
+    if kind not in SCHEDULERS:
         raise HexError(
             "scheduler.type",
             f"unknown scheduler type {kind!r} for a hex run",
-            f"use one of {', '.join(HEX_SCHEDULERS)} (or {', '.join(UPSTREAM_SCHEDULERS)} with upstream's own "
+            f"use one of {', '.join(SCHEDULERS)} (or {', '.join(UPSTREAM_SCHEDULERS)} with upstream's own "
             "script, which ignores the plan)",
         )
 
@@ -53,25 +57,15 @@ def check_local_gpus(plan: HexPlan, machines: list, share: bool = False) -> list
     return list(range(sum(have.values())))
 
 
-def scheduler_factory(config, plan: HexPlan, placement: Placement) -> Callable[[], object]:
-    """Check the plan against the live cluster of ``scheduler.type`` and return a builder for its scheduler."""
-    kind = config.scheduler.type
-    check_scheduler_type(kind)
+def scheduler_kwargs(kind: str, config, plan: HexPlan, placement: Placement) -> dict[str, Any]:
+    """Check the plan against the live cluster of ``kind`` and return the Hex scheduler's own arguments."""
     gpus_per_node = {p.name: p.gpus_per_machine for p in config.hex.cluster.pools}
     if kind == "hex_local":
         from areal_hex_plugin.inventory import machines_from_local
 
         share = os.environ.get(SHARE_GPUS_ENV) == "1"
         devices = check_local_gpus(plan, machines_from_local(), share)
-
-        def build_local():
-            from areal_hex_plugin.areal.schedulers.local import HexLocalScheduler
-
-            return HexLocalScheduler(
-                node_local(placement, plan, devices if share else None), exp_config=config
-            )
-
-        return build_local
+        return {"placement": node_local(placement, plan, devices if share else None)}
     if kind == "hex_ray":
         import importlib.util
 
@@ -96,23 +90,35 @@ def scheduler_factory(config, plan: HexPlan, placement: Placement) -> Callable[[
                     "scheduler.type", f"hex_ray found no Ray cluster at {address}: {exc}", "start Ray first"
                 ) from None
         resources = pool_resources_from_nodes(plan, ray.nodes())
-
-        def build_ray():
-            from areal_hex_plugin.areal.schedulers.ray import HexRayScheduler
-
-            return HexRayScheduler(placement, resources, gpus_per_node, exp_config=config)
-
-        return build_ray
+        return {"placement": placement, "pool_resources": resources, "gpus_per_node": gpus_per_node}
     from areal_hex_plugin.areal.schedulers.slurm import slurm_pools_from_sinfo
     from areal_hex_plugin.inventory import group_pools, machines_from_slurm
 
     machines = machines_from_slurm()
     check_plan_fits_inventory(plan, group_pools(machines), "slurm")
-    pools = slurm_pools_from_sinfo(placement, machines, gpus_per_node)
+    return {"placement": placement, "pools": slurm_pools_from_sinfo(placement, machines, gpus_per_node)}
 
-    def build_slurm():
-        from areal_hex_plugin.areal.schedulers.slurm import HexSlurmScheduler
 
-        return HexSlurmScheduler(placement, pools, exp_config=config)
+def scheduler_factory(config, plan: HexPlan, placement: Placement) -> Callable[[], object]:
+    """Check the plan against the live cluster of ``scheduler.type`` and return a builder for its scheduler
+    (the class :func:`register` installed under that name)."""
+    kind = config.scheduler.type
+    check_scheduler_type(kind)
+    kwargs = scheduler_kwargs(kind, config, plan, placement)
+    return functools.partial(load(SCHEDULERS[kind]), exp_config=config, **kwargs)
 
-    return build_slurm
+
+def from_exp_config(kind: str, exp_config) -> dict[str, Any]:
+    """What a Hex scheduler built from ``exp_config`` alone needs: the plan for its ``hex:`` section
+    (``hex.plan_path``, or solved now), applied to the config, and checked against the live cluster."""
+    if exp_config is None or not hasattr(exp_config, "hex"):
+        raise HexError(
+            "scheduler",
+            f"{kind} needs the experiment config with its hex: section (exp_config=...), or a placement",
+            "load the recipe with load_expr_config(argv, HexGRPOConfig) and pass exp_config=config",
+        )
+    from areal_hex_plugin.areal.planning import plan_for
+    from areal_hex_plugin.areal.rewrite import apply_plan
+
+    plan, _ = plan_for(exp_config)
+    return scheduler_kwargs(kind, exp_config, plan, apply_plan(exp_config, plan).placement)

@@ -1,26 +1,27 @@
-"""``HexPPOTrainer``: upstream's PPOTrainer that follows a HexPlan.
+"""``HexPPOTrainer``: upstream's PPOTrainer that follows a HexPlan, used exactly like PPOTrainer.
 
+Without ``plan=`` it plans from the config's ``hex:`` section (``hex.plan_path``, or solved now).
 ``_init_scheduler`` runs before upstream parses any backend string, so it rewrites the config from the plan,
-saves ``hex_plan.json`` beside upstream's ``config.yaml`` and returns the Hex scheduler for
-``scheduler.type``. Rollout servers are ``HexRemoteSGLangEngine`` (per-GPU-type flags, share routing), chosen
-by a swap of the engine class scoped to ``_init_rollout``. With ``hex.transport: relay`` and an FSDP actor, the
-actor is the transport's ``HexFSDPPPOActor`` and its controller gets the plan's rollout pools and links (a
-Megatron actor keeps upstream's xccl path). Upstream's stats logger is wrapped to add ``hex/*``.
+saves ``hex_plan.json`` beside upstream's ``config.yaml`` and returns the Hex scheduler for ``scheduler.type``.
+Rollout servers use the engine class :func:`register` installed (``HexRemoteSGLangEngine``: per-GPU-type flags,
+share routing), through ``_rollout_engine_cls`` (upstream's hook with ``patches/0002``). With
+``hex.transport: relay`` and an FSDP actor, the actor is the transport's ``HexFSDPPPOActor`` and its controller
+gets the plan's rollout pools and links (a Megatron actor keeps upstream's xccl path). Upstream's stats logger
+is wrapped to add ``hex/*``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from unittest.mock import patch
 
 from areal.trainer import rl_trainer
 from areal.trainer.rl_trainer import PPOTrainer
 from areal.utils.stats_logger import StatsLogger
 
-from areal_hex_plugin.areal.engines import HexRemoteSGLangEngine
 from areal_hex_plugin.areal.launch import scheduler_factory
 from areal_hex_plugin.areal.metrics import HexStatsLog
+from areal_hex_plugin.areal.plugin import ROLLOUT_ENGINES, TRAIN_ENGINES, load, register, swapped
 from areal_hex_plugin.areal.rewrite import apply_plan
 from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
 from areal_hex_plugin.plan import HexPlan
@@ -42,17 +43,25 @@ class HexPPOTrainer(PPOTrainer):
         train_dataset=None,
         valid_dataset=None,
         *,
-        plan: HexPlan,
+        plan: HexPlan | None = None,
         make_scheduler: Callable[[], object] | None = None,
     ) -> None:
+        register()
+        if plan is None:
+            from areal_hex_plugin.areal.planning import plan_for
+
+            plan, _ = plan_for(config)
         self.hex_plan = plan
         # The driver checks the live cluster first and passes the builder; otherwise it is checked here.
         self._make_scheduler = make_scheduler
         super().__init__(config, train_dataset, valid_dataset)
         self.stats_logger = HexStatsLog(self.stats_logger, plan)
 
-    def _uses_relay(self, backend: str) -> bool:
-        return self.config.hex.transport == "relay" and backend == "fsdp"
+    def _train_engine_cls(self, backend: str) -> type | None:
+        """The train engine :func:`register` installed for ``hex.transport`` and this actor backend, if any."""
+        register()
+        path = TRAIN_ENGINES.get((self.config.hex.transport, backend))
+        return load(path) if path else None
 
     def _init_scheduler(self):
         self.hex_rewrite = apply_plan(self.config, self.hex_plan)
@@ -62,11 +71,10 @@ class HexPPOTrainer(PPOTrainer):
         return build()
 
     def _create_train_engine(self, actor_config, alloc):
-        if actor_config is not self.config.actor or not self._uses_relay(alloc.backend):
+        engine_cls = self._train_engine_cls(alloc.backend) if actor_config is self.config.actor else None
+        if engine_cls is None:
             return super()._create_train_engine(actor_config, alloc)
-        from areal_hex_plugin.transport.fsdp_adapter import HexFSDPPPOActor
-
-        actor = HexFSDPPPOActor.as_controller(actor_config, self.scheduler)
+        actor = engine_cls.as_controller(actor_config, self.scheduler)
         actor.create_process_group(parallel_strategy=alloc.parallel)
         # Configured here, not after __init__: upstream's recovery updates weights inside __init__ on a resume.
         placement, relay = self.hex_rewrite.placement, self.config.hex.relay
@@ -80,6 +88,16 @@ class HexPPOTrainer(PPOTrainer):
             stop_receivers()
         super().close()
 
+    def _rollout_engine_cls(self, backend: str) -> type:
+        """The rollout engine class for ``backend``: the one :func:`register` installed, else upstream's
+        (``patches/0002`` makes this upstream's own hook)."""
+        register()
+        if backend in ROLLOUT_ENGINES:
+            return load(ROLLOUT_ENGINES[backend])
+        return {"sglang": rl_trainer.RemoteSGLangEngine, "vllm": rl_trainer.RemotevLLMEngine}[backend]
+
     def _init_rollout(self, rollout_config, is_eval: bool = False, lora_path: str | None = None):
-        with patch.object(rl_trainer, "RemoteSGLangEngine", HexRemoteSGLangEngine):
+        if hasattr(PPOTrainer, "_rollout_engine_cls"):  # patches/0002: upstream asks the method above
+            return super()._init_rollout(rollout_config, is_eval=is_eval, lora_path=lora_path)
+        with swapped(rl_trainer, "RemoteSGLangEngine", self._rollout_engine_cls("sglang")):
             return super()._init_rollout(rollout_config, is_eval=is_eval, lora_path=lora_path)

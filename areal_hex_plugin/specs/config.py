@@ -243,3 +243,8 @@ class HexConfig:
     )
     plan_path: str | None = spec(None, "load this saved plan instead of solving at start")
     dry_run: bool = spec(False, "print the rewritten upstream config and the placement, then exit")
+    workflow: str = spec(
+        "areal.workflow.openai.math_agent.MathAgent",
+        "the rollout workflow: import path of a RolloutWorkflow or agent class; the driver builds it with the "
+        "gconfig's temperature, top_p, max_tokens and max_completion_tokens, as upstream's examples do",
+    )

@@ -220,9 +220,13 @@ def cheapest_deployment(cluster: Cluster, workload: WorkloadSpec) -> tuple[float
     return best
 
 
-def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
-    """Load and validate a recipe; every problem raises :class:`HexError` naming the field."""
+def load_recipe(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), base_dir: str | Path | None = None
+) -> Recipe:
+    """Load and validate a recipe; every problem raises :class:`HexError` naming the field. Relative paths in
+    it are read from ``base_dir`` (default: the recipe's folder)."""
     file = Path(path).expanduser()
+    folder = Path(base_dir) if base_dir is not None else file.parent
     config = apply_overrides(read_yaml(file), list(overrides))
     if "hex" not in config:
         raise HexError(
@@ -236,7 +240,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     rl = _rl_settings(upstream, config)
     catalog = build_catalog({name: vars(fig) for name, fig in hex_cfg.gpu_catalog.items()})
     cluster = build_cluster(hex_cfg.cluster, catalog)
-    build_calibration(hex_cfg.calibration, catalog, file.parent)  # refuse bad factors or profiles up front
+    build_calibration(hex_cfg.calibration, catalog, folder)  # refuse bad factors or profiles up front
 
     model_spec = hex_cfg.workload.model or upstream["actor.path"]
     if not model_spec:
@@ -246,7 +250,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     max_prompt = upstream["train_dataset.max_length"]
     prompt_tokens = hex_cfg.workload.prompt_tokens or (max(1, max_prompt // 2) if max_prompt else 512)
     lengths = build_lengths(
-        hex_cfg.workload.output_lengths, rl.max_new_tokens, file.parent, "hex.workload.output_lengths"
+        hex_cfg.workload.output_lengths, rl.max_new_tokens, folder, "hex.workload.output_lengths"
     )
     workload = WorkloadSpec(
         model=model,

@@ -87,6 +87,10 @@ def test_unknown_scheduler_type_exits_2_without_traceback(tmp_path: Path) -> Non
         # No GPUs here: hex_local finds no live inventory and stops before starting workers.
         (["scheduler.type=hex_local"], "nvidia-smi is not on PATH"),
         (["actor.weight_update_mode=disk"], "actor.weight_update_mode: is 'disk'"),
+        (
+            ["hex.workflow=no_such_package.Workflow"],
+            "hex.workflow: 'no_such_package.Workflow' names no class",
+        ),
     ],
 )
 def test_bad_input_exits_2_before_any_worker(extra, message, tmp_path: Path, monkeypatch, capsys) -> None:

@@ -8,6 +8,7 @@ from areal.api.scheduler_api import Job
 from areal.infra.scheduler.exceptions import GPUAllocationError
 from areal.infra.scheduler.local import LocalScheduler
 
+from areal_hex_plugin.areal.launch import from_exp_config
 from areal_hex_plugin.areal.placement import Placement
 from areal_hex_plugin.areal.schedulers.common import planned_job
 
@@ -16,9 +17,12 @@ class HexLocalScheduler(LocalScheduler):
     """Starts each planned worker on exactly the GPU ids its slot names (one node; see ``placement.node_local``).
 
     Roles the plan does not place (``data``, colocated ``ref``/``eval-rollout``) keep upstream's behaviour.
+    ``HexLocalScheduler(exp_config=config)`` plans from ``config.hex`` and rewrites ``config`` to the plan.
     """
 
-    def __init__(self, placement: Placement, **kwargs) -> None:
+    def __init__(self, placement: Placement | None = None, **kwargs) -> None:
+        if placement is None:  # built from exp_config alone (upstream's way): plan and check here
+            placement = from_exp_config("hex_local", kwargs.get("exp_config"))["placement"]
         ids = sorted({i for slots in placement.slots.values() for s in slots for i in s.gpu_ids})
         super().__init__(gpu_devices=kwargs.pop("gpu_devices", None) or ids, **kwargs)
         self.placement = placement

@@ -21,6 +21,7 @@ from areal.infra.utils.ray_placement_group import (
     SeparatedRayPlacementStrategy,
 )
 
+from areal_hex_plugin.areal.launch import from_exp_config
 from areal_hex_plugin.areal.placement import Placement, check_plan_fits_inventory
 from areal_hex_plugin.areal.schedulers.common import planned_job
 from areal_hex_plugin.errors import HexError
@@ -101,18 +102,23 @@ def pool_resources_from_nodes(plan: HexPlan, nodes: list[dict]) -> dict[str, str
 
 
 class HexRayScheduler(RayScheduler):
-    """Puts each planned role's workers only on nodes of their pools; other roles keep upstream's behaviour."""
+    """Puts each planned role's workers only on nodes of their pools; other roles keep upstream's behaviour.
+    ``HexRayScheduler(exp_config=config)`` plans from ``config.hex`` and reads the live Ray nodes."""
 
     def __init__(
         self,
-        placement: Placement,
-        pool_resources: dict[str, str],
+        placement: Placement | None = None,
+        pool_resources: dict[str, str] | None = None,
         gpus_per_node: dict[str, int] | None = None,
         **kwargs,
     ) -> None:
+        if placement is None:  # built from exp_config alone (upstream's way): plan and check here
+            planned = from_exp_config("hex_ray", kwargs.get("exp_config"))
+            placement, pool_resources = planned["placement"], planned["pool_resources"]
+            gpus_per_node = gpus_per_node or planned["gpus_per_node"]
         super().__init__(**kwargs)
         self.placement = placement
-        self.pool_resources = pool_resources
+        self.pool_resources = pool_resources or {}
         self.gpus_per_node = gpus_per_node or {}
 
     def create_workers(self, job: Job, *args, **kwargs) -> list[str]:

@@ -19,6 +19,7 @@ from areal.api.scheduler_api import Job
 from areal.infra.scheduler.slurm import SlurmScheduler
 from areal.infra.utils.proc import build_streaming_log_cmd
 
+from areal_hex_plugin.areal.launch import from_exp_config
 from areal_hex_plugin.areal.placement import Placement, WorkerSlot
 from areal_hex_plugin.areal.schedulers.common import planned_job
 from areal_hex_plugin.errors import HexError
@@ -101,12 +102,18 @@ def _components(slots: tuple[WorkerSlot, ...]) -> list[_Component]:
 
 
 class HexSlurmScheduler(SlurmScheduler):
-    """Submits each planned role as a heterogeneous job whose components sit on the planned pools and hosts."""
+    """Submits each planned role as a heterogeneous job whose components sit on the planned pools and hosts.
+    ``HexSlurmScheduler(exp_config=config)`` plans from ``config.hex`` and reads the live ``sinfo``."""
 
-    def __init__(self, placement: Placement, pools: dict[str, SlurmPool], **kwargs) -> None:
+    def __init__(
+        self, placement: Placement | None = None, pools: dict[str, SlurmPool] | None = None, **kwargs
+    ) -> None:
+        if placement is None:  # built from exp_config alone (upstream's way): plan and check here
+            planned = from_exp_config("hex_slurm", kwargs.get("exp_config"))
+            placement, pools = planned["placement"], planned["pools"]
         super().__init__(**kwargs)
         self.placement = placement
-        self.pools = pools
+        self.pools = pools or {}
 
     def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
         return super().create_workers(planned_job(self.placement, job)[0], *args, **kwargs)

@@ -1,0 +1,73 @@
+"""``register()``: the one way the plugin hooks into upstream AReaL, for the driver and for a user's own script.
+
+Declared as the ``areal.plugins: hex`` entry point and called first by the driver and by ``HexPPOTrainer``.
+It fills the tables below, each item only if missing, once per process (a module flag):
+
+- ``SCHEDULERS``: ``scheduler.type`` -> scheduler class. ``HexPPOTrainer._init_scheduler`` reads it. With
+  ``patches/0001`` applied, upstream's own trainers take a class path as ``scheduler.type`` and build it with
+  ``exp_config=`` alone, which every Hex scheduler accepts.
+- ``ROLLOUT_ENGINES``: rollout backend -> engine class. ``HexPPOTrainer._rollout_engine_cls`` reads it: upstream
+  calls that method itself with ``patches/0002``; without it, ``_init_rollout`` swaps the engine class in for the
+  call (:func:`swapped`).
+- ``TRAIN_ENGINES``: (``hex.transport``, actor backend) -> train engine class; ``HexPPOTrainer`` builds the actor
+  with it. ``patches/0003``'s transport registry would take a ``WeightTransport`` object; the relay is not
+  written against that interface yet, so nothing is registered there.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+HEX_SCHEDULERS = {
+    "hex_local": "areal_hex_plugin.areal.schedulers.local.HexLocalScheduler",
+    "hex_ray": "areal_hex_plugin.areal.schedulers.ray.HexRayScheduler",
+    "hex_slurm": "areal_hex_plugin.areal.schedulers.slurm.HexSlurmScheduler",
+}
+HEX_ROLLOUT_ENGINES = {"sglang": "areal_hex_plugin.areal.engines.HexRemoteSGLangEngine"}
+HEX_TRAIN_ENGINES = {("relay", "fsdp"): "areal_hex_plugin.transport.fsdp_adapter.HexFSDPPPOActor"}
+
+SCHEDULERS: dict[str, str] = {}
+ROLLOUT_ENGINES: dict[str, str] = {}
+TRAIN_ENGINES: dict[tuple[str, str], str] = {}
+
+_registered = False
+_swap_lock = threading.Lock()
+
+
+def register() -> None:
+    """Install the Hex schedulers, rollout engine and relay transport; a second call changes nothing."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    for table, items in (
+        (SCHEDULERS, HEX_SCHEDULERS),
+        (ROLLOUT_ENGINES, HEX_ROLLOUT_ENGINES),
+        (TRAIN_ENGINES, HEX_TRAIN_ENGINES),
+    ):
+        for key, path in items.items():
+            table.setdefault(key, path)
+
+
+def load(path: str) -> Any:
+    """The class at an import path (``pkg.module.Name``)."""
+    from areal.utils.dynamic_import import import_from_string
+
+    return import_from_string(path)
+
+
+@contextmanager
+def swapped(module: Any, name: str, value: Any) -> Iterator[None]:
+    """``module.name`` is ``value`` inside the block (one swap at a time), the original again after it.
+
+    The stand-in for an upstream hook that the installed AReaL lacks (see ``patches/``)."""
+    with _swap_lock:
+        original = getattr(module, name)
+        setattr(module, name, value)
+        try:
+            yield
+        finally:
+            setattr(module, name, original)
