@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import math
+import time
 
 from ortools.sat.python import cp_model
+
+# Work one solve may do, in CP-SAT's deterministic time units (about a second of one core): a solve stops on
+# this, not on the machine's load, so the same recipe gets the same plan on a busy machine and an idle one.
+DETERMINISTIC_LIMIT = 1.0
 
 
 def solve_model(
     model: cp_model.CpModel, time_limit_s: float, num_workers: int, seed: int
 ) -> tuple[cp_model.CpSolver, int]:
-    """Solve with explicit settings: fixed seed and worker count, and a hard time limit."""
+    """Solve with explicit settings: fixed seed and worker count, a
+    deterministic work limit, and a wall-clock limit as a backstop."""
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = num_workers
+    solver.parameters.max_deterministic_time = DETERMINISTIC_LIMIT
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
     solver.parameters.random_seed = seed
     return solver, solver.solve(model)
@@ -25,3 +32,9 @@ def found(status: int) -> bool:
 def budget_cents(budget_per_hour: float) -> int:
     """A $/h budget in whole cents, robust to binary fractions (32.16 * 100 is 3215.9999...)."""
     return math.floor(budget_per_hour * 100 + 1e-6)
+
+
+def clock() -> float:
+    """The search's clock: CPU seconds of this process (CP-SAT's threads included), so time limits measure the
+    planner's own work, not how busy the machine is."""
+    return time.process_time()

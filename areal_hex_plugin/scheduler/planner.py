@@ -10,6 +10,7 @@ from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import Baseline, HexPlan, Objective, ParetoPoint, Predicted, SolverInfo, Staleness
 from areal_hex_plugin.scheduler.bound import cost_bound, throughput_bound
+from areal_hex_plugin.scheduler.cpsat import clock
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator, window_rollout_s
 from areal_hex_plugin.scheduler.explain import binding_constraint, pool_roles
 from areal_hex_plugin.scheduler.placement import place
@@ -75,7 +76,8 @@ class Planner:
         self.limits = tuple(p.machines for p in self.cluster.pools)
         _check_rollout_layout(self.solver, self.cluster)
         self.eta = self.workload.rl.max_head_offpolicyness
-        self.start = time.monotonic()
+        self.wall_start = time.monotonic()
+        self.start = clock()
         self.deadline = self.start + self.solver.time_limit_s
         # The chosen plan's search may use this share of the time limit; baselines and the frontier the rest.
         self.main_deadline = self.start + MAIN_SEARCH_SHARE * self.solver.time_limit_s
@@ -134,7 +136,7 @@ class Planner:
                 f"staleness bound (eta={self.eta}); the paper's schedule assumes C_I >= C_T"
             )
         pareto = self._pareto(result.window) if self.request.pareto else []
-        solve_time = time.monotonic() - self.start
+        solve_time = time.monotonic() - self.wall_start
         return self._plan(best, result, gap, solve_time, baselines, pareto, warnings)
 
     def _solve_objective(self) -> SearchResult:
@@ -159,7 +161,7 @@ class Planner:
         chosen, iterations = full, full.iterations
         step = min(p.price_per_machine_hour for p in self.cluster.pools)
         for _ in range(TARGET_STEPS):
-            if hi - lo < step / 2 or time.monotonic() > self.main_deadline:
+            if hi - lo < step / 2 or clock() > self.main_deadline:
                 break
             mid = (lo + hi) / 2
             trial = self.search(self.limits, mid, self.main_deadline)
@@ -173,7 +175,7 @@ class Planner:
         window = chosen.window
         reaching = [e for e in self.ev.scored_at(window) if e.feasible and self.tokens_per_s(e) >= target]
         best = min(reaching, key=lambda e: (round(e.cost_per_hour, 6), -self.tokens_per_s(e), e.split))
-        status = "timeout" if time.monotonic() > self.main_deadline else chosen.status
+        status = "timeout" if clock() > self.main_deadline else chosen.status
         return SearchResult(best, status, iterations, window)
 
     def _nothing_fits(self, result: SearchResult) -> HexError:
@@ -282,7 +284,7 @@ class Planner:
         """Cost vs tokens/s: the best plan at budget levels across the inventory, then its non-dominated set."""
         full = self.cluster.price_per_hour
         for level in range(1, PARETO_LEVELS):
-            if time.monotonic() > self.deadline:
+            if clock() > self.deadline:
                 break
             self.search(self.limits, full * level / PARETO_LEVELS)
         points = [e for e in self.ev.scored_at(window) if e.feasible]

@@ -15,11 +15,11 @@ THROUGHPUT_TIE of the best is returned. Exhaustive mode scores every split with 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from itertools import combinations
 
 from areal_hex_plugin.scheduler.balance_model import BalanceRequest, solve_balance
+from areal_hex_plugin.scheduler.cpsat import clock
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.scheduler.partition_model import PartitionRequest, solve_partition
 from areal_hex_plugin.scheduler.split import Split, all_splits
@@ -93,7 +93,7 @@ def two_phase(
         # Diversification: the same alternation restricted to each subset of pools (weight sync and slow
         # cross-type links make the landscape rugged; a plan on fewer types can be several moves away).
         for subset in pool_subsets(limits):
-            if time.monotonic() > deadline:
+            if clock() > deadline:
                 break
             sub_limits = tuple(m if i in subset else 0 for i, m in enumerate(limits))
             start, n = _alternate(ev, None, sub_limits, budget, window, deadline)
@@ -104,7 +104,7 @@ def two_phase(
         cache: dict[tuple[float, float], Split | None] = {}
         eps = _machine_share(ev, limits) / 2
         for gamma in GAMMA_GRID:
-            if time.monotonic() > deadline:
+            if clock() > deadline:
                 break
             split = _partition(ev, limits, budget, gamma, eps, cache, deadline)
             if split is not None and ev.evaluate(split, window).feasible:
@@ -112,7 +112,7 @@ def two_phase(
         # The rate tables add training rates across pools, which a pipeline over slow cross-type links does not
         # reach: also alternate with training confined to each single pool.
         for pool in (i for i, m in enumerate(limits) if m):
-            if time.monotonic() > deadline:
+            if clock() > deadline:
                 break
             start, n = _alternate(ev, None, limits, budget, window, deadline, frozenset((pool,)))
             starts.append(start)
@@ -127,7 +127,7 @@ def two_phase(
             best = better(best, _refine(ev, start, limits, budget, window, deadline), ev.tokens_per_step)
         if best is None:
             return result
-        timed_out = result.status == "timeout" or time.monotonic() > deadline
+        timed_out = result.status == "timeout" or clock() > deadline
         return SearchResult(
             best, "timeout" if timed_out else "converged", result.iterations + iterations, window
         )
@@ -157,7 +157,7 @@ def _grow_window(
         if result.best is not None:
             carried = ev.evaluate(best.split, window) if best is not None else None
             best = better(carried, result.best, ev.tokens_per_step)
-        if best is None or status == "timeout" or time.monotonic() > deadline or window >= MAX_WINDOW_STEPS:
+        if best is None or status == "timeout" or clock() > deadline or window >= MAX_WINDOW_STEPS:
             break
         wider = ev.evaluate(best.split, window * 2)
         window *= 2
@@ -165,7 +165,7 @@ def _grow_window(
         best = wider
         if stable:
             break
-    if time.monotonic() > deadline:
+    if clock() > deadline:
         status = "timeout"
     if best is None:
         return SearchResult(None, status if status == "timeout" else "infeasible", iterations, window)
@@ -183,7 +183,7 @@ def _bisect(
     iterations = 0
     stable = ev.solver.stable_iterations
     while iterations < MAX_ITERATIONS:
-        if iterations and time.monotonic() > deadline:
+        if iterations and clock() > deadline:
             return SearchResult(best, "timeout", iterations, window)
         iterations += 1
         split = _partition(ev, limits, budget, gamma, eps, cache, deadline)
@@ -216,7 +216,7 @@ def _partition(ev, limits, budget, gamma, eps, cache, deadline) -> Split | None:
         band = (round(max(0.0, gamma - width), 3), round(min(1.0, gamma + width), 3))
         if band not in cache:
             request = PartitionRequest(limits, band[0], band[1], budget)
-            limit = max(0.05, min(ev.solver.time_limit_s, deadline - time.monotonic()))
+            limit = max(0.05, min(ev.solver.time_limit_s, deadline - clock()))
             cache[band] = solve_partition(ev.cluster, request, limit, ev.solver.num_workers, ev.solver.seed)
         if cache[band] is not None or band == (0.0, 1.0):
             return cache[band]
@@ -241,12 +241,12 @@ def _alternate(
     seen: set[Split] = set()
     iterations = 0
     while iterations < ev.solver.stable_iterations:
-        if best is not None and time.monotonic() > deadline:
+        if best is not None and clock() > deadline:
             break
         iterations += 1
         train_rate, rollout_rate = _rates(ev, current, limits, train_pools)
         request = BalanceRequest(limits, budget, train_rate, rollout_rate)
-        limit = max(0.05, min(ev.solver.time_limit_s, deadline - time.monotonic()))
+        limit = max(0.05, min(ev.solver.time_limit_s, deadline - clock()))
         split = solve_balance(ev.cluster, request, limit, ev.solver.num_workers, ev.solver.seed)
         if split is None or split in seen:
             break
@@ -304,7 +304,7 @@ def _refine(
 ) -> Evaluation:
     """Local search from the best split: the best single-pool move while one helps, else the best two-pool move."""
     best = start
-    while time.monotonic() < deadline:
+    while clock() < deadline:
         step = _best_move(ev, best, best.split.neighbours(limits), budget, window, deadline)
         if step is None:
             # Whole-pool moves in pairs only where few pools keep the pair neighbourhood small.
@@ -320,7 +320,7 @@ def _refine(
 def _best_move(ev: Evaluator, current: Evaluation, splits, budget, window, deadline) -> Evaluation | None:
     best = current
     for split in splits:
-        if time.monotonic() > deadline:
+        if clock() > deadline:
             break
         if not (any(split.train) and any(split.rollout)):
             continue
@@ -346,7 +346,7 @@ def exhaustive(
         for split in all_splits(limits):
             if budget is not None and split.cost_per_hour(ev.cluster) > budget + 1e-9:
                 continue
-            if time.monotonic() > deadline:
+            if clock() > deadline:
                 return SearchResult(best, "timeout", iterations, window)
             iterations += 1
             e = ev.evaluate(split, window)

@@ -121,7 +121,11 @@ class ObjectiveConfig:
 
 @dataclass
 class SolverConfig:
-    time_limit_s: float = spec(60.0, "time limit of each CP-SAT solve", SECONDS)
+    time_limit_s: float = spec(
+        60.0,
+        "time limit of the whole search, in CPU seconds of the planner (a busy machine gets the same plan)",
+        SECONDS,
+    )
     num_workers: int = spec(2, "CP-SAT search workers", between(1, 256))
     # CP-SAT's random_seed is a 32-bit integer.
     seed: int = spec(0, "CP-SAT random seed", between(0, 2**31 - 1))
