@@ -10,7 +10,6 @@ the rewritten config and the placement and exits without starting anything. Bad 
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 
 from areal_hex_plugin.errors import HexError
 
@@ -33,58 +32,15 @@ def split_argv(argv: list[str]) -> tuple[str, list[str]]:
     return path, rest
 
 
-def _runs_on_upstream(plan) -> bool:
-    from areal_hex_plugin.areal.placement import placement_from_plan
-
-    try:
-        placement_from_plan(plan)
-    except HexError as exc:
-        if exc.field in ("plan.train.stages", "plan.rollout.replicas"):
-            return False
-        raise
-    return True
-
-
-def solve_for_upstream(recipe):
-    """Solve ``recipe``. Upstream runs one actor layout and one rollout server layout; when the best plan needs
-    more, solve again with one training stage and, for each rollout (tp, pp), every replica in that layout, keep
-    the best of those, and say what it cost."""
-    from areal_hex_plugin.scheduler import plan_recipe
-
-    plan = plan_recipe(recipe)
-    if _runs_on_upstream(plan):
-        return plan, "solved at start"
-    layouts = sorted({(g.tp, g.pp) for g in plan.rollout.replicas} | {(tp, 1) for tp in (1, 2, 4, 8)})
-    candidates = []
-    for tp, pp in layouts:
-        solver = replace(recipe.hex.solver, max_pp_stages=max(1, pp), rollout_layout=[tp, pp])
-        try:
-            candidate = plan_recipe(replace(recipe, hex=replace(recipe.hex, solver=solver)))
-        except HexError:
-            continue  # nothing fits in this layout
-        if _runs_on_upstream(candidate):
-            candidates.append(candidate)
-    if not candidates:
-        raise HexError(
-            "hex.solver.rollout_layout",
-            "no plan with one training layout and one rollout layout fits this cluster",
-            "add machines, or plan with areal-hex plan and run the pools as separate experiments",
-        )
-    best = max(candidates, key=lambda p: (p.predicted.tokens_per_s, -p.predicted.cost_per_hour))
-    rollout = best.rollout.replicas[0]
-    return best, (
-        f"solved at start in integration mode (one training layout, every rollout server tp{rollout.tp} "
-        f"pp{rollout.pp}): upstream runs one layout per role "
-        f"({plan.predicted.tokens_per_s:,.0f} -> {best.predicted.tokens_per_s:,.0f} predicted tokens/s)"
-    )
-
-
 def obtain_plan(recipe, config):
     """The saved plan at ``hex.plan_path`` (checked against the recipe), or a plan solved now."""
     from areal_hex_plugin.plan import load_plan_for
 
     if not config.hex.plan_path:
-        return solve_for_upstream(recipe)
+        from areal_hex_plugin.scheduler import plan_recipe
+
+        plan = plan_recipe(recipe)  # for the recipe's backends: the plan areal-hex plan RECIPE shows
+        return plan, f"solved at start for {plan.runtime}"
     plan = load_plan_for(config.hex.plan_path, recipe.cluster, recipe.workload.model, "hex.plan_path")
     return plan, f"plan {config.hex.plan_path}"
 
@@ -117,7 +73,9 @@ def run(argv: list[str]) -> int:
 
 def check_transport(config) -> None:
     """What the relay transport needs from the config and the environment, checked before any worker starts."""
-    if config.hex.transport != "relay" or not config.actor.backend.startswith("fsdp"):
+    from areal_hex_plugin.areal.rewrite import uses_relay
+
+    if not uses_relay(config):
         return
     mode = config.actor.weight_update_mode
     if mode != "xccl":

@@ -19,3 +19,7 @@ class HexError(Exception):
     def message(self) -> str:
         text = f"{self.field}: {self.problem}" if self.field else self.problem
         return f"{text}\n  fix: {self.fix}" if self.fix else text
+
+
+class UpstreamLimit(HexError):
+    """A plan or config that upstream AReaL (as the plugin drives it) cannot start; refused before any worker."""

@@ -184,6 +184,7 @@ class HexPlan:
     pool_roles: dict[str, str] = field(default_factory=dict)  # pool -> why it got its role
     pareto: list[ParetoPoint] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    runtime: str = ""  # the runtime the plan was made for (RuntimeCaps.describe()); "" in older plans
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

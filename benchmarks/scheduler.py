@@ -19,6 +19,7 @@ from pathlib import Path
 
 from report import emit  # benchmarks/report.py, beside this script
 
+from areal_hex_plugin.scheduler.caps import PAPER
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest
 from areal_hex_plugin.specs.recipe import cheapest_deployment, load_recipe
 
@@ -71,7 +72,7 @@ def bench_size(n: int, time_limit_s: float) -> dict:
     pools = [{"gpu_type": t, "gpus_per_machine": 8, "machines": m} for t, m in SIZES[n].items()]
     recipe = recipe_for("7b", pools, time_limit_s)
     start = time.monotonic()
-    planner = Planner(recipe, PlanRequest())
+    planner = Planner(recipe, PlanRequest(caps=PAPER))
     result = planner.search(planner.limits, None)
     elapsed = time.monotonic() - start
     best = result.best
@@ -88,7 +89,7 @@ def bench_size(n: int, time_limit_s: float) -> dict:
     if n <= EXHAUSTIVE_SIZES:
         # The paper's Table 5 compares against exhaustive search on these sizes: do the same.
         start = time.monotonic()
-        full = Planner(recipe, PlanRequest(exhaustive=True))
+        full = Planner(recipe, PlanRequest(exhaustive=True, caps=PAPER))
         optimum = full.search(full.limits, None)
         row["exhaustive_solve_time_s"] = round(time.monotonic() - start, 3)
         window = max(result.window, optimum.window)
@@ -124,11 +125,11 @@ def compare(pools: list[dict], budget_fraction: float | None, time_limit_s: floa
         cheapest = cheapest_deployment(probe.cluster, probe.workload)[0]
         budget = round(max(probe.cluster.price_per_hour * budget_fraction, cheapest), 2)
     recipe = recipe_for("1.5b", pools, time_limit_s, budget)
-    fast = Planner(recipe, PlanRequest())
+    fast = Planner(recipe, PlanRequest(caps=PAPER))
     start = time.monotonic()
     two = fast.search(fast.limits, budget)
     two_s = time.monotonic() - start
-    full = Planner(recipe, PlanRequest(exhaustive=True))
+    full = Planner(recipe, PlanRequest(exhaustive=True, caps=PAPER))
     start = time.monotonic()
     ex = full.search(full.limits, budget)
     ex_s = time.monotonic() - start

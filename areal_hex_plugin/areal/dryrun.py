@@ -9,9 +9,7 @@ import yaml
 from tabulate import tabulate
 
 from areal_hex_plugin.areal.rewrite import Rewrite
-from areal_hex_plugin.areal.sglang_flags import server_args_for
 from areal_hex_plugin.plan import HexPlan
-from areal_hex_plugin.specs.catalog import build_catalog
 
 SPEC_FIELDS = ("cpu", "gpu", "mem", "port_count", "cmd", "env_vars")
 
@@ -39,29 +37,27 @@ def rewritten_config(config) -> dict:
     return out
 
 
-def placement_table(rewrite: Rewrite, config) -> str:
+def placement_table(rewrite: Rewrite) -> str:
+    """One row per training pool and per rollout replica group (pool, GPU type, layout), with the flags each of
+    its servers starts with."""
     p = rewrite.placement
-    catalog = build_catalog({name: asdict(figures) for name, figures in config.hex.gpu_catalog.items()})
-    base_flags = {
-        "attention_backend": getattr(config.sglang, "attention_backend", None),
-        "mem_fraction_static": config.sglang.mem_fraction_static,
-    }
     rows = []
     for role, slots in p.slots.items():
-        by_pool: dict[tuple[str, str], list] = defaultdict(list)
+        by_group: dict[tuple, list] = defaultdict(list)
         for slot in slots:
-            by_pool[(slot.pool, slot.gpu_type)].append(slot)
-        for (pool, gpu_type), members in by_pool.items():
+            by_group[(slot.pool, slot.gpu_type, slot.tp, slot.pp, slot.server_flags)].append(slot)
+        for (pool, gpu_type, tp, pp, flags), members in by_group.items():
             gpus = sum(len(s.gpu_ids) for s in members)
             hosts = sorted({s.host for s in members})
             if role == "actor":
                 layout = f"dp{p.train_dp} tp{p.train_tp} pp{p.train_pp} ({gpus} ranks here)"
             else:
-                flags = server_args_for(gpu_type, catalog.get(gpu_type).hbm_gb, base_flags)
+                f = dict(flags)
                 share = sum(s.share for s in members)
                 layout = (
-                    f"{len(members)} servers x tp{p.rollout_tp} pp{p.rollout_pp}, share {share:.1%}, "
-                    f"attn={flags['attention_backend']} mem={flags['mem_fraction_static']}"
+                    f"{len(members)} servers x tp{tp} pp{pp}, share {share:.1%}, "
+                    f"max_running_requests={f.get('max_running_requests')} "
+                    f"attn={f.get('attention_backend')} mem={f.get('mem_fraction_static')}"
                 )
             machines = ", ".join(hosts) if len(hosts) <= 4 else f"{', '.join(hosts[:3])}, ... ({len(hosts)})"
             rows.append([role, pool, gpu_type, machines, gpus, layout])
@@ -76,7 +72,7 @@ def describe_dry_run(config, rewrite: Rewrite, plan: HexPlan, plan_source: str) 
         yaml.safe_dump(rewritten_config(config), sort_keys=False, default_flow_style=False).rstrip(),
         "",
         "# Placement",
-        placement_table(rewrite, config),
+        placement_table(rewrite),
         f"Rollout requests go to servers by hex.routing={rewrite.placement.routing}",
         "",
         f"Predicted: {plan.predicted.tokens_per_s:,.0f} tokens/s at ${plan.predicted.cost_per_hour:,.2f}/h "

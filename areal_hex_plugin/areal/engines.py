@@ -1,24 +1,25 @@
-"""Worker-side engine and controller subclasses: per-GPU-type SGLang flags and share-weighted routing.
+"""The rollout engine and controller subclasses: one layout per replica group, share-weighted routing.
 
-``HexRemoteSGLangEngine`` is upstream's ``RemoteSGLangEngine`` with a :class:`HexSGLangBackend` and the relay
-transport's receiver methods; its ``as_controller`` returns a :class:`HexRolloutController`.
+``HexRemoteSGLangEngine`` is upstream's ``RemoteSGLangEngine`` with the relay transport's receiver methods; its
+``as_controller`` returns a :class:`HexRolloutController`, which starts every server with its own GPU count and
+``server_args`` (the replica group's TP/PP, planned concurrency and GPU-type flags, computed by the rewrite).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
-import os
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from dataclasses import replace
+from typing import TypeVar
 
-from areal.engine.sglang_remote import RemoteSGLangEngine, SGLangBackend
+from areal.api.cli_args import SchedulingSpec
+from areal.engine.sglang_remote import RemoteSGLangEngine
 from areal.infra.controller.rollout_controller import RolloutController
-from areal.infra.remote_inf_engine import RemoteInfEngine
 
 from areal_hex_plugin.areal.routing import ShareRouter
-from areal_hex_plugin.areal.sglang_flags import server_args_for
 from areal_hex_plugin.transport.sglang_adapter import RelayReceiverMixin
 
 # The servers picked inside one routed call (submit or agenerate); released when that call ends.
@@ -26,32 +27,67 @@ _picks: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("hex_p
 T = TypeVar("T")
 
 
-class HexSGLangBackend(SGLangBackend):
-    """Launches the server with flags for the GPU type this worker was placed on (``HEX_GPU_TYPE``)."""
-
-    def launch_server(self, server_args: dict[str, Any]):
-        gpu_type = os.environ.get("HEX_GPU_TYPE")
-        if gpu_type:
-            from areal_hex_plugin.specs.catalog import build_catalog
-
-            catalog = build_catalog()
-            # A type the recipe added under hex.gpu_catalog is unknown here: keep the recipe's memory fraction.
-            hbm_gb = catalog.get(gpu_type).hbm_gb if gpu_type in catalog else None
-            server_args = server_args_for(gpu_type, hbm_gb, server_args)
-        return super().launch_server(server_args)
+def per_server_specs(job_tasks: list[SchedulingSpec], instance_size: int, slots) -> list[SchedulingSpec]:
+    """One spec per planned server: upstream's spec (scaled by its one ``instance_size``) rescaled to the slot's
+    own ``tp*pp`` GPUs, CPUs and memory."""
+    out = []
+    for spec, slot in zip(job_tasks, slots, strict=True):
+        size = slot.tp * slot.pp
+        out.append(
+            replace(
+                spec,
+                cpu=spec.cpu // instance_size * size,
+                mem=spec.mem // instance_size * size,
+                gpu=size if spec.gpu > 0 else 0,
+            )
+        )
+    return out
 
 
 class HexRolloutController(RolloutController):
-    """Routes each rollout to a server by the plan's shares instead of round-robin; counts completions per pool."""
+    """Starts each planned server with its own layout and flags, routes rollouts by the plan's shares instead of
+    round-robin, and counts completions per pool."""
+
+    def _slots(self):
+        # eval-rollout reuses the rollout servers, so it follows the rollout slots.
+        placement = self.scheduler.placement
+        return placement.for_role(self._worker_role) or placement.for_role("rollout")
+
+    async def _async_initialize(self, job, server_args, server_infos=None, *args, **kwargs):
+        if server_infos is None and job.tasks and job.tasks[0].gpu > 0:
+            parallel = self.rollout_alloc.parallel
+            job = replace(
+                job, tasks=per_server_specs(job.tasks, parallel.tp_size * parallel.pp_size, self._slots())
+            )
+        return await super()._async_initialize(job, server_args, server_infos, *args, **kwargs)
+
+    async def _collective_rpc_async(self, method: str, *args, **kwargs):
+        if method != "launch_server" or kwargs.get("server_args") is None:
+            return await super()._collective_rpc_async(method, *args, **kwargs)
+        base = kwargs.pop("server_args")
+        slots = self._slots()
+        return await asyncio.gather(
+            *(
+                self.scheduler.async_call_engine(
+                    *args,
+                    worker_id=worker.id,
+                    method=method,
+                    engine_name=self._engine_name(rank),
+                    server_args=slot.launch_args(base),
+                    **kwargs,
+                )
+                for rank, (worker, slot) in enumerate(zip(self.workers, slots, strict=True))
+            )
+        )
 
     def _router(self) -> ShareRouter:
         router = getattr(self, "_hex_router", None)
         if router is None or len(router.shares) != len(self.workers):
-            # eval-rollout reuses the rollout servers, so it follows the rollout slots.
-            placement = self.scheduler.placement
-            slots = placement.for_role(self._worker_role) or placement.for_role("rollout")
+            slots = self._slots()
             self._hex_pools = [s.pool for s in slots]
-            router = self._hex_router = ShareRouter([s.share for s in slots], placement.routing)
+            router = self._hex_router = ShareRouter(
+                [s.share for s in slots], self.scheduler.placement.routing
+            )
         return router
 
     def _choose_worker(self):
@@ -109,11 +145,7 @@ class HexRolloutController(RolloutController):
 
 
 class HexRemoteSGLangEngine(RelayReceiverMixin, RemoteSGLangEngine):
-    """Per-GPU-type server flags, share routing, and the relay transport's receiver methods (``hex_*``)."""
-
-    def __init__(self, config) -> None:
-        super().__init__(config)
-        self._engine = RemoteInfEngine(config, HexSGLangBackend())
+    """Per-server layouts and flags, share routing, and the relay transport's receiver methods (``hex_*``)."""
 
     @classmethod
     def as_controller(cls, config, scheduler):

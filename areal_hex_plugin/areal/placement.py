@@ -4,18 +4,19 @@ Upstream starts ``actor`` workers one GPU each (rank order) and ``rollout`` work
 GPUs). A :class:`Placement` says, for every such worker, which pool, GPU type, host and GPU ids it gets; the
 Hex schedulers (local, Ray, Slurm) only carry it out. Pure data: no upstream import.
 
-Integration mode runs every rollout server with one TP/PP (upstream's single ``RolloutController`` launches all
-servers with the same ``server_args``), so a plan whose replica groups differ in TP or PP is refused here with
-the fix; replica groups may still differ in GPU type, count and share.
+Every rollout server keeps its replica group's own TP/PP and planned concurrency (``HexRolloutController`` gives
+each worker its own GPU count and ``server_args``); each server runs on ``tp*pp`` GPUs of one machine.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from typing import Any
 
-from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.errors import HexError, UpstreamLimit
 from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.scheduler.caps import RuntimeCaps, unmet
 
 TRAIN_ROLE = "actor"
 ROLLOUT_ROLE = "rollout"
@@ -32,15 +33,31 @@ class WorkerSlot:
     host: str
     gpu_ids: tuple[int, ...]
     share: float = 0.0  # rollout: this server's fraction of a step's samples
+    tp: int = 1  # rollout: the server's tensor- and pipeline-parallel sizes (its replica group's)
+    pp: int = 1
+    concurrency: int = (
+        0  # rollout: the requests the plan keeps in flight on this server (max_running_requests)
+    )
+    server_flags: tuple[
+        tuple[str, Any], ...
+    ] = ()  # rollout: what this server changes in upstream's server_args
+
+    def launch_args(self, server_args: dict[str, Any]) -> dict[str, Any]:
+        """Upstream's ``server_args`` with this server's own flags (``pp_size`` only above 1, as upstream)."""
+        args = {**server_args, **dict(self.server_flags)}
+        if args.get("pp_size") == 1:
+            del args["pp_size"]
+        return args
 
     def env(self) -> dict[str, str]:
-        """Env vars a worker gets so it (and its logs) know its pool; HexSGLangBackend reads HEX_GPU_TYPE."""
+        """Env vars a worker gets so it (and its logs) know its pool, GPU type, host and GPU ids."""
         return {
             "HEX_ROLE": self.role,
             "HEX_POOL": self.pool,
             "HEX_GPU_TYPE": self.gpu_type,
             "HEX_HOST": self.host,
-            "HEX_GPU_IDS": ",".join(map(str, self.gpu_ids)),
+            # Space-separated: upstream's local scheduler splits its env string on commas.
+            "HEX_GPU_IDS": " ".join(map(str, self.gpu_ids)),
         }
 
 
@@ -52,12 +69,29 @@ class Placement:
     train_dp: int
     train_tp: int
     train_pp: int
-    rollout_tp: int
-    rollout_pp: int
     routing: str = "shares"  # hex.routing: how the rollout controller spreads requests over the servers
 
     def for_role(self, role: str) -> tuple[WorkerSlot, ...] | None:
         return self.slots.get(role)
+
+    @property
+    def rollout_layouts(self) -> list[tuple[int, int]]:
+        """The distinct (tp, pp) of the rollout servers, sorted."""
+        return sorted({(s.tp, s.pp) for s in self.slots.get(ROLLOUT_ROLE, ())})
+
+
+def check_plan_runs(plan: HexPlan, caps: RuntimeCaps) -> None:
+    """Refuse a plan the runtime of ``caps`` cannot start (e.g. one made with ``areal-hex plan --unconstrained``
+    or for other backends), naming every unmet capability."""
+    problems = unmet(plan, caps)
+    if problems:
+        raise UpstreamLimit(
+            "plan",
+            f"{caps.describe()} cannot run this plan: "
+            + "; ".join(f"{what}: {why}" for what, why in problems.items()),
+            "plan for the recipe's backends (areal-hex plan RECIPE --json PLAN, without --unconstrained), or "
+            "change actor.backend / hex.transport to a runtime that has these capabilities",
+        )
 
 
 def placement_from_plan(plan: HexPlan) -> Placement:
@@ -75,16 +109,6 @@ def placement_from_plan(plan: HexPlan) -> Placement:
     groups = plan.rollout.replicas
     if not groups:
         raise HexError("plan.rollout.replicas", "is empty", "re-create the plan; rollout needs GPUs")
-    layouts = sorted({(g.tp, g.pp) for g in groups})
-    if len(layouts) > 1:
-        raise HexError(
-            "plan.rollout.replicas",
-            f"replica groups use different (tp, pp) layouts {layouts}; upstream's RolloutController launches "
-            "every server with one layout",
-            "re-plan so all rollout replicas share one TP/PP size (integration mode), or run the pools as "
-            "separate experiments",
-        )
-    rollout_tp, rollout_pp = layouts[0]
 
     train: dict[tuple[int, int, int], tuple[str, str, str, int]] = {}
     rollout: dict[tuple[int, int], list[tuple[int, int, str, str, str, int]]] = defaultdict(list)
@@ -118,17 +142,31 @@ def placement_from_plan(plan: HexPlan) -> Placement:
                 "plan.machines", f"name rollout group {group} that does not exist", "re-create the plan"
             )
         hosts = {g[4] for g in gpus}
-        if len(hosts) != 1 or len(gpus) != rollout_tp * rollout_pp:
+        spec = groups[group]
+        if len(hosts) != 1 or len(gpus) != spec.tp * spec.pp:
             raise HexError(
                 "plan.machines",
                 f"rollout group {group} instance {instance} has {len(gpus)} GPUs on {sorted(hosts)}; upstream "
-                f"runs each server on {rollout_tp * rollout_pp} GPUs of one machine",
-                "re-create the plan",
+                f"runs each server on its tp*pp = {spec.tp * spec.pp} GPUs of one machine",
+                "re-plan for upstream's runtime (areal-hex plan without --unconstrained)",
             )
         _, _, pool, gpu_type, host, _ = gpus[0]
-        share = groups[group].share / max(groups[group].count, 1)
+        share = spec.share / max(spec.count, 1)
         ids = tuple(g[5] for g in sorted(gpus))
-        rollout_slots.append(WorkerSlot(ROLLOUT_ROLE, len(rollout_slots), pool, gpu_type, host, ids, share))
+        rollout_slots.append(
+            WorkerSlot(
+                ROLLOUT_ROLE,
+                len(rollout_slots),
+                pool,
+                gpu_type,
+                host,
+                ids,
+                share,
+                tp=spec.tp,
+                pp=spec.pp,
+                concurrency=spec.concurrency,
+            )
+        )
     planned = sum(g.count for g in groups)
     if len(rollout_slots) != planned:
         raise HexError(
@@ -141,8 +179,6 @@ def placement_from_plan(plan: HexPlan) -> Placement:
         train_dp=dp,
         train_tp=tp,
         train_pp=len(stages),
-        rollout_tp=rollout_tp,
-        rollout_pp=rollout_pp,
     )
 
 

@@ -6,12 +6,15 @@ Runs before upstream parses any backend string (in the driver, and again, idempo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from areal.api.alloc_mode import ModelAllocation
 
-from areal_hex_plugin.areal.placement import Placement, placement_from_plan
+from areal_hex_plugin.areal.placement import ROLLOUT_ROLE, Placement, check_plan_runs, placement_from_plan
+from areal_hex_plugin.areal.sglang_flags import server_flags
 from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.scheduler.caps import RuntimeCaps, backend_kind, caps_for
+from areal_hex_plugin.specs.catalog import build_catalog
 
 
 @dataclass(frozen=True)
@@ -22,35 +25,103 @@ class Rewrite:
     notes: tuple[str, ...]
 
 
-def _train_backend(current: str, placement: Placement) -> tuple[str, list[str]]:
+def runtime_caps(config) -> RuntimeCaps:
+    """What upstream can run with this config's actor backend, ``hex.transport`` and weight-update mode."""
+    kind = backend_kind(config.actor.backend, "actor.backend")
+    return caps_for(kind, config.hex.transport, config.actor.weight_update_mode)
+
+
+def _train_backend(current: str, placement: Placement) -> str:
     kind = ModelAllocation.from_str(current).backend
     dp, tp, pp = placement.train_dp, placement.train_tp, placement.train_pp
-    notes = []
-    if pp > 1 and kind == "fsdp":
-        # FSDP has no pipeline dimension; the plan's stages need Megatron.
-        kind = "megatron"
-        notes.append(f"actor: the plan pipelines training over {pp} stages, so fsdp became megatron")
     if kind == "fsdp":
-        return f"fsdp:d{dp}t{tp}", notes
-    return f"{kind}:d{dp}p{pp}t{tp}", notes
+        return f"fsdp:d{dp}t{tp}"
+    return f"{kind}:d{dp}p{pp}t{tp}"
+
+
+def _with_server_flags(placement: Placement, config) -> Placement:
+    """Each rollout slot with the flags its server overrides in upstream's ``server_args``."""
+    catalog = build_catalog({name: asdict(figures) for name, figures in config.hex.gpu_catalog.items()})
+    base = {
+        "attention_backend": getattr(config.sglang, "attention_backend", None),
+        "mem_fraction_static": config.sglang.mem_fraction_static,
+    }
+    slots = tuple(
+        replace(
+            s,
+            server_flags=tuple(
+                server_flags(
+                    s.gpu_type, catalog.get(s.gpu_type).hbm_gb, s.tp, s.pp, s.concurrency, base
+                ).items()
+            ),
+        )
+        for s in placement.slots[ROLLOUT_ROLE]
+    )
+    return replace(placement, slots={**placement.slots, ROLLOUT_ROLE: slots})
+
+
+def _rollout_backend(kind: str, placement: Placement) -> tuple[str, list[str]]:
+    """Upstream's rollout backend string: the server count, and the one layout when all servers share it."""
+    servers = len(placement.slots[ROLLOUT_ROLE])
+    layouts = placement.rollout_layouts
+    if len(layouts) == 1:
+        tp, pp = layouts[0]
+        return f"{kind}:d{servers}p{pp}t{tp}", []
+    shown = ", ".join(f"tp{tp} pp{pp}" for tp, pp in layouts)
+    return f"{kind}:d{servers}p1t1", [
+        f"rollout: the servers run {len(layouts)} layouts ({shown}); upstream's backend string holds one, so it "
+        f"names the {servers} servers and HexRolloutController starts each with its replica group's tp/pp"
+    ]
 
 
 def apply_plan(config, plan: HexPlan) -> Rewrite:
     """Rewrite ``config`` (an upstream PPO/GRPO config) in place to follow ``plan``."""
-    placement = replace(placement_from_plan(plan), routing=config.hex.routing)
-    actor_backend, notes = _train_backend(config.actor.backend, placement)
+    check_plan_runs(plan, runtime_caps(config))
+    placement = _with_server_flags(replace(placement_from_plan(plan), routing=config.hex.routing), config)
+    notes: list[str] = []
+    actor_backend = _train_backend(config.actor.backend, placement)
     config.actor.backend = actor_backend
     for name in ("ref", "critic"):
         role_cfg = getattr(config, name, None)
         if role_cfg is not None:
             role_cfg.backend = actor_backend
     rollout_kind = ModelAllocation.from_str(config.rollout.backend).backend
-    servers = len(placement.slots["rollout"])
-    rollout_backend = f"{rollout_kind}:d{servers}p{placement.rollout_pp}t{placement.rollout_tp}"
+    rollout_backend, rollout_notes = _rollout_backend(rollout_kind, placement)
+    notes += rollout_notes
     config.rollout.backend = rollout_backend
     # One GPU per train worker; the rollout controller multiplies its spec by tp*pp per server.
     for spec in (*config.actor.scheduling_spec, *config.rollout.scheduling_spec):
         spec.gpu = 1
+    notes += _staleness_notes(config, plan)
     config.rollout.max_concurrent_rollouts = plan.staleness.max_concurrent_rollouts
     config.rollout.max_head_offpolicyness = plan.staleness.max_head_offpolicyness
     return Rewrite(placement, actor_backend, rollout_backend, tuple(notes))
+
+
+def uses_relay(config) -> bool:
+    """Whether weights go through the relay transport (else upstream's own ``weight_update_mode`` path)."""
+    return (
+        config.hex.transport == "relay" and ModelAllocation.from_str(config.actor.backend).backend == "fsdp"
+    )
+
+
+def _staleness_notes(config, plan: HexPlan) -> list[str]:
+    """Why the rewrite changes the recipe's in-flight cap, staleness bound and server batch size."""
+    notes = []
+    sequences = sum(g.concurrency * g.count for g in plan.rollout.replicas)
+    old, new = config.rollout.max_concurrent_rollouts, plan.staleness.max_concurrent_rollouts
+    if old != new:
+        notes.append(
+            f"rollout.max_concurrent_rollouts: {old} -> {new}: the planned servers decode {sequences} sequences "
+            f"at once; upstream counts rollouts (gconfig.n_samples={config.gconfig.n_samples} samples each, "
+            "holding the slot until the longest ends), and this many keep the servers full"
+        )
+    old, new = config.rollout.max_head_offpolicyness, plan.staleness.max_head_offpolicyness
+    if old != new:
+        notes.append(f"rollout.max_head_offpolicyness: {old} -> {new}: the plan was made for eta={new}")
+    running = config.sglang.max_running_requests
+    if running is not None and any(g.concurrency != running for g in plan.rollout.replicas):
+        notes.append(
+            f"sglang.max_running_requests: {running} -> each server's planned concurrency (see the placement)"
+        )
+    return notes

@@ -1,4 +1,7 @@
-"""Per-GPU-type SGLang server flags (pure): one ``server_args`` from the controller, adjusted on each worker.
+"""Per-server SGLang flags (pure): upstream's one ``server_args``, adjusted for each planned server.
+
+Each server gets its replica group's ``tp_size``/``pp_size`` and ``max_running_requests`` = the planned
+concurrency, and flags for its GPU type.
 
 FlashAttention-3 (SGLang's ``fa3`` attention backend) runs only on Hopper and Blackwell; other GPUs get
 ``flashinfer``. Small-memory cards keep more headroom for activations and CUDA graphs, so
@@ -26,3 +29,16 @@ def server_args_for(gpu_type: str, hbm_gb: float | None, server_args: dict[str, 
     if args.get("mem_fraction_static") is None or args["mem_fraction_static"] > cap:
         args["mem_fraction_static"] = cap
     return args
+
+
+def server_flags(
+    gpu_type: str, hbm_gb: float | None, tp: int, pp: int, concurrency: int, base: dict[str, Any]
+) -> dict[str, Any]:
+    """The flags one planned rollout server overrides in upstream's ``server_args``: its GPU type's attention
+    backend and memory fraction (from ``base``, the recipe's), ``tp_size``, ``pp_size`` (upstream sends it only
+    above 1) and ``max_running_requests`` = the planned concurrency."""
+    flags = server_args_for(gpu_type, hbm_gb, base)
+    flags.update(tp_size=tp, pp_size=pp)
+    if concurrency:
+        flags["max_running_requests"] = concurrency
+    return flags

@@ -1,4 +1,5 @@
-"""``areal-hex plan RECIPE``: solve the two-phase schedule and print it beside the homogeneous baselines."""
+"""``areal-hex plan RECIPE``: solve the two-phase schedule for the recipe's backends (the plan the driver runs) and
+print it beside the homogeneous baselines; ``--unconstrained`` adds the paper's unconstrained plan."""
 
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="score every machine split (the true optimum; small clusters)",
     )
     parser.add_argument("--pareto", action="store_true", help="also compute the cost vs tokens/s frontier")
+    parser.add_argument(
+        "--unconstrained",
+        action="store_true",
+        help="also plan in the paper's unconstrained space (layouts upstream cannot start) and show the "
+        "difference; the plan printed first and written by --json stays the runnable one",
+    )
     parser.add_argument("--json", metavar="OUT", help="write the plan (HexPlan JSON) here; - for stdout")
     parser.add_argument(
         "--plot", metavar="OUT.png", help="draw the Pareto frontier (implies --pareto); - for stdout"
@@ -58,6 +65,15 @@ def run(args: argparse.Namespace) -> int:
     with working(f"planning {args.recipe}"):
         plan = plan_recipe(recipe, request)
     print(describe_plan(plan, out), file=out)
+    if args.unconstrained:
+        from dataclasses import replace
+
+        from areal_hex_plugin.scheduler.caps import PAPER, recipe_caps
+        from areal_hex_plugin.scheduler.report import describe_runtime_gap
+
+        with working(f"planning {args.recipe} in the paper's unconstrained space"):
+            paper = plan_recipe(recipe, replace(request, caps=PAPER))
+        print("\n" + describe_runtime_gap(plan, paper, recipe_caps(recipe), out), file=out)
     if args.json:
         print(f"\nplan written to {plan.save(args.json)}", file=out)
     if args.plot:

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
+from areal_hex_plugin.scheduler.caps import PAPER, RuntimeCaps
 from areal_hex_plugin.scheduler.rollout_model import (
     ReplicaConfig,
     RolloutSolution,
@@ -80,6 +81,7 @@ class Evaluator:
     solver: SolverConfig
     sync_strategy: str = "relay"
     exhaustive: bool = False
+    caps: RuntimeCaps = PAPER  # the layouts the runtime can start (scheduler/caps.py)
     _configs: dict[str, list[ReplicaConfig]] = field(default_factory=dict)
     _train: dict[tuple[int, ...], TrainChoice | None] = field(default_factory=dict)
     _pool_fleet: dict[tuple[str, int, float], RolloutSolution] = field(default_factory=dict)
@@ -107,10 +109,10 @@ class Evaluator:
             gpus = {
                 p.name: n * p.gpus_per_machine for p, n in zip(self.cluster.pools, counts, strict=True) if n
             }
+            stages = self.caps.train_stages(self.solver.max_pp_stages)
+            equal = self.caps.train_equal_stages and stages > 1
             self._train[counts] = (
-                search_train(self.cm, self.cluster, gpus, self.solver.max_pp_stages, self.exhaustive)
-                if gpus
-                else None
+                search_train(self.cm, self.cluster, gpus, stages, self.exhaustive, equal) if gpus else None
             )
         return self._train[counts]
 
@@ -150,9 +152,13 @@ class Evaluator:
         if pool_name not in self._configs:
             pool = self.cluster.pool(pool_name)
             configs = []
+            in_machine = tp_degrees(pool.gpus_per_machine)
             for pp in range(1, self.solver.max_pp_stages + 1):
                 for tp in tp_degrees(pool.gpus_per_machine):
                     if self.solver.rollout_layout and [tp, pp] != self.solver.rollout_layout:
+                        continue
+                    # One upstream server per worker: its GPUs in one machine, packed exactly.
+                    if self.caps.rollout_server_in_machine and tp * pp not in in_machine:
                         continue
                     estimate = self.cm.rollout(tuple(RolloutStage(pool=pool_name, tp=tp) for _ in range(pp)))
                     if estimate.feasible and estimate.tokens_per_s > 0:

@@ -2,14 +2,16 @@
 
 Machines of a pool are taken in inventory order: the first ones train, the next ones generate, the rest idle.
 Train stages fill their pool's training GPUs contiguously (TP ranks fastest), so a TP group never crosses a
-machine. Rollout stages are packed largest TP first; TP degrees form a divisibility chain of the machine size,
-so the packing is exact and no stage crosses a machine.
+machine. Rollout replicas whose sizes (tp*pp) all lie on the machine size's divisibility chain are packed whole,
+largest first, so each sits in one machine (one upstream server); otherwise their stages are packed largest TP
+first. Either way the packing is exact and no TP group crosses a machine.
 """
 
 from __future__ import annotations
 
 from areal_hex_plugin.plan import GpuAssignment, Machine, ReplicaGroup, RolloutPlan, TrainPlan, TrainStage
 from areal_hex_plugin.scheduler.evaluate import Evaluation
+from areal_hex_plugin.scheduler.train_search import tp_degrees
 from areal_hex_plugin.specs.cluster import Cluster
 
 
@@ -91,7 +93,12 @@ def _place_rollout(cluster: Cluster, e: Evaluation, hosts: dict[str, list[str]],
     for pool_name, stage_slots in pending.items():
         pool = cluster.pool(pool_name)
         cursor = 0  # GPUs handed out so far in this pool's rollout machines
-        for tp, g, i, s in sorted(stage_slots, key=lambda x: (-x[0], x[1], x[2], x[3])):
+        sizes = {g: groups[g].tp * groups[g].pp for _, g, _, _ in stage_slots}
+        if set(sizes.values()) <= set(tp_degrees(pool.gpus_per_machine)):
+            order = sorted(stage_slots, key=lambda x: (-sizes[x[1]], x[1], x[2], x[3]))
+        else:
+            order = sorted(stage_slots, key=lambda x: (-x[0], x[1], x[2], x[3]))
+        for tp, g, i, s in order:
             for rank in range(tp):
                 host = hosts[pool_name][(cursor + rank) // pool.gpus_per_machine]
                 gpu = (cursor + rank) % pool.gpus_per_machine

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import Baseline, HexPlan, Objective, ParetoPoint, Predicted, SolverInfo, Staleness
 from areal_hex_plugin.scheduler.bound import cost_bound, throughput_bound
+from areal_hex_plugin.scheduler.caps import RuntimeCaps, recipe_caps
 from areal_hex_plugin.scheduler.cpsat import clock
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator, window_rollout_s
 from areal_hex_plugin.scheduler.explain import binding_constraint, pool_roles
@@ -32,12 +33,14 @@ TARGET_STEPS = 12
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """What to plan; ``budget_per_hour``/``target_tokens_per_s`` override the recipe's ``hex.objective``."""
+    """What to plan; ``budget_per_hour``/``target_tokens_per_s`` override the recipe's ``hex.objective``;
+    ``caps``: the runtime the plan must run on (None: the recipe's backends; ``caps.PAPER``: unconstrained)."""
 
     exhaustive: bool = False
     budget_per_hour: float | None = None
     target_tokens_per_s: float | None = None
     pareto: bool = False
+    caps: RuntimeCaps | None = None
 
 
 def objective_of(recipe, request: PlanRequest) -> Objective:
@@ -72,6 +75,7 @@ class Planner:
         self.workload = recipe.workload
         self.solver = recipe.hex.solver
         self.objective = objective_of(recipe, request)
+        self.caps = request.caps or recipe_caps(recipe)
         self.cm = CostModel(recipe.cluster, recipe.workload, calibration=recipe_calibration(recipe))
         self.limits = tuple(p.machines for p in self.cluster.pools)
         _check_rollout_layout(self.solver, self.cluster)
@@ -88,6 +92,7 @@ class Planner:
             self.solver,
             sync_strategy=strategy_for(recipe.hex.transport),
             exhaustive=request.exhaustive,
+            caps=self.caps,
         )
         if request.exhaustive and count_splits(self.limits) > EXHAUSTIVE_MAX_SPLITS:
             raise HexError(
@@ -334,12 +339,47 @@ class Planner:
             pool_roles=pool_roles(best, self.cluster, self.limits),
             pareto=pareto,
             warnings=warnings,
+            runtime=self.caps.describe(),
         )
 
 
 def plan_recipe(recipe, request: PlanRequest | None = None) -> HexPlan:
-    """Plan ``recipe`` (see :class:`PlanRequest`); bad input raises :class:`HexError`."""
-    return Planner(recipe, request or PlanRequest()).solve()
+    """Plan ``recipe`` (see :class:`PlanRequest`); bad input raises :class:`HexError`.
+
+    A runtime that needs one rollout layout for every server (upstream's xccl weight path) is planned once per
+    layout a server can have, unless ``hex.solver.rollout_layout`` fixes it; the best of those is the plan."""
+    request = request or PlanRequest()
+    request = replace(request, caps=request.caps or recipe_caps(recipe))
+    if not request.caps.one_rollout_layout or recipe.hex.solver.rollout_layout:
+        return Planner(recipe, request).solve()
+    best = None
+    for tp, pp in one_machine_layouts(recipe.cluster, recipe.hex.solver.max_pp_stages):
+        solver = replace(recipe.hex.solver, rollout_layout=[tp, pp])
+        try:
+            plan = Planner(replace(recipe, hex=replace(recipe.hex, solver=solver)), request).solve()
+        except HexError:
+            continue  # no plan with every server in this layout
+        if best is None or (plan.predicted.tokens_per_s, -plan.predicted.cost_per_hour) > (
+            best.predicted.tokens_per_s,
+            -best.predicted.cost_per_hour,
+        ):
+            best = plan
+    if best is None:
+        raise HexError(
+            "actor.weight_update_mode",
+            f"no plan with one layout for every rollout server (weights by {request.caps.weight_path}) fits",
+            "use hex.transport=relay, which updates servers of different layouts, or add machines",
+        )
+    return best
+
+
+def one_machine_layouts(cluster, max_pp: int) -> list[tuple[int, int]]:
+    """Every rollout (tp, pp) whose server fits one machine of some pool, packed exactly."""
+    layouts = set()
+    for pool in cluster.pools:
+        sizes = tp_degrees(pool.gpus_per_machine)
+        layouts |= {(tp, pp) for tp in sizes for pp in range(1, max_pp + 1) if tp * pp in sizes}
+    return sorted(layouts)
 
 
 def _check_rollout_layout(solver, cluster) -> None:

@@ -9,6 +9,7 @@ from typing import IO
 from areal_hex_plugin.hostlist import compress_hosts
 from areal_hex_plugin.outfiles import check_writable, save_png
 from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.scheduler.caps import RuntimeCaps, unmet
 from areal_hex_plugin.tables import render_table
 
 
@@ -90,7 +91,8 @@ def describe_plan(plan: HexPlan, stream: IO[str] | None = None) -> str:
     """The console view: chosen layout, predicted step, baselines, the Pareto frontier when computed, binding
     constraint, why each pool's role. ``stream`` is where it will be printed (a terminal gets rich styling)."""
     p = plan.predicted
-    out = [f"AReaL-Hex plan for {plan.recipe} ({plan.model}); objective: {_objective(plan)}", ""]
+    out = [f"AReaL-Hex plan for {plan.recipe} ({plan.model}); objective: {_objective(plan)}"]
+    out += [f"Planned for {plan.runtime}", ""] if plan.runtime else [""]
     headers = ["role", "pool", "GPU", "layout", "GPUs", "detail", "hosts"]
     out.append(render_table(headers, _layout_rows(plan), right=["GPUs"], stream=stream))
     out += [
@@ -124,6 +126,39 @@ def describe_plan(plan: HexPlan, stream: IO[str] | None = None) -> str:
         f"costs averaged over a {s.window_steps}-step window (eta={plan.staleness.max_head_offpolicyness})"
     )
     out += [f"warning: {w}" for w in plan.warnings]
+    return "\n".join(out)
+
+
+def describe_runtime_gap(
+    runnable: HexPlan, paper: HexPlan, caps: RuntimeCaps, stream: IO[str] | None = None
+) -> str:
+    """The paper's unconstrained plan beside the runnable one (made for ``caps``): its layout, what the runtime
+    lacks to start it, and the difference in $/h and tokens/s."""
+    a, b = runnable.predicted, paper.predicted
+    rows = [
+        ["runnable (the driver runs it)", f"{a.cost_per_hour:,.2f}", f"{a.tokens_per_s:,.0f}", f"{a.tokens_per_dollar:,.0f}"],
+        ["unconstrained (paper's space)", f"{b.cost_per_hour:,.2f}", f"{b.tokens_per_s:,.0f}", f"{b.tokens_per_dollar:,.0f}"],
+        ["runnable - unconstrained", f"{a.cost_per_hour - b.cost_per_hour:+,.2f}", f"{a.tokens_per_s - b.tokens_per_s:+,.0f}",
+         f"{a.tokens_per_dollar - b.tokens_per_dollar:+,.0f}"],
+    ]  # fmt: skip
+    headers = ["role", "pool", "GPU", "layout", "GPUs", "detail", "hosts"]
+    out = ["# What-if: the paper's unconstrained space", ""]
+    out.append(render_table(headers, _layout_rows(paper), right=["GPUs"], stream=stream))
+    out += [
+        "",
+        render_table(
+            ["plan", "$/h", "tokens/s", "tokens/$"],
+            rows,
+            right=["$/h", "tokens/s", "tokens/$"],
+            stream=stream,
+        ),
+    ]
+    change = 100 * (a.tokens_per_s / b.tokens_per_s - 1) if b.tokens_per_s else 0.0
+    out.append(f"The runnable plan predicts {change:+.1f}% tokens/s against the unconstrained one.")
+    lacking = unmet(paper, caps)
+    if lacking:
+        out.append(f"{caps.describe()} cannot start the unconstrained plan:")
+        out += [f"  {what}: {why}" for what, why in lacking.items()]
     return "\n".join(out)
 
 

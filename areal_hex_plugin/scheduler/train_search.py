@@ -103,15 +103,50 @@ def count_layouts(per_pool: list[list[_PoolOption]], max_pp: int) -> int:
     return count(0, max_pp) - 1
 
 
+def _equal_combinations(
+    pools: list[Pool], gpus: dict[str, int], max_pp: int
+) -> Iterator[tuple[_PoolOption, ...]]:
+    """Layouts whose stages all have one dp and one tp (Megatron's): per common (tp, dp), every choice of stage
+    counts per pool with at most ``max_pp`` stages in all. The dp tried are each pool's largest for some depth."""
+    for tp in sorted({t for p in pools for t in tp_degrees(p.gpus_per_machine)}):
+        dps = {gpus[p.name] // (k * tp) for p in pools for k in range(1, max_pp + 1)} - {0}
+        for dp in sorted(dps):
+
+            def extend(i: int, left: int, dp: int = dp, tp: int = tp) -> Iterator[tuple[_PoolOption, ...]]:
+                if i == len(pools):
+                    yield ()
+                    return
+                pool = pools[i]
+                yield from extend(i + 1, left)
+                if tp not in tp_degrees(pool.gpus_per_machine):
+                    return
+                for k in range(1, min(left, gpus[pool.name] // (dp * tp)) + 1):
+                    for rest in extend(i + 1, left - k):
+                        yield (_PoolOption(pool.name, k, tp, dp), *rest)
+
+            yield from (combo for combo in extend(0, max_pp) if combo)
+
+
 def search_train(
-    cm: CostModel, cluster: Cluster, gpus: dict[str, int], max_pp: int, exhaustive: bool = False
+    cm: CostModel,
+    cluster: Cluster,
+    gpus: dict[str, int],
+    max_pp: int,
+    exhaustive: bool = False,
+    equal_stages: bool = False,
 ) -> TrainChoice | None:
-    """The fastest feasible training layout on ``gpus`` (pool name -> GPUs), or None if nothing fits."""
+    """The fastest feasible training layout on ``gpus`` (pool name -> GPUs), or None if nothing fits.
+
+    ``equal_stages``: only layouts whose stages share one dp and tp (a runtime cap, see ``scheduler/caps.py``).
+    """
     # Faster GPUs first: the pipeline order is fixed (symmetry), the first stage on the strongest type.
     pools = sorted((cluster.pool(name) for name in gpus), key=lambda p: (-p.gpu.tflops_bf16, p.name))
     full_options = [_options(p, gpus[p.name], max_pp) for p in pools]
     pruned = (
-        not exhaustive and len(pools) > 1 and count_layouts(full_options, max_pp) > FULL_ENUMERATION_LIMIT
+        not exhaustive
+        and not equal_stages
+        and len(pools) > 1
+        and count_layouts(full_options, max_pp) > FULL_ENUMERATION_LIMIT
     )
     per_pool = full_options
     if pruned:
@@ -122,7 +157,8 @@ def search_train(
     usable = {p.name: USABLE_HBM_FRACTION * p.gpu.hbm_bytes for p in pools}
     state = cm.workload.model.params * TRAIN_BYTES_PER_PARAM
     best: tuple[float, tuple[_PoolOption, ...], TrainEstimate] | None = None
-    for combo in _combinations(per_pool, max_pp):
+    combos = _equal_combinations(pools, gpus, max_pp) if equal_stages else _combinations(per_pool, max_pp)
+    for combo in combos:
         if sum(o.k * o.dp * o.tp * usable[o.pool] for o in combo) < state:
             continue
         estimate = cm.train(_stages(combo))

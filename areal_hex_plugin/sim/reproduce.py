@@ -14,6 +14,7 @@ from pathlib import Path
 
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
+from areal_hex_plugin.scheduler.caps import PAPER
 from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.sim.result import SimResult
@@ -67,7 +68,7 @@ def only(recipe: Recipe, gpu_type: str) -> Recipe:
 
 
 def run(recipe: Recipe, budget: float | None = None, shares: str = "plan", timeline: bool = False) -> Run:
-    plan = plan_recipe(recipe, PlanRequest(budget_per_hour=budget))
+    plan = plan_recipe(recipe, PlanRequest(budget_per_hour=budget, caps=PAPER))
     spec = sim_spec(recipe, plan)
     if shares == "uniform":
         # The paper's ablation: every replica gets the same number of samples, whatever its speed.
@@ -147,7 +148,7 @@ def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tupl
         progress(f"scheduler time: {size} GPUs")
         start = time.perf_counter()
         mix = with_machines(base, machines)
-        plan_recipe(mix, PlanRequest(budget_per_hour=mix.cluster.price_per_hour))
+        plan_recipe(mix, PlanRequest(budget_per_hour=mix.cluster.price_per_hour, caps=PAPER))
         out["scheduler_time_s"][str(size)] = time.perf_counter() - start
     return out, runs
 

@@ -22,11 +22,15 @@ from areal_hex_plugin.plan import (
 )
 
 
-def two_type_plan(servers_per_machine: int = 2) -> HexPlan:
-    """The plan above; ``servers_per_machine=1`` leaves each rollout machine's second GPU idle (fewer workers)."""
+def two_type_plan(servers_per_machine: int = 2, big_tp: int = 1) -> HexPlan:
+    """The plan above; ``servers_per_machine=1`` leaves each rollout machine's second GPU idle (fewer workers);
+    ``big_tp=2`` makes big-1 one tp2 server (two replica groups with different layouts)."""
     n = servers_per_machine
 
     def rollout_machine(pool: str, host: str, gpu_type: str, group: int, first: int) -> Machine:
+        if group == 0 and big_tp == 2:
+            gpus = [GpuAssignment(g, "rollout", stage=0, tp_rank=g, group=0, instance=0) for g in (0, 1)]
+            return Machine(pool, host, gpu_type, "rollout", gpus)
         gpus = [
             GpuAssignment(g, "rollout", stage=0, tp_rank=0, group=group, instance=first + g)
             if g < n
@@ -34,6 +38,12 @@ def two_type_plan(servers_per_machine: int = 2) -> HexPlan:
             for g in (0, 1)
         ]
         return Machine(pool, host, gpu_type, "rollout", gpus)
+
+    big = (
+        ReplicaGroup("big", "H100", 2, 1, 1, 0.5, 32, 1800.0, 128)
+        if big_tp == 2
+        else ReplicaGroup("big", "H100", 1, 1, n, 0.5, 32, 900.0, 64)
+    )
 
     train_gpus = [GpuAssignment(g, "train", stage=0, dp_rank=g, tp_rank=0) for g in (0, 1)]
     return HexPlan(
@@ -43,9 +53,9 @@ def two_type_plan(servers_per_machine: int = 2) -> HexPlan:
         predicted=Predicted(1000.0, 10.0, 360000.0, 10.0, 6.0, 8.0, 2.0),
         train=TrainPlan({"H100": 2}, [TrainStage("big", "H100", 2, 1, 24, ["big-0"])]),
         rollout=RolloutPlan(
-            {"H100": n, "L40S": 2 * n},
+            {"H100": 2 if big_tp == 2 else n, "L40S": 2 * n},
             [
-                ReplicaGroup("big", "H100", 1, 1, n, 0.5, 32, 900.0, 64),
+                big,
                 ReplicaGroup("small", "L40S", 1, 1, 2 * n, 0.5, 32, 450.0, 32),
             ],
         ),

@@ -47,3 +47,26 @@ class AnswerProbe(InferenceEngine):
 
     def wait_for_task(self, task_id: int, **kwargs) -> dict:
         return {"task_id": task_id, "pid": os.getpid()}
+
+
+class LaunchProbe(PoolProbe):
+    """Stands in for a rollout server launcher: records the ``server_args`` upstream's controller sends it."""
+
+    def __init__(self, config=None) -> None:
+        self.config = config
+        self.server_args: dict | None = None
+
+    def launch_server(self, server_args: dict):
+        from areal.api.io_struct import LocalInfServerInfo
+
+        self.server_args = dict(server_args)
+        return LocalInfServerInfo(host="127.0.0.1", port=10_000 + os.getpid() % 50_000, process=None)
+
+    def initialize(self, *args, **kwargs) -> None:
+        pass
+
+    def destroy(self) -> None:
+        pass
+
+    def launched(self) -> dict:
+        return {"server_args": self.server_args, "env": self.whereami()}

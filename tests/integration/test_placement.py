@@ -37,7 +37,8 @@ def test_slots_follow_the_plan() -> None:
     assert [(s.pool, s.host, s.gpu_ids) for s in actor] == [("big", "big-0", (0,)), ("big", "big-0", (1,))]
     assert [s.gpu_type for s in rollout] == ["H100"] * 2 + ["L40S"] * 4
     assert sum(s.share for s in rollout) == pytest.approx(1.0)
-    assert (placement.train_dp, placement.train_tp, placement.rollout_tp) == (2, 1, 1)
+    assert (placement.train_dp, placement.train_tp, placement.rollout_layouts) == (2, 1, [(1, 1)])
+    assert [(s.tp, s.pp, s.concurrency) for s in rollout] == [(1, 1, 64)] * 2 + [(1, 1, 32)] * 4
 
 
 def test_one_node_layout_gives_distinct_device_ids() -> None:
@@ -66,12 +67,21 @@ def test_local_gpu_check_counts_unless_shared() -> None:
         check_local_gpus(two_type_plan(), live[:1], share=True)
 
 
-def test_mixed_rollout_tp_is_refused_with_the_fix() -> None:
+def test_each_replica_group_keeps_its_own_layout() -> None:
+    placement = placement_from_plan(two_type_plan(big_tp=2))
+    rollout = placement.for_role("rollout")
+    got = [(s.pool, s.tp, s.pp, s.gpu_ids, s.concurrency) for s in rollout]
+    assert got == [("big", 2, 1, (0, 1), 128)] + [("small", 1, 1, (g,), 32) for g in (0, 1, 0, 1)]
+    assert placement.rollout_layouts == [(1, 1), (2, 1)]
+
+
+def test_server_spread_over_machines_or_gpus_it_lacks_is_refused() -> None:
     plan = two_type_plan()
     groups = [plan.rollout.replicas[0], replace(plan.rollout.replicas[1], tp=2, count=2)]
-    with pytest.raises(HexError, match="different \\(tp, pp\\)") as err:
+    with pytest.raises(
+        HexError, match="has 1 GPUs on \\['small-0'\\]; upstream runs each server on its tp\\*pp = 2"
+    ):
         placement_from_plan(replace(plan, rollout=replace(plan.rollout, replicas=groups)))
-    assert "share one TP/PP" in err.value.fix
 
 
 def test_plan_fits_its_cluster() -> None:

@@ -179,7 +179,7 @@ class HexSlurmScheduler(SlurmScheduler):
             cmds.insert(
                 0, f"export CUDA_VISIBLE_DEVICES=$(seq -s, {first} $((SLURM_LOCALID * {g} + {g - 1})))"
             )
-            cmds.append("export HEX_GPU_IDS=$CUDA_VISIBLE_DEVICES")
+            cmds.append('export HEX_GPU_IDS="${CUDA_VISIBLE_DEVICES//,/ }"')
         cmds += [*(spec.additional_bash_cmds or []), self._rpc_command(role, spec)]
         inner = "bash -c " + shlex.quote(";\n".join(cmds))
         # The spec's own container settings (upstream's Slurm scheduler reads only its constructor's).

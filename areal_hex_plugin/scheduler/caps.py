@@ -1,0 +1,138 @@
+"""What the runtime that will run a plan can run, as data the search reads (no upstream import).
+
+The planner builds only layouts its :class:`RuntimeCaps` allows (training layouts in ``train_search``, rollout
+replica shapes in ``evaluate``), and ``areal/placement.py`` checks a plan against the same object, so the plan
+``areal-hex plan`` shows is the plan the driver runs. :data:`PAPER` is the paper's unconstrained space.
+
+Upstream AReaL 1.0.4, as the plugin drives it:
+- FSDP trains one pipeline stage on one GPU type (``fsdp:dXtY``);
+- Megatron trains ``pp`` stages with one dp and one tp for all of them (``megatron:dXpZtY``); the plugin gives
+  each stage its own GPU type and layer count;
+- every rollout server is one upstream worker on ``tp*pp`` GPUs of one machine, each with its own layout;
+- weight updates: the relay transport (per server, any layouts) with an FSDP actor; upstream's xccl path needs one
+  rollout layout (and with rollout pp > 1 on Megatron, train pp = rollout pp); disk works with any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.scheduler.train_search import tp_degrees
+
+TRAIN_BACKENDS = ("fsdp", "megatron")
+# Weight-update paths each training backend supports in the plugin.
+WEIGHT_PATHS = {"fsdp": ("relay", "xccl", "disk"), "megatron": ("xccl", "disk")}
+
+
+@dataclass(frozen=True)
+class RuntimeCaps:
+    """The layouts a runtime can start. ``max_train_stages`` None: ``hex.solver.max_pp_stages``."""
+
+    name: str
+    max_train_stages: int | None = None
+    train_mixed_types: bool = True  # pipeline stages on different GPU types
+    train_equal_stages: bool = False  # every stage has the same dp and tp
+    rollout_server_in_machine: bool = (
+        False  # a rollout server's tp*pp GPUs sit in one machine, packed exactly
+    )
+    one_rollout_layout: bool = False  # every rollout server has the same (tp, pp)
+    weight_path: str = "relay"
+
+    def train_stages(self, max_pp_stages: int) -> int:
+        return max_pp_stages if self.max_train_stages is None else min(self.max_train_stages, max_pp_stages)
+
+    def describe(self) -> str:
+        if self.name == "paper":
+            return "the paper's unconstrained space"
+        train = {
+            "fsdp": "one training stage on one GPU type",
+            "megatron": "training stages with one dp and tp, on any GPU types",
+        }[self.name]
+        rollout = (
+            "one layout for every rollout server" if self.one_rollout_layout else "a layout per replica group"
+        )
+        return f"{self.name} + sglang ({train}; {rollout}; weights by {self.weight_path})"
+
+
+PAPER = RuntimeCaps("paper")
+
+
+def backend_kind(backend: str, field: str) -> str:
+    """The backend name of an upstream allocation string such as ``fsdp:d8`` or ``megatron:d2p2t2``."""
+    kind = str(backend).split(":", 1)[0].strip()
+    if kind not in TRAIN_BACKENDS:
+        raise HexError(
+            field,
+            f"backend {kind!r} is not one the plugin can plan for",
+            f"use one of {', '.join(TRAIN_BACKENDS)} (e.g. fsdp:d8)",
+        )
+    return kind
+
+
+def caps_for(train_backend: str, transport: str, weight_update_mode: str) -> RuntimeCaps:
+    """The caps of upstream with this actor backend kind, ``hex.transport`` and ``actor.weight_update_mode``."""
+    path = "relay" if transport == "relay" else weight_update_mode
+    if path not in WEIGHT_PATHS[train_backend]:
+        if path == "relay":
+            raise HexError(
+                "hex.transport",
+                f"is 'relay', which sends weights from an FSDP actor; actor.backend is {train_backend}",
+                "set hex.transport=upstream (upstream's own xccl or disk path), or use an fsdp actor backend",
+            )
+        raise HexError(
+            "actor.weight_update_mode",
+            f"{weight_update_mode!r} is not a weight-update path a {train_backend} actor supports",
+            f"use one of {', '.join(p for p in WEIGHT_PATHS[train_backend] if p != 'relay')}",
+        )
+    fsdp = train_backend == "fsdp"
+    return RuntimeCaps(
+        name=train_backend,
+        max_train_stages=1 if fsdp else None,
+        train_mixed_types=not fsdp,
+        train_equal_stages=True,
+        rollout_server_in_machine=True,
+        one_rollout_layout=path == "xccl",
+        weight_path=path,
+    )
+
+
+def recipe_caps(recipe) -> RuntimeCaps:
+    """The caps of the backends the recipe's upstream part names (``actor.backend``, ``hex.transport``,
+    ``actor.weight_update_mode``)."""
+    actor = recipe.config.get("actor") or {}
+    kind = backend_kind(actor.get("backend", "fsdp"), "actor.backend")
+    return caps_for(kind, recipe.hex.transport, actor.get("weight_update_mode", "xccl"))
+
+
+def unmet(plan, caps: RuntimeCaps) -> dict[str, str]:
+    """``{capability: reason}`` for every part of ``plan`` (a HexPlan) that ``caps`` cannot start; empty: it
+    runs."""
+    out: dict[str, str] = {}
+    stages = plan.train.stages
+    if caps.max_train_stages is not None and len(stages) > caps.max_train_stages:
+        out["training stages"] = (
+            f"the plan pipelines training over {len(stages)} stages; {caps.name} runs one"
+        )
+    if not caps.train_mixed_types and len({s.gpu_type for s in stages}) > 1:
+        out["training GPU types"] = f"the plan trains on {len({s.gpu_type for s in stages})} GPU types"
+    if caps.train_equal_stages and len({(s.dp, s.tp) for s in stages}) > 1:
+        shown = ", ".join(f"dp{s.dp} tp{s.tp}" for s in stages)
+        out["training stage layouts"] = (
+            f"stages differ in dp or tp ({shown}); {caps.name} gives all one dp and tp"
+        )
+    groups = plan.rollout.replicas
+    machine_gpus = {m.pool: len(m.gpus) for m in plan.machines}
+    if caps.rollout_server_in_machine:
+        wide = [g for g in groups if g.tp * g.pp not in tp_degrees(machine_gpus.get(g.pool, g.tp * g.pp))]
+        if wide:
+            shown = ", ".join(f"{g.pool} tp{g.tp} pp{g.pp}" for g in wide)
+            out["rollout servers"] = f"servers must fit one machine's GPUs, packed exactly: {shown} do not"
+    layouts = sorted({(g.tp, g.pp) for g in groups})
+    if caps.one_rollout_layout and len(layouts) > 1:
+        shown = ", ".join(f"tp{tp} pp{pp}" for tp, pp in layouts)
+        out["rollout layouts"] = (
+            f"upstream's {caps.weight_path} weight update gives server i rank offset 1 + i*tp*pp of one layout; "
+            f"the plan runs {shown} (hex.transport=relay updates each server on its own)"
+        )
+    return out

@@ -1,0 +1,71 @@
+"""RuntimeCaps constrain the search itself: what the recipe's backends cannot start is never planned."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
+from areal_hex_plugin.scheduler.caps import PAPER, caps_for, recipe_caps, unmet
+from areal_hex_plugin.scheduler.train_search import _equal_combinations, tp_degrees
+from tests.scheduler.helpers import recipe_with_pools
+
+# A mix where the paper's plan pipelines training over both types (14B does not fit one H800 machine's FSDP).
+MIX = [("H800-PCIe", 8, 1), ("H20", 8, 4)]
+
+
+@pytest.fixture(scope="module")
+def plans():
+    recipe = recipe_with_pools(MIX, "14b", "hex.solver.time_limit_s=20")
+    return (
+        recipe,
+        plan_recipe(recipe),
+        plan_recipe(recipe, PlanRequest(caps=PAPER)),
+        plan_recipe(recipe, PlanRequest(caps=caps_for("megatron", "upstream", "disk"))),
+    )
+
+
+def test_fsdp_recipe_plans_one_stage_on_one_type_and_servers_inside_a_machine(plans) -> None:
+    recipe, fsdp, _, _ = plans
+    assert recipe_caps(recipe).name == "fsdp" and fsdp.runtime.startswith("fsdp + sglang")
+    assert len(fsdp.train.stages) == 1
+    assert all(g.tp * g.pp in tp_degrees(8) for g in fsdp.rollout.replicas)
+    assert unmet(fsdp, recipe_caps(recipe)) == {}
+
+
+def test_the_paper_space_is_wider_and_its_plan_names_what_fsdp_lacks(plans) -> None:
+    recipe, fsdp, paper, _ = plans
+    assert paper.predicted.tokens_per_s >= fsdp.predicted.tokens_per_s
+    assert len(paper.train.stages) > 1 and "training stages" in unmet(paper, recipe_caps(recipe))
+
+
+def test_megatron_stages_share_dp_and_tp(plans) -> None:
+    recipe, _, _, megatron = plans
+    assert len({(s.dp, s.tp) for s in megatron.train.stages}) == 1
+    assert megatron.runtime.startswith("megatron")
+    # The layouts Megatron's search enumerates: one dp and tp, stages on both GPU types among them.
+    pools = [recipe.cluster.pool("p0"), recipe.cluster.pool("p1")]
+    combos = list(_equal_combinations(pools, {"p0": 8, "p1": 32}, 4))
+    assert all(len({(o.dp, o.tp) for o in c}) == 1 for c in combos)
+    assert any({o.pool for o in c} == {"p0", "p1"} for c in combos)
+    assert all(sum(o.k for o in c) <= 4 and all(o.k * o.dp * o.tp <= (8 if o.pool == "p0" else 32) for o in c)
+               for c in combos)  # fmt: skip
+
+
+def test_one_layout_runtimes_plan_one_rollout_layout() -> None:
+    recipe = recipe_with_pools([("H800-PCIe", 8, 1), ("H20", 8, 2)], "1.5b", "hex.solver.time_limit_s=5")
+    plan = plan_recipe(recipe, PlanRequest(caps=caps_for("fsdp", "upstream", "xccl")))
+    assert len({(g.tp, g.pp) for g in plan.rollout.replicas}) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (("megatron", "relay", "xccl"), "hex.transport"),
+        (("fsdp", "upstream", "awex"), "actor.weight_update_mode"),
+    ],
+)
+def test_unsupported_weight_paths_are_refused_with_the_fix(args, field) -> None:
+    with pytest.raises(HexError) as err:
+        caps_for(*args)
+    assert err.value.field == field and err.value.fix
