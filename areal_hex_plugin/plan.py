@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs import typed
+from areal_hex_plugin.specs.config import MAX_MACHINES, MAX_POOLS
 from areal_hex_plugin.specs.files import read_json
 from areal_hex_plugin.specs.typed import between, spec
 
@@ -72,7 +73,7 @@ class TrainStage:
 @dataclass(frozen=True)
 class TrainPlan:
     gpus: dict[str, int] = spec(help="GPU type -> GPUs training", range=_GPUS)
-    stages: list[TrainStage]
+    stages: list[TrainStage] = spec(help="pipeline stages", max_items=int(_LAYERS.high))
     memory_gb_per_gpu: float = spec(0.0, "training memory per GPU", between(0, 100_000, "GB"))
 
 
@@ -99,7 +100,7 @@ class ReplicaGroup:
 @dataclass(frozen=True)
 class RolloutPlan:
     gpus: dict[str, int] = spec(help="GPU type -> GPUs generating", range=_GPUS)
-    replicas: list[ReplicaGroup]
+    replicas: list[ReplicaGroup] = spec(help="rollout replica groups", max_items=int(_GPUS.high))
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class Machine:
     host: str
     gpu_type: str
     role: str = spec(help="train | rollout | idle", choices=ROLES)
-    gpus: list[GpuAssignment]
+    gpus: list[GpuAssignment] = spec(help="what each GPU serves", max_items=int(_TP.high))
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ class HexPlan:
     predicted: Predicted
     train: TrainPlan
     rollout: RolloutPlan
-    machines: list[Machine]
+    machines: list[Machine] = spec(help="every machine of the inventory", max_items=MAX_MACHINES * MAX_POOLS)
     baselines: dict[str, Baseline]
     solver: SolverInfo
     staleness: Staleness
@@ -331,11 +332,13 @@ def _check_machines(plan: HexPlan, pool_of, source: str) -> None:
     """Each machine once, on a host its pool has, GPU indices inside it, GPUs on the pool of their stage/group."""
     seen: set[str] = set()
     assigned: dict[tuple[str, int], int] = {}
+    hosts: dict[str, set[str]] = {}
     for i, machine in enumerate(plan.machines):
         where = f"{source}.machines[{i}]"
         pool = pool_of(machine.pool, machine.gpu_type, where)
-        hosts = pool.hosts or tuple(pool.host(k) for k in range(pool.machines))
-        if machine.host not in hosts:
+        if pool.name not in hosts:
+            hosts[pool.name] = {pool.host(k) for k in range(pool.machines)}
+        if machine.host not in hosts[pool.name]:
             raise HexError(
                 f"{where}.host",
                 f"the plan uses host(s) {machine.host} of pool {pool.name!r}, which the recipe's cluster lacks",

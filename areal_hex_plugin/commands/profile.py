@@ -10,8 +10,6 @@ measurements anywhere. Recipes use the result through ``hex.calibration.profile`
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
 from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args
@@ -78,23 +76,17 @@ def _pool(recipe, gpu_type: str, gpus: int):
 
 
 def _read_measurements(path: str) -> dict:
-    file = Path(path).expanduser()
-    try:
-        data = json.loads(file.read_text())
-    except OSError as exc:
-        raise HexError(
-            "--from-measurements", f"cannot read {file}: {exc.strerror}", "check the path"
-        ) from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise HexError(
-            "--from-measurements", f"{file} is not JSON", "give a file written by areal-hex profile"
-        ) from None
+    from areal_hex_plugin.costmodel.measurements import check_measurements
+    from areal_hex_plugin.specs.files import read_json
+
+    data = read_json(path, "--from-measurements", "give a file written by areal-hex profile")
     if isinstance(data, dict) and isinstance(data.get("measurements"), dict):
         data = next(iter(data["measurements"].values()), None)  # a whole profile: take its measurements
     if not isinstance(data, dict) or data.get("format") != MEASUREMENTS_FORMAT:
         raise HexError(
-            "--from-measurements", f"{file} holds no measurements", f"expected format {MEASUREMENTS_FORMAT!r}"
+            "--from-measurements", f"{path} holds no measurements", f"expected format {MEASUREMENTS_FORMAT!r}"
         )
+    check_measurements(data, "measurements")
     return data
 
 

@@ -8,6 +8,10 @@ import dataclasses
 from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args
 from areal_hex_plugin.errors import HexError
 
+# The simulator plays every sample (about 15 µs each): these bound a run to about half a minute.
+MAX_STEPS = 10_000
+MAX_SAMPLES = 2_000_000
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -45,14 +49,24 @@ def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.sim.inputs import sim_spec
     from areal_hex_plugin.sim.report import describe_simulation
 
-    if args.steps < 1:
+    if not 1 <= args.steps <= MAX_STEPS:
         raise HexError(
-            "--steps", f"must be at least 1, got {args.steps}", "simulate 30 steps, as the paper does"
+            "--steps",
+            f"must be in [1, {MAX_STEPS:,}], got {args.steps}",
+            "simulate 30 steps, as the paper does",
         )
     check_writable(args.json, "--json")
     check_writable(args.trace, "--trace")
     out = console(args.json, args.trace)
     recipe = load_recipe_from_args(args)
+    samples = args.steps * recipe.workload.rl.samples_per_step
+    if samples > MAX_SAMPLES:
+        raise HexError(
+            "--steps",
+            f"{args.steps} steps of {recipe.workload.rl.samples_per_step:,} samples are {samples:,} samples to "
+            f"play, more than {MAX_SAMPLES:,} (about half a minute)",
+            f"simulate at most {max(1, MAX_SAMPLES // recipe.workload.rl.samples_per_step)} steps",
+        )
     with working(f"simulating {args.steps} steps of {args.recipe}"):
         if args.plan:
             plan = load_plan_for(args.plan, recipe.cluster, recipe.workload.model, "--plan")

@@ -13,7 +13,6 @@ Later sources override earlier ones factor by factor: built-in defaults, then th
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs.catalog import GpuCatalog
 from areal_hex_plugin.specs.config import CalibrationConfig
+from areal_hex_plugin.specs.files import read_json
 
 if TYPE_CHECKING:
     from areal_hex_plugin.specs.recipe import Recipe
@@ -118,16 +118,7 @@ def read_profile(
 ) -> dict[str, dict[str, float]]:
     """The per-GPU-type factors in a profile JSON written by ``areal-hex profile``."""
     file = Path(path).expanduser()
-    try:
-        data = json.loads(file.read_text())
-    except OSError as exc:
-        raise HexError(
-            field_path, f"cannot read {file}: {exc.strerror}", "run areal-hex profile to write it"
-        ) from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise HexError(
-            field_path, f"{file} is not JSON", "point at a file written by areal-hex profile"
-        ) from None
+    data = read_json(file, field_path, "point at a file written by areal-hex profile")
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
         raise HexError(
             field_path, f"{file} is not an areal-hex profile", f"expected format {PROFILE_FORMAT!r}"

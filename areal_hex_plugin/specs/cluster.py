@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs.catalog import GpuCatalog, GpuSpec
-from areal_hex_plugin.specs.config import ClusterConfig, PoolConfig
+from areal_hex_plugin.specs.config import MAX_CLUSTER_GPUS, ClusterConfig, PoolConfig
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 # A DNS name, an address, or a scheduler's node name (Ray's look like vm#46985a57): no spaces, at most 253.
 _HOST = re.compile(r"^[!-~]{1,253}$")
-MAX_MACHINES = PoolConfig.__dataclass_fields__["machines"].metadata["range"].high
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,6 @@ def build_pool(cfg: PoolConfig, catalog: GpuCatalog, path: str) -> Pool:
                 f"{host!r} is not a host name",
                 "give the machine's name or address (printable, no spaces, up to 253 characters)",
             )
-    if cfg.machines is None and len(cfg.hosts) > MAX_MACHINES:
-        raise HexError(f"{path}.hosts", f"lists {len(cfg.hosts):,} machines", f"at most {MAX_MACHINES:,}")
     if cfg.hosts:
         if len(set(cfg.hosts)) != len(cfg.hosts):
             raise HexError(f"{path}.hosts", "lists a host twice", "list each machine once")
@@ -140,8 +138,15 @@ def build_cluster(cfg: ClusterConfig, catalog: GpuCatalog, path: str = "hex.clus
                 f"{path}.pools[{i}].name", f"pool {pool.name!r} is named twice", "give pools unique names"
             )
         seen.add(pool.name)
+    total = sum(p.n_gpus for p in pools)
+    if total > MAX_CLUSTER_GPUS:
+        raise HexError(
+            f"{path}.pools",
+            f"hold {total:,} GPUs, more than {MAX_CLUSTER_GPUS:,}",
+            "describe the machines you will rent (check machines and gpus_per_machine)",
+        )
     hosts = [h for p in pools for h in p.hosts]
-    duplicated = sorted({h for h in hosts if hosts.count(h) > 1})
+    duplicated = sorted(h for h, n in Counter(hosts).items() if n > 1)
     if duplicated:
         raise HexError(
             f"{path}.pools", f"host {duplicated[0]!r} is in two pools", "put each machine in one pool"

@@ -11,6 +11,7 @@ mistake, and would otherwise reach the solver as an overflow or an endless searc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from areal_hex_plugin.errors import HexError
@@ -20,6 +21,9 @@ from areal_hex_plugin.specs.typed import above, between, scalar, spec
 BANDWIDTH = above(0, 10_000, "GB/s")
 # A whole number of seconds, from a moment to a day.
 SECONDS = above(0, 86_400, "s")
+# Machines of one pool, and GPUs of the whole cluster: the largest training clusters today have about 100k GPUs.
+MAX_MACHINES = 4096
+MAX_CLUSTER_GPUS = 1 << 17
 
 
 @dataclass
@@ -41,9 +45,11 @@ class PoolConfig:
     # Up to a 72-GPU NVLink rack counted as one machine.
     gpus_per_machine: int = spec(8, "GPUs in one machine", between(1, 72))
     machines: int | None = spec(
-        None, "the machine count; or list the hosts (then the count is their number)", between(1, 4096)
+        None,
+        "the machine count; or list the hosts (then the count is their number)",
+        between(1, MAX_MACHINES),
     )
-    hosts: list[str] = spec(help="host names, one per machine", default_factory=list)
+    hosts: list[str] = spec(help="host names, one per machine", default_factory=list, max_items=MAX_MACHINES)
     # User input: prices differ by provider and contract, so there is no default.
     price_per_gpu_hour: float | None = spec(None, "what one GPU-hour costs you", above(0, 1_000, "$"))
     intra_machine_gb_per_s: float | None = spec(
@@ -62,15 +68,23 @@ class LinkConfig:
     gb_per_s: float | None = spec(None, "machine-to-machine bandwidth between the two pools", BANDWIDTH)
 
 
+# Pools of a cluster: a mixed cluster has a handful of GPU types; pools also split a type by site or contract.
+MAX_POOLS = 16
+
+
 @dataclass
 class ClusterConfig:
-    pools: list[PoolConfig] = field(default_factory=list)
+    pools: list[PoolConfig] = spec(
+        help="pools of identical machines", default_factory=list, max_items=MAX_POOLS
+    )
     cross_pool_gb_per_s: float = spec(
         1.5,
         "default machine-to-machine bandwidth between different pools (the paper's H800<->H20)",
         BANDWIDTH,
     )
-    links: list[LinkConfig] = field(default_factory=list)
+    links: list[LinkConfig] = spec(
+        help="pair overrides of the cross-pool bandwidth", default_factory=list, max_items=MAX_POOLS**2
+    )
 
 
 LENGTH_KINDS = ("lognormal", "file")
@@ -134,11 +148,33 @@ class SolverConfig:
         "stop the repartition loop once max(C_T, C_I) is stable this many iterations (K)",
         between(1, 1_000),
     )
-    max_pp_stages: int = spec(4, "most pipeline stages of the training layout", between(1, 16))
+    max_pp_stages: int = spec(
+        4,
+        "most pipeline stages of the training layout (at most MAX_TRAIN_LAYOUTS with the pools)",
+        between(1, 16),
+    )
     rollout_layout: list[int] = spec(
         help="[tp, pp]: every rollout replica uses this layout; empty: free",
         range=between(1, 72),
         default_factory=list,
+    )
+
+
+# Phase 1a enumerates a stage count per training pool: up to comb(max_pp_stages + pools, pools) layouts per split
+# evaluated (one TP degree per depth). Beyond this many the search runs for minutes whatever the time limit.
+MAX_TRAIN_LAYOUTS = 20_000
+
+
+def check_search_size(max_pp_stages: int, pools: int) -> None:
+    """Refuse a max_pp_stages whose layout enumeration over ``pools`` pools would be unbounded in practice."""
+    if math.comb(max_pp_stages + pools, pools) <= MAX_TRAIN_LAYOUTS:
+        return
+    fits = max(k for k in range(1, max_pp_stages) if math.comb(k + pools, pools) <= MAX_TRAIN_LAYOUTS)
+    raise HexError(
+        "hex.solver.max_pp_stages",
+        f"is {max_pp_stages}: with {pools} pools the training search would try more than "
+        f"{MAX_TRAIN_LAYOUTS:,} layouts per split",
+        f"set it to at most {fits}",
     )
 
 
@@ -192,6 +228,7 @@ class RelayConfig:
     allowed_hosts: list[str] = spec(
         help="peer addresses a receiver accepts; empty: any peer proving AREAL_HEX_TRANSPORT_TOKEN",
         default_factory=list,
+        max_items=65_536,
     )
     bind_interface: str | None = spec(
         None, "interface the receivers listen on (e.g. ib0); null: the worker's own address"

@@ -20,9 +20,8 @@ from areal_hex_plugin.errors import HexError
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
-# The longest string any field takes (a path, a host, a model name): longer is a mistake, and a file name
-# that long makes the OS fail.
-MAX_CHARS = 1024
+# The longest string any field takes: longer is a mistake (a plan's sentences on 4,096 machines stay far below).
+MAX_CHARS = 65_536
 
 
 @dataclass(frozen=True)
@@ -48,9 +47,11 @@ def spec(
     range: Range | None = None,
     choices: tuple[str, ...] = (),
     default_factory: Any = dataclasses.MISSING,
+    max_items: int | None = None,
 ) -> Any:
-    """A dataclass field with its help, sane range or choices in ``metadata`` (checked by :func:`build`)."""
-    metadata = {"help": help, "range": range, "choices": choices}
+    """A dataclass field with its help, sane range (of a number, or of each number in a list), choices and most
+    list items in ``metadata`` (checked by :func:`build`)."""
+    metadata = {"help": help, "range": range, "choices": choices, "max_items": max_items}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -117,6 +118,9 @@ def _convert(hint: Any, value: Any, path: str, strict: bool, meta: Any = None) -
     if origin is list:
         if not isinstance(value, list):
             raise HexError(path, f"must be a list, got {_describe(value)}", f"write {path} as a YAML list")
+        most = (meta or {}).get("max_items")
+        if most is not None and len(value) > most:
+            raise HexError(path, f"has {len(value):,} entries, more than {most:,}", f"give at most {most:,}")
         return [_convert(args[0], item, f"{path}[{i}]", strict, meta) for i, item in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):

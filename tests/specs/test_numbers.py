@@ -69,6 +69,26 @@ REFUSED = [
     ),
 ]
 
+
+def _pools(n: int, machines: int = 1, gpus: int = 8) -> str:
+    pools = ", ".join(
+        f"{{name: p{i}, gpu_type: H20, gpus_per_machine: {gpus}, machines: {machines}, price_per_gpu_hour: 1}}"
+        for i in range(n)
+    )
+    return f"hex.cluster.pools=[{pools}]"
+
+
+REFUSED += [
+    ("17-pools", [_pools(17)], "hex.cluster.pools"),
+    ("cluster-gpus", [_pools(2, machines=4096, gpus=72)], "hex.cluster.pools"),
+    # comb(16 + 8, 8) = 735,471 training layouts per split: the search ran for minutes whatever the time limit.
+    (
+        "search-size",
+        [_pools(8), "+hex.solver.max_pp_stages=16", "~hex.objective.budget_per_hour"],
+        "hex.solver.max_pp_stages",
+    ),
+]
+
 # Valid values at the edges of their ranges are accepted.
 ACCEPTED = [
     ("price-cents", [f"{P0}.price_per_gpu_hour=0.01"]),
@@ -78,6 +98,7 @@ ACCEPTED = [
     ("eta-zero", ["rollout.max_head_offpolicyness=0"]),
     ("named-hosts", [f"+{P0}.hosts=[n1, 10.0.0.2, 'gpu-3.example.com']", f"~{P0}.machines"]),
     ("short-prompt", ["train_dataset.max_length=1"]),
+    ("8-pools-8-stages", [_pools(8), "+hex.solver.max_pp_stages=8", "~hex.objective.budget_per_hour"]),
 ]
 
 
@@ -102,6 +123,18 @@ def test_the_mutation_runs_hang_is_refused_at_once():
         main(["plan", RECIPE, "+hex.solver.max_pp_stages=1000000000000000", "++hex.solver.time_limit_s=1"])
         == 2
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--steps", "100000"], "--steps: must be in [1, 10,000]"),
+        (["train_dataset.batch_size=8192", "gconfig.n_samples=64"], "simulate at most 3 steps"),
+    ],
+)
+def test_simulate_is_bounded(capsys, argv, words):
+    assert main(["simulate", RECIPE, *argv]) == 2
+    assert words in capsys.readouterr().err
 
 
 def _numeric_fields(cls, seen=None):
