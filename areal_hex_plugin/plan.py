@@ -15,7 +15,7 @@ counts, replica and stage sizes) before simulate, the driver or the transport us
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -169,23 +169,66 @@ class Objective:
     target_tokens_per_s: float | None = spec(None, "the tokens/s target", _RATE)
 
 
+LIMITS = ("train", "rollout", "weight_sync", "budget", "target", "inventory")
+ROLE_REASONS = ("compute_bound", "hbm_bound", "shared", "outside_search", "no_gain")
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What limits the chosen plan, for programs (``HexPlan.binding`` says it in words)."""
+
+    slower: str = spec(help="the slower side of the step", choices=("train", "rollout"))
+    limits: list[str] = spec(help="every limit that binds, the slower side first", choices=LIMITS)
+    train_s: float = spec(help="training per step", range=_SECONDS)
+    rollout_s: float = spec(help="generation plus reward per step", range=_SECONDS)
+    sync_s: float = spec(help="weight sync per step", range=_SECONDS)
+    budget_left_per_hour: float | None = spec(None, "$/h of the budget left unspent", _DOLLARS)
+
+
+@dataclass(frozen=True)
+class PoolRole:
+    """Why a pool got its role, for programs (``HexPlan.pool_roles`` says it in words)."""
+
+    train: int = spec(help="machines training", range=_INDEX)
+    rollout: int = spec(help="machines generating", range=_INDEX)
+    idle: int = spec(help="machines left idle", range=_INDEX)
+    reason: str = spec(help="why", choices=ROLE_REASONS)
+    best_per_dollar: bool = spec(
+        help="the best TFLOPS per $ (training) or HBM TB/s per $ (rollout) of all pools"
+    )
+    tflops_per_dollar: float = spec(help="dense BF16 TFLOPS per $ per GPU-hour", range=between(0, 1e9))
+    hbm_tb_per_s_per_dollar: float = spec(help="HBM TB/s per $ per GPU-hour", range=between(0, 1e9))
+
+
 @dataclass(frozen=True)
 class HexPlan:
-    recipe: str
-    model: str
-    objective: Objective
-    predicted: Predicted
-    train: TrainPlan
-    rollout: RolloutPlan
-    machines: list[Machine] = spec(help="every machine of the inventory", max_items=MAX_MACHINES * MAX_POOLS)
-    baselines: dict[str, Baseline]
-    solver: SolverInfo
-    staleness: Staleness
-    binding: str = ""  # the constraint that limits throughput, in words
-    pool_roles: dict[str, str] = field(default_factory=dict)  # pool -> why it got its role
-    pareto: list[ParetoPoint] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    runtime: str = ""  # the runtime the plan was made for (RuntimeCaps.describe()); "" in older plans
+    """Which machine does what, with which layouts, and what that is predicted to buy."""
+
+    recipe: str = spec(help="the recipe file planned")
+    model: str = spec(help="the model's name")
+    objective: Objective = spec(help="what the plan optimised")
+    predicted: Predicted = spec(help="the chosen plan's predicted step and throughput")
+    train: TrainPlan = spec(help="the training layout")
+    rollout: RolloutPlan = spec(help="the rollout replica groups")
+    machines: list[Machine] = spec(
+        help="every machine of the inventory, with what each GPU serves", max_items=MAX_MACHINES * MAX_POOLS
+    )
+    baselines: dict[str, Baseline] = spec(help="name -> what a simpler deployment would do")
+    solver: SolverInfo = spec(help="how the solver fared")
+    staleness: Staleness = spec(help="upstream's admission settings for this plan")
+    binding: str = spec("", "the constraint that limits throughput, in words")
+    pool_roles: dict[str, str] = spec(help="pool -> why it got its role, in words", default_factory=dict)
+    binding_constraint: Binding | None = spec(None, "the binding constraint as fields")
+    pool_role_reasons: dict[str, PoolRole] = spec(
+        help="pool -> its role's reason as fields", default_factory=dict
+    )
+    pareto: list[ParetoPoint] = spec(
+        help="the cost vs tokens/s frontier (plan --pareto)", default_factory=list
+    )
+    warnings: list[str] = spec(help="what the planner warns about", default_factory=list)
+    runtime: str = spec(
+        "", "the runtime the plan was made for (RuntimeCaps.describe()); empty in older plans"
+    )
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -7,6 +7,8 @@ import argparse
 from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args
 from areal_hex_plugin.outfiles import check_writable, console, write_json
 
+SCHEMA_VERSION = 1  # of the --json document (areal_hex_plugin/schemas/estimate.schema.json)
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -90,6 +92,7 @@ def estimate(recipe) -> dict:
         }
     wl = recipe.workload
     return {
+        "schema_version": SCHEMA_VERSION,
         "recipe": str(recipe.path),
         "model": wl.model.name,
         "workload": {

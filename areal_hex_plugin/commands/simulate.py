@@ -11,6 +11,7 @@ from areal_hex_plugin.errors import HexError
 # The simulator plays every sample (about 15 µs each): these bound a run to about half a minute.
 MAX_STEPS = 10_000
 MAX_SAMPLES = 2_000_000
+SCHEMA_VERSION = 1  # of the --json document (areal_hex_plugin/schemas/simulate.schema.json)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     print(describe_simulation(result, plan), file=out)
     if args.json:
         data = {
+            "schema_version": SCHEMA_VERSION,
             "recipe": str(recipe.path),
             "seed": args.seed,
             "kv_recompute": spec.kv_recompute,

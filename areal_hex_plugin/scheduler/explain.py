@@ -1,59 +1,96 @@
-"""Plain-language reasons: what limits the chosen plan, and why each pool got its role."""
+"""Why the plan is what it is: what limits it and why each pool got its role, as fields and in plain words."""
 
 from __future__ import annotations
 
-from areal_hex_plugin.plan import Objective
+from areal_hex_plugin.plan import Binding, Objective, PoolRole
 from areal_hex_plugin.scheduler.evaluate import Evaluation
 from areal_hex_plugin.specs.cluster import Cluster
 
+SYNC_SHARE = 0.1  # weight sync binds when it takes more than this share of the step
 
-def binding_constraint(e: Evaluation, objective: Objective, cluster: Cluster) -> str:
-    """The constraint that limits throughput, in one sentence."""
-    if e.train_s > e.rollout_s:
-        side = f"training ({e.train_s:.1f}s) is slower than rollout ({e.rollout_s:.1f}s incl. reward)"
-    else:
-        side = f"rollout ({e.rollout_s:.1f}s incl. reward) is slower than training ({e.train_s:.1f}s)"
-    parts = [side]
-    if e.sync_s > 0.1 * e.step_s:
-        parts.append(f"weight sync takes {e.sync_s:.1f}s ({100 * e.sync_s / e.step_s:.0f}% of the step)")
+
+def binding_constraint(e: Evaluation, objective: Objective, cluster: Cluster) -> Binding:
+    """Every limit on the chosen plan's throughput, the slower side of the step first."""
+    slower = "train" if e.train_s > e.rollout_s else "rollout"
+    limits = [slower]
+    if e.sync_s > SYNC_SHARE * e.step_s:
+        limits.append("weight_sync")
+    left = None
     if objective.kind == "budget":
-        cheapest = min(p.price_per_machine_hour for p in cluster.pools)
         left = objective.budget_per_hour - e.cost_per_hour
-        if left < cheapest:
-            parts.append(
-                f"the ${objective.budget_per_hour:,.2f}/h budget (${left:,.2f}/h left, under one machine)"
-            )
+        if left < min(p.price_per_machine_hour for p in cluster.pools):
+            limits.append("budget")
     if objective.kind == "target":
-        parts.append(f"the cheapest plan reaching {objective.target_tokens_per_s:,.0f} tokens/s")
+        limits.append("target")
     idle = sum(
         p.machines - t - r for p, t, r in zip(cluster.pools, e.split.train, e.split.rollout, strict=True)
     )
     if objective.kind == "max_throughput" and idle == 0:
+        limits.append("inventory")
+    return Binding(slower, limits, e.train_s, e.rollout_s, e.sync_s, left)
+
+
+def describe_binding(b: Binding, objective: Objective) -> str:
+    """The binding constraint in one sentence."""
+    if b.slower == "train":
+        parts = [f"training ({b.train_s:.1f}s) is slower than rollout ({b.rollout_s:.1f}s incl. reward)"]
+    else:
+        parts = [f"rollout ({b.rollout_s:.1f}s incl. reward) is slower than training ({b.train_s:.1f}s)"]
+    step = b.sync_s + max(b.train_s, b.rollout_s)
+    if "weight_sync" in b.limits:
+        parts.append(f"weight sync takes {b.sync_s:.1f}s ({100 * b.sync_s / step:.0f}% of the step)")
+    if "budget" in b.limits:
+        parts.append(
+            f"the ${objective.budget_per_hour:,.2f}/h budget (${b.budget_left_per_hour:,.2f}/h left, under one machine)"
+        )
+    if "target" in b.limits:
+        parts.append(f"the cheapest plan reaching {objective.target_tokens_per_s:,.0f} tokens/s")
+    if "inventory" in b.limits:
         parts.append("the inventory (every machine is in use)")
     return "; ".join(parts)
 
 
-def pool_roles(e: Evaluation, cluster: Cluster, limits: tuple[int, ...]) -> dict[str, str]:
+def pool_roles(e: Evaluation, cluster: Cluster, limits: tuple[int, ...]) -> dict[str, PoolRole]:
     """Per pool: its machines per role, and the hardware figure that explains the choice."""
     used = [p for p, m in zip(cluster.pools, limits, strict=True) if m]
     best_flops = max(used, key=lambda p: p.gpu.tflops_bf16 / p.price_per_gpu_hour)
     best_hbm = max(used, key=lambda p: p.gpu.hbm_tb_per_s / p.price_per_gpu_hour)
-    roles: dict[str, str] = {}
-    for pool, t, r in zip(cluster.pools, e.split.train, e.split.rollout, strict=True):
-        idle = pool.machines - t - r
-        counts = ", ".join(f"{n} {what}" for n, what in ((t, "train"), (r, "rollout"), (idle, "idle")) if n)
-        flops = pool.gpu.tflops_bf16 / pool.price_per_gpu_hour
-        hbm = pool.gpu.hbm_tb_per_s / pool.price_per_gpu_hour
-        figures = f"{flops:.0f} TFLOPS/$, {hbm:.2f} TB/s HBM per $"
+    roles: dict[str, PoolRole] = {}
+    for pool, t, r, limit in zip(cluster.pools, e.split.train, e.split.rollout, limits, strict=True):
         if t and not r:
-            why = "training is compute-bound" + (": best TFLOPS per $" if pool is best_flops else "")
+            reason, best = "compute_bound", pool is best_flops
         elif r and not t:
-            why = "rollout is HBM-bound" + (": best HBM bandwidth per $" if pool is best_hbm else "")
-        elif t and r:
-            why = "shared: training and rollout balanced on this type"
-        elif limits[cluster.pools.index(pool)] == 0:
-            why = "outside this search"
+            reason, best = "hbm_bound", pool is best_hbm
         else:
-            why = "idle: a machine more would not raise throughput within the objective"
-        roles[pool.name] = f"{counts} ({figures}); {why}"
+            reason, best = ("shared" if t and r else "outside_search" if limit == 0 else "no_gain"), False
+        roles[pool.name] = PoolRole(
+            t,
+            r,
+            pool.machines - t - r,
+            reason,
+            best,
+            pool.gpu.tflops_bf16 / pool.price_per_gpu_hour,
+            pool.gpu.hbm_tb_per_s / pool.price_per_gpu_hour,
+        )
     return roles
+
+
+_WHY = {
+    "compute_bound": ("training is compute-bound", ": best TFLOPS per $"),
+    "hbm_bound": ("rollout is HBM-bound", ": best HBM bandwidth per $"),
+    "shared": ("shared: training and rollout balanced on this type", ""),
+    "outside_search": ("outside this search", ""),
+    "no_gain": ("idle: a machine more would not raise throughput within the objective", ""),
+}
+
+
+def describe_role(role: PoolRole) -> str:
+    """A pool's role in words: its machines per role, its figures per $, and why."""
+    counts = ", ".join(
+        f"{n} {what}"
+        for n, what in ((role.train, "train"), (role.rollout, "rollout"), (role.idle, "idle"))
+        if n
+    )
+    figures = f"{role.tflops_per_dollar:.0f} TFLOPS/$, {role.hbm_tb_per_s_per_dollar:.2f} TB/s HBM per $"
+    why, best = _WHY[role.reason]
+    return f"{counts} ({figures}); {why}{best if role.best_per_dollar else ''}"

@@ -13,7 +13,7 @@ from areal_hex_plugin.scheduler.bound import cost_bound, throughput_bound
 from areal_hex_plugin.scheduler.caps import RuntimeCaps, recipe_caps
 from areal_hex_plugin.scheduler.cpsat import clock
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator, window_rollout_s
-from areal_hex_plugin.scheduler.explain import binding_constraint, pool_roles
+from areal_hex_plugin.scheduler.explain import binding_constraint, describe_binding, describe_role, pool_roles
 from areal_hex_plugin.scheduler.placement import place
 from areal_hex_plugin.scheduler.search import SearchResult, exhaustive, two_phase
 from areal_hex_plugin.scheduler.split import count_splits
@@ -317,6 +317,8 @@ class Planner:
         # Upstream counts rollouts (one prompt with its n_samples samples), each holding its slot until its
         # longest sample ends: admit enough of them to keep every planned sequence decoding.
         in_flight = self.cm.prompts_to_fill(sum(g.concurrency * g.count for g in rollout.replicas))
+        binding = binding_constraint(best, self.objective, self.cluster)
+        roles = pool_roles(best, self.cluster, self.limits)
         return HexPlan(
             recipe=str(self.recipe.path),
             model=self.workload.model.name,
@@ -335,8 +337,10 @@ class Planner:
                 window_steps=result.window,
             ),
             staleness=Staleness(self.eta, in_flight),
-            binding=binding_constraint(best, self.objective, self.cluster),
-            pool_roles=pool_roles(best, self.cluster, self.limits),
+            binding=describe_binding(binding, self.objective),
+            pool_roles={name: describe_role(role) for name, role in roles.items()},
+            binding_constraint=binding,
+            pool_role_reasons=roles,
             pareto=pareto,
             warnings=warnings,
             runtime=self.caps.describe(),

@@ -20,6 +20,7 @@ from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.sim.result import SimResult
 from areal_hex_plugin.specs.recipe import Recipe, load_recipe
 
+SCHEMA_VERSION = 1  # of the JSON document (areal_hex_plugin/schemas/reproduce.schema.json)
 MODELS = {"1.5B": "1.5b.yaml", "7B": "7b.yaml", "14B": "14b.yaml"}
 EQUAL_BUDGET = 126.72  # 24 H800 at $5.28/h
 STEPS = 30
@@ -87,6 +88,7 @@ def run_whole(recipe: Recipe, timeline: bool) -> Run:
 def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tuple[dict, dict[str, Run]]:
     """All experiments: the JSON the issue lists, and the runs by name (with timelines on request)."""
     out: dict = {
+        "schema_version": SCHEMA_VERSION,
         "equal_budget": {},
         "equal_throughput": {},
         "ablation": {},
