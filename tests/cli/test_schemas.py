@@ -41,7 +41,10 @@ def test_plan_json_is_valid_and_has_its_reasons_as_fields(capsys):
     plan = _run(["plan", PAPER_7B, "--json", "-"], capsys)
     _valid(plan, "plan")
     binding = plan["binding_constraint"]
-    assert binding["limits"][0] == binding["slower"] and "budget" in binding["limits"]
+    assert binding["limits"][0] == binding["slower"]
+    assert binding["budget_left_per_hour"] == pytest.approx(
+        plan["objective"]["budget_per_hour"] - plan["predicted"]["cost_per_hour"]
+    )
     for pool, role in plan["pool_role_reasons"].items():
         machines = [m["role"] for m in plan["machines"] if m["pool"] == pool]
         assert [role[r] for r in ("train", "rollout", "idle")] == [
