@@ -120,7 +120,8 @@ class FakeEngine:
         self.now += self.durations[-1]
         got = self.completion if self.completion is not None else n
         return [
-            {"meta_info": {"completion_tokens": got, "num_retractions": self.retractions}} for _ in input_ids
+            {"meta_info": {"completion_tokens": got, "total_retractions": self.retractions}}
+            for _ in input_ids
         ]
 
 
