@@ -51,7 +51,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
     from areal_hex_plugin.scheduler.report import describe_plan, plot_frontier
+    from areal_hex_plugin.specs.config import ObjectiveConfig
+    from areal_hex_plugin.specs.typed import meta_of, scalar
 
+    for flag, value, name in (
+        ("--budget", args.budget, "budget_per_hour"),
+        ("--target-tokens-per-s", args.target_tokens_per_s, "target_tokens_per_s"),
+    ):
+        if value is not None:  # the same range as the recipe's hex.objective field
+            scalar(float, value, flag, meta_of(ObjectiveConfig, name))
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         check_writable(path, flag)  # before solving, not after
     out = console(args.json, args.plot)

@@ -51,16 +51,9 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
         sizes = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         sizes = ()
-    if not sizes or min(sizes) <= 0:
-        raise HexError(
-            "--batch-sizes", f"{text!r} is not a list of positive whole numbers", "e.g. 1,8,32,128"
-        )
+    if not sizes:
+        raise HexError("--batch-sizes", f"{text[:80]!r} is not a list of whole numbers", "e.g. 1,8,32,128")
     return sizes
-
-
-def _positive(value: int | None, flag: str) -> None:
-    if value is not None and value <= 0:
-        raise HexError(flag, f"must be a positive whole number, got {value}", f"give {flag} 1 or more")
 
 
 def _pool(recipe, gpu_type: str, gpus: int):
@@ -159,17 +152,21 @@ def _report(gpu_type: str, fit: ProfileFit) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.costmodel.calibration import PROFILE_FORMAT, recipe_calibration
+    from areal_hex_plugin.costmodel.measurements import DecodeMeasurements, DecodePoint, TrainMeasurements
+    from areal_hex_plugin.specs.typed import meta_of, scalar
 
-    for value, flag in (
-        (args.rollout_tp, "--rollout-tp"),
-        (args.prompt_tokens, "--prompt-tokens"),
-        (args.train_gpus, "--train-gpus"),
-        (args.train_sequences, "--train-sequences"),
-        (args.train_sequence_tokens, "--train-sequence-tokens"),
+    # Each flag sets a field of the measurements it will write: the same range holds.
+    for value, flag, (cls, name) in (
+        (args.rollout_tp, "--rollout-tp", (DecodeMeasurements, "tp")),
+        (args.prompt_tokens, "--prompt-tokens", (DecodeMeasurements, "prompt_tokens")),
+        (args.decode_tokens, "--decode-tokens", (DecodeMeasurements, "decode_tokens")),
+        (args.train_gpus, "--train-gpus", (TrainMeasurements, "gpus")),
+        (args.train_sequences, "--train-sequences", (TrainMeasurements, "sequences")),
+        (args.train_sequence_tokens, "--train-sequence-tokens", (TrainMeasurements, "sequence_tokens")),
+        *((size, "--batch-sizes", (DecodePoint, "batch")) for size in _batch_sizes(args.batch_sizes)),
     ):
-        _positive(value, flag)
-    if args.decode_tokens < 2:
-        raise HexError("--decode-tokens", f"must be at least 2, got {args.decode_tokens}", "e.g. 128")
+        if value is not None:
+            scalar(int, value, flag, meta_of(cls, name))
     recipe = load_recipe_from_args(args)
     pool = _pool(recipe, args.gpu_type, args.train_gpus or 0)
     if args.from_measurements:

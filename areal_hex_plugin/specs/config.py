@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from areal_hex_plugin.errors import HexError
-from areal_hex_plugin.specs.typed import above, between, scalar, spec
+from areal_hex_plugin.specs.typed import above, between, meta_of, scalar, spec
 
 # A GPU link or network between machines: NVLink 5 is 900 GB/s per direction; 10 TB/s leaves room.
 BANDWIDTH = above(0, 10_000, "GB/s")
@@ -243,12 +243,11 @@ def check_relay_sender(
 ) -> None:
     """Refuse sender options no relay can run with, naming the ``hex.relay`` field (the recipe reader and the
     transport's SenderConfig both call this), by :class:`RelayConfig`'s own metadata."""
-    meta = {f: RelayConfig.__dataclass_fields__[f].metadata for f in RelayConfig.__dataclass_fields__}
-    scalar(str, backend, "hex.relay.backend", meta["backend"])
-    scalar(str, on_failure, "hex.relay.on_failure", meta["on_failure"])
-    scalar(float, timeout_s, "hex.relay.timeout_s", meta["timeout_s"])
+    scalar(str, backend, "hex.relay.backend", meta_of(RelayConfig, "backend"))
+    scalar(str, on_failure, "hex.relay.on_failure", meta_of(RelayConfig, "on_failure"))
+    scalar(float, timeout_s, "hex.relay.timeout_s", meta_of(RelayConfig, "timeout_s"))
     # The recipe gives whole MiB (checked by its range); the transport's tests use smaller chunks.
-    limit = meta["chunk_mb"]["range"].high * 2**20
+    limit = meta_of(RelayConfig, "chunk_mb")["range"].high * 2**20
     if (
         isinstance(chunk_bytes, bool)
         or not isinstance(chunk_bytes, int | float)
@@ -259,7 +258,7 @@ def check_relay_sender(
             f"must be in (0, {limit / 2**20:g}] MiB, got {chunk_bytes!r} bytes",
             "e.g. 4 (MiB)",
         )
-    scalar(int, max_resends, "hex.relay.max_resends", meta["max_resends"])
+    scalar(int, max_resends, "hex.relay.max_resends", meta_of(RelayConfig, "max_resends"))
 
 
 @dataclass

@@ -65,9 +65,10 @@ def above(low: float, high: float, unit: str = "") -> Range:
     return Range(low, high, True, unit)
 
 
-def choices_of(cls: type, name: str) -> tuple[str, ...]:
-    """The ``choices`` written in the metadata of field ``name`` of dataclass ``cls``."""
-    return next(f.metadata["choices"] for f in dataclasses.fields(cls) if f.name == name)
+def meta_of(cls: type, name: str) -> Any:
+    """The metadata (help, range, choices) of field ``name`` of dataclass ``cls``, to check a value that
+    enters elsewhere (a command-line flag) by the same rule."""
+    return cls.__dataclass_fields__[name].metadata
 
 
 def build(cls: type, data: Any, path: str, strict: bool = False) -> Any:

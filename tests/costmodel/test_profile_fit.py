@@ -137,8 +137,12 @@ def test_profile_command_fits_saved_measurements_into_a_profile_recipes_use(tmp_
         ("[1]", (), "holds no measurements"),
         (None, ("--gpu-type", "H800-PCIe"), "is H800-PCIe but the measurements are of H20"),
         (None, ("--gpu-type", "Z9000"), "unknown GPU type 'Z9000'"),
-        (None, ("--gpu-type", "H20", "--decode-tokens", "1"), "must be at least 2"),
-        (None, ("--gpu-type", "H20", "--train-gpus", "0"), "must be a positive whole number"),
+        (
+            None,
+            ("--gpu-type", "H20", "--decode-tokens", "1"),
+            "--decode-tokens: must be a whole number in [2, 10,000,000]",
+        ),
+        (None, ("--gpu-type", "H20", "--train-gpus", "0"), "--train-gpus: must be a whole number in [1, 72]"),
     ],
 )
 def test_profile_command_bad_input_exits_2_without_output(

@@ -168,3 +168,29 @@ def test_every_upstream_number_the_planner_reads_has_a_range():
         if kind in (int, float):
             assert meta.get("range") is not None, key
             assert default is None or default in meta["range"], key
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["plan", RECIPE, "--budget", "nan"], "--budget"),
+        (["plan", RECIPE, "--target-tokens-per-s", "inf"], "--target-tokens-per-s"),
+        (["plan", RECIPE, "--budget", "1e15"], "--budget"),
+        (
+            ["profile", RECIPE, "--gpu-type", "H20", "--json", "/tmp/x.json", "--rollout-tp", "1000000"],
+            "--rollout-tp",
+        ),
+        (
+            ["profile", RECIPE, "--gpu-type", "H20", "--json", "/tmp/x.json", "--batch-sizes", "1,1e9"],
+            "--batch-sizes",
+        ),
+        (
+            ["profile", RECIPE, "--gpu-type", "H20", "--json", "/tmp/x.json", "--batch-sizes", "8,0"],
+            "--batch-sizes",
+        ),
+    ],
+    ids=["budget-nan", "target-inf", "budget-huge", "tp-huge", "batch-text", "batch-zero"],
+)
+def test_number_flags_follow_their_fields_ranges(capsys, argv, field):
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"error: {field}: ")
