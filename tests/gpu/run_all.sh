@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Run every GPU check in tests/gpu, in order, each under its own timeout, and write one JSON summary.
+#
+# Usage: bash tests/gpu/run_all.sh [--out DIR] [--model DIR --dataset DIR] [--python PY] [--force] [--help]
+#
+# Needs (on the GPU machine, from the repository root):
+#   - NVIDIA GPU(s) with a working driver (nvidia-smi) and the GPU install profile in the Python used:
+#       python -m pip install -e ".[gpu,dev]"     (upstream's own pins: areal 1.0.4, sglang 0.5.10.post1,
+#                                                  CUDA torch 2.9.1; see CONTRIBUTING.md)
+#   - for the driver check only: a local Hugging Face model folder (a small one, e.g. Qwen2.5-0.5B-Instruct) and a
+#     local GSM8K copy, given as --model/--dataset or HEX_GPU_MODEL/HEX_GPU_DATASET (GPU machines here reach no
+#     network). Without them that check is skipped.
+#
+# The checks, in order (default timeouts add up to 9.5 minutes, within 10 on one GPU machine):
+#   transport (HEX_GPU_TIMEOUT_TRANSPORT, 90 s): tests/gpu/transport_check.py. The relay weight transport moves a
+#       bf16 state dict held on the GPU to relay receivers bit-exactly over tcp and gloo, and over nccl on 2+ GPUs.
+#   profile (HEX_GPU_TIMEOUT_PROFILE, 210 s): tests/gpu/profile_check.py. `areal-hex profile` times a real SGLang
+#       engine (the pinned sglang) and upstream's real FSDP PPO step on this GPU type with the 1.5B recipe's shape
+#       (random weights, nothing downloaded) and fits efficiency factors inside sane ranges.
+#   driver (HEX_GPU_TIMEOUT_DRIVER, 270 s): tests/gpu/driver_check.py. A real `python -m areal_hex_plugin.driver`
+#       run with hex_local on this machine: SGLang rollout servers, FSDP training, weight updates (relay with 2+
+#       GPUs, upstream's disk path on one), and measured hex/* metrics logged through upstream's StatsLogger.
+#
+# Each check is "passed", "failed", "timeout" or "skipped" (with the reason: no CUDA GPU, sglang missing, no model).
+# The summary goes to DIR/summary.json (DIR: --out, else $OUT, else ./gpu-checks), each check's log to
+# DIR/<check>.log. Exit 0 when no check failed or timed out (skipped checks included), 1 otherwise.
+# --force runs every check even where the probes say it cannot run (to see its own message).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+out=${OUT:-gpu-checks}
+model=${HEX_GPU_MODEL:-}
+dataset=${HEX_GPU_DATASET:-}
+py=${PYTHON:-}
+force=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --dataset) dataset=$2; shift 2 ;;
+    --python) py=$2; shift 2 ;;
+    --force) force=1; shift ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run_all.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+if [ -z "$py" ]; then
+  if [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
+fi
+mkdir -p "$out"
+results="$out/.results.tsv"
+: > "$results"
+
+# What this machine has, probed once (each probe is bounded: a broken driver must not hang the run).
+gpu_reason=""
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  gpu_reason="no CUDA GPU: nvidia-smi is not on PATH"
+elif ! timeout 60 "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+  gpu_reason="no CUDA GPU: torch.cuda.is_available() is False in $py"
+fi
+sglang_reason=""
+if ! timeout 60 "$py" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)" \
+    >/dev/null 2>&1; then
+  sglang_reason="sglang is not installed in $py: install the GPU profile, python -m pip install -e \".[gpu,dev]\""
+fi
+model_reason=""
+if [ -z "$model" ] || [ -z "$dataset" ]; then
+  model_reason="needs a local model and GSM8K copy: --model DIR --dataset DIR (or HEX_GPU_MODEL, HEX_GPU_DATASET)"
+fi
+
+# run NAME TIMEOUT_S SKIP_REASON COMMAND...: one check under its own timeout, its status appended to $results.
+run() {
+  local name=$1 limit=$2 reason=$3; shift 3
+  local log="$out/$name.log" start end rc status
+  if [ -n "$reason" ] && [ "$force" = 0 ]; then
+    printf '%s\tskipped\t0\t\t%s\t%s\n' "$name" "$limit" "$reason" >> "$results"
+    echo "[run_all] $name: skipped ($reason)"
+    return
+  fi
+  echo "[run_all] $name: running (timeout ${limit}s): $*"
+  start=$(date +%s)
+  timeout --kill-after=15 "$limit" "$@" > "$log" 2>&1
+  rc=$?
+  end=$(date +%s)
+  case $rc in
+    0) status=passed ;;
+    124|137) status=timeout ;;
+    *) status=failed ;;
+  esac
+  # pytest exits 0 when its only test skipped: that is a skip, with pytest's reason.
+  if [ $rc = 0 ] && grep -Eq '^[0-9]+ skipped' "$log" && ! grep -Eq '[0-9]+ passed' "$log"; then
+    status=skipped
+    reason=$(grep -m1 "^SKIPPED" "$log" | sed 's/^SKIPPED \[[0-9]*\] [^:]*:[0-9]*: //')
+  fi
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$((end - start))" "$rc" "$limit" "$reason" >> "$results"
+  echo "[run_all] $name: $status in $((end - start))s (log: $log)"
+}
+
+t_transport=${HEX_GPU_TIMEOUT_TRANSPORT:-90}
+t_profile=${HEX_GPU_TIMEOUT_PROFILE:-210}
+t_driver=${HEX_GPU_TIMEOUT_DRIVER:-270}
+run transport "$t_transport" "$gpu_reason" \
+  "$py" tests/gpu/transport_check.py --json "$out/transport.json" --gb 1
+run profile "$t_profile" "${gpu_reason:-$sglang_reason}" \
+  "$py" -m pytest -m gpu tests/gpu/profile_check.py -q -rs -p no:cacheprovider
+run driver "$t_driver" "${gpu_reason:-${sglang_reason:-$model_reason}}" \
+  "$py" tests/gpu/driver_check.py --model "$model" --dataset "$dataset" --steps 2 --timeout $((t_driver - 20))
+
+"$py" - "$results" "$out/summary.json" <<'EOF'
+import json, shutil, socket, subprocess, sys, time
+gpus = []
+if shutil.which("nvidia-smi"):
+    query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    done = subprocess.run(query, capture_output=True, text=True, timeout=30)
+    gpus = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
+checks = [
+    {"name": name, "status": status, "seconds": int(seconds), "exit_code": int(rc) if rc else None,
+     "timeout_s": int(limit), "reason": reason or None, "log": None if status == "skipped" and not rc
+     else f"{name}.log"}
+    for name, status, seconds, rc, limit, reason in rows
+]
+summary = {"host": socket.gethostname(), "gpus": gpus, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "ok": all(c["status"] in ("passed", "skipped") for c in checks), "checks": checks}
+with open(sys.argv[2], "w") as f:
+    json.dump(summary, f, indent=2)
+    f.write("\n")
+print(json.dumps({c["name"]: c["status"] for c in checks}))
+EOF
+rm -f "$results"
+echo "[run_all] summary: $out/summary.json"
+grep -q '"ok": true' "$out/summary.json"
