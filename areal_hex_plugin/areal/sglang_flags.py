@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 # GPU types (catalog names) whose architecture runs FA3.
-FA3_GPUS = frozenset({"H100", "H800", "H800-PCIe", "H20", "H200", "B200"})
+FA3_GPUS = frozenset({"H100", "H100-PCIe", "H800", "H800-PCIe", "H20", "H200", "B200"})
 # (min HBM GB, max mem_fraction_static): the first row the card reaches applies.
 MEM_FRACTION_CAPS = ((70.0, 0.9), (40.0, 0.85), (0.0, 0.8))
 
