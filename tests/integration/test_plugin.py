@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import tomllib
+from dataclasses import fields
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -180,3 +181,27 @@ def test_patched_upstream_trainer_builds_a_hex_scheduler_by_class_path(tmp_path:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "upstream built HexLocalScheduler for fsdp:d" in proc.stdout
+
+
+def test_readme_user_script_names_what_exists() -> None:
+    """The README's upstream-style script parses, and everything it imports is there (it runs for real on a
+    cluster; here the imports and the trainer's keywords)."""
+    import ast
+    import importlib
+    import inspect
+    import re
+
+    from areal_hex_plugin.areal.trainer import HexPPOTrainer
+
+    readme = (REPO / "README.md").read_text()
+    script = re.search(r"### Your own script.*?```python\n(.*?)```", readme, flags=re.S).group(1)
+    tree = ast.parse(script)
+    imported = [(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names]
+    assert ("areal_hex_plugin.areal.plugin", "register") in imported
+    for module, name in imported:
+        assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
+    assert "config.hex.workflow" in script and "workflow" in {f.name for f in fields(HexGRPOConfig().hex)}
+    calls = [
+        n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "HexPPOTrainer"
+    ]
+    inspect.signature(HexPPOTrainer).bind(*[None] * len(calls[0].args))
