@@ -11,13 +11,14 @@
 #     local GSM8K copy, given as --model/--dataset or HEX_GPU_MODEL/HEX_GPU_DATASET (GPU machines here reach no
 #     network). Without them that check is skipped.
 #
-# The checks, in order (default timeouts add up to 9.5 minutes, within 10 on one GPU machine):
-#   transport (HEX_GPU_TIMEOUT_TRANSPORT, 90 s): tests/gpu/transport_check.py. The relay weight transport moves a
+# The checks, in order (default timeouts add up to 525 s; with the probes (45 s + 15 s) and 5 s to kill each
+# check that ignores its stop signal, 10 minutes at most):
+#   transport (HEX_GPU_TIMEOUT_TRANSPORT, 80 s): tests/gpu/transport_check.py. The relay weight transport moves a
 #       bf16 state dict held on the GPU to relay receivers bit-exactly over tcp and gloo, and over nccl on 2+ GPUs.
-#   profile (HEX_GPU_TIMEOUT_PROFILE, 210 s): tests/gpu/profile_check.py. `areal-hex profile` times a real SGLang
+#   profile (HEX_GPU_TIMEOUT_PROFILE, 195 s): tests/gpu/profile_check.py. `areal-hex profile` times a real SGLang
 #       engine (the pinned sglang) and upstream's real FSDP PPO step on this GPU type with the 1.5B recipe's shape
 #       (random weights, nothing downloaded) and fits efficiency factors inside sane ranges.
-#   driver (HEX_GPU_TIMEOUT_DRIVER, 270 s): tests/gpu/driver_check.py. A real `python -m areal_hex_plugin.driver`
+#   driver (HEX_GPU_TIMEOUT_DRIVER, 250 s): tests/gpu/driver_check.py. A real `python -m areal_hex_plugin.driver`
 #       run with hex_local on this machine: SGLang rollout servers, FSDP training, weight updates (relay with 2+
 #       GPUs, upstream's disk path on one), and measured hex/* metrics logged through upstream's StatsLogger.
 #
@@ -55,11 +56,11 @@ results="$out/.results.tsv"
 gpu_reason=""
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   gpu_reason="no CUDA GPU: nvidia-smi is not on PATH"
-elif ! timeout 60 "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+elif ! timeout 45 "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
   gpu_reason="no CUDA GPU: torch.cuda.is_available() is False in $py"
 fi
 sglang_reason=""
-if ! timeout 60 "$py" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)" \
+if ! timeout 15 "$py" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)" \
     >/dev/null 2>&1; then
   sglang_reason="sglang is not installed in $py: install the GPU profile, python -m pip install -e \".[gpu,dev]\""
 fi
@@ -79,7 +80,7 @@ run() {
   fi
   echo "[run_all] $name: running (timeout ${limit}s): $*"
   start=$(date +%s)
-  timeout --kill-after=15 "$limit" "$@" > "$log" 2>&1
+  timeout --kill-after=5 "$limit" "$@" > "$log" 2>&1
   rc=$?
   end=$(date +%s)
   case $rc in
@@ -96,9 +97,9 @@ run() {
   echo "[run_all] $name: $status in $((end - start))s (log: $log)"
 }
 
-t_transport=${HEX_GPU_TIMEOUT_TRANSPORT:-90}
-t_profile=${HEX_GPU_TIMEOUT_PROFILE:-210}
-t_driver=${HEX_GPU_TIMEOUT_DRIVER:-270}
+t_transport=${HEX_GPU_TIMEOUT_TRANSPORT:-80}
+t_profile=${HEX_GPU_TIMEOUT_PROFILE:-195}
+t_driver=${HEX_GPU_TIMEOUT_DRIVER:-250}
 run transport "$t_transport" "$gpu_reason" \
   "$py" tests/gpu/transport_check.py --json "$out/transport.json" --gb 1
 run profile "$t_profile" "${gpu_reason:-$sglang_reason}" \
