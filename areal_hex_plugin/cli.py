@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     NOTES.clear()
     try:
         code = args.run(args)
+        sys.stdout.flush()  # the notes follow the output, also when both go to one terminal
         for note in NOTES:
             print(note, file=sys.stderr)
         return code

@@ -2,7 +2,7 @@
 
 ``plan.schema.json`` is generated from the :class:`~areal_hex_plugin.plan.HexPlan` dataclasses (their help, ranges
 and choices) by ``python -m areal_hex_plugin.schemas``; the others are written by hand. Each document carries a
-``schema_version`` (the trace: ``otherData.schema_version``) that its schema pins.
+``schema_version`` (the trace: ``otherData.schema_version``; a profile: its ``format``) that its schema pins.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-NAMES = ("plan", "estimate", "simulate", "reproduce", "trace", "catalog")
+NAMES = ("plan", "estimate", "simulate", "reproduce", "trace", "catalog", "profile")
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 

@@ -78,3 +78,14 @@ def test_reproduce_json_is_versioned_and_valid(capsys):
     out = _run(["reproduce", "--json", "-"], capsys)
     assert out["schema_version"] == 1
     _valid(out, "reproduce")
+
+
+def test_a_profile_is_valid(tmp_path, monkeypatch, capsys):
+    from tests.costmodel.helpers import TRUTH, recipe, synthetic_measurements
+
+    raw = tmp_path / "raw.json"
+    raw.write_text(json.dumps(synthetic_measurements(recipe("paper/7b.yaml"), "H20", TRUTH)))
+    args = ["profile", PAPER_7B, "--gpu-type", "H20", "--from-measurements", str(raw), "--json", "-"]
+    profile = _run(args, capsys)
+    assert profile["format"] == "areal-hex-profile/1"
+    _valid(profile, "profile")
