@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     out, runs = reproduce(
         folder, progress=lambda line: print(line, file=sys.stderr), timeline=bool(args.plots)
     )
-    print(tables(out), file=con)
+    print(tables(out, con), file=con)
     if args.json:
         print(f"\nresults written to {write_json(args.json, out)}", file=con)
     if args.plots:

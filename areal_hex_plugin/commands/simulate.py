@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         if args.no_kv_recompute:
             spec = dataclasses.replace(spec, kv_recompute=False)
         result = simulate(spec, steps=args.steps, seed=args.seed, timeline=bool(args.plot or args.trace))
-    print(describe_simulation(result, plan), file=out)
+    print(describe_simulation(result, plan, out), file=out)
     if args.json:
         data = {
             "schema_version": SCHEMA_VERSION,

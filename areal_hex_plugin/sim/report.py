@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+from typing import IO
+
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.sim.result import SimResult
+from areal_hex_plugin.tables import render_table
 
 
-def describe_simulation(result: SimResult, plan: HexPlan) -> str:
+def describe_simulation(result: SimResult, plan: HexPlan, stream: IO[str] | None = None) -> str:
     p = plan.predicted
+    rows = [
+        ["tokens/s", f"{p.tokens_per_s:,.0f}", f"{result.tokens_per_s:,.0f}"],
+        ["step (s)", f"{p.step_time_s:.1f}", f"{result.step_time_s:.1f}"],
+        ["  train (s)", f"{p.train_time_s:.1f}", f"{result.mean('train_s'):.1f}"],
+        ["  weight sync (s)", f"{p.weight_sync_s:.1f}", f"{result.mean('sync_s'):.1f}"],
+        ["  rollout incl. reward (s)", f"{p.rollout_time_s:.1f}", ""],
+        ["  trainer waits (s)", "", f"{result.mean('rollout_wait_s'):.1f}"],
+        ["  generator idles (s)", "", f"{result.rollout_idle_s:.1f}"],
+    ]
     lines = [
         f"simulated {len(result.steps)} steps ({result.warmup_steps} warm-up), {result.events:,} events",
         "",
-        f"{'':24}{'planner':>12}{'simulated':>12}",
-        f"{'tokens/s':24}{p.tokens_per_s:12,.0f}{result.tokens_per_s:12,.0f}",
-        f"{'step (s)':24}{p.step_time_s:12.1f}{result.step_time_s:12.1f}",
-        f"{'  train (s)':24}{p.train_time_s:12.1f}{result.mean('train_s'):12.1f}",
-        f"{'  weight sync (s)':24}{p.weight_sync_s:12.1f}{result.mean('sync_s'):12.1f}",
-        f"{'  rollout incl. reward':24}{p.rollout_time_s:12.1f}{'':>12}",
-        f"{'  trainer waits (s)':24}{'':>12}{result.mean('rollout_wait_s'):12.1f}",
-        f"{'  generator idles (s)':24}{'':>12}{result.rollout_idle_s:12.1f}",
+        render_table(["", "planner", "simulated"], rows, right=["planner", "simulated"], stream=stream),
         "",
         "idle fraction per pool: "
         + ", ".join(f"{name} {usage.idle_fraction:.1%}" for name, usage in result.pools.items()),

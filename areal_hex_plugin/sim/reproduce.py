@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import IO
 
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
@@ -19,6 +20,7 @@ from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.sim.result import SimResult
 from areal_hex_plugin.specs.recipe import Recipe, load_recipe
+from areal_hex_plugin.tables import render_table
 
 SCHEMA_VERSION = 1  # of the JSON document (areal_hex_plugin/schemas/reproduce.schema.json)
 MODELS = {"1.5B": "1.5b.yaml", "7B": "7b.yaml", "14B": "14b.yaml"}
@@ -155,48 +157,54 @@ def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tupl
     return out, runs
 
 
-def tables(out: dict) -> str:
-    """The paper-style tables."""
+def tables(out: dict, stream: IO[str] | None = None) -> str:
+    """The paper-style tables (rich on a terminal ``stream``, plain text otherwise)."""
+
+    def table(headers: list[str], rows: list[list]) -> str:
+        return render_table(headers, rows, right=headers[1:], stream=stream)
+
+    budget = out["equal_budget"]
     lines = ["Equal budget ($126.72/h): tokens/s (simulated, 30 steps)"]
-    lines.append(
-        f"{'model':8}{'AReaL H800':>14}{'AReaL H20':>14}{'AReaL-Hex':>14}{'Hex/H800':>10}{'Hex/H20':>10}"
-    )
-    for name, row in out["equal_budget"].items():
+    rows = []
+    for name, row in budget.items():
         h800, h20, hx = row["h800_tokens_per_s"], row["h20_tokens_per_s"], row["hex_tokens_per_s"]
-        lines.append(
-            f"{name:8}{h800:14,.0f}{h20:14,.0f}{hx:14,.0f}{_ratio(hx, h800):>10}{_ratio(hx, h20):>10}"
-        )
+        rows.append([name, f"{h800:,.0f}", f"{h20:,.0f}", f"{hx:,.0f}", _ratio(hx, h800), _ratio(hx, h20)])
+    lines.append(table(["model", "AReaL H800", "AReaL H20", "AReaL-Hex", "Hex/H800", "Hex/H20"], rows))
     lines += [
         "",
         "The 56-GPU heterogeneous cluster (8 H800 + 48 H20, $131.04/h: no 56-GPU mix of 8-GPU machines fits the budget)",
+        table(
+            ["model", "tokens/s", "$/h"],
+            [
+                [n, f"{r['hex_56_gpus_tokens_per_s']:,.0f}", f"{r['hex_56_gpus_cost_per_hour']:.2f}"]
+                for n, r in budget.items()
+            ],
+        ),
+        "",
+        "Equal throughput: 8 H800 + 24 H20 vs 24 H800",
     ]
-    for name, row in out["equal_budget"].items():
-        lines.append(
-            f"{name:8}{row['hex_56_gpus_tokens_per_s']:14,.0f} t/s at ${row['hex_56_gpus_cost_per_hour']:.2f}/h"
-        )
-    lines += ["", "Equal throughput: 8 H800 + 24 H20 vs 24 H800"]
-    lines.append(
-        f"{'model':8}{'Hex t/s':>12}{'Hex $/h':>10}{'H800 t/s':>12}{'H800 $/h':>10}{'cost ratio':>12}"
-    )
+    rows = []
     for name, row in out["equal_throughput"].items():
         hex_cost = row["hex_cost_per_hour"] / max(row["hex_tokens_per_s"], 1e-9)
         h800_cost = row["h800_cost_per_hour"] / max(row["h800_tokens_per_s"], 1e-9)
-        lines.append(
-            f"{name:8}{row['hex_tokens_per_s']:12,.0f}{row['hex_cost_per_hour']:10.2f}"
-            f"{row['h800_tokens_per_s']:12,.0f}{row['h800_cost_per_hour']:10.2f}{_ratio(h800_cost, hex_cost):>12}"
-        )
+        rows.append(
+            [name, f"{row['hex_tokens_per_s']:,.0f}", f"{row['hex_cost_per_hour']:.2f}",
+             f"{row['h800_tokens_per_s']:,.0f}", f"{row['h800_cost_per_hour']:.2f}", _ratio(h800_cost, hex_cost)]
+        )  # fmt: skip
+    lines.append(table(["model", "Hex t/s", "Hex $/h", "H800 t/s", "H800 $/h", "cost ratio"], rows))
     lines += ["", "Ablation on 24 H800: samples split uniformly vs by the plan's shares"]
-    lines.append(f"{'model':8}{'uniform':>12}{'optimised':>12}{'gain':>8}")
-    for name, row in out["ablation"].items():
-        u, o = row["uniform_tokens_per_s"], row["optimized_tokens_per_s"]
-        lines.append(f"{name:8}{u:12,.0f}{o:12,.0f}{_ratio(o, u):>8}")
-    lines += ["", f"{'Every plan':28}{'GPUs used':>26}{'$/h':>9}{'planner t/s':>13}{'simulated':>12}"]
-    for key, row in out["plans"].items():
-        gpus = " + ".join(f"{n} {t}" for t, n in sorted(row["gpus"].items()))
-        lines.append(
-            f"{key:28}{gpus:>26}{row['cost_per_hour']:9.2f}"
-            f"{row['predicted_tokens_per_s']:13,.0f}{row['simulated_tokens_per_s']:12,.0f}"
-        )
+    rows = [
+        [name, f"{r['uniform_tokens_per_s']:,.0f}", f"{r['optimized_tokens_per_s']:,.0f}",
+         _ratio(r["optimized_tokens_per_s"], r["uniform_tokens_per_s"])]
+        for name, r in out["ablation"].items()
+    ]  # fmt: skip
+    lines += [table(["model", "uniform", "optimised", "gain"], rows), ""]
+    rows = [
+        [key, " + ".join(f"{n} {t}" for t, n in sorted(r["gpus"].items())), f"{r['cost_per_hour']:.2f}",
+         f"{r['predicted_tokens_per_s']:,.0f}", f"{r['simulated_tokens_per_s']:,.0f}"]
+        for key, r in out["plans"].items()
+    ]  # fmt: skip
+    lines.append(table(["every plan", "GPUs used", "$/h", "planner t/s", "simulated t/s"], rows))
     lines += [
         "",
         "Scheduler time (7B): "
