@@ -57,11 +57,16 @@ def run(argv: list[str]) -> int:
     from areal_hex_plugin.areal.dryrun import describe_dry_run
     from areal_hex_plugin.areal.launch import check_scheduler_type, scheduler_factory
     from areal_hex_plugin.areal.rewrite import apply_plan
+    from areal_hex_plugin.outfiles import check_writable, write_json
 
     config, _ = load_hex_config(["--config", path, *overrides])
     check_scheduler_type(config.scheduler.type)
+    check_writable(config.hex.plan_out, "hex.plan_out")
     plan, source = obtain_plan(recipe, config)
-    rewrite = apply_plan(config, plan)
+    rewrite = apply_plan(config, plan)  # refuses a plan these backends cannot start
+    if config.hex.plan_out:
+        written = write_json(config.hex.plan_out, plan.to_dict(), "hex.plan_out")
+        print(f"plan written to {written}", file=sys.stderr)
     if config.hex.dry_run:
         print(describe_dry_run(config, rewrite, plan, source))
         return 0

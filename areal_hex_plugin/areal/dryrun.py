@@ -45,12 +45,15 @@ def placement_table(rewrite: Rewrite) -> str:
     for role, slots in p.slots.items():
         by_group: dict[tuple, list] = defaultdict(list)
         for slot in slots:
-            by_group[(slot.pool, slot.gpu_type, slot.tp, slot.pp, slot.server_flags)].append(slot)
-        for (pool, gpu_type, tp, pp, flags), members in by_group.items():
+            by_group[(slot.pool, slot.gpu_type, slot.tp, slot.pp, slot.server_flags, slot.stage)].append(slot)
+        for (pool, gpu_type, tp, pp, flags, stage), members in by_group.items():
             gpus = sum(len(s.gpu_ids) for s in members)
             hosts = sorted({s.host for s in members})
             if role == "actor":
-                layout = f"dp{p.train_dp} tp{p.train_tp} pp{p.train_pp} ({gpus} ranks here)"
+                layers = members[0].pp_layers
+                layout = f"dp{p.train_dp} tp{p.train_tp} pp{p.train_pp} ({gpus} ranks here)" + (
+                    f", stage {stage}: {layers[stage]} of {sum(layers)} layers" if layers else ""
+                )
             else:
                 f = dict(flags)
                 share = sum(s.share for s in members)

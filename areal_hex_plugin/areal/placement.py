@@ -19,6 +19,8 @@ from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler.caps import RuntimeCaps, unmet
 
 TRAIN_ROLE = "actor"
+# Actor workers of a pipelined plan: each stage's planned layer count, space-separated (HexMegatronPPOActor).
+PP_LAYERS_ENV = "HEX_PP_LAYERS"
 ROLLOUT_ROLE = "rollout"
 
 
@@ -35,12 +37,12 @@ class WorkerSlot:
     share: float = 0.0  # rollout: this server's fraction of a step's samples
     tp: int = 1  # rollout: the server's tensor- and pipeline-parallel sizes (its replica group's)
     pp: int = 1
-    concurrency: int = (
-        0  # rollout: the requests the plan keeps in flight on this server (max_running_requests)
-    )
-    server_flags: tuple[
-        tuple[str, Any], ...
-    ] = ()  # rollout: what this server changes in upstream's server_args
+    # rollout: the requests the plan keeps in flight on this server (max_running_requests)
+    concurrency: int = 0
+    # rollout: what this server changes in upstream's server_args
+    server_flags: tuple[tuple[str, Any], ...] = ()
+    stage: int = 0  # actor: the pipeline stage this rank serves
+    pp_layers: tuple[int, ...] = ()  # actor, pipelined: every stage's planned layer count (Megatron's layout)
 
     def launch_args(self, server_args: dict[str, Any]) -> dict[str, Any]:
         """Upstream's ``server_args`` with this server's own flags (``pp_size`` only above 1, as upstream)."""
@@ -58,6 +60,7 @@ class WorkerSlot:
             "HEX_HOST": self.host,
             # Space-separated: upstream's local scheduler splits its env string on commas.
             "HEX_GPU_IDS": " ".join(map(str, self.gpu_ids)),
+            **({PP_LAYERS_ENV: " ".join(map(str, self.pp_layers))} if self.pp_layers else {}),
         }
 
 
@@ -131,9 +134,11 @@ def placement_from_plan(plan: HexPlan) -> Placement:
             f"assign {len(train)} GPUs to training but the train stages need {expected}",
             "re-create the plan",
         )
+    # Ranks stage-major, then dp, then tp: Megatron's order "tp-cp-ep-dp-pp" puts rank r in stage r // (dp*tp).
+    layers = tuple(s.layers for s in stages) if len(stages) > 1 else ()
     train_slots = tuple(
-        WorkerSlot(TRAIN_ROLE, rank, pool, gpu_type, host, (gpu,))
-        for rank, (_, (pool, gpu_type, host, gpu)) in enumerate(sorted(train.items()))
+        WorkerSlot(TRAIN_ROLE, rank, pool, gpu_type, host, (gpu,), stage=key[0], pp_layers=layers)
+        for rank, (key, (pool, gpu_type, host, gpu)) in enumerate(sorted(train.items()))
     )
     rollout_slots = []
     for (group, instance), gpus in sorted(rollout.items()):

@@ -27,7 +27,11 @@ HEX_SCHEDULERS = {
     "hex_slurm": "areal_hex_plugin.areal.schedulers.slurm.HexSlurmScheduler",
 }
 HEX_ROLLOUT_ENGINES = {"sglang": "areal_hex_plugin.areal.engines.HexRemoteSGLangEngine"}
-HEX_TRAIN_ENGINES = {("relay", "fsdp"): "areal_hex_plugin.transport.fsdp_adapter.HexFSDPPPOActor"}
+HEX_TRAIN_ENGINES = {
+    ("relay", "fsdp"): "areal_hex_plugin.transport.fsdp_adapter.HexFSDPPPOActor",
+    # The plan's per-stage layer counts (upstream's own weight-update paths).
+    ("upstream", "megatron"): "areal_hex_plugin.areal.megatron_actor.HexMegatronPPOActor",
+}
 
 SCHEDULERS: dict[str, str] = {}
 ROLLOUT_ENGINES: dict[str, str] = {}

@@ -10,8 +10,15 @@ from dataclasses import asdict, dataclass, replace
 
 from areal.api.alloc_mode import ModelAllocation
 
-from areal_hex_plugin.areal.placement import ROLLOUT_ROLE, Placement, check_plan_runs, placement_from_plan
+from areal_hex_plugin.areal.placement import (
+    ROLLOUT_ROLE,
+    TRAIN_ROLE,
+    Placement,
+    check_plan_runs,
+    placement_from_plan,
+)
 from areal_hex_plugin.areal.sglang_flags import server_flags
+from areal_hex_plugin.errors import UpstreamLimit
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler.caps import RuntimeCaps, backend_kind, caps_for
 from areal_hex_plugin.specs.catalog import build_catalog
@@ -27,6 +34,13 @@ class Rewrite:
 
 def runtime_caps(config) -> RuntimeCaps:
     """What upstream can run with this config's actor backend, ``hex.transport`` and weight-update mode."""
+    rollout = ModelAllocation.from_str(config.rollout.backend).backend
+    if rollout != "sglang":
+        raise UpstreamLimit(
+            "rollout.backend",
+            f"is {rollout}; the plugin starts SGLang servers (per-server layouts, flags and weight receivers)",
+            "use rollout.backend=sglang:d1 (the plan sets the numbers)",
+        )
     kind = backend_kind(config.actor.backend, "actor.backend")
     return caps_for(kind, config.hex.transport, config.actor.weight_update_mode)
 
@@ -80,6 +94,12 @@ def apply_plan(config, plan: HexPlan) -> Rewrite:
     placement = _with_server_flags(replace(placement_from_plan(plan), routing=config.hex.routing), config)
     notes: list[str] = []
     actor_backend = _train_backend(config.actor.backend, placement)
+    if actor_backend != config.actor.backend:
+        gpus = len(placement.slots[TRAIN_ROLE])
+        notes.append(
+            f"actor.backend: {config.actor.backend} -> {actor_backend}: the plan trains on {gpus} GPUs as "
+            f"dp{placement.train_dp} tp{placement.train_tp} pp{placement.train_pp} (ref and critic follow it)"
+        )
     config.actor.backend = actor_backend
     for name in ("ref", "critic"):
         role_cfg = getattr(config, name, None)
@@ -87,11 +107,19 @@ def apply_plan(config, plan: HexPlan) -> Rewrite:
             role_cfg.backend = actor_backend
     rollout_kind = ModelAllocation.from_str(config.rollout.backend).backend
     rollout_backend, rollout_notes = _rollout_backend(rollout_kind, placement)
+    if rollout_backend != config.rollout.backend:
+        notes.append(
+            f"rollout.backend: {config.rollout.backend} -> {rollout_backend}: the plan runs "
+            f"{len(placement.slots[ROLLOUT_ROLE])} rollout servers"
+        )
     notes += rollout_notes
     config.rollout.backend = rollout_backend
     # One GPU per train worker; the rollout controller multiplies its spec by tp*pp per server.
-    for spec in (*config.actor.scheduling_spec, *config.rollout.scheduling_spec):
-        spec.gpu = 1
+    for role, specs in (("actor", config.actor.scheduling_spec), ("rollout", config.rollout.scheduling_spec)):
+        if any(spec.gpu != 1 for spec in specs):
+            notes.append(f"{role}.scheduling_spec gpu -> 1: upstream scales it per worker ({role} layout)")
+        for spec in specs:
+            spec.gpu = 1
     notes += _staleness_notes(config, plan)
     config.rollout.max_concurrent_rollouts = plan.staleness.max_concurrent_rollouts
     config.rollout.max_head_offpolicyness = plan.staleness.max_head_offpolicyness

@@ -22,7 +22,7 @@ from areal.utils.stats_logger import StatsLogger
 from areal_hex_plugin.areal.launch import scheduler_factory
 from areal_hex_plugin.areal.metrics import HexStatsLog
 from areal_hex_plugin.areal.plugin import ROLLOUT_ENGINES, TRAIN_ENGINES, load, register, swapped
-from areal_hex_plugin.areal.rewrite import apply_plan
+from areal_hex_plugin.areal.rewrite import apply_plan, uses_relay
 from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
 from areal_hex_plugin.plan import HexPlan
 
@@ -76,9 +76,10 @@ class HexPPOTrainer(PPOTrainer):
             return super()._create_train_engine(actor_config, alloc)
         actor = engine_cls.as_controller(actor_config, self.scheduler)
         actor.create_process_group(parallel_strategy=alloc.parallel)
-        # Configured here, not after __init__: upstream's recovery updates weights inside __init__ on a resume.
-        placement, relay = self.hex_rewrite.placement, self.config.hex.relay
-        actor.configure_hex_transport(transport_settings(placement, cluster_of(self.config), relay))
+        if uses_relay(self.config):
+            # Configured here, not after __init__: upstream's recovery updates weights inside __init__ on a resume.
+            placement, relay = self.hex_rewrite.placement, self.config.hex.relay
+            actor.configure_hex_transport(transport_settings(placement, cluster_of(self.config), relay))
         return actor
 
     def close(self):

@@ -10,7 +10,8 @@ Upstream AReaL 1.0.4, as the plugin drives it:
   each stage its own GPU type and layer count;
 - every rollout server is one upstream worker on ``tp*pp`` GPUs of one machine, each with its own layout;
 - weight updates: the relay transport (per server, any layouts) with an FSDP actor; upstream's xccl path needs one
-  rollout layout (and with rollout pp > 1 on Megatron, train pp = rollout pp); disk works with any.
+  rollout layout (on Megatron also train pp = rollout pp when rollout pp > 1, so servers keep pp 1); disk works
+  with any.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class RuntimeCaps:
         False  # a rollout server's tp*pp GPUs sit in one machine, packed exactly
     )
     one_rollout_layout: bool = False  # every rollout server has the same (tp, pp)
+    max_rollout_pp: int | None = None  # None: hex.solver.max_pp_stages
     weight_path: str = "relay"
 
     def train_stages(self, max_pp_stages: int) -> int:
@@ -93,6 +95,8 @@ def caps_for(train_backend: str, transport: str, weight_update_mode: str) -> Run
         train_equal_stages=True,
         rollout_server_in_machine=True,
         one_rollout_layout=path == "xccl",
+        # Upstream's Megatron xccl path needs train pp = rollout pp when rollout pp > 1: servers keep pp 1.
+        max_rollout_pp=1 if (path == "xccl" and not fsdp) else None,
         weight_path=path,
     )
 
@@ -128,6 +132,11 @@ def unmet(plan, caps: RuntimeCaps) -> dict[str, str]:
         if wide:
             shown = ", ".join(f"{g.pool} tp{g.tp} pp{g.pp}" for g in wide)
             out["rollout servers"] = f"servers must fit one machine's GPUs, packed exactly: {shown} do not"
+    if caps.max_rollout_pp is not None and any(g.pp > caps.max_rollout_pp for g in groups):
+        out["rollout pipeline"] = (
+            f"upstream's {caps.name} {caps.weight_path} path needs train pp = rollout pp; the plan's servers run "
+            f"pp up to {max(g.pp for g in groups)}"
+        )
     layouts = sorted({(g.tp, g.pp) for g in groups})
     if caps.one_rollout_layout and len(layouts) > 1:
         shown = ", ".join(f"tp{tp} pp{pp}" for tp, pp in layouts)

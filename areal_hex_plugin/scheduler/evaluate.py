@@ -153,7 +153,8 @@ class Evaluator:
             pool = self.cluster.pool(pool_name)
             configs = []
             in_machine = tp_degrees(pool.gpus_per_machine)
-            for pp in range(1, self.solver.max_pp_stages + 1):
+            max_pp = min(self.solver.max_pp_stages, self.caps.max_rollout_pp or self.solver.max_pp_stages)
+            for pp in range(1, max_pp + 1):
                 for tp in tp_degrees(pool.gpus_per_machine):
                     if self.solver.rollout_layout and [tp, pp] != self.solver.rollout_layout:
                         continue

@@ -357,7 +357,10 @@ def plan_recipe(recipe, request: PlanRequest | None = None) -> HexPlan:
     if not request.caps.one_rollout_layout or recipe.hex.solver.rollout_layout:
         return Planner(recipe, request).solve()
     best = None
-    for tp, pp in one_machine_layouts(recipe.cluster, recipe.hex.solver.max_pp_stages):
+    max_pp = min(
+        recipe.hex.solver.max_pp_stages, request.caps.max_rollout_pp or recipe.hex.solver.max_pp_stages
+    )
+    for tp, pp in one_machine_layouts(recipe.cluster, max_pp):
         solver = replace(recipe.hex.solver, rollout_layout=[tp, pp])
         try:
             plan = Planner(replace(recipe, hex=replace(recipe.hex, solver=solver)), request).solve()

@@ -283,6 +283,9 @@ class HexConfig:
     )
     plan_path: str | None = spec(None, "load this saved plan instead of solving at start")
     dry_run: bool = spec(False, "print the rewritten upstream config and the placement, then exit")
+    plan_out: str | None = spec(
+        None, "write the plan the driver runs (HexPlan JSON) here, before anything starts"
+    )
     workflow: str = spec(
         "areal.workflow.openai.math_agent.MathAgent",
         "the rollout workflow: import path of a RolloutWorkflow or agent class; the driver builds it with the "

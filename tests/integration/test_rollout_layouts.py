@@ -95,3 +95,27 @@ def test_upstream_xccl_with_mixed_layouts_is_refused_before_anything_starts(tmp_
     # One layout for every server is fine on xccl, and so are mixed layouts over the relay.
     apply_plan(_config(tmp_path, "hex.transport=upstream"), two_type_plan())
     apply_plan(_config(tmp_path), two_type_plan(big_tp=2))
+
+
+@pytest.mark.integration
+def test_every_change_to_the_recipe_is_explained(tmp_path: Path) -> None:
+    config = _config(tmp_path, "sglang.max_running_requests=300")
+    notes = "\n".join(apply_plan(config, two_type_plan(big_tp=2)).notes)
+    for change in (
+        "actor.backend: fsdp:d8 -> fsdp:d2t1: the plan trains on 2 GPUs",
+        "rollout.backend: sglang:d8p1t1 -> sglang:d5p1t1: the plan runs 5 rollout servers",
+        "rollout.max_concurrent_rollouts: 512 -> 192: the planned servers decode 256 sequences",
+        "sglang.max_running_requests: 300 -> each server's planned concurrency",
+    ):
+        assert change in notes
+    # The rewrite runs again inside HexPPOTrainer: the config already follows the plan; only what each server
+    # overrides at launch is still explained.
+    again = apply_plan(config, two_type_plan(big_tp=2)).notes
+    assert [n.split(":")[0] for n in again] == ["rollout", "sglang.max_running_requests"]
+
+
+@pytest.mark.integration
+def test_a_rollout_backend_the_plugin_cannot_start_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UpstreamLimit, match="is vllm") as err:
+        apply_plan(_config(tmp_path, "rollout.backend=vllm:d8p1t1"), two_type_plan())
+    assert err.value.field == "rollout.backend"
