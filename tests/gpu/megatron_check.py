@@ -1,6 +1,6 @@
 """GPU check for asymmetric pipeline training on Megatron (run by hand; not collected by pytest).
 
-    pip install -e '.[areal,megatron]'   # megatron-core needs Python >= 3.12
+    python -m pip install -e '.[gpu,megatron,dev]'   # upstream's pins; megatron-core needs Python >= 3.12
     python tests/gpu/megatron_check.py --json megatron_gpu.json
 
 Needs 2 GPUs. Builds a tiny Qwen2 (6 layers, random weights, made locally) and starts upstream's Megatron PPO actor
