@@ -1,18 +1,42 @@
-"""Buckets: HF-named full tensors packed into one flat byte buffer, with a checksum, and the version digest."""
+"""Buckets: HF-named full tensors packed into one flat byte buffer, and their keyed digests.
+
+The buffer is a safetensors data section: tensors back to back with no gaps, ordered by element size (largest
+first) so every tensor starts aligned for its dtype. Integrity is keyed: per update the sender draws a nonce,
+``content key = HMAC(token, "hex-content" | nonce)``, and every chunk gets ``HMAC-SHA256(content key, bucket |
+chunk index | bytes)``; the bucket digest binds the manifest, sizes and chunk digests, the version digest binds the
+version and every bucket digest. Without the token nobody can make bytes that pass. Chunks are hashed on a thread
+pool (hashlib releases the GIL), so a receiver hashes chunk k while chunk k+1 arrives.
+"""
 
 from __future__ import annotations
 
-import hashlib
+import hmac
 import json
-import zlib
+import os
+import struct
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-# Every tensor starts on this many bytes, so a receiver can view its bytes as any dtype in place.
-_ALIGN = 16
+_POSITION = struct.Struct("!IQ")
+
+
+def _hashers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="hex-hash")
+
+
+_HASHERS = _hashers()
+
+
+def _new_pool_after_fork() -> None:
+    global _HASHERS  # a forked child has the pool's object but none of its threads
+    _HASHERS = _hashers()
+
+
+os.register_at_fork(after_in_child=_new_pool_after_fork)
 
 
 @dataclass(frozen=True)
@@ -24,14 +48,30 @@ class TensorEntry:
     nbytes: int
 
 
+def content_key(token: bytes, update: str) -> bytes:
+    return hmac.digest(token, b"hex-content" + bytes.fromhex(update), "sha256")
+
+
+def chunk_digest(key: bytes, index: int, chunk_index: int, data: torch.Tensor) -> str:
+    mac = hmac.new(key, _POSITION.pack(index, chunk_index), "sha256")
+    mac.update(memoryview(data.numpy()))
+    return mac.hexdigest()
+
+
+def hash_chunk(key: bytes, index: int, chunk_index: int, data: torch.Tensor) -> Future[str]:
+    """The chunk's digest, computed on the hashing pool."""
+    return _HASHERS.submit(chunk_digest, key, index, chunk_index, data)
+
+
 @dataclass
 class Bucket:
-    """One bucket: the manifest, the bytes (uint8, contiguous, CPU) and their CRC-32."""
+    """One bucket: the manifest, the bytes (uint8, contiguous, CPU) and the digest of each chunk."""
 
     index: int
     entries: list[TensorEntry]
     data: torch.Tensor
-    crc: int
+    chunk: int
+    chunks: list[str]
 
     @property
     def nbytes(self) -> int:
@@ -41,31 +81,44 @@ class Bucket:
         return [[e.name, e.dtype, list(e.shape), e.offset, e.nbytes] for e in self.entries]
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Views into the bucket's bytes, with the sender's names, dtypes and shapes."""
-        for entry in self.entries:
-            raw = self.data[entry.offset : entry.offset + entry.nbytes]
-            yield entry.name, raw.view(getattr(torch, entry.dtype)).view(entry.shape)
+        return named_views(self.entries, self.data)
+
+    def digest(self, key: bytes) -> str:
+        return bucket_digest(key, self.index, self.manifest(), self.chunk, self.chunks)
 
 
-def checksum(data: torch.Tensor) -> int:
-    return zlib.crc32(data.numpy())
+def named_views(entries: list[TensorEntry], data: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """Views into a bucket's bytes, with the sender's names, dtypes and shapes."""
+    for entry in entries:
+        raw = data[entry.offset : entry.offset + entry.nbytes]
+        yield entry.name, raw.view(getattr(torch, entry.dtype)).view(entry.shape)
 
 
-def pack(index: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Bucket:
-    """Copy the tensors (any device) into one CPU byte buffer."""
-    tensors = [(name, tensor.detach()) for name, tensor in named_tensors]
+def pack(
+    index: int, named_tensors: Iterable[tuple[str, torch.Tensor]], key: bytes, chunk: int, pin: bool = False
+) -> Bucket:
+    """Copy the tensors (any device) into one CPU buffer (pinned when ``pin``) and hash it chunk by chunk."""
+    tensors = sorted(
+        ((name, tensor.detach()) for name, tensor in named_tensors), key=lambda item: -item[1].element_size()
+    )
     entries, offset = [], 0
     for name, tensor in tensors:
         nbytes = tensor.numel() * tensor.element_size()
         entries.append(
             TensorEntry(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes)
         )
-        offset += -(-nbytes // _ALIGN) * _ALIGN
-    data = torch.zeros(offset, dtype=torch.uint8)
+        offset += nbytes
+    data = torch.empty(offset, dtype=torch.uint8, pin_memory=pin)
     for entry, (_, tensor) in zip(entries, tensors, strict=True):
         flat = tensor.contiguous().reshape(-1).view(torch.uint8)
-        data[entry.offset : entry.offset + entry.nbytes].copy_(flat)
-    return Bucket(index, entries, data, checksum(data))
+        data[entry.offset : entry.offset + entry.nbytes].copy_(flat, non_blocking=pin)
+    if pin:
+        torch.cuda.current_stream().synchronize()
+    futures = [
+        hash_chunk(key, index, i, data[start : start + chunk])
+        for i, start in enumerate(range(0, offset, chunk))
+    ]
+    return Bucket(index, entries, data, chunk, [future.result() for future in futures])
 
 
 def entries_from_manifest(manifest: list[list[Any]]) -> list[TensorEntry]:
@@ -75,10 +128,11 @@ def entries_from_manifest(manifest: list[list[Any]]) -> list[TensorEntry]:
     ]
 
 
-def version_digest(version: int, buckets: Iterable[tuple[list[list[Any]], int]]) -> str:
-    """SHA-256 over the version label and every bucket's manifest and CRC, in bucket order."""
-    digest = hashlib.sha256(str(version).encode())
-    for manifest, crc in buckets:
-        digest.update(json.dumps(manifest, separators=(",", ":")).encode())
-        digest.update(crc.to_bytes(4, "big"))
-    return digest.hexdigest()
+def bucket_digest(key: bytes, index: int, manifest: list[list[Any]], chunk: int, chunks: list[str]) -> str:
+    body = json.dumps([index, manifest, chunk, chunks], separators=(",", ":")).encode()
+    return hmac.digest(key, b"hex-bucket" + body, "sha256").hex()
+
+
+def version_digest(key: bytes, version: int, bucket_digests: list[str]) -> str:
+    body = json.dumps([version, bucket_digests], separators=(",", ":")).encode()
+    return hmac.digest(key, b"hex-version" + body, "sha256").hex()

@@ -1,15 +1,17 @@
-"""Data links between two neighbours of a route: the payload bytes, after the control header.
+"""Data links between two neighbours of a route: the payload bytes, after the bucket's frame.
 
-``tcp`` sends the bytes on the authenticated TCP connection itself (works everywhere, the fallback where NCCL
-cannot span the two sides); ``gloo`` and ``nccl`` open a two-rank torch.distributed group whose rendezvous
-address is handed over that authenticated connection, so no unauthenticated peer learns it.
+``tcp`` sends the bytes on the authenticated connection itself (works everywhere, the fallback where NCCL cannot
+span the two sides); ``gloo`` and ``nccl`` open a two-rank torch.distributed group. Their rendezvous store is no
+TCPStore listening for anyone: it is a store served over the authenticated data connection itself
+(:class:`_ServedStore` on the receiving side, :class:`_ChannelStore` on the sending side), and the group makes its
+first transfer (which sets NCCL's communicator up) before that phase ends, so an unauthenticated peer never reaches
+the rendezvous. Payload bytes from the group are used only after their keyed chunk digests match.
 """
 
 from __future__ import annotations
 
 import datetime
-import secrets
-import socket
+import threading
 from typing import Protocol
 
 import torch
@@ -17,13 +19,8 @@ import torch.distributed as dist
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs.config import RELAY_BACKENDS as BACKENDS
-from areal_hex_plugin.transport.wire import (
-    TransportError,
-    connect,
-    recv_exact_into,
-    recv_message,
-    send_message,
-)
+from areal_hex_plugin.transport.protocol import Kind, ProtocolError, make
+from areal_hex_plugin.transport.wire import Channel, TransportError, connect
 
 _TAG = 7
 
@@ -46,28 +43,37 @@ def check_backend(backend: str) -> str:
     return backend
 
 
-class SocketLink:
-    """Payload on the TCP connection that carries the headers."""
+def current_device() -> torch.device:
+    """This thread's CUDA device (or the CPU): read once where the node or sender is made, passed to threads,
+    because ``torch.cuda.current_device()`` is per thread."""
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+
+class SocketLink:
+    """Payload on the authenticated connection that carries the frames."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
 
     def send(self, chunk: torch.Tensor) -> None:
-        self.sock.sendall(memoryview(chunk.numpy()))
+        self.channel.send_bytes(memoryview(chunk.numpy()))
 
     def recv_into(self, chunk: torch.Tensor) -> None:
-        recv_exact_into(self.sock, memoryview(chunk.numpy()))
+        self.channel.recv_into(memoryview(chunk.numpy()))
 
     def close(self) -> None:
-        """The socket belongs to the caller."""
+        """The channel belongs to the caller."""
 
 
 class TorchLink:
     """Payload through a two-rank gloo or NCCL group (rank 0 sends, rank 1 receives)."""
 
-    def __init__(self, group: dist.ProcessGroup, rank: int, device: torch.device, store: dist.Store) -> None:
+    def __init__(self, group: dist.ProcessGroup, rank: int, device: torch.device) -> None:
         self.group, self.rank, self.device = group, rank, device
-        self._store: dist.Store | None = store  # keeps the rendezvous server alive as long as the group
         self._staging: torch.Tensor | None = None
 
     def _on_device(self, nbytes: int) -> torch.Tensor:
@@ -77,89 +83,156 @@ class TorchLink:
 
     def send(self, chunk: torch.Tensor) -> None:
         payload = chunk
-        if self.device.type != "cpu":
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # this thread's device
             payload = self._on_device(chunk.numel())
-            payload.copy_(chunk, non_blocking=False)
+            payload.copy_(chunk, non_blocking=chunk.is_pinned())
         self.group.send([payload], 1 - self.rank, _TAG).wait()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the staging buffer is refilled by the next chunk
 
     def recv_into(self, chunk: torch.Tensor) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         target = chunk if self.device.type == "cpu" else self._on_device(chunk.numel())
         self.group.recv([target], 1 - self.rank, _TAG).wait()
         if target is not chunk:
             chunk.copy_(target)
 
     def close(self) -> None:
-        """Shut the group down and free its store and staging buffer (a new link is opened per version)."""
+        """Shut the group down and free its staging buffer (a new link is opened per version)."""
         group, self.group = self.group, None
         # Not dist.destroy_process_group: the group was built directly, not registered with the default world.
         if group is not None:
             group.shutdown()
-        self._store = self._staging = None
+        self._staging = None
+
+
+class _ServedStore(dist.Store):
+    """The receiving side's rendezvous store: a dict, read and written by the peer over the channel."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__()
+        self.timeout_s, self._values, self._changed = timeout_s, {}, threading.Condition()
+
+    def set(self, key: str, value: bytes) -> None:
+        with self._changed:
+            self._values[key] = bytes(value)
+            self._changed.notify_all()
+
+    def get(self, key: str) -> bytes:
+        with self._changed:
+            if not self._changed.wait_for(lambda: key in self._values, self.timeout_s):
+                raise TimeoutError(f"rendezvous key {key!r} not set within {self.timeout_s:.0f} s")
+            return self._values[key]
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        for key in keys:
+            self.get(key)
+
+    def serve(self, channel: Channel) -> None:
+        """Answer the peer's store requests until it says the rendezvous is over (at most 64 requests)."""
+        for _ in range(64):
+            message = channel.recv({Kind.STORE_SET, Kind.STORE_GET, Kind.STORE_DONE})
+            if message.kind == Kind.STORE_DONE:
+                return
+            if message.kind == Kind.STORE_SET:
+                self.set(message["key"], bytes.fromhex(message["value"]))
+            else:
+                channel.send(make(Kind.STORE_VALUE, value=self.get(message["key"]).hex()))
+        raise ProtocolError("rendezvous took more than 64 store requests")
+
+
+class _ChannelStore(dist.Store):
+    """The sending side's view of the peer's :class:`_ServedStore`."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__()
+        self.channel = channel
+
+    def set(self, key: str, value: bytes) -> None:
+        self.channel.send(make(Kind.STORE_SET, key=key, value=bytes(value).hex()))
+
+    def get(self, key: str) -> bytes:
+        self.channel.send(make(Kind.STORE_GET, key=key))
+        return bytes.fromhex(self.channel.recv({Kind.STORE_VALUE})["value"])
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        for key in keys:
+            self.get(key)
 
 
 def _make_group(
-    backend: str, store: dist.Store, rank: int, local_host: str, timeout_s: float
-) -> tuple[dist.ProcessGroup, torch.device]:
-    """A two-rank group bound to ``local_host``: the address this side of the authenticated connection uses."""
+    backend: str, store: dist.Store, rank: int, local_host: str, timeout_s: float, device: torch.device
+) -> TorchLink:
+    """A two-rank group bound to ``local_host`` (this side's address on the authenticated connection)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_host)]
-        return dist.ProcessGroupGloo(store, rank, 2, options), torch.device("cpu")
+        return TorchLink(dist.ProcessGroupGloo(store, rank, 2, options), rank, torch.device("cpu"))
     # NCCL picks its network interface itself (NCCL_SOCKET_IFNAME / NCCL_IB_HCA); the rendezvous is ours.
+    torch.cuda.set_device(device)
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timeout
-    device = torch.device("cuda", torch.cuda.current_device())
-    return dist.ProcessGroupNCCL(store, rank, 2, options), device
+    return TorchLink(dist.ProcessGroupNCCL(store, rank, 2, options), rank, device)
 
 
-def open_sending_link(sock: socket.socket, backend: str, timeout_s: float) -> DataLink:
-    """Upstream side; the peer runs :func:`open_receiving_link` on the same connection."""
-    send_message(sock, {"t": "link", "backend": backend})
+def _first_transfer(link: TorchLink) -> None:
+    """One byte each way round the group, so every connection (and NCCL's communicator) exists before the
+    rendezvous phase ends."""
+    probe = torch.zeros(1, dtype=torch.uint8)
+    if link.rank == 0:
+        link.send(probe)
+    else:
+        link.recv_into(probe)
+
+
+def open_sending_link(channel: Channel, backend: str, timeout_s: float, device: torch.device) -> DataLink:
+    """Upstream side; the peer runs :func:`open_receiving_link` on the same channel."""
+    channel.send(make(Kind.LINK, backend=backend))
     if backend == "tcp":
-        return SocketLink(sock)
-    offer = recv_message(sock)
-    if offer.get("t") != "link_offer":
-        raise ConnectionError(f"receiver could not open a {backend} link: {offer.get('error', offer)}")
-    store = dist.TCPStore(
-        offer["host"], offer["port"], 2, False, timeout=datetime.timedelta(seconds=timeout_s)
-    )
-    prefixed = dist.PrefixStore(offer["prefix"], store)
-    group, device = _make_group(backend, prefixed, 0, sock.getsockname()[0], timeout_s)
-    return TorchLink(group, 0, device, store)
+        return SocketLink(channel)
+    link = _make_group(backend, _ChannelStore(channel), 0, channel.sock.getsockname()[0], timeout_s, device)
+    _first_transfer(link)
+    channel.send(make(Kind.STORE_DONE))
+    return link
+
+
+def open_receiving_link(channel: Channel, timeout_s: float, device: torch.device) -> DataLink:
+    backend = channel.recv({Kind.LINK})["backend"]
+    if backend == "tcp":
+        return SocketLink(channel)
+    check_backend(backend)
+    store = _ServedStore(timeout_s)
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            store.serve(channel)
+        except BaseException as error:  # noqa: BLE001 - re-raised on the opening thread
+            failure.append(error)
+
+    server = threading.Thread(target=serve, name="hex-rendezvous", daemon=True)
+    server.start()
+    link = _make_group(backend, store, 1, channel.sock.getsockname()[0], timeout_s, device)
+    _first_transfer(link)
+    server.join(timeout_s)
+    if failure or server.is_alive():
+        link.close()
+        raise ConnectionError(f"rendezvous over the data connection failed: {failure or 'no end'}")
+    return link
 
 
 def connect_data_link(
-    host: str, port: int, token: bytes, session: str, backend: str, timeout_s: float
-) -> tuple[socket.socket, DataLink]:
-    """Connect to a node's data side for ``session`` and open the sending link; the socket is closed on failure."""
-    sock = connect(host, port, token, timeout_s)
+    host: str, port: int, token: bytes, session: str, backend: str, timeout_s: float, device: torch.device
+) -> tuple[Channel, DataLink]:
+    """Connect to a node's data side for ``session`` and open the sending link; the channel closes on failure."""
+    channel = connect(host, port, token, timeout_s)
     try:
-        send_message(sock, {"role": "data", "session": session})
-        return sock, open_sending_link(sock, backend, timeout_s)
-    except (OSError, RuntimeError, ValueError) as error:  # torch's store and group errors are RuntimeErrors
-        sock.close()
+        channel.send(make(Kind.HELLO, role="data", proto=1, session=session))
+        return channel, open_sending_link(channel, backend, timeout_s, device)
+    except (OSError, RuntimeError, ValueError) as error:  # torch's group errors are RuntimeErrors
+        channel.close()
         raise TransportError(f"cannot open a {backend} data link to {host}:{port}: {error}") from error
-
-
-def open_receiving_link(sock: socket.socket, timeout_s: float) -> DataLink:
-    request = recv_message(sock)
-    backend = request.get("backend")
-    if backend == "tcp":
-        return SocketLink(sock)
-    try:
-        check_backend(backend)
-    except HexError as error:
-        send_message(sock, {"t": "link_error", "error": str(error)})
-        raise ConnectionError(str(error)) from error
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(sock.getsockname()[0], 0, 2, True, timeout=timeout, wait_for_workers=False)
-    prefix = secrets.token_hex(8)
-    send_message(
-        sock, {"t": "link_offer", "host": sock.getsockname()[0], "port": store.port, "prefix": prefix}
-    )
-    group, device = _make_group(backend, dist.PrefixStore(prefix, store), 1, sock.getsockname()[0], timeout_s)
-    return TorchLink(group, 1, device, store)

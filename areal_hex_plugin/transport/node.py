@@ -1,37 +1,54 @@
 """A rollout replica's receiver: stage buckets, pass them down the chain, verify, commit atomically.
 
-One node runs next to each inference replica. It listens on the configured interface and serves two kinds of
-authenticated connections: the sender's *control* connection (prepare, end, commit, abort, status; the node
-acknowledges every bucket on it) and a *data* connection from its upstream neighbour (the sender for the relay,
-the previous replica otherwise). Each chunk is forwarded downstream as soon as it arrives, so the chain is
-pipelined; a bucket counts as received only when its CRC matches, and the version reaches the sink only after
-the sender's digest matched and the sender said commit. Until then the sink keeps serving the old version.
+One node runs next to each inference replica. It serves two kinds of authenticated channels: the sender's one
+*control* channel (prepare, connect, end, commit, abort, status; the node acknowledges every bucket on it) and a
+*data* channel from its upstream neighbour for the current session. Each chunk is forwarded downstream as soon as
+it arrives (the chain is pipelined) and hashed on the hashing pool meanwhile; a bucket counts as received only when
+every keyed chunk digest matches, and the version reaches the sink only on a ``commit`` of the same session whose
+``end`` this node verified. Until the sink confirms the load, the last committed version stays.
+
+Who may connect: the ``allowed_hosts`` (names resolved), or by default the route's own peers, i.e. while a
+control channel is open only its host and the upstream neighbour the sender named for the session. Handshakes are
+capped in number and bounded by a deadline, and the accept loop outlives descriptor exhaustion.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import queue
+import shutil
 import socket
+import tempfile
 import threading
+import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from areal_hex_plugin.transport.buckets import Bucket, checksum, entries_from_manifest, version_digest
-from areal_hex_plugin.transport.links import DataLink, connect_data_link, open_receiving_link
+from areal_hex_plugin.transport.buckets import bucket_digest, content_key, entries_from_manifest, hash_chunk
+from areal_hex_plugin.transport.buckets import version_digest as digest_of_version
+from areal_hex_plugin.transport.links import DataLink, connect_data_link, current_device, open_receiving_link
+from areal_hex_plugin.transport.protocol import Kind, Message, ProtocolError, make
 from areal_hex_plugin.transport.route import Endpoint
-from areal_hex_plugin.transport.wire import authenticate_as_server, load_token, recv_message, send_message
+from areal_hex_plugin.transport.stage import StagedVersion
+from areal_hex_plugin.transport.wire import Channel, authenticate_as_server, load_token, resolve_hosts
 
 logger = logging.getLogger("HexTransportNode")
 
+_REQUESTS = {Kind.PREPARE, Kind.CONNECT, Kind.END, Kind.COMMIT, Kind.ABORT, Kind.STATUS}
+_OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
 
 class WeightSink(Protocol):
-    """Where a committed version goes (an inference server, or test receivers)."""
+    """Where a committed version goes (an inference server, or test receivers). ``staged`` iterates the
+    version's (name, tensor) pairs; ``staged.directory`` holds it as safetensors files."""
 
-    def load(self, version: int, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None: ...
+    def load(self, version: int, staged: Iterator[tuple[str, torch.Tensor]]) -> None: ...
 
 
 @dataclass
@@ -41,15 +58,31 @@ class ReceiverConfig:
     port: int = 0
     # A silent upstream, or a data link that stops moving, is given up after this long.
     timeout_s: float = 30.0
-    # Peer addresses allowed to connect at all; empty: any peer that proves the token.
+    # Host names or addresses allowed to connect at all; empty: the route's own peers (see the module doc).
     allowed_hosts: list[str] = field(default_factory=list)
+    # Node-local directory the version is staged in; None: a private one under /dev/shm (else the temp dir).
+    stage_dir: str | None = None
+    max_handshakes: int = 32
+    handshake_timeout_s: float = 5.0
+
+
+@dataclass
+class _Session:
+    id: str
+    version: int
+    key: bytes
+    upstream: set[str]
+    stage: StagedVersion
+    digests: dict[int, str] = field(default_factory=dict)
+    forwarder: _Forwarder | None = None
+    verified: str = ""
 
 
 class _Forwarder:
-    """Sends headers and chunks to the downstream neighbour on its own thread (the pipeline stage)."""
+    """Sends frames and chunks to the downstream neighbour on its own thread (the pipeline stage)."""
 
-    def __init__(self, sock: socket.socket, link: DataLink, peer: str, report) -> None:
-        self.sock, self.link, self.peer, self.report = sock, link, peer, report
+    def __init__(self, channel: Channel, link: DataLink, peer: str, report) -> None:
+        self.channel, self.link, self.peer, self.report = channel, link, peer, report
         self.queue: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self.broken = False
         self.thread = threading.Thread(target=self._run, name=f"hex-forward-{peer}", daemon=True)
@@ -61,19 +94,19 @@ class _Forwarder:
                 continue
             kind, payload = item
             try:
-                if kind == "header":
-                    send_message(self.sock, payload)
+                if kind == "frame":
+                    self.channel.send(payload)
                 else:
                     self.link.send(payload)
             except Exception as error:  # noqa: BLE001 - any failure of the downstream link is reported
                 self.broken = True
-                self.report({"t": "forward_failed", "peer": self.peer, "error": str(error)})
+                self.report(make(Kind.FORWARD_FAILED, peer=self.peer, error=str(error)[:2000]))
 
     def close(self) -> None:
         self.queue.put(None)
         self.thread.join(timeout=5)
         self.link.close()
-        self.sock.close()
+        self.channel.close()
 
 
 class ReceiverNode:
@@ -85,22 +118,30 @@ class ReceiverNode:
         self.sink = sink
         self.config = config or ReceiverConfig()
         self.token = token if token is not None else load_token()
+        self.device = current_device()  # read here: threads have their own current device
         self.version = -1
         self.digest = ""
         self.refused = 0
+        self._allowed = resolve_hosts(self.config.allowed_hosts) if self.config.allowed_hosts else None
         self._lock = threading.Lock()
-        self._session = ""
-        self._staged: dict[int, tuple[list[list[Any]], torch.Tensor, int]] = {}
-        self._forwarder: _Forwarder | None = None
-        self._control: socket.socket | None = None
-        self._control_lock = threading.Lock()
+        self._session: _Session | None = None
+        self._last_committed: Path | None = None
+        self._control: Channel | None = None
+        self._handshakes = threading.BoundedSemaphore(self.config.max_handshakes)
         self._listener: socket.socket | None = None
         self._stopping = threading.Event()
+        self._private_root = self.config.stage_dir is None
+        shm = Path("/dev/shm")
+        self.stage_root = (
+            Path(tempfile.mkdtemp(prefix="areal-hex-", dir=shm if shm.is_dir() else None))
+            if self._private_root
+            else Path(self.config.stage_dir)
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
     def start(self) -> Endpoint:
-        listener = socket.create_server((self.config.bind_host, self.config.port), backlog=16)
+        listener = socket.create_server((self.config.bind_host, self.config.port), backlog=64)
         self._listener = listener
         threading.Thread(target=self._accept_loop, name="hex-node-accept", daemon=True).start()
         return Endpoint(self.config.bind_host, listener.getsockname()[1])
@@ -109,32 +150,74 @@ class ReceiverNode:
         self._stopping.set()
         if self._listener is not None:
             self._listener.close()
-        self._drop_forwarder()
+        control, self._control = self._control, None
+        if control is not None:
+            control.close()
+        self._end_session()
+        if self._private_root:
+            shutil.rmtree(self.stage_root, ignore_errors=True)
 
     def _accept_loop(self) -> None:
+        """Accept until stopped; running out of descriptors or memory backs off and keeps serving."""
         assert self._listener is not None
+        backoff = 0.05
         while not self._stopping.is_set():
             try:
                 sock, address = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock, address[0]), daemon=True).start()
+            except OSError as error:
+                if self._stopping.is_set():
+                    return
+                if error.errno in _OUT_OF_DESCRIPTORS:
+                    logger.error("cannot accept (%s); backing off %.2f s, still serving", error, backoff)
+                    time.sleep(backoff)
+                    backoff = min(1.0, backoff * 2)
+                elif error.errno not in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN):
+                    logger.error("accept failed (%s); still serving", error)
+                    time.sleep(backoff)
+                continue
+            backoff = 0.05
+            if not self._handshakes.acquire(blocking=False):
+                self._refuse(sock, address[0], "too many handshakes at once")
+                continue
+            try:
+                threading.Thread(target=self._serve, args=(sock, address[0]), daemon=True).start()
+            except RuntimeError:  # no thread to be had: refuse, keep the loop
+                self._handshakes.release()
+                self._refuse(sock, address[0], "no thread for the handshake")
+
+    def _refuse(self, sock: socket.socket, peer: str, reason: str) -> None:
+        self.refused += 1
+        logger.warning("refused a connection from %s: %s", peer, reason)
+        sock.close()
+
+    def _peer_allowed(self, peer: str) -> bool:
+        if self._allowed is not None:
+            return peer in self._allowed
+        control, session = self._control, self._session
+        if control is None:
+            return True  # the first control channel: the token decides
+        return peer == control.peer_host or (session is not None and peer in session.upstream)
 
     def _serve(self, sock: socket.socket, peer: str) -> None:
+        channel: Channel | None = None
         try:
-            allowed = self.config.allowed_hosts
-            sock.settimeout(self.config.timeout_s)
-            if (allowed and peer not in allowed) or not authenticate_as_server(sock, self.token):
-                self.refused += 1
-                logger.warning("refused a connection from %s (unknown peer or wrong token)", peer)
-                return
+            try:
+                if not self._peer_allowed(peer):
+                    self._refuse(sock, peer, "not a peer of the route (hex.relay.allowed_hosts)")
+                    return
+                deadline = time.monotonic() + self.config.handshake_timeout_s
+                channel = authenticate_as_server(sock, self.token, deadline)
+                if channel is None:
+                    self._refuse(sock, peer, "wrong token")
+                    return
+                hello = channel.recv({Kind.HELLO}, deadline)
+            finally:
+                self._handshakes.release()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            hello = recv_message(sock)
-            if hello.get("role") == "control":
-                sock.settimeout(None)  # idle between versions; the sender closing ends it
-                self._serve_control(sock)
-            elif hello.get("role") == "data" and hello.get("session") == self._session:
-                self._serve_data(sock)
+            if hello["role"] == "control":
+                self._serve_control(channel)
+            else:
+                self._serve_data(channel, hello["session"])
         except (OSError, ConnectionError, ValueError, RuntimeError) as error:
             logger.info("connection from %s ended: %s", peer, error)
         finally:
@@ -142,121 +225,241 @@ class ReceiverNode:
 
     # -- control ------------------------------------------------------------------------------------------
 
-    def _report(self, message: dict[str, Any]) -> None:
-        with self._control_lock:
-            if self._control is not None:
-                try:
-                    send_message(self._control, message)
-                except OSError:
-                    logger.info("control connection lost while reporting %s", message.get("t"))
-
-    def _serve_control(self, sock: socket.socket) -> None:
-        with self._control_lock:
-            self._control = sock
-        while True:
-            message = recv_message(sock)
-            kind = message.get("t")
-            handler = getattr(self, f"_on_{kind}", None)
+    def _report(self, message: Message) -> None:
+        control = self._control
+        if control is not None:
             try:
-                reply = handler(message) if handler else {"t": "error", "error": f"unknown message {kind}"}
-            except Exception as error:  # noqa: BLE001 - e.g. the sink's server refused; the sender must hear it
-                logger.exception("%s failed", kind)
-                reply = {"t": "error", "error": f"{kind} failed on the replica: {error}"}
-            self._report({**reply, "id": message.get("id")})  # the sender matches answers to requests
+                control.send(message)
+            except OSError:
+                logger.info("control channel lost while reporting %s", message.kind.value)
 
-    def _drop_forwarder(self) -> None:
-        if self._forwarder is not None:
-            self._forwarder.close()
-            self._forwarder = None
+    def _take_control(self, channel: Channel) -> bool:
+        """One control channel at a time; a closed one (its sender went) is replaced."""
+        for _ in range(20):
+            with self._lock:
+                if self._control is None or _closed(self._control.sock):
+                    self._control = channel
+                    return True
+            time.sleep(0.05)
+        return False
 
-    def _on_prepare(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _serve_control(self, channel: Channel) -> None:
+        if not self._take_control(channel):
+            channel.send(make(Kind.ERROR, id=0, error="another control channel is open on this replica"))
+            return
+        sock = channel.sock
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        channel.settimeout(None)  # idle between versions; the sender closing ends it
+        pending: deque[Message] = deque()
+        try:
+            while True:
+                message = pending.popleft() if pending else channel.recv(_REQUESTS)
+                if message.kind == Kind.COMMIT:
+                    while channel.readable():  # what the sender sent after it (an abort) already arrived
+                        pending.append(channel.recv(_REQUESTS))
+                    if any(m.kind == Kind.ABORT for m in pending):
+                        reply = make(
+                            Kind.ERROR, id=0, error="commit withdrawn by the sender (deadline passed)"
+                        )
+                        self._report(_with_id(reply, message))
+                        continue
+                self._report(_with_id(self._handle(message), message))
+        except ProtocolError as error:
+            logger.warning("control channel from %s broke the protocol: %s", channel.peer_host, error)
+            self._report(make(Kind.ERROR, id=0, error=str(error)[:2000]))
+        finally:
+            with self._lock:
+                if self._control is channel:
+                    self._control = None
+                    self._end_session()
+
+    def _handle(self, message: Message) -> Message:
+        handler = {
+            Kind.PREPARE: self._on_prepare,
+            Kind.CONNECT: self._on_connect,
+            Kind.END: self._on_end,
+            Kind.COMMIT: self._on_commit,
+            Kind.ABORT: self._on_abort,
+            Kind.STATUS: self._on_status,
+        }[message.kind]
+        try:
+            return handler(message)
+        except Exception as error:  # noqa: BLE001 - e.g. the sink's server refused; the sender must hear it
+            logger.exception("%s failed", message.kind.value)
+            return make(Kind.ERROR, id=0, error=f"{message.kind.value} failed on the replica: {error}"[:2000])
+
+    def _current(self, message: Message) -> _Session | str:
+        session = self._session
+        if session is None or session.id != message["session"]:
+            return f"{message.kind.value} for a session this replica is not in"
+        if "version" in message.fields and message["version"] != session.version:
+            return f"{message.kind.value} names version {message['version']}, the session is for {session.version}"
+        return session
+
+    def _end_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            if session.forwarder is not None:  # tearing a link down can take a while; nobody waits for it
+                threading.Thread(target=session.forwarder.close, daemon=True).start()
+            session.stage.remove()
+
+    def _on_prepare(self, message: Message) -> Message:
         """Start a new session: drop whatever was staged and the old downstream link."""
+        if message["version"] <= self.version:
+            return make(
+                Kind.ERROR,
+                id=0,
+                error=f"version {message['version']} is not above the committed {self.version}",
+            )
+        control = self._control
+        upstream = message["upstream"]
+        hosts = {control.peer_host} if not upstream and control is not None else resolve_hosts([upstream])
         with self._lock:
-            self._drop_forwarder()
-            self._staged = {}
-            self._session = message["session"]
-        return {"t": "ready"}
+            self._end_session()
+            stage = StagedVersion(self.stage_root, message["version"])
+            key = content_key(self.token, message["update"])
+            self._session = _Session(message["session"], message["version"], key, hosts, stage)
+        return make(Kind.READY, id=0, version=self.version)
 
-    def _on_connect(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _on_connect(self, message: Message) -> Message:
         """Open the data link to the downstream neighbour (already prepared for the same session)."""
+        session = self._current(message)
+        if isinstance(session, str):
+            return make(Kind.ERROR, id=0, error=session)
         downstream = message["downstream"]
         try:
             endpoint = Endpoint.parse(downstream)
-            sock, link = connect_data_link(
+            channel, link = connect_data_link(
                 endpoint.host,
                 endpoint.port,
                 self.token,
-                message["session"],
+                session.id,
                 message["backend"],
                 self.config.timeout_s,
+                self.device,
             )
         except Exception as error:  # noqa: BLE001 - reported to the sender, which re-routes
-            return {"t": "downstream_failed", "peer": downstream, "error": str(error)}
-        self._forwarder = _Forwarder(sock, link, downstream, self._report)
-        return {"t": "connected"}
+            return make(Kind.DOWNSTREAM_FAILED, id=0, peer=downstream, error=str(error)[:2000])
+        session.forwarder = _Forwarder(channel, link, downstream, self._report)
+        return make(Kind.CONNECTED, id=0)
 
-    def _on_end(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _on_end(self, message: Message) -> Message:
+        session = self._current(message)
+        if isinstance(session, str):
+            return make(Kind.ERROR, id=0, error=session)
         with self._lock:
-            count = message["buckets"]
-            missing = [index for index in range(count) if index not in self._staged]
-            if missing:
-                return {"t": "bad_digest", "error": f"buckets {missing[:5]} missing"}
-            digest = version_digest(message["version"], [self._staged[i][0::2] for i in range(count)])
+            digests = dict(session.digests)
+        count = message["buckets"]
+        if sorted(digests) != list(range(count)):
+            missing = sorted(set(range(min(count, len(digests) + 5))) - set(digests))[:5]
+            return make(
+                Kind.ERROR, id=0, error=f"buckets: {count} announced, {len(digests)} verified ({missing})"
+            )
+        staged = sum(data.numel() for _, data in session.stage.buckets.values())
+        if staged != message["nbytes"]:
+            return make(Kind.ERROR, id=0, error=f"nbytes: {message['nbytes']} announced, {staged} staged")
+        digest = digest_of_version(session.key, session.version, [digests[i] for i in range(count)])
         if digest != message["digest"]:
-            return {"t": "bad_digest", "error": "version digest differs from the sender's"}
-        return {"t": "verified", "digest": digest}
+            return make(Kind.ERROR, id=0, error="version digest differs from the sender's")
+        session.verified = digest
+        return make(Kind.VERIFIED, id=0, digest=digest)
 
-    def _on_commit(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _on_commit(self, message: Message) -> Message:
+        session = self._current(message)
+        if isinstance(session, str):
+            return make(Kind.ERROR, id=0, error=session)
+        if not session.verified or session.verified != message["digest"]:
+            return make(Kind.ERROR, id=0, error="commit of a version this session did not verify")
         with self._lock:
-            staged, self._staged = self._staged, {}
-            forwarder, self._forwarder = self._forwarder, None
-        if forwarder is not None:  # tearing a link down can take a while; the answer need not wait for it
-            threading.Thread(target=forwarder.close, daemon=True).start()
-        buckets = [
-            Bucket(i, entries_from_manifest(m), data, crc) for i, (m, data, crc) in sorted(staged.items())
-        ]
-        self.sink.load(message["version"], (item for bucket in buckets for item in bucket.named_tensors()))
-        self.version, self.digest = message["version"], message["digest"]
-        return {"t": "committed", "version": self.version}
+            self._session = None
+            if session.forwarder is not None:
+                threading.Thread(target=session.forwarder.close, daemon=True).start()
+        try:
+            self.sink.load(session.version, session.stage)
+        except BaseException:
+            session.stage.remove()  # the last committed version stays, and stays staged
+            raise
+        session.stage.release()
+        if self._last_committed is not None:
+            shutil.rmtree(self._last_committed, ignore_errors=True)
+        self._last_committed = session.stage.directory
+        self.version, self.digest = session.version, session.verified
+        return make(Kind.COMMITTED, id=0, version=self.version)
 
-    def _on_abort(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _on_abort(self, message: Message) -> Message:
         with self._lock:
-            self._staged = {}
-            self._session = ""
-            self._drop_forwarder()
-        return {"t": "aborted"}
+            if self._session is not None and message["session"] in ("", self._session.id):
+                self._end_session()
+        return make(Kind.ABORTED, id=0)
 
-    def _on_status(self, message: dict[str, Any]) -> dict[str, Any]:
-        return {"t": "status", "version": self.version, "digest": self.digest}
+    def _on_status(self, message: Message) -> Message:
+        return make(Kind.STATE, id=0, version=self.version, digest=self.digest)
 
     # -- data ---------------------------------------------------------------------------------------------
 
-    def _serve_data(self, sock: socket.socket) -> None:
-        link = open_receiving_link(sock, self.config.timeout_s)
+    def _serve_data(self, channel: Channel, session_id: str) -> None:
+        session = self._session
+        if session is None or session.id != session_id:
+            return
+        channel.settimeout(self.config.timeout_s)
+        link = open_receiving_link(channel, self.config.timeout_s, self.device)
         try:
-            while True:
-                header = recv_message(sock)
-                if header.get("s") != self._session:
+            while self._session is session:
+                header = channel.recv({Kind.BUCKET})
+                if header["session"] != session.id or header["version"] != session.version:
                     return
-                self._receive_bucket(header, link)
+                self._receive_bucket(session, header, link)
         finally:
             link.close()
 
-    def _receive_bucket(self, header: dict[str, Any], link: DataLink) -> None:
-        forwarder = self._forwarder
+    def _receive_bucket(self, session: _Session, header: Message, link: DataLink) -> None:
+        index, nbytes, step, chunks = header["index"], header["nbytes"], header["chunk"], header["chunks"]
+        entries = entries_from_manifest(header["manifest"])
+        if entries[-1].offset + entries[-1].nbytes != nbytes or len(chunks) != -(-nbytes // step):
+            raise ProtocolError(f"bucket {index}: manifest or chunk digests do not cover {nbytes} bytes")
+        forwarder = session.forwarder
         if forwarder is not None:
-            forwarder.queue.put(("header", header))
-        data = torch.empty(header["n"], dtype=torch.uint8)
-        step = header["chunk"]
-        for offset in range(0, header["n"], step):
-            chunk = data[offset : offset + step]
-            link.recv_into(chunk)
+            forwarder.queue.put(("frame", header))
+        try:
+            data = session.stage.allocate(index, header["copy"], entries, nbytes)
+        except Exception as error:
+            self._report(
+                make(
+                    Kind.ACK,
+                    session=session.id,
+                    index=index,
+                    copy=header["copy"],
+                    ok=False,
+                    error=str(error)[:2000],
+                )
+            )
+            raise
+        hashed = []
+        for chunk_index, offset in enumerate(range(0, nbytes, step)):
+            piece = data[offset : offset + step]
+            link.recv_into(piece)
             if forwarder is not None:
-                forwarder.queue.put(("chunk", chunk))
-        crc = checksum(data)
-        ok = crc == header["crc"]
-        if ok:
-            with self._lock:
-                if header["s"] == self._session:
-                    self._staged[header["i"]] = (header["m"], data, crc)
-        self._report({"t": "ack", "s": header["s"], "i": header["i"], "c": header["c"], "ok": ok})
+                forwarder.queue.put(("chunk", piece))
+            hashed.append(hash_chunk(session.key, index, chunk_index, piece))
+        ok = [future.result() for future in hashed] == chunks
+        with self._lock:
+            if ok:
+                session.digests[index] = bucket_digest(session.key, index, header["manifest"], step, chunks)
+            else:
+                session.digests.pop(index, None)
+                session.stage.drop(index)
+        self._report(make(Kind.ACK, session=session.id, index=index, copy=header["copy"], ok=ok, error=""))
+
+
+def _with_id(reply: Message, request: Message) -> Message:
+    return make(reply.kind, **{**reply.fields, "id": request["id"]})
+
+
+def _closed(sock: socket.socket) -> bool:
+    """True when the peer has closed ``sock`` (EOF waiting) or it is gone."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True

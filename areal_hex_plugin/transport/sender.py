@@ -1,12 +1,15 @@
 """The trainer side: push a version's buckets along the route, re-send bad ones, re-route around failures,
-verify every replica's digest, then commit everywhere (two phases, so no replica ever mixes versions)."""
+verify every replica's digest, then commit everywhere (two phases, so no replica ever mixes versions).
+
+The commit has one deadline for all replicas, asked at once. A replica that has not answered by then is in doubt:
+it is sent an ``abort`` (a node that finds an abort queued behind a commit withdraws the commit) and asked for its
+``status``; only what the status shows is reported as committed."""
 
 from __future__ import annotations
 
 import logging
 import queue
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -15,11 +18,13 @@ from typing import Any
 
 import torch
 
+from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs.config import check_relay_sender
-from areal_hex_plugin.transport.buckets import Bucket, pack, version_digest
-from areal_hex_plugin.transport.links import DataLink, check_backend, connect_data_link
+from areal_hex_plugin.transport.buckets import Bucket, content_key, pack, version_digest
+from areal_hex_plugin.transport.links import DataLink, check_backend, connect_data_link, current_device
+from areal_hex_plugin.transport.protocol import MIN_CHUNK_BYTES, Kind, Message, make
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
-from areal_hex_plugin.transport.wire import TransportError, connect, load_token, recv_message, send_message
+from areal_hex_plugin.transport.wire import Channel, TransportError, connect, load_token
 
 logger = logging.getLogger("HexTransportSender")
 
@@ -33,10 +38,19 @@ class SenderConfig:
     # "reroute": drop the dead replica, make the next one relay, re-send to that pool; "fail": abort everywhere.
     on_failure: str = "reroute"
     max_resends: int = 3
+    # One deadline for every replica's commit (each loads the version into its server), and the grace for the
+    # status of those in doubt after it.
+    commit_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         check_relay_sender(self.backend, self.on_failure, self.timeout_s, self.chunk_bytes, self.max_resends)
         check_backend(self.backend)  # nccl also needs CUDA here
+        if self.chunk_bytes < MIN_CHUNK_BYTES or self.commit_timeout_s <= 0:
+            raise HexError(
+                "hex.relay",
+                f"chunk_bytes {self.chunk_bytes} below {MIN_CHUNK_BYTES}, or commit_timeout_s {self.commit_timeout_s} <= 0",
+                "use chunks of at least 4 KiB (hex.relay.chunk_mb) and a positive commit deadline",
+            )
 
 
 @dataclass
@@ -58,20 +72,20 @@ class UpdateReport:
 
 
 class _Control:
-    """The sender's control connection to one node; replies queue up, events go to the shared queue."""
+    """The sender's control channel to one node; replies queue up, events go to the shared queue."""
 
     def __init__(
         self, endpoint: Endpoint, pool: str, token: bytes, timeout_s: float, events: queue.Queue
     ) -> None:
         self.endpoint, self.pool, self.timeout_s = endpoint, pool, timeout_s
-        self.sock = connect(endpoint.host, endpoint.port, token, timeout_s)
+        self.channel = connect(endpoint.host, endpoint.port, token, timeout_s)
         try:
-            send_message(self.sock, {"role": "control"})
+            self.channel.send(make(Kind.HELLO, role="control", proto=1, session=""))
         except OSError as error:
-            self.sock.close()
+            self.channel.close()
             raise TransportError(f"control connection to {endpoint} broke at once ({error})") from error
-        self.sock.settimeout(None)
-        self.replies: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.channel.settimeout(None)
+        self.replies: queue.Queue[Message] = queue.Queue()
         self.closed = False
         self._last_id = 0
         self._events = events
@@ -80,55 +94,69 @@ class _Control:
     def _read(self) -> None:
         try:
             while True:
-                message = recv_message(self.sock)
-                if message["t"] in ("ack", "forward_failed"):
+                message = self.channel.recv()
+                if message.kind in (Kind.ACK, Kind.FORWARD_FAILED):
                     self._events.put((self.pool, self.endpoint, message))
                 else:
                     self.replies.put(message)
-        except (OSError, ConnectionError, ValueError) as error:
+        except (OSError, ConnectionError, ValueError, RuntimeError) as error:
             if not self.closed:
-                lost = {"t": "lost", "error": f"control connection lost ({error})"}
+                lost = _lost(f"control connection lost ({error})")
                 self._events.put((self.pool, self.endpoint, lost))
                 self.replies.put(lost)
 
-    def send(self, message: dict[str, Any]) -> int:
+    def send(self, kind: Kind, **fields: Any) -> int:
         """Send a request tagged with a fresh id (the node echoes it); returns the id to await."""
         self._last_id += 1
         try:
-            send_message(self.sock, {**message, "id": self._last_id})
+            self.channel.send(make(kind, id=self._last_id, **fields))
         except OSError as error:
-            self.replies.put({"t": "lost", "error": f"control connection lost ({error})"})
+            self.replies.put(_lost(f"control connection lost ({error})"))
         return self._last_id
 
-    def reply(self, request_id: int, timeout_s: float | None = None) -> dict[str, Any]:
-        """The answer to ``request_id``; late answers to earlier requests (given up on) are discarded."""
-        timeout = timeout_s or self.timeout_s
-        deadline = time.monotonic() + timeout
+    def reply(
+        self, request_id: int, timeout_s: float | None = None, deadline: float | None = None
+    ) -> Message:
+        """The answer to ``request_id`` (by ``deadline`` if given); late answers to earlier requests are
+        discarded."""
+        if deadline is None:
+            deadline = time.monotonic() + (timeout_s or self.timeout_s)
         while True:
             try:
                 reply = self.replies.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                return {"t": "lost", "error": f"no answer within {timeout:.0f} s"}
-            if reply.get("t") == "lost" or reply.get("id") == request_id:
+                return _lost("no answer in time")
+            if reply.fields.get("id") in (request_id, -1):
+                return reply
+            if reply.kind == Kind.ERROR and reply["id"] == 0:  # the node refused the channel itself
                 return reply
             logger.info(
-                "%s: discarding a late %s reply to request %s", self.endpoint, reply.get("t"), reply.get("id")
+                "%s: discarding a late %s reply to request %s", self.endpoint, reply.kind.value, reply["id"]
             )
 
-    def request(self, message: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
-        return self.reply(self.send(message), timeout_s)
+    def request(self, kind: Kind, **fields: Any) -> Message:
+        return self.reply(self.send(kind, **fields))
 
     def close(self) -> None:
         self.closed = True
-        self.sock.close()
+        self.channel.close()
+
+
+def _lost(error: str) -> Message:
+    """A local stand-in for an answer that never came (id -1 matches every request)."""
+    return Message(Kind.ERROR, {"error": error, "id": -1, "lost": True})
+
+
+def _error(reply: Message) -> str:
+    return reply.fields.get("error", reply.kind.value)
 
 
 class _PoolPush:
     """Feeds one pool's relay on a thread of its own, so every pool's cross link is busy at once."""
 
-    def __init__(self, sock: socket.socket, link: DataLink, relay: Endpoint, pool: str, events: queue.Queue):
-        self.sock, self.link, self.relay, self.pool, self.events = sock, link, relay, pool, events
-        self.work: queue.Queue[tuple[dict[str, Any], Bucket, int] | None] = queue.Queue()
+    def __init__(self, channel: Channel, link: DataLink, relay: Endpoint, pool: str, events: queue.Queue):
+        self.channel, self.link, self.relay, self.pool, self.events = channel, link, relay, pool, events
+        self.work: queue.Queue[tuple[Message, Bucket, int] | None] = queue.Queue()
         self.broken = False
         self.thread = threading.Thread(target=self._run, name=f"hex-push-{pool}", daemon=True)
         self.thread.start()
@@ -139,20 +167,18 @@ class _PoolPush:
                 continue
             header, bucket, step = item
             try:
-                send_message(self.sock, header)
+                self.channel.send(header)
                 for offset in range(0, bucket.nbytes, step):
                     self.link.send(bucket.data[offset : offset + step])
             except Exception as error:  # noqa: BLE001 - reported as a failure of the relay
                 self.broken = True
-                self.events.put(
-                    (self.pool, self.relay, {"t": "lost", "error": f"data link to relay broke ({error})"})
-                )
+                self.events.put((self.pool, self.relay, _lost(f"data link to relay broke ({error})")))
 
     def close(self) -> None:
         self.work.put(None)
         self.thread.join(timeout=5)
         self.link.close()
-        self.sock.close()
+        self.channel.close()
 
 
 @dataclass
@@ -183,6 +209,9 @@ class RelaySender:
         self._failed: dict[str, str] = {}
         self._buckets: list[Bucket] = []
         self._version = -1
+        self._update = ""
+        self._key = b""
+        self._device = current_device()
         self._began = 0.0
         self._report: UpdateReport | None = None
 
@@ -198,6 +227,8 @@ class RelaySender:
 
     def begin(self, version: int) -> None:
         self._version, self._buckets = version, []
+        self._update = secrets.token_hex(32)
+        self._key = content_key(self.token, self._update)
         self._began = time.perf_counter()
         self._report = UpdateReport(version, "", 0, 0.0)
         self._drain_events()
@@ -209,7 +240,8 @@ class RelaySender:
         self._report.mark("prepared", self._began)
 
     def send_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        bucket = pack(len(self._buckets), named_tensors)
+        pin = self._device.type == "cuda"
+        bucket = pack(len(self._buckets), named_tensors, self._key, self.config.chunk_bytes, pin)
         self._buckets.append(bucket)
         for state in self._pools.values():
             self._enqueue(state, bucket)
@@ -222,7 +254,9 @@ class RelaySender:
         try:
             self._await_buckets()
             report.mark("received", self._began)
-            report.digest = version_digest(self._version, [(b.manifest(), b.crc) for b in self._buckets])
+            report.digest = version_digest(
+                self._key, self._version, [b.digest(self._key) for b in self._buckets]
+            )
             self._verify(report.digest)
             report.mark("verified", self._began)
         except BaseException:
@@ -240,38 +274,80 @@ class RelaySender:
         return self._report
 
     def commit(self) -> None:
-        """Second phase, after :meth:`finish` with ``commit=False``: every verified replica switches over."""
+        """Second phase, after :meth:`finish` with ``commit=False``: every verified replica switches over, all
+        asked at once under one deadline; the ones in doubt after it are reconciled with ``status``."""
         report = self._report
         assert report is not None
-        message = {"t": "commit", "version": self._version, "digest": report.digest}
-        pending = [
-            (control, state) for state in self._pools.values() for control in self._live_controls(state)
-        ]
-        request_ids = [control.send(message) for control, _ in pending]
-        for (control, state), request_id in zip(pending, request_ids, strict=True):
-            reply = control.reply(request_id, timeout_s=max(self.config.timeout_s, 300.0))
-            if reply.get("t") == "committed" and reply.get("version") == self._version:
+        pending = {
+            control: (
+                state,
+                control.send(Kind.COMMIT, session=state.session, version=self._version, digest=report.digest),
+            )
+            for state in self._pools.values()
+            for control in self._live_controls(state)
+        }
+        deadline = time.monotonic() + self.config.commit_timeout_s
+        in_doubt = []
+        for control, (state, request_id) in pending.items():
+            reply = control.reply(request_id, deadline=deadline)
+            if reply.kind == Kind.COMMITTED and reply["version"] == self._version:
                 report.committed.append(str(control.endpoint))
+            elif reply.fields.get("lost"):
+                in_doubt.append((control, state))
             else:  # the others have switched already: record it, the caller decides what is enough
-                self._drop(state, control.endpoint, f"commit failed: {reply.get('error', reply)}")
+                self._drop(state, control.endpoint, f"commit failed: {_error(reply)}")
+        self._reconcile(in_doubt, report)
         report.mark("committed", self._began)
         report.failed = dict(self._failed)
         self._buckets = []
+
+    def _reconcile(self, in_doubt: list[tuple[_Control, _PoolState]], report: UpdateReport) -> None:
+        """Withdraw the commit from replicas that did not answer, then believe only their status."""
+        for control, state in in_doubt:
+            control.send(Kind.ABORT, session=state.session)
+        asked = [(control, state, control.send(Kind.STATUS)) for control, state in in_doubt]
+        deadline = time.monotonic() + min(self.config.timeout_s, 5.0)
+        for control, state, request_id in asked:
+            reply = control.reply(request_id, deadline=deadline)
+            if reply.kind == Kind.STATE and (reply["version"], reply["digest"]) == (
+                self._version,
+                report.digest,
+            ):
+                report.committed.append(str(control.endpoint))
+            elif reply.kind == Kind.STATE:
+                self._drop(
+                    state,
+                    control.endpoint,
+                    f"commit not done within {self.config.commit_timeout_s:.0f} s; "
+                    f"withdrawn, the replica keeps version {reply['version']}",
+                )
+            else:
+                self._drop(
+                    state,
+                    control.endpoint,
+                    f"commit not done within {self.config.commit_timeout_s:.0f} s "
+                    "and no status: in doubt; the commit was withdrawn, the replica will not switch",
+                )
 
     def abort(self) -> None:
         """Every replica drops the staged version and keeps serving its last committed one."""
         for state in self._pools.values():
             self._stop_push(state)
             for control in self._live_controls(state):
-                control.request({"t": "abort"})
+                control.request(Kind.ABORT, session=state.session)
         self._buckets = []
 
     def status(self) -> dict[str, dict[str, Any]]:
-        """Committed version and digest of every live replica."""
+        """Committed version and digest of every live replica (asked at once)."""
+        asked = [
+            (control, control.send(Kind.STATUS))
+            for state in self._pools.values()
+            for control in self._live_controls(state)
+        ]
         answers = {}
-        for state in self._pools.values():
-            for control in self._live_controls(state):
-                answers[str(control.endpoint)] = control.request({"t": "status"})
+        for control, request_id in asked:
+            reply = control.reply(request_id)
+            answers[str(control.endpoint)] = {"t": reply.kind.value, **reply.fields}
         return answers
 
     def close(self) -> None:
@@ -343,48 +419,72 @@ class RelaySender:
                     )
                 except TransportError as error:
                     return endpoint, str(error)
-        links = {"session": state.session, "backend": self.config.backend}
         rounds = [
-            ({e: {"t": "prepare", "session": state.session} for e in chain}, "ready"),
             (
                 {
-                    e: {"t": "connect", "downstream": str(d), **links}
+                    e: (
+                        Kind.PREPARE,
+                        {
+                            "session": state.session,
+                            "update": self._update,
+                            "version": self._version,
+                            "upstream": "" if i == 0 else chain[i - 1].host,
+                        },
+                    )
+                    for i, e in enumerate(chain)
+                },
+                Kind.READY,
+            ),
+            (
+                {
+                    e: (
+                        Kind.CONNECT,
+                        {"session": state.session, "downstream": str(d), "backend": self.config.backend},
+                    )
                     for e, d in zip(chain, chain[1:], strict=False)
                 },
-                "connected",
+                Kind.CONNECTED,
             ),
         ]
         for messages, expected in rounds:
-            request_ids = {endpoint: state.controls[endpoint].send(m) for endpoint, m in messages.items()}
+            request_ids = {
+                e: state.controls[e].send(kind, **fields) for e, (kind, fields) in messages.items()
+            }
             for endpoint, request_id in request_ids.items():
                 reply = state.controls[endpoint].reply(request_id)
-                if reply.get("t") == "downstream_failed":
-                    return Endpoint.parse(reply["peer"]), reply.get("error", "unreachable")
-                if reply.get("t") != expected:
-                    return endpoint, reply.get("error", str(reply))
+                if reply.kind == Kind.DOWNSTREAM_FAILED:
+                    return Endpoint.parse(reply["peer"]), reply["error"]
+                if reply.kind != expected:
+                    return endpoint, _error(reply)
         relay = chain[0]
         try:
-            sock, link = connect_data_link(
-                relay.host, relay.port, self.token, state.session, self.config.backend, self.config.timeout_s
+            channel, link = connect_data_link(
+                relay.host,
+                relay.port,
+                self.token,
+                state.session,
+                self.config.backend,
+                self.config.timeout_s,
+                self._device,
             )
         except TransportError as error:
             return relay, f"data link to relay failed ({error})"
-        state.push = _PoolPush(sock, link, relay, state.route.name, self._events)
+        state.push = _PoolPush(channel, link, relay, state.route.name, self._events)
         return None
 
     def _enqueue(self, state: _PoolState, bucket: Bucket) -> None:
         copy = state.copies[bucket.index] = state.copies.get(bucket.index, -1) + 1
-        header = {
-            "c": copy,
-            "t": "bucket",
-            "s": state.session,
-            "v": self._version,
-            "i": bucket.index,
-            "n": bucket.nbytes,
-            "crc": bucket.crc,
-            "chunk": self.config.chunk_bytes,
-            "m": bucket.manifest(),
-        }
+        header = make(
+            Kind.BUCKET,
+            session=state.session,
+            version=self._version,
+            index=bucket.index,
+            copy=copy,
+            nbytes=bucket.nbytes,
+            chunk=bucket.chunk,
+            manifest=bucket.manifest(),
+            chunks=bucket.chunks,
+        )
         assert state.push is not None
         state.push.work.put((header, bucket, self.config.chunk_bytes))
 
@@ -405,29 +505,34 @@ class RelaySender:
             state = self._pools[pool]
             if endpoint not in state.alive:
                 continue
-            kind = message["t"]
-            if kind == "ack" and message.get("s") == state.session:
+            kind = message.kind
+            if kind == Kind.ACK and message["session"] == state.session:
                 last_progress = time.monotonic()
                 self._on_ack(state, endpoint, message)
-            elif kind == "forward_failed" and Endpoint.parse(message["peer"]) in state.alive:
+            elif kind == Kind.FORWARD_FAILED and Endpoint.parse(message["peer"]) in state.alive:
                 self._reroute(
                     state, Endpoint.parse(message["peer"]), f"link from {endpoint} broke: {message['error']}"
                 )
                 last_progress = time.monotonic()
-            elif kind == "lost":
+            elif message.fields.get("lost"):
                 self._reroute(state, endpoint, message["error"])
                 last_progress = time.monotonic()
 
-    def _on_ack(self, state: _PoolState, endpoint: Endpoint, message: dict[str, Any]) -> None:
-        index = message["i"]
+    def _on_ack(self, state: _PoolState, endpoint: Endpoint, message: Message) -> None:
+        index, copy = message["index"], message["copy"]
         if message["ok"]:
             state.acked.setdefault(index, set()).add(endpoint)
             return
-        # Corruption upstream of a node reaches every node after it: re-send once per copy, not per NACK.
-        if message["c"] != state.copies.get(index) or endpoint in state.acked.get(index, set()):
+        if message["error"]:  # the replica cannot take the bucket at all (e.g. its stage directory is full)
+            self._reroute(state, endpoint, message["error"])
             return
-        if message["c"] >= self.config.max_resends:
-            self._reroute(state, endpoint, f"bucket {index} arrived corrupted {message['c'] + 1} times")
+        # Corruption upstream of a node reaches every node after it: re-send once per copy, not per NACK.
+        if copy != state.copies.get(index) or endpoint in state.acked.get(index, set()):
+            return
+        if copy >= self.config.max_resends:
+            # The first replica of the chain without a good copy sits behind the bad link.
+            suspect = next(e for e in state.alive if e not in state.acked.get(index, set()))
+            self._reroute(state, suspect, f"bucket {index} arrived corrupted {copy + 1} times")
             return
         assert self._report is not None
         self._report.resent_buckets += 1
@@ -439,7 +544,7 @@ class RelaySender:
     def _reroute(self, state: _PoolState, endpoint: Endpoint, reason: str) -> None:
         for control in self._live_controls(state):
             if control.endpoint != endpoint:
-                control.request({"t": "abort"})
+                control.request(Kind.ABORT, session=state.session)
         self._mark_failed(state, endpoint, reason)
         self._prepare(state)
         assert self._report is not None
@@ -455,11 +560,24 @@ class RelaySender:
                     break
 
     def _verify(self, digest: str) -> None:
-        message = {"t": "end", "version": self._version, "digest": digest, "buckets": len(self._buckets)}
-        for state in self._pools.values():
-            for control in self._live_controls(state):
-                reply = control.request(message)
-                if reply.get("t") != "verified":
-                    self._mark_failed(
-                        state, control.endpoint, f"verification failed: {reply.get('error', reply)}"
-                    )
+        nbytes = sum(bucket.nbytes for bucket in self._buckets)
+        asked = [
+            (
+                state,
+                control,
+                control.send(
+                    Kind.END,
+                    session=state.session,
+                    version=self._version,
+                    buckets=len(self._buckets),
+                    nbytes=nbytes,
+                    digest=digest,
+                ),
+            )
+            for state in self._pools.values()
+            for control in self._live_controls(state)
+        ]
+        for state, control, request_id in asked:
+            reply = control.reply(request_id)
+            if reply.kind != Kind.VERIFIED:
+                self._mark_failed(state, control.endpoint, f"verification failed: {_error(reply)}")

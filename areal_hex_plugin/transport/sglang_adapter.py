@@ -4,18 +4,16 @@
 backend and the rollout controller); the controller reaches its ``hex_*`` methods through upstream's generic
 ``/call`` RPC. A committed version goes into the
 local SGLang server through SGLang's own ``/update_weights_from_disk`` from a node-local directory (``/dev/shm``
-by default): SGLang's loaders then slice every full HF tensor to the server's TP layout, whatever it is, and no
+by default; its size is checked as buckets arrive): SGLang's loaders then slice every full HF tensor to the server's TP layout, whatever it is, and no
 shared filesystem or cross-machine NCCL group is needed.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
 from areal.api.io_struct import WeightUpdateMeta
 from areal.engine.sglang_remote import RemoteSGLangEngine
 
@@ -26,39 +24,62 @@ _MODEL_FILES = ("config.json", "generation_config.json")
 
 
 class SGLangDiskSink:
-    """Write the verified version, then pause, load it into the server, label it, resume (one atomic step)."""
+    """Pause, load the staged version's directory into the server, spot-check it, label it, resume.
 
-    def __init__(self, engine: RemoteSGLangEngine, stage_dir: Path, model_path: str | None) -> None:
-        self.engine, self.stage_dir, self.model_path = engine, stage_dir, model_path
+    The version is already on disk as safetensors files (``stage.py``); SGLang reads every ``*.safetensors`` of
+    the directory. When SGLang's load fails it rolls back by itself to the path it loaded last, which the node
+    keeps until this load is confirmed. After a load the server's copy of a few tensors SGLang keeps whole (the
+    norm weights) is read back with ``/get_weights_by_name`` and compared with the verified staged bytes; a
+    mismatch (a load that did not happen) reloads the last committed version and fails the commit.
+    """
 
-    def load(self, version: int, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
-        from safetensors.torch import save_file
+    def __init__(self, engine: RemoteSGLangEngine, model_path: str | None) -> None:
+        self.engine, self.model_path = engine, model_path
+        self._loaded = model_path  # what to roll back to
 
-        target = self.stage_dir / f"v{version}"
-        shutil.rmtree(target, ignore_errors=True)
+    def load(self, version: int, staged) -> None:
+        directory = Path(staged.directory)
+        for name in _MODEL_FILES if self.model_path else ():
+            source = Path(self.model_path) / name
+            if source.exists():
+                shutil.copy(source, directory / name)
+        self.engine.pause_generation()
         try:
-            target.mkdir(parents=True)
-            # Clones: the views share their bucket's storage, which safetensors refuses.
-            save_file(
-                {name: tensor.clone() for name, tensor in named_tensors}, str(target / "model.safetensors")
-            )
-            for name in _MODEL_FILES if self.model_path else ():
-                source = Path(self.model_path) / name
-                if source.exists():
-                    shutil.copy(source, target / name)
-            requests = self.engine._engine.backend.build_disk_weight_update_requests(
-                WeightUpdateMeta(type="disk", path=str(target))
-            )
-            self.engine.pause_generation()
-            try:
-                for request in requests.requests:
-                    self.engine._engine._run_request_on_all_servers(request)
-                self.engine.set_version(version)
-            finally:
-                self.engine.continue_generation()
+            self._load_directory(directory)
+            mismatch = self._spot_check(staged)
+            if mismatch:
+                if self._loaded is not None:
+                    self._load_directory(Path(self._loaded))
+                raise RuntimeError(f"the server does not hold the loaded version ({mismatch}); rolled back")
+            self._loaded = str(directory)
+            self.engine.set_version(version)
         finally:
-            # A full copy of the model in node memory (/dev/shm): of no use once the server has read it.
-            shutil.rmtree(target, ignore_errors=True)
+            self.engine.continue_generation()
+
+    def _load_directory(self, directory: Path) -> None:
+        requests = self.engine._engine.backend.build_disk_weight_update_requests(
+            WeightUpdateMeta(type="disk", path=str(directory))
+        )
+        for request in requests.requests:
+            self.engine._engine._run_request_on_all_servers(request)
+
+    def _spot_check(self, staged, count: int = 3, elements: int = 64) -> str:
+        """The first mismatching tensor of up to ``count`` norm weights on every server, or ''."""
+        import requests as http
+
+        names = [(n, t) for n, t in staged if n.endswith("norm.weight")][:count]
+        for address in self.engine._engine.addresses:
+            for name, tensor in names:
+                answer = http.post(
+                    f"http://{address}/get_weights_by_name",
+                    json={"name": name, "truncate_size": elements},
+                    timeout=60,
+                )
+                answer.raise_for_status()
+                expected = tensor.flatten()[:elements].float().tolist()
+                if answer.json() != expected:
+                    return f"{name} on {address}"
+        return ""
 
 
 class RelayReceiverMixin:
@@ -86,9 +107,11 @@ class RelayReceiverMixin:
 
             if bind_host is None and bind_interface is not None:
                 bind_host = interface_address(bind_interface)
-            config = ReceiverConfig(bind_host or gethostip(), port, timeout_s, list(allowed_hosts or []))
-            self._hex_stage_dir = Path(stage_dir) / f"{config.bind_host}-{id(self):x}"
-            self._hex_node = ReceiverNode(SGLangDiskSink(self, self._hex_stage_dir, model_path), config)
+            self._hex_stage_dir = Path(stage_dir) / f"{bind_host or gethostip()}-{id(self):x}"
+            config = ReceiverConfig(
+                bind_host or gethostip(), port, timeout_s, list(allowed_hosts or []), str(self._hex_stage_dir)
+            )
+            self._hex_node = ReceiverNode(SGLangDiskSink(self, model_path), config)
             self._hex_endpoint = str(self._hex_node.start())
         return self._hex_endpoint
 

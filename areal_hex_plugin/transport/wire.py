@@ -1,4 +1,14 @@
-"""Framed control messages over TCP and the shared-token handshake that guards every connection."""
+"""Authenticated connections: the shared-token handshake, then every frame tagged with a per-session key.
+
+Why HMAC frames and not mutual TLS: every machine already holds the shared token, and weights need integrity, not
+secrecy. TLS would need a certificate authority and a key pair on every rollout machine, and would encrypt every
+payload byte on the relay's hot path. Here the handshake (two fresh nonces, each side proving the token) derives a
+session key ``HMAC(token, "hex-session" | server nonce | client nonce)``; every frame after it carries
+``HMAC-SHA256(session key, direction | sequence number | body)``, so a frame cannot be forged, changed, replayed,
+reordered or moved to another connection without the token. Payload bytes travel outside frames (on the socket,
+or through a gloo/NCCL group) and are authenticated by their keyed chunk digests, which the bucket's frame
+carries (``buckets.py``): a receiver uses no byte before its digest matched.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +17,21 @@ import hmac
 import json
 import os
 import secrets
+import select
 import socket
 import struct
+import threading
+import time
 from typing import Any
 
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.transport.protocol import MAX_FRAME_BYTES, Kind, Message, ProtocolError, parse
 
 TOKEN_ENV = "AREAL_HEX_TRANSPORT_TOKEN"
+TAG_BYTES = 32
 _NONCE_BYTES = 16
 _LENGTH = struct.Struct("!I")
-_MAX_HEADER_BYTES = 64 << 20
+_SEQUENCE = struct.Struct("!Q")
 
 
 class TransportError(RuntimeError):
@@ -39,75 +54,137 @@ def load_token(env: dict[str, str] | None = None) -> bytes:
     return value.encode()
 
 
-def send_message(sock: socket.socket, message: dict[str, Any]) -> None:
-    body = json.dumps(message, separators=(",", ":")).encode()
-    sock.sendall(_LENGTH.pack(len(body)) + body)
-
-
-def recv_message(sock: socket.socket) -> dict[str, Any]:
-    (length,) = _LENGTH.unpack(recv_exact(sock, _LENGTH.size))
-    if length > _MAX_HEADER_BYTES:
-        raise TransportError(f"control message of {length} bytes refused")
-    return json.loads(recv_exact(sock, length))
-
-
-def recv_exact(sock: socket.socket, nbytes: int) -> bytes:
+def recv_exact(sock: socket.socket, nbytes: int, deadline: float | None = None) -> bytes:
     buffer = bytearray(nbytes)
-    recv_exact_into(sock, memoryview(buffer))
+    recv_exact_into(sock, memoryview(buffer), deadline)
     return bytes(buffer)
 
 
-def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
+def recv_exact_into(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
+    """Fill ``view``; with a ``deadline`` (time.monotonic) the whole read must end by then, however it trickles."""
     received = 0
     while received < len(view):
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("deadline passed")
+            sock.settimeout(left)
         count = sock.recv_into(view[received:])
         if count == 0:
             raise ConnectionError("peer closed the connection")
         received += count
 
 
+class Channel:
+    """An authenticated connection: frames are ``length | JSON body | tag``; payload bytes go raw."""
+
+    def __init__(self, sock: socket.socket, key: bytes, client: bool) -> None:
+        self.sock, self._key = sock, key
+        self._out, self._in = (b"c", b"s") if client else (b"s", b"c")
+        self._sent = self._received = 0
+        self._send_lock = threading.Lock()
+
+    @property
+    def peer_host(self) -> str:
+        return self.sock.getpeername()[0]
+
+    def _tag(self, direction: bytes, sequence: int, body: bytes) -> bytes:
+        return hmac.digest(self._key, direction + _SEQUENCE.pack(sequence) + body, "sha256")
+
+    def send(self, message: Message) -> None:
+        self.send_frame(message.to_wire())
+
+    def send_frame(self, body: dict[str, Any]) -> None:
+        """Any JSON object as a tagged frame (``send`` checks it against the schema first)."""
+        data = json.dumps(body, separators=(",", ":")).encode()
+        with self._send_lock:
+            tag = self._tag(self._out, self._sent, data)
+            self.sock.sendall(_LENGTH.pack(len(data)) + data + tag)
+            self._sent += 1
+
+    def recv(self, expect: set[Kind] | None = None, deadline: float | None = None) -> Message:
+        (length,) = _LENGTH.unpack(recv_exact(self.sock, _LENGTH.size, deadline))
+        if length > MAX_FRAME_BYTES:
+            raise ProtocolError(f"frame of {length} bytes refused (at most {MAX_FRAME_BYTES})")
+        data = recv_exact(self.sock, length + TAG_BYTES, deadline)
+        body, tag = data[:length], data[length:]
+        if not hmac.compare_digest(tag, self._tag(self._in, self._received, body)):
+            raise ProtocolError("frame failed its authentication tag (changed, replayed or forged)")
+        self._received += 1
+        try:
+            decoded = json.loads(body)
+        except ValueError as error:
+            raise ProtocolError(f"frame is not JSON ({error})") from None
+        return parse(decoded, expect)
+
+    def readable(self) -> bool:
+        """True when bytes are waiting (a frame that already arrived)."""
+        return bool(select.select([self.sock], [], [], 0)[0])
+
+    def send_bytes(self, view: memoryview) -> None:
+        with self._send_lock:
+            self.sock.sendall(view)
+
+    def recv_into(self, view: memoryview) -> None:
+        recv_exact_into(self.sock, view)
+
+    def settimeout(self, timeout_s: float | None) -> None:
+        self.sock.settimeout(timeout_s)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _session_key(token: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return hmac.digest(token, b"hex-session" + server_nonce + client_nonce, "sha256")
+
+
 def _proof(token: bytes, side: bytes, first: bytes, second: bytes) -> bytes:
     return hmac.new(token, side + first + second, hashlib.sha256).digest()
 
 
-def authenticate_as_client(sock: socket.socket, token: bytes) -> None:
-    """Prove the token to the server and check the server's proof (mutual, nothing secret on the wire)."""
+def authenticate_as_client(sock: socket.socket, token: bytes) -> Channel:
+    """Prove the token to the server, check the server's proof (mutual, nothing secret on the wire)."""
     try:
         server_nonce = recv_exact(sock, _NONCE_BYTES)
         client_nonce = secrets.token_bytes(_NONCE_BYTES)
         sock.sendall(client_nonce + _proof(token, b"client", server_nonce, client_nonce))
         answer = recv_exact(sock, 32)
     except (OSError, ConnectionError) as error:
-        raise AuthError(f"peer refused the connection during the token handshake ({error})") from error
+        raise AuthError(
+            f"peer closed the connection during the handshake: a wrong token, or this machine is not on the "
+            f"receiver's allowed hosts ({error})"
+        ) from error
     if not hmac.compare_digest(answer, _proof(token, b"server", client_nonce, server_nonce)):
         raise AuthError("peer does not hold the shared transport token")
+    return Channel(sock, _session_key(token, server_nonce, client_nonce), client=True)
 
 
-def authenticate_as_server(sock: socket.socket, token: bytes) -> bool:
-    """True when the client proved the token; on False the caller closes the connection."""
+def authenticate_as_server(sock: socket.socket, token: bytes, deadline: float) -> Channel | None:
+    """The channel when the client proved the token by ``deadline``; None (the caller closes) otherwise."""
     server_nonce = secrets.token_bytes(_NONCE_BYTES)
     sock.sendall(server_nonce)
-    reply = recv_exact(sock, _NONCE_BYTES + 32)
+    reply = recv_exact(sock, _NONCE_BYTES + 32, deadline)
     client_nonce, proof = reply[:_NONCE_BYTES], reply[_NONCE_BYTES:]
     if not hmac.compare_digest(proof, _proof(token, b"client", server_nonce, client_nonce)):
-        return False
+        return None
     sock.sendall(_proof(token, b"server", client_nonce, server_nonce))
-    return True
+    return Channel(sock, _session_key(token, server_nonce, client_nonce), client=False)
 
 
-def connect(host: str, port: int, token: bytes, timeout_s: float) -> socket.socket:
-    """An authenticated TCP connection with ``timeout_s`` on every blocking call."""
+def connect(host: str, port: int, token: bytes, timeout_s: float) -> Channel:
+    """An authenticated channel with ``timeout_s`` on every blocking call."""
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as error:
         raise TransportError(f"cannot reach receiver {host}:{port}: {error}") from error
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     try:
-        authenticate_as_client(sock, token)
+        return authenticate_as_client(sock, token)
     except BaseException:
         sock.close()
         raise
-    return sock
 
 
 def interface_address(name: str) -> str:
@@ -130,3 +207,16 @@ def interface_address(name: str) -> str:
         f"interface {name!r} of rollout machine {host} has no IPv4 address",
         "bring it up with an address, or choose another interface",
     )
+
+
+def resolve_hosts(names: list[str]) -> set[str]:
+    """Every address the names resolve to (``localhost`` -> 127.0.0.1 and ::1); an IP stands for itself."""
+    addresses: set[str] = set()
+    for name in names:
+        try:
+            addresses.update(info[4][0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP))
+        except socket.gaierror as error:
+            raise HexError(
+                "hex.relay.allowed_hosts", f"{name!r} does not resolve ({error})", "list host names or IPs"
+            ) from None
+    return addresses

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
+import resource
 import socket
 import threading
 import time
@@ -59,10 +61,25 @@ class _SavingSink(TensorParallelSink):
         torch.save({"version": version, "shards": self.shards}, self.path)
 
 
-def _replica_main(path: str, tp_size: int, timeout_s: float, ready) -> None:
+def _replica_main(path: str, tp_size: int, timeout_s: float, ready, limits: dict[int, int]) -> None:
+    for limit, extra in limits.items():  # headroom above what this process uses already
+        used = (
+            len(os.listdir("/proc/self/fd"))
+            if limit == resource.RLIMIT_NOFILE
+            else _status_kb("VmSize") << 10
+        )
+        resource.setrlimit(limit, (used + extra, used + extra))
     node = ReceiverNode(_SavingSink(tp_size, Path(path)), ReceiverConfig(timeout_s=timeout_s), token=TOKEN)
     ready.put(node.start().port)
     threading.Event().wait()  # serve until the fleet terminates this process
+
+
+def _status_kb(field: str, pid: str = "self") -> int:
+    """A ``/proc/PID/status`` memory figure in kB (VmSize, VmHWM, VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise KeyError(field)
 
 
 @dataclass
@@ -71,6 +88,9 @@ class Replica:
     endpoint: Endpoint
     path: Path
     tp_size: int
+
+    def peak_rss_mb(self) -> float:
+        return _status_kb("VmHWM", str(self.process.pid)) / 1024
 
     def committed(self) -> dict:
         return torch.load(self.path) if self.path.exists() else {"version": -1, "shards": []}
@@ -83,12 +103,15 @@ class ReplicaFleet:
         self.tmp_path, self.timeout_s = tmp_path, timeout_s
         self.replicas: list[Replica] = []
 
-    def start(self, tp_sizes: list[int]) -> list[Replica]:
+    def start(self, tp_sizes: list[int], limits: dict[int, int] | None = None) -> list[Replica]:
+        """``limits``: resource limits for the replica processes, as headroom above their use at start."""
         started = []
         for tp_size in tp_sizes:
             ready = _CTX.Queue()
             path = self.tmp_path / f"replica{len(self.replicas)}.pt"
-            process = _CTX.Process(target=_replica_main, args=(str(path), tp_size, self.timeout_s, ready))
+            process = _CTX.Process(
+                target=_replica_main, args=(str(path), tp_size, self.timeout_s, ready, limits or {})
+            )
             process.start()
             replica = Replica(process, Endpoint("127.0.0.1", ready.get(timeout=60)), path, tp_size)
             self.replicas.append(replica)

@@ -9,20 +9,26 @@ import threading
 import torch
 
 from areal_hex_plugin.transport.links import DataLink, open_receiving_link, open_sending_link
+from areal_hex_plugin.transport.wire import Channel
+
+_CPU = torch.device("cpu")
 
 
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def _gloo_pair() -> tuple[DataLink, DataLink, socket.socket, socket.socket]:
+def _gloo_pair() -> tuple[DataLink, DataLink, Channel, Channel]:
+    """Two ends of a gloo link whose rendezvous runs over a real channel (one key for both ends)."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
-        upstream = socket.create_connection(listener.getsockname())
-        downstream, _ = listener.accept()
+        upstream = Channel(socket.create_connection(listener.getsockname()), b"k" * 32, client=True)
+        downstream = Channel(listener.accept()[0], b"k" * 32, client=False)
     opened: dict[str, DataLink] = {}
-    receiver = threading.Thread(target=lambda: opened.setdefault("r", open_receiving_link(downstream, 10.0)))
+    receiver = threading.Thread(
+        target=lambda: opened.setdefault("r", open_receiving_link(downstream, 10.0, _CPU))
+    )
     receiver.start()
-    sending = open_sending_link(upstream, "gloo", 10.0)
+    sending = open_sending_link(upstream, "gloo", 10.0, _CPU)
     receiver.join()
     return sending, opened["r"], upstream, downstream
 

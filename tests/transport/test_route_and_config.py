@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from areal_hex_plugin.errors import HexError
-from areal_hex_plugin.transport.buckets import pack, version_digest
+from areal_hex_plugin.transport.buckets import content_key, pack, version_digest
+from areal_hex_plugin.transport.protocol import MIN_CHUNK_BYTES
 from areal_hex_plugin.transport.route import Endpoint, Route
 from areal_hex_plugin.transport.sender import SenderConfig
 
@@ -70,16 +71,21 @@ def test_nccl_needs_gpus_here():
         SenderConfig(backend="nccl")
 
 
-def test_bucket_round_trip_and_digest_sensitivity():
+def test_bucket_round_trip_and_keyed_digests():
     tensors = [
         ("a", torch.arange(6, dtype=torch.bfloat16).view(2, 3)),
         ("b", torch.ones(4, dtype=torch.int64)),
+        ("c", torch.ones(3, dtype=torch.uint8)),
     ]
-    bucket = pack(0, tensors)
-    assert [(n, t.dtype, t.shape) for n, t in bucket.named_tensors()] == [
-        (n, t.dtype, t.shape) for n, t in tensors
-    ]
-    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(bucket.named_tensors(), tensors, strict=True))
-    digest = version_digest(1, [(bucket.manifest(), bucket.crc)])
-    assert digest != version_digest(2, [(bucket.manifest(), bucket.crc)])  # the label is part of the digest
-    assert digest != version_digest(1, [(bucket.manifest(), bucket.crc ^ 1)])
+    key = content_key(b"t" * 32, "ab" * 32)
+    bucket = pack(0, tensors, key, chunk=MIN_CHUNK_BYTES)
+    got = dict(bucket.named_tensors())
+    assert all(torch.equal(got[name], tensor) and got[name].dtype == tensor.dtype for name, tensor in tensors)
+    assert [e.name for e in bucket.entries] == ["b", "a", "c"]  # largest elements first: every offset aligned
+    assert bucket.nbytes == 32 + 12 + 3  # back to back, a safetensors data section
+    digest = version_digest(key, 1, [bucket.digest(key)])
+    assert digest != version_digest(key, 2, [bucket.digest(key)])  # the label is part of the digest
+    other_key = content_key(b"t" * 32, "cd" * 32)
+    assert digest != version_digest(other_key, 1, [bucket.digest(other_key)])  # and the key
+    bucket.data[40] ^= 1
+    assert pack(0, bucket.named_tensors(), key, chunk=MIN_CHUNK_BYTES).chunks != bucket.chunks

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from areal_hex_plugin.transport import sender as sender_module
 from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode
+from areal_hex_plugin.transport.protocol import Kind
 from areal_hex_plugin.transport.route import PoolRoute, Route
 from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
 from areal_hex_plugin.transport.sinks import MemorySink
-from areal_hex_plugin.transport.wire import TransportError
+from areal_hex_plugin.transport.wire import Channel, TransportError
 from tests.transport.harness import TOKEN
 
 _STATE = {"model.layers.0.mlp.up_proj.weight": torch.arange(256, dtype=torch.float32).reshape(16, 16)}
@@ -25,7 +25,7 @@ _STATE = {"model.layers.0.mlp.up_proj.weight": torch.arange(256, dtype=torch.flo
 class _NoDataNode(ReceiverNode):
     """Authenticates data connections, then hangs up before the link is set up (a replica that cannot)."""
 
-    def _serve_data(self, sock) -> None:
+    def _serve_data(self, channel, session) -> None:
         return None
 
 
@@ -80,14 +80,14 @@ def test_node_whose_downstream_refuses_closes_its_socket_and_the_rest_commit():
 
 def test_control_connection_broken_at_once_is_a_transport_error(monkeypatch):
     node = _node()
-    real_send = sender_module.send_message
+    real_send = Channel.send
 
-    def send_breaking_control_hello(sock, message):
-        if message == {"role": "control"}:  # the peer reset the connection right after the handshake
+    def send_breaking_control_hello(channel, message):
+        if message.kind == Kind.HELLO:  # the peer reset the connection right after the handshake
             raise BrokenPipeError(32, "Broken pipe")
-        real_send(sock, message)
+        real_send(channel, message)
 
-    monkeypatch.setattr(sender_module, "send_message", send_breaking_control_hello)
+    monkeypatch.setattr(Channel, "send", send_breaking_control_hello)
     sender = RelaySender(Route([PoolRoute("h20", [node.endpoint], 1.5, 5.0)]), SenderConfig(), token=TOKEN)
     try:
         broken = rf"{node.endpoint}: control connection .* broke at once"

@@ -1,0 +1,111 @@
+"""Attack scripts from the transport review, as test helpers: each plays one attacker against a real node."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import struct
+import time
+
+from areal_hex_plugin.transport import wire
+from areal_hex_plugin.transport.route import Endpoint
+from tests.transport.harness import Proxy
+
+_LENGTH = struct.Struct("!I")
+
+
+class TokenHolder:
+    """A peer that holds the shared token (e.g. any compromised rollout host) speaking the control protocol."""
+
+    def __init__(
+        self, endpoint: Endpoint, token: bytes, role: str = "control", source: str = "", **hello
+    ) -> None:
+        self.sock = socket.create_connection((endpoint.host, endpoint.port), 5.0, (source, 0))
+        try:
+            self.channel = wire.authenticate_as_client(self.sock, token)
+        except BaseException:
+            self.sock.close()
+            raise
+        self.send({"kind": "hello", "role": role, "proto": 1, "session": hello.get("session", "")})
+
+    def send(self, message: dict) -> None:
+        """Any frame, tagged with this session's key (the attacker's side checks nothing)."""
+        self.channel.send_frame(message)
+
+    def ask(self, message: dict) -> dict:
+        """Send and return the answer as a dict (``t``: its kind); ``{"t": "closed"}`` when the node hung up."""
+        try:
+            self.send({"id": 1, **message})
+            answer = self.channel.recv()
+            return {"t": answer.kind.value, **answer.fields}
+        except (OSError, ConnectionError, RuntimeError) as error:
+            return {"t": "closed", "error": str(error)}
+
+    def closed_by_peer(self, within_s: float) -> bool:
+        return closed_by_peer(self.sock, within_s)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def closed_by_peer(sock: socket.socket, within_s: float) -> bool:
+    """True when the peer closes (or resets) ``sock`` within ``within_s``, whatever it sent before."""
+    deadline = time.monotonic() + within_s
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv(1 << 16):
+                return True
+        return False
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+def connection_flood(endpoint: Endpoint, count: int) -> list[socket.socket]:
+    """Idle TCP connections that never start the handshake (the file-descriptor exhaustion attack); connects
+    do not wait, so a full accept queue does not slow the attacker down."""
+    flood = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex((endpoint.host, endpoint.port))
+        flood.append(sock)
+    time.sleep(0.5)
+    for sock in flood:
+        sock.setblocking(True)
+    return flood
+
+
+class TamperingProxy(Proxy):
+    """On-path attacker without the token: rewrites 64 bytes of every bucket payload it forwards to ``target``
+    (against the CRC-only protocol it also re-forced the header's CRC-32; no field it could recompute is left)."""
+
+    def __init__(self, target: Endpoint, tamper_at: int = 1000) -> None:
+        super().__init__(target)
+        self.tamper_at, self.tampered = tamper_at, 0
+
+    def _pump(self, source: socket.socket, sink: socket.socket, forward: bool) -> None:
+        if not forward:
+            return super()._pump(source, sink, forward)
+        try:  # handshake bytes pass; then every frame is parsed and payloads after a bucket frame rewritten
+            sink.sendall(wire.recv_exact(source, 48))  # client nonce + proof
+            while True:
+                length = wire.recv_exact(source, _LENGTH.size)
+                body = wire.recv_exact(source, _LENGTH.unpack(length)[0])
+                tag = wire.recv_exact(source, wire.TAG_BYTES)
+                header = json.loads(body)
+                nbytes = header.get("nbytes", 0) if header.get("kind") == "bucket" else 0
+                payload = bytearray(wire.recv_exact(source, nbytes))
+                if len(payload) > self.tamper_at + 64:
+                    payload[self.tamper_at : self.tamper_at + 64] = bytes(64)
+                    self.tampered += 1
+                sink.sendall(length + body + tag + bytes(payload))
+        except (OSError, ConnectionError, ValueError):
+            pass
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
