@@ -4,8 +4,10 @@ Declared as the ``areal.plugins: hex`` entry point and called first by the drive
 It fills the tables below, each item only if missing, once per process (a module flag):
 
 - ``SCHEDULERS``: ``scheduler.type`` -> scheduler class. ``HexPPOTrainer._init_scheduler`` reads it. With
-  ``patches/0001`` applied, upstream's own trainers take a class path as ``scheduler.type`` and build it with
-  ``exp_config=`` alone, which every Hex scheduler accepts.
+  ``patches/0004`` applied they also go into upstream's scheduler registry (``areal.api.plugins``), whose loader
+  calls this function through the entry point, so upstream's own trainers accept ``scheduler.type: hex_local``;
+  with ``patches/0001`` they take a Hex scheduler's class path. Either way upstream builds it with ``exp_config=``
+  alone, which every Hex scheduler accepts.
 - ``ROLLOUT_ENGINES``: rollout backend -> engine class. ``HexPPOTrainer._rollout_engine_cls`` reads it: upstream
   calls that method itself with ``patches/0002``; without it, ``_init_rollout`` swaps the engine class in for the
   call (:func:`swapped`).
@@ -16,6 +18,7 @@ It fills the tables below, each item only if missing, once per process (a module
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,6 +57,24 @@ def register() -> None:
     ):
         for key, path in items.items():
             table.setdefault(key, path)
+    _register_upstream_schedulers()
+
+
+def _register_upstream_schedulers() -> None:
+    """Into upstream's scheduler registry, where the installed AReaL has one (``patches/0004``)."""
+    import importlib.util
+
+    if importlib.util.find_spec("areal.api.plugins") is None:
+        return
+    from areal.api import plugins
+
+    for name, path in SCHEDULERS.items():
+        if plugins.get_scheduler(name) is None:
+            plugins.register_scheduler(name, functools.partial(_build, path))
+
+
+def _build(path: str, **kwargs: Any) -> Any:
+    return load(path)(**kwargs)
 
 
 def load(path: str) -> Any:

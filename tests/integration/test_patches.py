@@ -33,13 +33,17 @@ assert type(PPOTrainer._init_scheduler(holder)) is LocalScheduler
 assert PPOTrainer._rollout_engine_cls(holder, "sglang") is RemoteSGLangEngine
 register_weight_transport("hex", object())
 assert get_weight_transport("hex") is not None
+from areal.api.plugins import get_scheduler, register_scheduler
+register_scheduler("probe", LocalScheduler)
+config.scheduler.type = "probe"
+assert type(PPOTrainer._init_scheduler(holder)) is LocalScheduler and get_scheduler("nope") is None
 print("patched areal works")
 """
 
 
 def test_patches_apply_and_work(tmp_path: Path) -> None:
     results = check_patches.apply_all(tmp_path)
-    assert [ok for _, ok, _ in results] == [True] * 3, results
+    assert [ok for _, ok, _ in results] == [True] * len(check_patches.PATCHES), results
     proc = subprocess.run(
         [sys.executable, "-c", PROBE.format(root=tmp_path)],
         capture_output=True,
@@ -57,3 +61,4 @@ def test_the_installed_wheel_is_unpatched() -> None:
 
     assert not hasattr(PPOTrainer, "_rollout_engine_cls")
     assert importlib.util.find_spec("areal.api.weight_transport") is None
+    assert importlib.util.find_spec("areal.api.plugins") is None

@@ -137,21 +137,23 @@ PATCHED_PROBE = """
 from areal.api.cli_args import load_expr_config
 from areal.trainer.rl_trainer import PPOTrainer
 from areal_hex_plugin.areal.config import HexGRPOConfig
-from areal_hex_plugin.areal.plugin import register
 from areal_hex_plugin.areal.schedulers.local import HexLocalScheduler
 
-register()
-config, _ = load_expr_config({argv!r}, HexGRPOConfig)
-holder = type("H", (), {{"config": config}})()
-scheduler = PPOTrainer._init_scheduler(holder)  # upstream's own factory, with patches/0001
-assert type(scheduler) is HexLocalScheduler, type(scheduler)
-assert config.actor.backend.startswith("fsdp:d"), config.actor.backend
-print("upstream built", type(scheduler).__name__, "for", config.actor.backend)
+# No register() here: for hex_local upstream's loader (patches/0004) calls it through the entry point.
+for kind in ("hex_local", "areal_hex_plugin.areal.schedulers.local.HexLocalScheduler"):
+    config, _ = load_expr_config([*{argv!r}, "scheduler.type=" + kind], HexGRPOConfig)
+    holder = type("H", (), {{"config": config}})()
+    scheduler = PPOTrainer._init_scheduler(holder)  # upstream's own factory
+    assert type(scheduler) is HexLocalScheduler, type(scheduler)
+    assert config.actor.backend.startswith("fsdp:d"), config.actor.backend
+    print("upstream built", type(scheduler).__name__, "for", kind)
 """
 
 
 @pytest.mark.slow
-def test_patched_upstream_trainer_builds_a_hex_scheduler_by_class_path(tmp_path: Path) -> None:
+def test_patched_upstream_trainer_builds_hex_schedulers_by_name_and_class_path(tmp_path: Path) -> None:
+    """With patches/ applied, a plain upstream trainer builds a Hex scheduler from exp_config alone: by the
+    name register() put in upstream's registry (0004's entry-point loader), and by class path (0001)."""
     sys.path.insert(0, str(REPO / "patches"))
     import check_patches
 
@@ -164,8 +166,7 @@ def test_patched_upstream_trainer_builds_a_hex_scheduler_by_class_path(tmp_path:
     fake.chmod(0o755)
     (tmp_path / "nr").mkdir()
     argv = ["--config", str(RECIPE), f"cluster.fileroot={tmp_path}",
-            f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}",
-            "scheduler.type=areal_hex_plugin.areal.schedulers.local.HexLocalScheduler"]  # fmt: skip
+            f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}"]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-c", PATCHED_PROBE.format(argv=argv)],
         capture_output=True,
@@ -180,7 +181,11 @@ def test_patched_upstream_trainer_builds_a_hex_scheduler_by_class_path(tmp_path:
         },  # fmt: skip
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "upstream built HexLocalScheduler for fsdp:d" in proc.stdout
+    assert "upstream built HexLocalScheduler for hex_local" in proc.stdout
+    assert (
+        "upstream built HexLocalScheduler for areal_hex_plugin.areal.schedulers.local.HexLocalScheduler"
+        in proc.stdout
+    )
 
 
 def test_readme_user_script_names_what_exists() -> None:
