@@ -17,8 +17,9 @@ Pruning:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
+from itertools import permutations
 
 from areal_hex_plugin.costmodel import CostModel, TrainEstimate, TrainStage
 from areal_hex_plugin.costmodel.memory import TRAIN_BYTES_PER_PARAM, USABLE_HBM_FRACTION
@@ -28,6 +29,8 @@ from areal_hex_plugin.specs.cluster import Cluster, Pool
 # degrees per pool and stage count.
 FULL_ENUMERATION_LIMIT = 150
 TP_PER_DEPTH = 2
+# Up to this many pools, layouts are enumerated in every pool order.
+MAX_REORDERED = 3
 
 
 @dataclass(frozen=True)
@@ -156,17 +159,51 @@ def search_train(
             per_pool = [_best_tp_per_depth(cm, opts, 1) for opts in full_options]
     usable = {p.name: USABLE_HBM_FRACTION * p.gpu.hbm_bytes for p in pools}
     state = cm.workload.model.params * TRAIN_BYTES_PER_PARAM
-    best: tuple[float, tuple[_PoolOption, ...], TrainEstimate] | None = None
-    combos = _equal_combinations(pools, gpus, max_pp) if equal_stages else _combinations(per_pool, max_pp)
+    scored: list[tuple[float, tuple[_PoolOption, ...], TrainEstimate]] = []
+    if equal_stages:
+        combos = _equal_combinations(pools, gpus, max_pp)
+    elif len(pools) <= MAX_REORDERED:
+        # Few pools: every pipeline order (which stage holds the embedding and which the output layer matters).
+        combos = (c for order in permutations(per_pool) for c in _combinations(list(order), max_pp))
+    else:
+        combos = _combinations(per_pool, max_pp)
     for combo in combos:
         if sum(o.k * o.dp * o.tp * usable[o.pool] for o in combo) < state:
             continue
         estimate = cm.train(_stages(combo))
-        if estimate.feasible and (best is None or estimate.step_time_s < best[0]):
-            best = (estimate.step_time_s, combo, estimate)
-    if best is not None and pruned:
+        if estimate.feasible:
+            scored.append((estimate.step_time_s, combo, estimate))
+    if not scored:
+        return None
+    scored.sort(key=lambda x: x[0])
+    best = scored[0]
+    if pruned:
         best = _polish(cm, best, full_options, max_pp)
-    return TrainChoice(_stages(best[1]), best[2]) if best else None
+    if not equal_stages:
+        best = _reorder_and_narrow(cm, best)
+    return TrainChoice(_stages(best[1]), best[2])
+
+
+def _reorder_and_narrow(cm: CostModel, best):
+    """After the enumeration (fixed pool order, largest dp): the best layout's pools in every other order (up to
+    three pools) and each pool's dp a little narrower (layers are whole, so a narrower stage can balance the
+    pipeline better), while that helps."""
+    improved = True
+    while improved:
+        improved = False
+        combo = best[1]
+        trials = [tuple(order) for order in permutations(combo)] if len(combo) <= MAX_REORDERED else []
+        for i, o in enumerate(combo):
+            for dp in sorted({o.dp - 1, o.dp - 2, o.dp - 3, (3 * o.dp + 3) // 4, (o.dp + 1) // 2} - {o.dp}):
+                if dp >= 1:
+                    trials.append((*combo[:i], replace(o, dp=dp), *combo[i + 1 :]))
+        for trial in trials:
+            if trial == combo:
+                continue
+            estimate = cm.train(_stages(trial))
+            if estimate.feasible and estimate.step_time_s < best[0]:
+                best, improved = (estimate.step_time_s, trial, estimate), True
+    return best
 
 
 def _polish(cm: CostModel, best, full_options: list[list[_PoolOption]], max_pp: int):

@@ -78,8 +78,10 @@ def test_training_search_keeps_tp_in_a_machine_and_prunes_without_loss():
         assert recipe.cluster.pool(stage.pool).gpus_per_machine % stage.tp == 0
     used = {p: sum(s.dp * s.tp for s in full.stages if s.pool == p) for p in gpus}
     assert all(used[p] <= gpus[p] for p in gpus)
-    # Stages of one pool are identical and contiguous (symmetry), the faster GPU type first.
-    assert [s.pool for s in full.stages] == sorted((s.pool for s in full.stages), key=["p0", "p1"].index)
+    # Stages of one pool are contiguous; with few pools every pipeline order is tried (issue 14: a fixed order,
+    # fastest type first, lost 9.6% against the brute force).
+    blocks = [p for i, p in enumerate(s.pool for s in full.stages) if i == 0 or full.stages[i - 1].pool != p]
+    assert len(blocks) == len(set(blocks))
 
 
 def test_training_search_finds_nothing_when_memory_is_too_small():
