@@ -91,9 +91,10 @@ def scheduler_kwargs(kind: str, config, plan: HexPlan, placement: Placement) -> 
                 ) from None
         resources = pool_resources_from_nodes(plan, ray.nodes())
         return {"placement": placement, "pool_resources": resources, "gpus_per_node": gpus_per_node}
-    from areal_hex_plugin.areal.schedulers.slurm import slurm_pools_from_sinfo
+    from areal_hex_plugin.areal.schedulers.slurm import check_slurm_placement, slurm_pools_from_sinfo
     from areal_hex_plugin.inventory import group_pools, machines_from_slurm
 
+    check_slurm_placement(placement)
     machines = machines_from_slurm()
     check_plan_fits_inventory(plan, group_pools(machines), "slurm")
     return {"placement": placement, "pools": slurm_pools_from_sinfo(placement, machines, gpus_per_node)}

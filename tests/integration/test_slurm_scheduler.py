@@ -156,3 +156,19 @@ def test_factory_reads_sinfo_and_refuses_a_missing_type(
     sinfo.write_text(f"#!/bin/sh\ncat <<'END'\n{h100_only}\nEND\n")
     with pytest.raises(HexError, match="needs L40S machines but the live slurm cluster has none"):
         scheduler_factory(config, plan, placement)
+
+
+def test_one_machine_with_servers_of_two_layouts_is_refused_before_sbatch() -> None:
+    from areal_hex_plugin.areal.placement import Placement, WorkerSlot
+    from areal_hex_plugin.areal.schedulers.slurm import check_slurm_placement
+    from areal_hex_plugin.errors import HexError
+
+    slots = (
+        WorkerSlot("rollout", 0, "big", "H100", "big-1", (0, 1), 0.5, tp=2),
+        WorkerSlot("rollout", 1, "big", "H100", "big-1", (2,), 0.5),
+    )
+    placement = Placement({"rollout": slots}, train_dp=1, train_tp=1, train_pp=1)
+    with pytest.raises(HexError, match="runs workers of \\[1, 2\\] GPUs") as err:
+        check_slurm_placement(placement)
+    assert "hex_ray" in err.value.fix
+    check_slurm_placement(placement_from_plan(two_type_plan(big_tp=2)))  # one layout per machine is fine

@@ -75,6 +75,13 @@ def slurm_pools_from_sinfo(
     return out
 
 
+def check_slurm_placement(placement: Placement) -> None:
+    """Every role's workers as Slurm heterogeneous-job components, or the HexError that says why not (before any
+    sbatch): a node's tasks share one GPU count, so one machine cannot host servers of different layouts."""
+    for slots in placement.slots.values():
+        _components(slots)
+
+
 def _components(slots: tuple[WorkerSlot, ...]) -> list[_Component]:
     """Runs of consecutive hosts of one pool holding the same number of workers, in worker order."""
     runs = []  # (pool, host, n_workers, gpus_per_worker, first index)
@@ -84,7 +91,15 @@ def _components(slots: tuple[WorkerSlot, ...]) -> list[_Component]:
             raise HexError("plan.machines", f"host {host} serves workers that are not consecutive", "re-plan")
         ids = [i for s in members for i in s.gpu_ids]
         gpus = len(members[0].gpu_ids)
-        if ids != list(range(len(ids))) or any(len(s.gpu_ids) != gpus for s in members):
+        if any(len(s.gpu_ids) != gpus for s in members):
+            raise HexError(
+                "plan.machines",
+                f"host {host} runs workers of {sorted({len(s.gpu_ids) for s in members})} GPUs; a Slurm node's "
+                "tasks share one GPU count",
+                "use hex_ray or hex_local, or re-plan one rollout layout for every server with "
+                "+hex.solver.rollout_layout=[TP,PP]",
+            )
+        if ids != list(range(len(ids))):
             raise HexError(
                 "plan.machines",
                 f"host {host} uses GPUs {ids}; Slurm gives task k of a node GPUs k*g .. k*g+g-1",
