@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=540, help="seconds for the whole run")
     args = parser.parse_args(argv)
     if importlib.util.find_spec("sglang") is None:
-        print("cannot run the GPU check here: sglang is not installed (pip install '.[gpu]')")
+        print("cannot run the GPU check here: sglang is not installed (pip install -e '.[gpu,dev]')")
         return 2
     gpu_type, n_gpus = local_gpus()
     folder = Path(tempfile.mkdtemp(prefix="hex-gpu-check-"))

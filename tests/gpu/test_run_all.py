@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import REPO
 
 SCRIPT = REPO / "tests/gpu/run_all.sh"
-CHECKS = ["transport", "profile", "driver"]
+CHECKS = ["transport", "profile", "megatron", "driver"]
 pytestmark = pytest.mark.skipif(
     shutil.which("nvidia-smi") is not None, reason="on a GPU machine run_all.sh runs the checks themselves"
 )
@@ -58,14 +58,20 @@ def test_without_a_gpu_every_check_is_skipped_and_the_summary_is_valid(tmp_path:
 
 @pytest.mark.slow
 def test_forced_checks_run_under_their_own_timeouts(tmp_path: Path) -> None:
-    proc, summary = _run(tmp_path, "--force", HEX_GPU_TIMEOUT_TRANSPORT="1", HEX_GPU_TIMEOUT_PROFILE="240")
+    proc, summary = _run(tmp_path, "--force", HEX_GPU_TIMEOUT_TRANSPORT="1")
     assert proc.returncode == 1
     status = {c["name"]: (c["status"], c["exit_code"]) for c in summary["checks"]}
     assert status == {
         "transport": ("timeout", 124),  # importing torch alone takes longer than its 1 s
         "profile": ("skipped", 0),  # pytest's own skip: no CUDA here
-        "driver": ("failed", 2),  # driver_check.py: cannot run here (no sglang)
+        "megatron": ("skipped", 2),  # the check's "cannot run here": fewer than 2 GPUs
+        "driver": ("skipped", 2),  # the check's "cannot run here": no sglang
     }
-    profile = summary["checks"][1]
-    assert "CUDA" in profile["reason"] and (tmp_path / "out" / profile["log"]).exists()
+    reasons = {c["name"]: c["reason"] for c in summary["checks"]}
+    assert (
+        "CUDA" in reasons["profile"]
+        and "2 CUDA GPUs" in reasons["megatron"]
+        and "sglang" in reasons["driver"]
+    )
+    assert all((tmp_path / "out" / c["log"]).exists() for c in summary["checks"])
     assert summary["ok"] is False
