@@ -136,3 +136,13 @@ def test_the_check_catches_the_profile_it_replaced() -> None:
     problems = [p for path in LAUNCHER for p in sglang_api.check_consumer(source, path, path.name)]
     assert any("import configure_scheduler: sglang has no such name" in p for p in problems)
     assert any("unpacks 5 values from _launch_subprocesses, which returns [6" in p for p in problems)
+
+
+def test_gpu_profile_with_megatron_pins_agree(gpu_profile) -> None:
+    """pip install -e ".[gpu,megatron,dev]" on Python 3.12 (megatron-core's floor): still no pin refused."""
+    extras = wheels.pyproject()["optional-dependencies"]
+    profile = _profile(extras["gpu"] + extras["megatron"] + extras["dev"])
+    env = {**wheels.GPU_ENV, "python_version": "3.12", "python_full_version": "3.12.3"}
+    needs = wheels.expand(profile, "areal-hex-plugin", _requires_of(gpu_profile[1]), env)
+    assert wheels.pin_conflicts(needs) == []
+    assert _pinned(needs, "megatron-core") and _pinned(needs, "sglang") == _pinned(gpu_profile[0], "sglang")
