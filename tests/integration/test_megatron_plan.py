@@ -91,3 +91,21 @@ def test_relay_with_a_megatron_actor_is_refused_before_anything_starts(tmp_path:
     with pytest.raises(HexError, match="sends weights from an FSDP actor") as err:
         apply_plan(_config(tmp_path, "actor.backend=megatron:d2p2t1"), _pipelined_plan())
     assert err.value.field == "hex.transport" and "hex.transport=upstream" in err.value.fix
+
+
+def test_megatron_xccl_refuses_rollout_pipelines_its_training_does_not_match(tmp_path: Path) -> None:
+    from areal_hex_plugin.scheduler.caps import caps_for, unmet
+
+    plan = _pipelined_plan()
+    caps = caps_for("megatron", "upstream", "xccl")
+    assert unmet(plan, caps) == {}
+    groups = [replace(g, tp=1, pp=2, count=1) for g in plan.rollout.replicas]
+    lacking = unmet(replace(plan, rollout=replace(plan.rollout, replicas=groups)), caps)
+    assert "train pp = rollout pp" in lacking["rollout pipeline"]
+    assert (
+        unmet(
+            replace(plan, rollout=replace(plan.rollout, replicas=groups)),
+            caps_for("megatron", "upstream", "disk"),
+        )
+        == {}
+    )
