@@ -99,8 +99,15 @@ def test_upstream_xccl_with_mixed_layouts_is_refused_before_anything_starts(tmp_
 
 @pytest.mark.integration
 def test_every_change_to_the_recipe_is_explained(tmp_path: Path) -> None:
+    from areal_hex_plugin.areal.dryrun import placement_table
+
     config = _config(tmp_path, "sglang.max_running_requests=300")
-    notes = "\n".join(apply_plan(config, two_type_plan(big_tp=2)).notes)
+    rewrite = apply_plan(config, two_type_plan(big_tp=2))
+    notes = "\n".join(rewrite.notes)
+    # The dry run's placement shows each replica group with its own layout and planned concurrency.
+    table = placement_table(rewrite)
+    assert "1 servers x tp2 pp1, share 50.0%, max_running_requests=128 attn=fa3" in table
+    assert "4 servers x tp1 pp1, share 50.0%, max_running_requests=32 attn=flashinfer" in table
     for change in (
         "actor.backend: fsdp:d8 -> fsdp:d2t1: the plan trains on 2 GPUs",
         "rollout.backend: sglang:d8p1t1 -> sglang:d5p1t1: the plan runs 5 rollout servers",
