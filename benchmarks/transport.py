@@ -1,14 +1,21 @@
-"""Weight-transport benchmark on emulated links: naive single-root broadcast vs the Hex relay chain.
+"""Weight-transport benchmark on emulated links: a ring-pipelined broadcast vs the Hex relay chain.
 
 Processes stand in for a trainer and two rollout pools; every process gets its own Linux network namespace,
 joined by veth pairs and one bridge per pool, with a ``tbf`` qdisc on each sending interface: the trainer's link
 into each pool at the cross-pool rate, each replica's link at the intra-pool rate (the paper's 1.5 : 5, scaled to
 what this machine carries). The trainer moves the state dict of a randomly initialised Qwen2-architecture model
 
-* ``naive``: one gloo group, per-tensor broadcast from rank 0 to every replica (upstream's xccl pattern);
-* ``hex``: :class:`RelaySender` over gloo links, relay chain per pool, CRC per bucket, digest, commit.
+* ``naive``: upstream's own update path (``xccl``: one NCCL group of the trainer and every rollout GPU, a broadcast
+  per bucket) needs CUDA, and ``disk`` a shared filesystem, so neither can be driven here. It is stood in for by
+  what NCCL's broadcast does inside it: a ring-pipelined broadcast (trainer, then every replica of pool 0, then of
+  pool 1, ...; each rank forwards chunk k while chunk k+1 arrives) over one gloo group, with no verification and
+  no commit;
+* ``hex``: :class:`RelaySender` over gloo links (rendezvous over the authenticated channel), relay chain per pool,
+  keyed digests per chunk, bucket and version, verify, commit. ``hex_s`` is the whole update as the trainer sees it:
+  sender set-up, every bucket, verification and the commit on every replica.
 
-Every replica hashes what it holds afterwards (outside the timing) and the hash must equal the trainer's.
+Each is timed ``--repeats`` times per replica count and the median kept. Every replica hashes what it holds
+afterwards (outside the timing) and the hash must equal the trainer's.
 Needs root and iproute2; every namespace is removed on exit, failure, Ctrl-C or the time limit.
 
     sudo .venv/bin/python benchmarks/transport.py --json transport.json
@@ -68,6 +75,20 @@ def _naive_group(address: str, rank: int, world: int, prefix: str, port: int):
     return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world, options), store
 
 
+def _ring(group, rank: int, world: int, flat, chunk: int) -> None:
+    """Ring-pipelined broadcast from rank 0 (NCCL's broadcast algorithm): every rank but the first receives each
+    chunk from its predecessor, and every rank but the last forwards it while the next chunk arrives."""
+    sends = []
+    for index, offset in enumerate(range(0, flat.numel(), chunk)):
+        piece = flat[offset : offset + chunk]
+        if rank > 0:
+            group.recv([piece], rank - 1, index).wait()
+        if rank < world - 1:
+            sends.append(group.send([piece], rank + 1, index))
+    for handle in sends:
+        handle.wait()
+
+
 def _model_state(hidden: int, layers: int, vocab: int):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -87,6 +108,8 @@ def _model_state(hidden: int, layers: int, vocab: int):
 
 
 def trainer_worker(args: argparse.Namespace) -> None:
+    import torch
+
     from areal_hex_plugin.transport.route import Route
     from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
 
@@ -114,12 +137,14 @@ def trainer_worker(args: argparse.Namespace) -> None:
                 size += tensor.numel() * tensor.element_size()
             buckets.append(current)
             config = SenderConfig(backend="gloo", timeout_s=60.0, chunk_bytes=args.chunk_kb << 10)
+            began = time.perf_counter()
             sender = RelaySender(Route.from_dict(command["route"]), config)
             report = sender.send_version(command["version"], buckets)
+            seconds = time.perf_counter() - began
             sender.close()
             _answer(
                 {
-                    "seconds": report.seconds,
+                    "seconds": seconds,
                     "phases": report.phases,
                     "committed": len(report.committed),
                     "failed": report.failed,
@@ -129,10 +154,10 @@ def trainer_worker(args: argparse.Namespace) -> None:
             group, _store = _naive_group(
                 _address(0, None), 0, command["world"], command["prefix"], command["port"]
             )
+            flat = torch.cat([tensor.reshape(-1).view(torch.uint8) for _, tensor in items])
             group.barrier().wait()
             began = time.perf_counter()
-            for _, tensor in items:
-                group.broadcast(tensor, 0).wait()
+            _ring(group, 0, command["world"], flat, args.chunk_kb << 10)
             group.barrier().wait()
             _answer({"seconds": time.perf_counter() - began})
             del group, _store
@@ -167,13 +192,17 @@ def replica_worker(args: argparse.Namespace) -> None:
             group, _store = _naive_group(
                 args.address, command["rank"], command["world"], command["prefix"], command["port"]
             )
-            received = []
+            flat = torch.empty(command["nbytes"], dtype=torch.uint8)
             group.barrier().wait()
+            _ring(group, command["rank"], command["world"], flat, command["chunk"])
+            group.barrier().wait()
+            received, offset = [], 0
             for name, dtype, shape in command["manifest"]:
                 tensor = torch.empty(shape, dtype=getattr(torch, dtype))
-                group.broadcast(tensor, 0).wait()
+                nbytes = tensor.numel() * tensor.element_size()
+                tensor.view(-1).view(torch.uint8).copy_(flat[offset : offset + nbytes])
                 received.append((name, tensor))
-            group.barrier().wait()
+                offset += nbytes
             _answer({"sha": _sha(received)})
             del group, _store
         else:
@@ -348,17 +377,23 @@ def _one_config(args, trainer: Worker, replicas: dict, model: dict, pools: int, 
         worker.send({"t": "hash"})
         answer = worker.read()
         hex_exact &= answer["sha"] == model["sha"] and answer["version"] == per_pool * 100 + args.repeats - 1
-    group = {
-        "t": "naive",
-        "world": 1 + len(used),
-        "prefix": secrets.token_hex(4),
-        "port": NAIVE_STORE_PORT + per_pool,
-    }
-    trainer.send(group)
-    for rank, worker in enumerate(used, start=1):
-        worker.send({**group, "rank": rank, "manifest": model["manifest"]})
-    naive = trainer.read()
-    naive_exact = all(worker.read()["sha"] == model["sha"] for worker in used)
+    naive_runs, naive_exact = [], True
+    for attempt in range(args.repeats):
+        group = {
+            "t": "naive",
+            "world": 1 + len(used),
+            "prefix": secrets.token_hex(4),
+            "port": NAIVE_STORE_PORT + per_pool * 10 + attempt,
+        }
+        trainer.send(group)
+        for rank, worker in enumerate(used, start=1):
+            worker.send(
+                {**group, "rank": rank, "manifest": model["manifest"], "nbytes": model["nbytes"],
+                 "chunk": args.chunk_kb << 10}
+            )  # fmt: skip
+        naive_runs.append(trainer.read()["seconds"])
+        naive_exact &= all(worker.read()["sha"] == model["sha"] for worker in used)
+    naive = {"seconds": statistics.median(naive_runs)}
     # The median of the repeats: the machine is shared, and a neighbour's burst only ever adds time.
     hex_s = statistics.median(run["seconds"] for run in hex_runs)
     bound_s = model["nbytes"] / (args.cross_mb_per_s * 1e6)
@@ -368,6 +403,7 @@ def _one_config(args, trainer: Worker, replicas: dict, model: dict, pools: int, 
         "naive_s": round(naive["seconds"], 3),
         "hex_s": round(hex_s, 3),
         "hex_runs_s": [round(run["seconds"], 3) for run in hex_runs],
+        "naive_runs_s": [round(seconds, 3) for seconds in naive_runs],
         "hex_phases_s": hex_runs[-1]["phases"],
         "bound_s": round(bound_s, 3),
         "hex_over_bound": round(hex_s / bound_s, 3),
@@ -396,9 +432,14 @@ def _summarise(args, model: dict, runs: list[dict]) -> dict:
         "chunk_kb": args.chunk_kb,
         **{key: headline[key] for key in ("replica_count", "naive_s", "hex_s", "bound_s", "bit_exact")},
         "gb_per_s": headline["hex_gb_per_s"],
+        "by_replicas": {
+            str(run["replicas_per_pool"]): {key: run[key] for key in ("hex_s", "naive_s", "bound_s")}
+            for run in runs
+        },
         "targets": {
-            "hex_within_1.3x_bound": all(ratio <= 1.3 for ratio in ratios),
-            "hex_2x_faster_than_naive_at_3_per_pool": headline["naive_over_hex"] >= 2.0,
+            "hex_within_1.2x_bound_at_1_to_6_per_pool": all(
+                run["hex_over_bound"] <= 1.2 for run in runs if run["replicas_per_pool"] <= 6
+            ),
             "ratio_to_bound_spread": round(max(ratios) - min(ratios), 3),
         },
         "runs": runs,
@@ -410,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--json", type=Path, help="write the result here (also printed)")
-    parser.add_argument("--replicas", type=lambda s: [int(x) for x in s.split(",")], default=[1, 3, 6])
+    parser.add_argument("--replicas", type=lambda s: [int(x) for x in s.split(",")], default=[1, 3, 6, 10])
     parser.add_argument("--cross-mb-per-s", type=float, default=30.0)
     parser.add_argument("--intra-mb-per-s", type=float, default=100.0)
     parser.add_argument("--hidden", type=int, default=768)
@@ -418,7 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--bucket-mb", type=int, default=32)
     parser.add_argument("--chunk-kb", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=3, help="hex transfers per configuration (median)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="transfers of each kind per configuration (median)"
+    )
     parser.add_argument("--max-seconds", type=int, default=900, help="hard limit for the whole run")
     parser.add_argument("--worker", choices=["trainer", "replica"], help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)

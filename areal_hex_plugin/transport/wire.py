@@ -12,6 +12,7 @@ carries (``buckets.py``): a receiver uses no byte before its digest matched.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -132,6 +133,10 @@ class Channel:
         self.sock.settimeout(timeout_s)
 
     def close(self) -> None:
+        """Shut down first: a thread blocked reading this socket holds it open, so a bare close would send the
+        peer nothing until that read returns."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
 
 

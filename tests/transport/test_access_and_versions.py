@@ -125,3 +125,15 @@ def test_a_replica_whose_commit_fails_is_reported_and_keeps_its_version(nodes):
     assert report.committed == [str(good.endpoint)]
     assert "server refused the checkpoint" in report.failed[str(bad.endpoint)]
     assert good.version == 4 and bad.version == -1
+
+
+def test_a_new_sender_takes_over_as_soon_as_the_old_one_closes(nodes):
+    """One control channel per replica: the next sender (e.g. after hex_configure_transport) gets it at once."""
+    (node,) = nodes(1)
+    for version in (1, 2):
+        sender = RelaySender(_route([node]), SenderConfig(timeout_s=5.0), token=TOKEN)
+        try:
+            assert sender.send_version(version, [list(_state(version).items())]).failed == {}
+        finally:
+            sender.close()
+    assert node.version == 2
