@@ -43,6 +43,15 @@ def check_writable(path: str | Path | None, what: str) -> None:
         raise HexError(what, f"folder {parent} does not exist", "create it first or write somewhere else")
 
 
+def _in_place(target: Path) -> bool:
+    """A special file, or a path through /dev or /proc (``/dev/stdout`` redirected to a file is still the
+    shell's open file: replacing it would leave the shell writing to a deleted one)."""
+    if target.exists() and not target.is_file():
+        return True
+    hops = [str(target.absolute())] + ([os.readlink(target)] if target.is_symlink() else [])
+    return any(hop.startswith(("/dev/", "/proc/")) for hop in hops)
+
+
 def write_output(path: str | Path, data: str | bytes, what: str = "--json") -> Path:
     """Write ``data`` to ``path`` and return where it went (``Path("-")`` for stdout)."""
     raw = data.encode() if isinstance(data, str) else data
@@ -54,9 +63,11 @@ def write_output(path: str | Path, data: str | bytes, what: str = "--json") -> P
     check_writable(path, what)
     target = Path(path).expanduser()
     try:
-        if target.exists() and not target.is_file():
-            # /dev/stdout, a fifo, a terminal: write into it; replacing it would break the pipe (or the device).
-            with open(target, "wb") as handle:
+        if _in_place(target):
+            # /dev/stdout, a fifo, a terminal: write into it (after what this process printed, appending, as a
+            # shell's >> would); replacing it would break the pipe, the device or the shell's redirection.
+            sys.stdout.flush()
+            with open(target, "ab") as handle:
                 handle.write(raw)
             return target
         real = Path(os.path.realpath(target))  # a symlink to a file keeps being a symlink

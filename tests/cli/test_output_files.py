@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -90,3 +92,13 @@ def test_plan_json_and_plot_to_stdout(tmp_path, monkeypatch, capsysbinary):
     assert main(["plan", PAPER_7B, "--plot", "-"]) == 0
     assert capsysbinary.readouterr().out.startswith(b"\x89PNG")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dev_stdout_redirected_to_a_file_is_written_into_that_same_file(tmp_path):
+    out = tmp_path / "out.txt"
+    code = "from areal_hex_plugin.outfiles import write_json; print('table'); write_json('/dev/stdout', {'a': 1})"
+    with open(out, "w") as handle:
+        before = os.fstat(handle.fileno()).st_ino
+        subprocess.run([sys.executable, "-c", code], stdout=handle, check=True, cwd=REPO)
+    assert out.stat().st_ino == before  # the shell's file, not a replacement
+    assert out.read_text().startswith("table\n") and json.loads(out.read_text().split("\n", 1)[1]) == {"a": 1}
