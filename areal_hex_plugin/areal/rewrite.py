@@ -42,7 +42,7 @@ def runtime_caps(config) -> RuntimeCaps:
             "use rollout.backend=sglang:d1 (the plan sets the numbers)",
         )
     kind = backend_kind(config.actor.backend, "actor.backend")
-    return caps_for(kind, config.hex.transport, config.actor.weight_update_mode)
+    return caps_for(kind, config.hex.transport, config.actor.weight_update_mode, config.scheduler.type)
 
 
 def _train_backend(current: str, placement: Placement) -> str:

@@ -39,6 +39,7 @@ class RuntimeCaps:
     )
     one_rollout_layout: bool = False  # every rollout server has the same (tp, pp)
     max_rollout_pp: int | None = None  # None: hex.solver.max_pp_stages
+    one_layout_per_pool: bool = False  # hex_slurm: a node's tasks share one GPU count
     weight_path: str = "relay"
 
     def train_stages(self, max_pp_stages: int) -> int:
@@ -51,9 +52,12 @@ class RuntimeCaps:
             "fsdp": "one training stage on one GPU type",
             "megatron": "training stages with one dp and tp, on any GPU types",
         }[self.name]
-        rollout = (
-            "one layout for every rollout server" if self.one_rollout_layout else "a layout per replica group"
-        )
+        if self.one_rollout_layout:
+            rollout = "one layout for every rollout server"
+        elif self.one_layout_per_pool:
+            rollout = "one rollout layout per pool (hex_slurm)"
+        else:
+            rollout = "a layout per replica group"
         return f"{self.name} + sglang ({train}; {rollout}; weights by {self.weight_path})"
 
 
@@ -72,8 +76,11 @@ def backend_kind(backend: str, field: str) -> str:
     return kind
 
 
-def caps_for(train_backend: str, transport: str, weight_update_mode: str) -> RuntimeCaps:
-    """The caps of upstream with this actor backend kind, ``hex.transport`` and ``actor.weight_update_mode``."""
+def caps_for(
+    train_backend: str, transport: str, weight_update_mode: str, scheduler: str | None = None
+) -> RuntimeCaps:
+    """The caps of upstream with this actor backend kind, ``hex.transport``, ``actor.weight_update_mode`` and
+    ``scheduler.type``."""
     path = "relay" if transport == "relay" else weight_update_mode
     if path not in WEIGHT_PATHS[train_backend]:
         if path == "relay":
@@ -97,16 +104,19 @@ def caps_for(train_backend: str, transport: str, weight_update_mode: str) -> Run
         one_rollout_layout=path == "xccl",
         # Upstream's Megatron xccl path needs train pp = rollout pp when rollout pp > 1: servers keep pp 1.
         max_rollout_pp=1 if (path == "xccl" and not fsdp) else None,
+        # A Slurm heterogeneous job gives every task of a node one GPU count.
+        one_layout_per_pool=scheduler == "hex_slurm",
         weight_path=path,
     )
 
 
 def recipe_caps(recipe) -> RuntimeCaps:
     """The caps of the backends the recipe's upstream part names (``actor.backend``, ``hex.transport``,
-    ``actor.weight_update_mode``)."""
+    ``actor.weight_update_mode``, ``scheduler.type``)."""
     actor = recipe.config.get("actor") or {}
     kind = backend_kind(actor.get("backend", "fsdp"), "actor.backend")
-    return caps_for(kind, recipe.hex.transport, actor.get("weight_update_mode", "xccl"))
+    scheduler = (recipe.config.get("scheduler") or {}).get("type")
+    return caps_for(kind, recipe.hex.transport, actor.get("weight_update_mode", "xccl"), scheduler)
 
 
 def unmet(plan, caps: RuntimeCaps) -> dict[str, str]:
@@ -136,6 +146,14 @@ def unmet(plan, caps: RuntimeCaps) -> dict[str, str]:
         out["rollout pipeline"] = (
             f"upstream's {caps.name} {caps.weight_path} path needs train pp = rollout pp; the plan's servers run "
             f"pp up to {max(g.pp for g in groups)}"
+        )
+    per_pool: dict[str, set] = {}
+    for g in groups:
+        per_pool.setdefault(g.pool, set()).add((g.tp, g.pp))
+    if caps.one_layout_per_pool and any(len(v) > 1 for v in per_pool.values()):
+        out["rollout layouts per pool"] = (
+            "a Slurm node's tasks share one GPU count; pools "
+            f"{', '.join(p for p, v in per_pool.items() if len(v) > 1)} run servers of several layouts"
         )
     layouts = sorted({(g.tp, g.pp) for g in groups})
     if caps.one_rollout_layout and len(layouts) > 1:

@@ -202,7 +202,12 @@ class Evaluator:
         if key not in self._pool_fleet:
             gpus = machines * self.cluster.pool(pool_name).gpus_per_machine
             configs = [c for c in self.replica_configs(pool_name) if c.recompute_s <= max_recompute_s]
-            self._pool_fleet[key] = solve_rollout(configs, gpus)
+            if self.caps.one_layout_per_pool:
+                # Every server of the pool in one shape: the best fleet of each shape alone.
+                fleets = [solve_rollout([c], gpus) for c in configs] or [solve_rollout([], gpus)]
+                self._pool_fleet[key] = max(fleets, key=lambda f: f.tokens_per_s)
+            else:
+                self._pool_fleet[key] = solve_rollout(configs, gpus)
         return self._pool_fleet[key]
 
     def rollout_s(self, counts: tuple[int, ...], window: int) -> float:

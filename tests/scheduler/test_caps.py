@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from areal_hex_plugin.errors import HexError
@@ -69,3 +71,23 @@ def test_unsupported_weight_paths_are_refused_with_the_fix(args, field) -> None:
     with pytest.raises(HexError) as err:
         caps_for(*args)
     assert err.value.field == field and err.value.fix
+
+
+def test_slurm_plans_one_rollout_layout_per_pool() -> None:
+    from areal_hex_plugin.scheduler.planner import Planner
+
+    recipe = recipe_with_pools([("H20", 8, 3)], "7b", "scheduler.type=hex_slurm")
+    caps = recipe_caps(recipe)
+    assert caps.one_layout_per_pool and "hex_slurm" in caps.describe()
+    slurm, free = Planner(recipe, PlanRequest()).ev, Planner(recipe, PlanRequest(caps=PAPER)).ev
+    for machines in (1, 2, 3):
+        one, many = slurm.pool_fleet("p0", machines), free.pool_fleet("p0", machines)
+        assert len(one.counts) <= 1 and one.tokens_per_s <= many.tokens_per_s + 1e-9
+    plan = plan_recipe(recipe)
+    assert len({(g.tp, g.pp) for g in plan.rollout.replicas}) <= 1 and unmet(plan, caps) == {}
+    two = [
+        plan.rollout.replicas[0],
+        dataclasses.replace(plan.rollout.replicas[0], tp=plan.rollout.replicas[0].tp * 2),
+    ]
+    mixed = dataclasses.replace(plan, rollout=dataclasses.replace(plan.rollout, replicas=two))
+    assert "p0" in unmet(mixed, caps)["rollout layouts per pool"]
