@@ -20,6 +20,7 @@ through the same reader as a user's recipe. Limits are CPU seconds of the planne
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -212,14 +213,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="OUT", help="also write the JSON here")
     parser.add_argument("--quick", action="store_true", help="sizes up to 56 GPUs and 6 small clusters only")
     parser.add_argument("--clusters", type=int, default=50, help="random small clusters to compare (>= 50)")
-    parser.add_argument("--sizes", help="comma-separated sizes to run (default: all; --quick: up to 56)")
+    parser.add_argument(
+        "--sizes", help='comma-separated sizes to run, "" for none (default: all; --quick: up to 56)'
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-limit-s", type=float, default=60.0)
     args = parser.parse_args(argv)
 
     sizes = [n for n in SIZES if not args.quick or n <= 56]
-    if args.sizes:
-        sizes = [int(n) for n in args.sizes.split(",")]
+    if args.sizes is not None:
+        sizes = [int(n) for n in args.sizes.split(",") if n]
     report: dict = {"sizes": {}, "optimality": []}
     for n in sizes:
         report["sizes"][str(n)] = bench_size(n, args.time_limit_s)
@@ -230,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         fraction = None if i % 2 == 0 else rng.choice((0.5, 0.7))
         row = compare(pools, MODELS[i % len(MODELS)], fraction, args.time_limit_s)
         report["optimality"].append(row)
-        print(f"cluster {i}: {row['pools']} ratio {row['ratio']}", file=sys.stderr)
+        print(f"cluster {i}: {json.dumps(row)}", file=sys.stderr)
     if {1024, 10240} <= set(sizes):
         base = report["sizes"]["1024"]
         big = solve_size(10240, "7b", args.time_limit_s, budget=round(10 * base["cost_per_hour"], 2))[0]

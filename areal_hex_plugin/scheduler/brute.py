@@ -6,8 +6,8 @@ fleet, each scored with the cost model alone:
   hex.solver.max_pp_stages, every TP degree inside a machine and every dp that fits (the search fixes the order,
   takes the largest dp and cuts TP degrees); for the same GPUs per pool the weight sync is the same, so only the
   fastest layout per GPU count vector is kept (exact);
-- rollout: per pool, any one replica shape (tp, pp) at any count that fits (the search solves a knapsack per
-  rebuild-time bound and may mix shapes; the brute force does not mix shapes within a pool);
+- rollout: per pool, any one replica shape (tp, pp), as many replicas as its rollout machines hold (the search
+  solves a knapsack per rebuild-time bound and may mix shapes; fewer replicas are the split with fewer machines);
 - samples split by largest remainder in proportion to replica speed, over the same delta window.
 Its cost grows as the product of the pools' options: keep it to 2-3 pools of at most 4 machines.
 """
@@ -101,15 +101,13 @@ def _blocks(pool, gpus: int, max_pp: int) -> list[tuple[int, int, int]]:
 
 
 def _fleets(ev: Evaluator, counts: tuple[int, ...], window: int) -> list[tuple[Fleet, float]]:
-    """Every fleet of one replica shape per rollout pool (any count that fits), with its rollout time per step."""
+    """Every fleet of one replica shape per rollout pool (as many as fit), with its rollout time per step."""
     options = []
     for pool, n in zip(ev.cluster.pools, counts, strict=True):
         if not n:
             continue
         gpus = n * pool.gpus_per_machine
-        choices = []
-        for c in _shapes(ev, pool):
-            choices += [(c, y) for y in range(1, gpus // c.gpus + 1)]
+        choices = [(c, gpus // c.gpus) for c in _shapes(ev, pool) if c.gpus <= gpus]
         if not choices:
             return []
         options.append(choices)
