@@ -53,18 +53,18 @@ class StagedVersion:
         """The bucket's bytes, backed by a new file (an earlier copy's file is unlinked, never truncated, so its
         mapping stays valid for whoever still reads it); refuses clearly when the stage directory is too small."""
         header = _header(entries)
+        total = len(header) + nbytes
         free = shutil.disk_usage(self.directory).free
-        if free < len(header) + nbytes:
+        if free < total:
             raise HexError(
                 "hex.relay.stage_dir",
-                f"{self.directory} has {free / 1e9:.2f} GB free, bucket {index} needs {nbytes / 1e9:.2f} GB more "
+                f"{self.directory} has {free / 2**20:.1f} MiB free, bucket {index} needs {total / 2**20:.1f} MiB more "
                 "(the whole version is staged there, and the last committed one is kept)",
                 "give the container more shared memory (docker run --shm-size=2x the model's size) or point "
                 "hex.relay.stage_dir at a larger node-local directory",
             )
         self.drop(index)
         path = self._path(index, copy)
-        total = len(header) + nbytes
         with open(path, "wb") as handle:
             handle.write(header)
             handle.truncate(total)

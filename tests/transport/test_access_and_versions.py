@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 
 import pytest
 import torch
@@ -137,3 +139,23 @@ def test_a_new_sender_takes_over_as_soon_as_the_old_one_closes(nodes):
         finally:
             sender.close()
     assert node.version == 2
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+def test_a_stage_dir_too_small_for_the_version_fails_with_a_clear_error(tmp_path):
+    small = tmp_path / "shm"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], check=True)
+    node = ReceiverNode(MemorySink(), ReceiverConfig(timeout_s=5.0, stage_dir=str(small)), token=TOKEN)
+    endpoint = node.start()
+    sender = RelaySender(
+        Route([PoolRoute("h20", [endpoint], 1.5, 5.0)]), SenderConfig(timeout_s=5.0), token=TOKEN
+    )
+    try:
+        with pytest.raises(TransportError, match=r"(?s)hex\.relay\.stage_dir.*MiB free.*--shm-size"):
+            sender.send_version(1, [[("model.norm.weight", torch.ones(32 << 10))]])  # 128 KiB into 64 KiB
+    finally:
+        sender.close()
+        node.stop()
+        subprocess.run(["umount", str(small)], check=True)
+    assert node.version == -1
