@@ -13,9 +13,11 @@ import shlex
 import shutil
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from areal_hex_plugin.cli import COMMANDS, build_parser, main
+from areal_hex_plugin.schemas import NAMES, load_schema
 from tests.conftest import RECIPES, REPO
 from tests.costmodel.helpers import TRUTH, recipe, synthetic_measurements
 
@@ -121,6 +123,10 @@ def test_every_documented_command_runs(where, command, workspace, capsys):
         assert "fix:" in err  # no GPU here: one message saying what to do
     else:
         assert code == 0, f"{where}: areal-hex {command}\n{err}"
+        if "--json" in argv and argv[0] in NAMES and argv[argv.index("--json") + 1] != "-":
+            # What the example wrote is what the shipped schema describes.
+            written = json.loads(Path(argv[argv.index("--json") + 1]).read_text())
+            jsonschema.validate(written, load_schema(argv[0]), cls=jsonschema.Draft202012Validator)
 
 
 def _help_texts() -> list[str]:

@@ -1,4 +1,5 @@
-"""Every JSON output is versioned and valid against the JSON Schema the package ships for it."""
+"""Every JSON output is versioned and valid against the JSON Schema the package ships for it (``reproduce``'s is
+checked where the README's example runs it, in test_documented_examples.py)."""
 
 from __future__ import annotations
 
@@ -71,13 +72,6 @@ def test_estimate_and_simulate_json_are_versioned_and_valid(tmp_path, capsys):
     trace = _run(["simulate", MIX, "--steps", "3", "--trace", "-"], capsys)
     assert trace["otherData"]["schema_version"] == 1
     _valid(trace, "trace")
-
-
-@pytest.mark.slow
-def test_reproduce_json_is_versioned_and_valid(capsys):
-    out = _run(["reproduce", "--json", "-"], capsys)
-    assert out["schema_version"] == 1
-    _valid(out, "reproduce")
 
 
 def test_a_profile_is_valid(tmp_path, monkeypatch, capsys):
