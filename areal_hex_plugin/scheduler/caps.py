@@ -11,7 +11,8 @@ Upstream AReaL 1.0.4, as the plugin drives it:
 - every rollout server is one upstream worker on ``tp*pp`` GPUs of one machine, each with its own layout;
 - weight updates: the relay transport (per server, any layouts) with an FSDP actor; upstream's xccl path needs one
   rollout layout (on Megatron also train pp = rollout pp when rollout pp > 1, so servers keep pp 1); disk works
-  with any.
+  with any;
+- ``hex_slurm``: a node's tasks share one GPU count, so each pool's servers share one layout.
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ class RuntimeCaps:
     max_train_stages: int | None = None
     train_mixed_types: bool = True  # pipeline stages on different GPU types
     train_equal_stages: bool = False  # every stage has the same dp and tp
-    rollout_server_in_machine: bool = (
-        False  # a rollout server's tp*pp GPUs sit in one machine, packed exactly
-    )
+    # A rollout server's tp*pp GPUs sit in one machine, packed exactly.
+    rollout_server_in_machine: bool = False
     one_rollout_layout: bool = False  # every rollout server has the same (tp, pp)
     max_rollout_pp: int | None = None  # None: hex.solver.max_pp_stages
     one_layout_per_pool: bool = False  # hex_slurm: a node's tasks share one GPU count
