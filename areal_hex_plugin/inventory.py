@@ -1,13 +1,14 @@
 """Inventory discovery: find the GPU machines of a running cluster and write a ``hex: cluster:`` section.
 
 Three sources: a running Ray cluster (each node's ``GPU`` and ``accelerator_type:<X>`` resources), Slurm
-(``sinfo`` node lines with GRES and features) and the local machine (``nvidia-smi``). Machines are grouped
-into pools by GPU type and GPUs per machine. Prices are never guessed: each pool's ``price_per_gpu_hour`` is
+(``sinfo`` node lines with GRES and features) and the local machine (``nvidia-smi``, or the GPUs that
+``HEX_LOCAL_GPUS`` declares). Machines are grouped into pools by GPU type and GPUs per machine. Prices are never guessed: each pool's ``price_per_gpu_hour`` is
 left empty and marked for the user, and the recipe loader rejects it until it is filled in.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -24,6 +25,9 @@ from areal_hex_plugin.specs.catalog import GpuCatalog, build_catalog
 SINFO_FORMAT = "%N|%G|%f|%P"
 NVIDIA_SMI_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader"]
 TOOL_TIMEOUT_S = 30
+# Declares this machine's GPUs (``H100:2,L40S:2``) instead of asking nvidia-smi: for CPU-only test runs of
+# hex_local (the run's processes get the declared GPU ids but compute on CPU) and machines without nvidia-smi.
+LOCAL_GPUS_ENV = "HEX_LOCAL_GPUS"
 PRICE_MARK = "FILL IN: what one GPU-hour of this pool costs you"
 
 
@@ -245,12 +249,35 @@ def machines_from_nvidia_smi(text: str, host: str) -> list[Machine]:
                 f"nvidia-smi line {lineno}", f"unexpected line {line!r}", f"run {' '.join(NVIDIA_SMI_QUERY)}"
             )
         counts[fields[1]] += 1
+    return _local_machines(counts, host)
+
+
+def machines_from_declared(text: str, host: str) -> list[Machine]:
+    """This machine's GPUs as ``HEX_LOCAL_GPUS`` declares them (``TYPE:N[,TYPE:N...]``), instead of nvidia-smi."""
+    counts: dict[str, int] = defaultdict(int)
+    for item in text.split(","):
+        name, _, n = item.strip().rpartition(":")
+        if not name or not n.isdigit() or int(n) <= 0:
+            raise HexError(
+                LOCAL_GPUS_ENV,
+                f"{item.strip()!r} is not TYPE:N with N a positive count (whole value {text!r})",
+                f"write e.g. {LOCAL_GPUS_ENV}=H100:2,L40S:2, or unset it to ask nvidia-smi",
+            )
+        counts[name.strip()] += int(n)
+    return _local_machines(counts, host)
+
+
+def _local_machines(counts: dict[str, int], host: str) -> list[Machine]:
     if len(counts) == 1:
         return [Machine(host, name, n) for name, n in counts.items()]
     return [Machine(f"{host}#{i}", name, n) for i, (name, n) in enumerate(sorted(counts.items()))]
 
 
 def machines_from_local() -> list[Machine]:
+    """This machine's GPUs: declared in ``HEX_LOCAL_GPUS`` if set, else found by nvidia-smi."""
+    declared = os.environ.get(LOCAL_GPUS_ENV)
+    if declared:
+        return machines_from_declared(declared, socket.gethostname())
     if shutil.which("nvidia-smi") is None:
         raise HexError("--from local", "nvidia-smi is not on PATH", "run this on a machine with NVIDIA GPUs")
     out = _run_tool(NVIDIA_SMI_QUERY, "--from local", "check the NVIDIA driver")

@@ -3,6 +3,8 @@
 ``HexRemoteSGLangEngine`` is upstream's ``RemoteSGLangEngine`` with the relay transport's receiver methods; its
 ``as_controller`` returns a :class:`HexRolloutController`, which starts every server with its own GPU count and
 ``server_args`` (the replica group's TP/PP, planned concurrency and GPU-type flags, computed by the rewrite).
+Its :class:`HexSGLangBackend` starts the ``HEX_SGLANG_SERVER_MODULE`` module in place of SGLang where a worker
+sets it (CPU test runs).
 """
 
 from __future__ import annotations
@@ -10,17 +12,26 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import os
+import subprocess
+import sys
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from areal.api.cli_args import SchedulingSpec
-from areal.engine.sglang_remote import RemoteSGLangEngine
+from areal.engine.sglang_remote import RemoteSGLangEngine, SGLangBackend
 from areal.infra.controller.rollout_controller import RolloutController
+from areal.infra.remote_inf_engine import RemoteInfEngine
 
 from areal_hex_plugin.areal.routing import ShareRouter
 from areal_hex_plugin.transport.sglang_adapter import RelayReceiverMixin
+
+# A rollout worker env var (set it in the recipe's rollout scheduling_spec env_vars): the Python module to run as
+# the inference server instead of upstream's SGLang launcher, given the same command-line flags. CPU test runs
+# point it at an SGLang-API stand-in (tests/e2e/sglang_server.py); unset on real clusters.
+SERVER_MODULE_ENV = "HEX_SGLANG_SERVER_MODULE"
 
 # The servers picked inside one routed call (submit or agenerate); released when that call ends.
 _picks: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("hex_picks", default=None)
@@ -42,6 +53,21 @@ def per_server_specs(job_tasks: list[SchedulingSpec], instance_size: int, slots)
             )
         )
     return out
+
+
+class HexSGLangBackend(SGLangBackend):
+    """Upstream's SGLang backend; a worker with ``HEX_SGLANG_SERVER_MODULE`` starts that module instead, with the
+    same SGLang flags."""
+
+    def launch_server(self, server_args: dict[str, Any]):
+        module = os.environ.get(SERVER_MODULE_ENV)
+        if not module:
+            return super().launch_server(server_args)
+        from areal.api.cli_args import SGLangConfig
+
+        cmd = SGLangConfig.build_cmd_from_args(server_args)
+        cmd[:3] = [sys.executable, "-m", module]  # the flags stay SGLang's
+        return subprocess.Popen(cmd, stdout=sys.stdout, stderr=sys.stdout)
 
 
 class HexRolloutController(RolloutController):
@@ -146,6 +172,10 @@ class HexRolloutController(RolloutController):
 
 class HexRemoteSGLangEngine(RelayReceiverMixin, RemoteSGLangEngine):
     """Per-server layouts and flags, share routing, and the relay transport's receiver methods (``hex_*``)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self._engine = RemoteInfEngine(config, HexSGLangBackend())
 
     @classmethod
     def as_controller(cls, config, scheduler):

@@ -35,7 +35,7 @@ class SGLangDiskSink:
 
     def __init__(self, engine: RemoteSGLangEngine, model_path: str | None) -> None:
         self.engine, self.model_path = engine, model_path
-        self._loaded = model_path  # what to roll back to
+        self._loaded: tuple[str | None, int | None] = (model_path, None)  # what to roll back to, and its version
 
     def load(self, version: int, staged) -> None:
         directory = Path(staged.directory)
@@ -45,22 +45,25 @@ class SGLangDiskSink:
                 shutil.copy(source, directory / name)
         self.engine.pause_generation()
         try:
-            self._load_directory(directory)
+            self._load_directory(directory, version)
             mismatch = self._spot_check(staged)
             if mismatch:
-                if self._loaded is not None:
-                    self._load_directory(Path(self._loaded))
+                if self._loaded[0] is not None:
+                    self._load_directory(Path(self._loaded[0]), self._loaded[1])
                 raise RuntimeError(f"the server does not hold the loaded version ({mismatch}); rolled back")
-            self._loaded = str(directory)
+            self._loaded = (str(directory), version)
             self.engine.set_version(version)
         finally:
             self.engine.continue_generation()
 
-    def _load_directory(self, directory: Path) -> None:
+    def _load_directory(self, directory: Path, version: int | None) -> None:
         requests = self.engine._engine.backend.build_disk_weight_update_requests(
             WeightUpdateMeta(type="disk", path=str(directory))
         )
         for request in requests.requests:
+            if version is not None:
+                # SGLang labels the loaded weights (GET /get_weight_version) with the trainer's version.
+                request.payload["weight_version"] = str(version)
             self.engine._engine._run_request_on_all_servers(request)
 
     def _spot_check(self, staged, count: int = 3, elements: int = 64) -> str:

@@ -12,6 +12,7 @@ import yaml
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.inventory import (
     group_pools,
+    machines_from_declared,
     machines_from_nvidia_smi,
     machines_from_ray_nodes,
     machines_from_sinfo,
@@ -118,6 +119,26 @@ def test_cli_local_reads_nvidia_smi(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     cluster = _load_cluster(out.read_text(), 3.0)
     assert [(p.gpu_type, p.n_gpus) for p in cluster.pools] == [("H100", 8)]
+
+
+def test_cli_local_takes_the_gpus_hex_local_gpus_declares(tmp_path: Path) -> None:
+    out = tmp_path / "inv.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_hex_plugin.cli", "inventory", "--from", "local", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(tmp_path), "HOME": str(tmp_path), "HEX_LOCAL_GPUS": "H100:3, NVIDIA L40S:1"},
+    )
+    assert proc.returncode == 0, proc.stderr  # no nvidia-smi on PATH: the declaration is enough
+    cluster = _load_cluster(out.read_text(), 3.0)
+    assert sorted((p.gpu_type, p.n_gpus) for p in cluster.pools) == [("H100", 3), ("L40S", 1)]
+
+
+@pytest.mark.parametrize("declared", ["H100", "H100:0", "H100:2,:1", "H100:two"])
+def test_a_bad_hex_local_gpus_names_the_variable(declared: str) -> None:
+    with pytest.raises(HexError, match="HEX_LOCAL_GPUS") as caught:
+        machines_from_declared(declared, "h")
+    assert "TYPE:N" in caught.value.message
 
 
 @pytest.mark.integration

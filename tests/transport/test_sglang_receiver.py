@@ -40,6 +40,7 @@ def test_commit_goes_through_sglang_disk_update(tmp_path, monkeypatch):
         sender.commit()
         sender.close()
         assert server.events == ["pause", "load v7", "continue"]
+        assert server.weight_version == "7"  # the server itself is labelled (SGLang's weight_version)
         assert engine.get_version() == 7
         assert engine.hex_receiver_status()["version"] == 7
         for name, full in state.items():

@@ -1,0 +1,109 @@
+"""The SGLang stand-in as upstream drives it: launched by HexSGLangBackend through HEX_SGLANG_SERVER_MODULE,
+generating for upstream's RemoteSGLangEngine with real per-token log-probs, pausing and aborting as SGLang does,
+and taking new weights through the relay transport's SGLang sink, after which it generates with them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import torch
+
+pytest.importorskip("areal")
+
+from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig, SGLangConfig  # noqa: E402
+from areal.api.io_struct import ModelRequest  # noqa: E402
+
+from areal_hex_plugin.areal.engines import SERVER_MODULE_ENV, HexRemoteSGLangEngine  # noqa: E402
+from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route  # noqa: E402
+from areal_hex_plugin.transport.sender import RelaySender, SenderConfig  # noqa: E402
+from tests.e2e.assets import write_model, write_sglang_metadata  # noqa: E402
+from tests.e2e.sglang_server import LOG_DIR_ENV, weights_digest  # noqa: E402
+from tests.transport.harness import TOKEN  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _logprobs(model, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """What the model itself gives each output token (temperature 1)."""
+    ids = torch.tensor([prompt + output])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(output)[:, None])[:, 0]
+
+
+def _generate(engine, prompt: list[int], n: int = 8):
+    gconfig = GenerationHyperparameters(max_new_tokens=n, max_tokens=256, temperature=1.0, n_samples=1)
+    return asyncio.run(engine.agenerate(ModelRequest(input_ids=list(prompt), gconfig=gconfig)))
+
+
+def test_upstream_engine_drives_the_standin(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN.decode())
+    monkeypatch.setenv(SERVER_MODULE_ENV, "tests.e2e.sglang_server")
+    monkeypatch.setenv(LOG_DIR_ENV, str(tmp_path / "log"))
+    monkeypatch.setenv("HEX_POOL", "small")
+    monkeypatch.syspath_prepend(str(write_sglang_metadata(tmp_path / "meta")))
+    model_dir = write_model(tmp_path / "model", seed=0)
+    new_dir = write_model(tmp_path / "model-new", seed=1)
+    engine = HexRemoteSGLangEngine(
+        InferenceEngineConfig(
+            experiment_name="hex", trial_name="t", pause_grace_period=0.0, setup_timeout=120
+        )
+    )
+    info = engine.launch_server(
+        SGLangConfig.build_args(SGLangConfig(model_path=str(model_dir)), tp_size=1, base_gpu_id=0)
+    )
+    address = f"http://{info.host}:{info.port}"
+    try:
+        engine.initialize(addr=f"{info.host}:{info.port}", train_data_parallel_size=1)
+        old = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+        prompt = [5, 6, 7, 8]
+        first = _generate(engine, prompt)
+        assert 1 <= len(first.output_tokens) <= 8 and first.stop_reason in ("stop", "length")
+        got = torch.tensor(first.output_logprobs)
+        assert torch.allclose(got, _logprobs(old, prompt, first.output_tokens), atol=0.05)
+
+        # SGLang's pause: a running request returns at once with "abort" and what it has; new ones wait.
+        with ThreadPoolExecutor(2) as pool:
+            long = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}}
+            running = pool.submit(requests.post, f"{address}/generate", json=long, timeout=120)
+            time.sleep(1.0)
+            engine.pause_generation()
+            aborted = running.result().json()["meta_info"]
+            assert aborted["finish_reason"]["type"] == "abort" and aborted["completion_tokens"] < 500
+            held = pool.submit(requests.post, f"{address}/generate", json={"input_ids": prompt}, timeout=120)
+            time.sleep(1.0)
+            assert not held.done()
+            engine.continue_generation()
+            assert held.result().json()["meta_info"]["finish_reason"]["type"] in ("stop", "length")
+
+        # New weights through the relay transport's SGLang sink: the server reports the version and their digest.
+        endpoint = Endpoint.parse(
+            engine.hex_start_receiver(bind_host="127.0.0.1", stage_dir=str(tmp_path / "s"))
+        )
+        new = AutoModelForCausalLM.from_pretrained(new_dir, dtype=torch.bfloat16).eval()
+        sender = RelaySender(Route([PoolRoute("small", [endpoint], 1.5, 5.0)]), SenderConfig(), token=TOKEN)
+        sender.send_version(4, [list(new.state_dict().items())])
+        sender.close()
+        assert requests.get(f"{address}/get_weight_version", timeout=5).json() == {"weight_version": "4"}
+        second = _generate(engine, prompt)
+        got = torch.tensor(second.output_logprobs)
+        assert torch.allclose(got, _logprobs(new, prompt, second.output_tokens), atol=0.05)
+        (log_file,) = (tmp_path / "log").glob("small-*.jsonl")
+        log = [json.loads(line) for line in log_file.read_text().splitlines()]
+        loads = [(r["version"], r["digest"]) for r in log if r["event"] == "load"]
+        digests = [weights_digest(m.state_dict().items()) for m in (old, new)]
+        assert loads == [("default", digests[0]), ("4", digests[1])]
+        used = [r["version"] for r in log if r["event"] == "generate" and r["finish"] != "abort"]
+        assert used[0] == "default" and used[-1] == "4"
+    finally:
+        engine.hex_stop_receiver()
+        engine.destroy()
+        engine.teardown_server()
+    assert info.process.poll() is not None  # the server is gone
