@@ -72,6 +72,10 @@ def run(argv: list[str]) -> int:
         return 0
     check_transport(config)
     check_workflow(config.hex.workflow)
+    if config.hex.reward_fn is not None:
+        check_workflow(
+            config.hex.reward_fn, "hex.reward_fn", "areal.reward.gsm8k.gsm8k_reward_fn", "function"
+        )
     make_scheduler = scheduler_factory(config, plan, rewrite.placement)
     return _train(config, plan, make_scheduler)
 
@@ -94,9 +98,15 @@ def check_transport(config) -> None:
     load_token()
 
 
-def check_workflow(path: str) -> None:
-    """``hex.workflow`` must name a class in a module that exists, checked before any worker starts. The module
-    is found, not imported: it runs on the rollout workers, which may have packages this machine lacks."""
+def check_workflow(
+    path: str,
+    field: str = "hex.workflow",
+    example: str = "areal.workflow.openai.math_agent.MathAgent",
+    kind: str = "class",
+) -> None:
+    """``hex.workflow`` (or ``hex.reward_fn``) must name an object in a module that exists, checked before any
+    worker starts. The module is found, not imported: it runs on the rollout workers, which may have packages
+    this machine lacks."""
     import importlib.util
 
     module, _, name = path.rpartition(".")
@@ -106,10 +116,24 @@ def check_workflow(path: str) -> None:
         found = False
     if not found:
         raise HexError(
-            "hex.workflow",
-            f"{path!r} names no class in an installed module",
-            "give an import path such as areal.workflow.openai.math_agent.MathAgent",
+            field,
+            f"{path!r} names no {kind} in an installed module",
+            f"give an import path such as {example}",
         )
+
+
+def workflow_kwargs(config, temperature: float | None = None) -> dict:
+    """What the workflow is built with: a RolloutWorkflow with ``hex.reward_fn`` gets the reward function, the
+    gconfig and the tokenizer path (upstream's RLVR examples); an agent gets the sampling settings."""
+    gconfig = config.gconfig if temperature is None else config.gconfig.new(temperature=temperature)
+    if config.hex.reward_fn is not None:
+        return dict(reward_fn=config.hex.reward_fn, gconfig=gconfig, tokenizer=config.tokenizer_path)
+    return dict(
+        temperature=gconfig.temperature,
+        top_p=gconfig.top_p,
+        max_tokens=gconfig.max_tokens,
+        max_completion_tokens=gconfig.max_new_tokens,
+    )
 
 
 def _train(config, plan, make_scheduler) -> int:
@@ -127,20 +151,14 @@ def _train(config, plan, make_scheduler) -> int:
         valid_dataset = get_custom_dataset(
             split="test", dataset_config=config.valid_dataset, tokenizer=tokenizer
         )
-    workflow_kwargs = dict(
-        temperature=config.gconfig.temperature,
-        top_p=config.gconfig.top_p,
-        max_tokens=config.gconfig.max_tokens,
-        max_completion_tokens=config.gconfig.max_new_tokens,
-    )
     with HexPPOTrainer(
         config, train_dataset, valid_dataset, plan=plan, make_scheduler=make_scheduler
     ) as trainer:
         trainer.train(
             workflow=config.hex.workflow,
-            workflow_kwargs=workflow_kwargs,
+            workflow_kwargs=workflow_kwargs(config),
             eval_workflow=config.hex.workflow if valid_dataset is not None else None,
-            eval_workflow_kwargs={**workflow_kwargs, "temperature": 0.6},
+            eval_workflow_kwargs=workflow_kwargs(config, temperature=0.6),
         )
     return 0
 

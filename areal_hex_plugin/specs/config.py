@@ -291,3 +291,9 @@ class HexConfig:
         "the rollout workflow: import path of a RolloutWorkflow or agent class; the driver builds it with the "
         "gconfig's temperature, top_p, max_tokens and max_completion_tokens, as upstream's examples do",
     )
+    reward_fn: str | None = spec(
+        None,
+        "for a RolloutWorkflow such as areal.workflow.rlvr.RLVRWorkflow: the import path of its reward function "
+        "(e.g. areal.reward.gsm8k.gsm8k_reward_fn); the driver then builds the workflow with reward_fn, the gconfig "
+        "and the tokenizer path, as upstream's RLVR examples do",
+    )

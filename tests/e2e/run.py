@@ -1,0 +1,170 @@
+"""One run of the real driver on ``recipes/ci/tiny.yaml`` as a subprocess, and what it left behind to check.
+
+Everything in the loop is upstream's or the plugin's, except the rollout servers (``tests.e2e.sglang_server.py``).
+Every process the run starts carries ``HEX_E2E_RUN=<id>`` in its environment, so leftovers can be found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tests.e2e.assets import write_assets
+from tests.e2e.sglang_server import LOG_DIR_ENV
+from tests.e2e.wandb_log import history
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "ci" / "tiny.yaml"
+MARK = "HEX_E2E_RUN"
+STEPS = 3
+TOKEN = "e2e-token-0123456789abcdef"
+
+
+@dataclass
+class Run:
+    folder: Path
+    returncode: int
+    seconds: float
+    log: str
+    mark: str
+    plan: dict = field(default_factory=dict)
+
+    @property
+    def trial(self) -> Path:
+        (config,) = self.folder.glob("exp/logs/*/hex-ci-tiny/trial0/config.yaml")
+        return config.parent
+
+    def server_logs(self) -> dict[str, list[dict]]:
+        """Each server's records (loads and generations), by ``<pool>-<port>``."""
+        return {
+            path.stem: [json.loads(line) for line in path.read_text().splitlines()]
+            for path in sorted((self.folder / "servers").glob("*.jsonl"))
+        }
+
+    def trainer_weights(self) -> dict[str, torch.Tensor]:
+        """The trainer's latest weights: upstream's recover checkpoint (DCP), written after every step."""
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        (dcp_dir,) = self.folder.glob("exp/checkpoints/*/hex-ci-tiny/trial0/default/recover_checkpoint")
+        out = self.folder / "trainer_latest.pt"
+        dcp_to_torch_save(dcp_dir, out)
+        return torch.load(out, weights_only=True)["dcp"]["model"]
+
+    def wandb_history(self) -> list[dict]:
+        (run_file,) = self.folder.glob("exp/logs/*/hex-ci-tiny/trial0/wandb/offline-run-*/run-*.wandb")
+        return history(run_file)
+
+    def finished_per_pool(self) -> Counter:
+        """Sequences each pool's servers finished (aborted pieces that upstream resumed count once)."""
+        done: Counter = Counter()
+        for name, records in self.server_logs().items():
+            pool = name.rsplit("-", 1)[0]
+            done[pool] += sum(1 for r in records if r["event"] == "generate" and r["finish"] != "abort")
+        return done
+
+
+def environment(folder: Path, mark: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("RAY_", "WANDB_", "HEX_", "AREAL_")) and key != "PYTHONPATH"
+    }
+    env.update(
+        {
+            MARK: mark,
+            "PYTHONPATH": f"{REPO}{os.pathsep}{folder / 'sglang-metadata'}",
+            "HOME": str(folder / "home"),
+            "WANDB_MODE": "offline",
+            "WANDB_DIR": str(folder / "wandb"),
+            "AREAL_HEX_TRANSPORT_TOKEN": TOKEN,
+            LOG_DIR_ENV: str(folder / "servers"),
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+def overrides(folder: Path, scheduler: str) -> list[str]:
+    return [
+        f"scheduler.type={scheduler}",
+        f"total_train_steps={STEPS}",
+        f"actor.path={folder / 'model'}",
+        f"train_dataset.path={folder / 'gsm8k'}",
+        f"cluster.fileroot={folder / 'exp'}",
+        f"cluster.name_resolve.nfs_record_root={folder / 'name_resolve'}",
+        f"hex.relay.stage_dir={folder / 'stage'}",
+    ]
+
+
+def run_driver(folder: Path, scheduler: str, env: dict[str, str], timeout_s: float) -> Run:
+    """Make the assets in ``folder`` and run the driver there; a run past ``timeout_s`` is killed whole."""
+    write_assets(folder)
+    (folder / "name_resolve").mkdir(exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_hex_plugin.driver",
+        "--config",
+        str(RECIPE),
+        *overrides(folder, scheduler),
+    ]
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        log, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        log += f"\n[e2e] killed after {timeout_s:.0f}s\n"
+        kill_marked(env[MARK])  # workers run in sessions of their own
+    (folder / "driver.log").write_text(log)
+    run = Run(folder, proc.returncode, time.monotonic() - start, log, env[MARK])
+    plans = list(folder.glob("exp/logs/*/hex-ci-tiny/trial0/hex_plan.json"))
+    if plans:
+        run.plan = json.loads(plans[0].read_text())
+    return run
+
+
+def new_mark() -> str:
+    return uuid.uuid4().hex
+
+
+def kill_marked(mark: str) -> None:
+    for entry in processes_with(mark):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(entry.split()[0]), signal.SIGKILL)
+
+
+def processes_with(mark: str) -> list[str]:
+    """``pid cmdline`` of every live process whose environment carries ``MARK=mark``."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0"):
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{proc.name} {cmdline[:200]}")
+        except OSError:
+            continue
+    return found
