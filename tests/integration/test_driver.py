@@ -92,7 +92,7 @@ def test_unknown_scheduler_type_exits_2_without_traceback(tmp_path: Path) -> Non
             "hex.workflow: 'no_such_package.Workflow' names no class",
         ),
         (
-            ["hex.workflow=areal.workflow.rlvr.RLVRWorkflow", "hex.reward_fn=no_such_package.reward"],
+            ["hex.workflow=areal.workflow.rlvr.RLVRWorkflow", "+hex.reward_fn=no_such_package.reward"],
             "hex.reward_fn: 'no_such_package.reward' names no function",
         ),
     ],
