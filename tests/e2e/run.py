@@ -110,7 +110,8 @@ def overrides(folder: Path, scheduler: str) -> list[str]:
 def run_driver(folder: Path, scheduler: str, env: dict[str, str], timeout_s: float) -> Run:
     """Make the assets in ``folder`` and run the driver there; a run past ``timeout_s`` is killed whole."""
     write_assets(folder)
-    (folder / "name_resolve").mkdir(exist_ok=True)
+    for name in ("name_resolve", "home", "wandb"):
+        (folder / name).mkdir(exist_ok=True)
     cmd = [
         sys.executable,
         "-m",
