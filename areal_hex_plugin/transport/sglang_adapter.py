@@ -35,7 +35,8 @@ class SGLangDiskSink:
 
     def __init__(self, engine: RemoteSGLangEngine, model_path: str | None) -> None:
         self.engine, self.model_path = engine, model_path
-        self._loaded: tuple[str | None, int | None] = (model_path, None)  # what to roll back to, and its version
+        # What to roll back to: the directory loaded last and its version.
+        self._loaded: tuple[str | None, int | None] = (model_path, None)
 
     def load(self, version: int, staged) -> None:
         directory = Path(staged.directory)

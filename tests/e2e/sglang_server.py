@@ -65,17 +65,18 @@ class SGLangCPUServer(SGLangStandIn):
         self._lm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).eval()
         self._eos = self._lm.config.eos_token_id
         self._rng = torch.Generator().manual_seed(seed)
-        self.weight_version = "default"
         self._log_path = log_path
         self._lock = threading.Lock()  # one forward step or one weight load at a time
         self._running = threading.Event()  # cleared while paused
         self._running.set()
         self._epoch = 0  # bumped by pause, abort and load: requests started before it end with "abort"
-        self._log(event="load", version=self.weight_version, digest=self.digest())
+        self._log(event="load", version="default", digest=self.digest())
         super().__init__(tp_size=1, host=host, port=port)
         # Before any request can arrive (nobody knows the port yet): SGLang's generation endpoints, and the
         # control endpoints that must also stop running requests.
-        self.app.view_functions.update(pause=self._pause, disk=self._update_from_disk)
+        self.app.view_functions.update(
+            pause=self._pause, disk=self._update_from_disk, weights=self._weights_by_name
+        )
         self.app.view_functions["continue"] = self._continue
         for rule, name, view, method in (
             ("/health_generate", "health_generate", lambda: jsonify({}), "GET"),
@@ -124,25 +125,32 @@ class SGLangCPUServer(SGLangStandIn):
         self._interrupt()
         return jsonify({"success": True})
 
-    def _update_from_disk(self):
+    def _load(self, path: Path, fail_half_way: bool = False) -> None:
+        """Into the model (the base's load-failure and roll-back handling stays): aborts running requests."""
         from safetensors.torch import load_file
 
-        body = request.get_json()
-        folder = Path(body["model_path"])
-        self.events.append(f"load {folder.name}")
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors in {path}")
         tensors = {}
-        for path in sorted(folder.glob("*.safetensors")):
-            tensors.update(load_file(str(path)))
-        version = body.get("weight_version") or self.weight_version
+        for file in files:
+            tensors.update(load_file(str(file)))
         with self._lock:
             self._epoch += 1  # abort_all_requests
             missing, unexpected = self._lm.load_state_dict(tensors, strict=False)
-            if missing or unexpected:
-                message = f"Failed to update weights: missing {missing}, unexpected {unexpected}"
-                return jsonify({"success": False, "message": message}), 400
-            self.weight_version = version
-        self._log(event="load", version=version, digest=self.digest())
-        return jsonify({"success": True, "message": "Succeeded to update model weights."})
+        if missing or unexpected:
+            raise RuntimeError(f"missing {missing}, unexpected {unexpected}")
+
+    def _update_from_disk(self):
+        answer = super()._update_from_disk()
+        if not isinstance(answer, tuple):  # loaded (a failure answers with its status code)
+            self._log(event="load", version=self.weight_version, digest=self.digest())
+        return answer
+
+    def _weights_by_name(self):
+        body = request.get_json()
+        tensor = self._lm.state_dict()[body["name"]]
+        return jsonify(tensor.flatten()[: body.get("truncate_size", 100)].float().tolist())
 
     # -- generation ---------------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ class SGLangStandIn:
         self.events: list[str] = []
         self.model = TensorParallelSink(tp_size)
         self.path: Path | None = None
+        self.weight_version = "default"  # SGLang's label of the loaded weights (update_weights_from_disk)
         self.fail_loads = False
         self.stale = False
         app = Flask("sglang-stand-in")
@@ -58,7 +59,8 @@ class SGLangStandIn:
         self.model.load(0, iter(tensors.items()))
 
     def _update_from_disk(self):
-        path = Path(request.get_json()["model_path"])
+        body = request.get_json()
+        path = Path(body["model_path"])
         self.events.append(f"load {path.name}")
         if self.stale:
             return jsonify({"success": True, "message": "loaded"})
@@ -70,6 +72,7 @@ class SGLangStandIn:
             message = f"Failed to update weights: {error}. Rolling back to original weights."
             return jsonify({"success": False, "message": message}), 400
         self.path = path
+        self.weight_version = body.get("weight_version") or self.weight_version
         return jsonify({"success": True, "message": "loaded"})
 
     def _weights_by_name(self):
