@@ -1,14 +1,21 @@
-"""Per-GPU-type efficiency factors: documented defaults, a profile JSON, and a recipe's ``hex.calibration``.
+"""Per-GPU-type efficiency factors: defaults, a profile or fit JSON, and a recipe's ``hex.calibration``.
 
-Each factor is the achievable fraction of a catalog figure:
+Each factor is what the cost model cannot derive from the catalog's figures:
 
 * ``train_mfu``: model FLOPs utilisation of a training step (forward, backward, recompute) at a large micro-batch.
 * ``infer_mfu``: fraction of peak FLOPS that decode/prefill GEMMs and attention reach when compute-bound.
 * ``hbm_fraction``: fraction of the HBM bandwidth that decode kernels (weight and KV-cache reads) sustain.
 * ``link_efficiency``: fraction of the GPU link's (NVLink/PCIe) nominal bandwidth that NCCL collectives inside
   a machine achieve. Network figures between machines come from the recipe and are used as given.
+* ``update_gb_per_s``: GB/s at which a GPU of the type gathers (trainer) or loads (engine) a weight version.
+* ``update_fixed_s``: seconds every weight update costs whatever its size (pause, rendezvous, resume).
+* ``train_fixed_s``: seconds every training step costs whatever the model (gathering and packing the batch,
+  advantages, bookkeeping); AReaL's measured steps grow much less than the model's FLOPs from 1.5B to 14B.
 
-Later sources override earlier ones factor by factor: built-in defaults, then the profile, then the recipe.
+Later sources override earlier ones factor by factor: built-in defaults, then the profile (written by
+``areal-hex profile`` or ``areal-hex calibrate``), then the recipe. Every factor in effect records where it came
+from (:meth:`Calibration.source`): the built-in defaults are assumptions, not measurements of any type, and are
+meant to be replaced by a fit (``costmodel/fit.py``).
 """
 
 from __future__ import annotations
@@ -36,45 +43,50 @@ class Efficiency:
     infer_mfu: float = 0.60
     hbm_fraction: float = 0.80
     link_efficiency: float = 0.80
+    update_gb_per_s: float = 5.0
+    update_fixed_s: float = 1.5
+    train_fixed_s: float = 0.0
 
 
 FACTORS = tuple(f.name for f in fields(Efficiency))
+# (lowest, highest, whether the lowest is allowed) per factor; the fractions of a peak figure lie in (0, 1].
+RANGES: dict[str, tuple[float, float, bool]] = {
+    **{name: (0.0, 1.0, False) for name in ("train_mfu", "infer_mfu", "hbm_fraction", "link_efficiency")},
+    "update_gb_per_s": (0.0, 1000.0, False),
+    "update_fixed_s": (0.0, 600.0, True),
+    "train_fixed_s": (0.0, 3600.0, True),
+}
 
-# Defaults for GPU types not listed below: typical Megatron/FSDP MFU on dense 7-14B models (~40%), decode GEMMs
-# at large batch (~60% of peak), HBM streaming kernels (~80%), NCCL bus bandwidth (~80%).
+# Defaults for every GPU type until a profile or fit replaces them: typical Megatron/FSDP MFU on dense 7-14B
+# models (~40%), decode GEMMs at large batch (~60% of peak), HBM streaming kernels (~80%), NCCL bus bandwidth
+# (~80%); a weight update at a few GB/s plus ~1.5 s fixed, the order AReaL's own updates take (paper Table 2).
 GENERIC = Efficiency()
+GENERIC_SOURCE = "assumed default (costmodel/calibration.py GENERIC), not measured for this type"
 
 DEFAULTS: dict[str, Efficiency] = {
-    # H20: a Hopper die cut to 148 TFLOPS that keeps the 4 TB/s HBM3. The cap, not the SMs, limits its GEMMs, so
-    # the decode GEMMs of a CUDA-graph batch (up to 256 sequences, compute-bound on it above ~40) and prefill run at
-    # ~90% of that figure. With few SMs per TB/s, the
-    # latency-bound decode kernels (paged KV reads, skinny GEMMs at small batch) pull ~65% of the HBM figure.
-    # Training MFU is the one factor set from a measurement: the paper's Observation 2 (5 H20 do not reach one
-    # H800 in training, paper.md §1.3) puts its achieved training FLOPS at ~0.6x the H800's share; FSDP's
-    # bandwidth- and latency-bound work (gathers, recompute, optimizer, launches) does not shrink with the cut
-    # compute.
-    "H20": Efficiency(train_mfu=0.26, infer_mfu=0.90, hbm_fraction=0.65, link_efficiency=0.80),
-    # H800-PCIe (the paper's 756 TFLOPS / 2 TB/s part): a 350 W card whose clocks drop under sustained tensor
-    # load; skinny decode GEMMs hold ~40% of the datasheet peak, the large GEMMs of training ~45%. Its HBM2e
-    # streams at ~90% of the figure (many SMs per TB/s).
-    "H800-PCIe": Efficiency(train_mfu=0.45, infer_mfu=0.40, hbm_fraction=0.90, link_efficiency=0.80),
-    # Consumer/PCIe cards: no NVLink, PCIe P2P through the host bridge reaches ~60% of the Gen4 x16 figure.
-    "RTX4090": Efficiency(train_mfu=0.35, infer_mfu=0.60, hbm_fraction=0.80, link_efficiency=0.60),
-    "L40S": Efficiency(train_mfu=0.35, infer_mfu=0.55, hbm_fraction=0.80, link_efficiency=0.60),
-    "L20": Efficiency(train_mfu=0.35, infer_mfu=0.60, hbm_fraction=0.80, link_efficiency=0.60),
+    # Cards without NVLink: PCIe P2P through the host bridge reaches ~60% of the Gen4 x16 figure (assumed).
+    "RTX4090": Efficiency(link_efficiency=0.60),
+    "L40S": Efficiency(link_efficiency=0.60),
+    "L20": Efficiency(link_efficiency=0.60),
 }
 
 
-def _check_factor(value: object, path: str) -> float:
+def _check_factor(value: object, path: str, name: str = "train_mfu") -> float:
+    low, high, low_ok = RANGES[name]
     if (
         not isinstance(value, int | float)
         or isinstance(value, bool)
         or not math.isfinite(value)
-        or not 0 < value <= 1
+        or value > high
+        or value < low
+        or (value == low and not low_ok)
     ):
-        raise HexError(
-            path, f"must be a fraction in (0, 1], got {value!r}", "give the achieved share of the peak figure"
+        what = (
+            "a fraction in (0, 1]"
+            if high == 1.0
+            else f"a number in {'[' if low_ok else '('}{low:g}, {high:g}]"
         )
+        raise HexError(path, f"must be {what}, got {value!r}", "give the measured or fitted value")
     return float(value)
 
 
@@ -86,15 +98,19 @@ def _factor_overrides(values: Mapping[str, object], path: str) -> dict[str, floa
         if key not in FACTORS:
             raise HexError(f"{path}.{key}", "unknown calibration factor", f"use one of {', '.join(FACTORS)}")
         if value is not None:
-            out[key] = _check_factor(value, f"{path}.{key}")
+            out[key] = _check_factor(value, f"{path}.{key}", key)
     return out
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """Efficiency factors per GPU type (catalog names); unlisted types take :data:`DEFAULTS` or :data:`GENERIC`."""
+    """Efficiency factors per GPU type (catalog names); unlisted types take :data:`DEFAULTS` or :data:`GENERIC`.
+
+    ``sources`` records, per (GPU type, factor), where an overriding value came from.
+    """
 
     overrides: tuple[tuple[str, Efficiency], ...] = ()
+    sources: tuple[tuple[str, str, str], ...] = ()
 
     def for_gpu(self, gpu_type: str) -> Efficiency:
         for name, eff in self.overrides:
@@ -102,21 +118,33 @@ class Calibration:
                 return eff
         return DEFAULTS.get(gpu_type, GENERIC)
 
-    def with_factors(self, gpu_type: str, factors: Mapping[str, float]) -> Calibration:
-        """A copy with some factors of ``gpu_type`` replaced."""
+    def source(self, gpu_type: str, factor: str) -> str:
+        """Where the factor in effect for ``gpu_type`` came from."""
+        for name, key, where in self.sources:
+            if (name, key) == (gpu_type, factor):
+                return where
+        return GENERIC_SOURCE
+
+    def with_factors(self, gpu_type: str, factors: Mapping[str, float], source: str = "") -> Calibration:
+        """A copy with some factors of ``gpu_type`` replaced (from ``source``, when given)."""
         updated = replace(self.for_gpu(gpu_type), **factors)
         rest = tuple((n, e) for n, e in self.overrides if n != gpu_type)
-        return Calibration(tuple(sorted((*rest, (gpu_type, updated)))))
+        sources = self.sources
+        if source:
+            sources = tuple(s for s in sources if (s[0], s[1]) not in {(gpu_type, k) for k in factors})
+            sources = tuple(sorted((*sources, *((gpu_type, k, source) for k in factors))))
+        return Calibration(tuple(sorted((*rest, (gpu_type, updated)))), sources)
 
     def as_dict(self, gpu_types: list[str]) -> dict[str, dict[str, float]]:
         """The factors in effect for ``gpu_types``, for reports."""
         return {name: {k: getattr(self.for_gpu(name), k) for k in FACTORS} for name in gpu_types}
 
+    def sources_dict(self, gpu_types: list[str]) -> dict[str, dict[str, str]]:
+        """Where each factor in effect for ``gpu_types`` came from, for reports."""
+        return {name: {k: self.source(name, k) for k in FACTORS} for name in gpu_types}
 
-def read_profile(
-    path: str | Path, field_path: str = "hex.calibration.profile"
-) -> dict[str, dict[str, float]]:
-    """The per-GPU-type factors in a profile JSON written by ``areal-hex profile``."""
+
+def _load_profile(path: str | Path, field_path: str) -> dict:
     file = Path(path).expanduser()
     data = read_json(file, field_path, "point at a file written by areal-hex profile")
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
@@ -126,7 +154,46 @@ def read_profile(
     types = data.get("gpu_types")
     if not isinstance(types, dict) or not types:
         raise HexError(field_path, f"{file} lists no gpu_types", "re-run areal-hex profile --gpu-type TYPE")
+    return data
+
+
+def read_profile(
+    path: str | Path, field_path: str = "hex.calibration.profile"
+) -> dict[str, dict[str, float]]:
+    """The per-GPU-type factors in a profile JSON written by ``areal-hex profile`` or ``areal-hex calibrate``."""
+    types = _load_profile(path, field_path)["gpu_types"]
     return {str(name): _factor_overrides(values, f"{field_path}[{name}]") for name, values in types.items()}
+
+
+def read_profile_sources(path: str | Path, field_path: str = "hex.calibration.profile") -> dict[tuple, str]:
+    """(GPU type, factor) -> where the profile says the value came from (its ``sources`` section, else the
+    file itself)."""
+    data = _load_profile(path, field_path)
+    listed = data.get("sources") if isinstance(data.get("sources"), dict) else {}
+    out = {}
+    for name, values in data["gpu_types"].items():
+        for key in values:
+            given = listed.get(name, {}).get(key) if isinstance(listed.get(name), dict) else None
+            out[(str(name), key)] = str(given) if given else f"profile {Path(path).name}"
+    return out
+
+
+BUILTIN = Path(__file__).resolve().parent / "profiles"
+
+
+def profile_path(name: str, base_dir: Path | None = None) -> Path:
+    """Where a ``hex.calibration.profile`` lives: ``builtin:NAME`` is a fit shipped with the package
+    (``costmodel/profiles/NAME.json``, e.g. ``builtin:paper``); a relative path is relative to the recipe."""
+    if name.startswith("builtin:"):
+        file = BUILTIN / f"{name.removeprefix('builtin:')}.json"
+        if not file.is_file():
+            shipped = ", ".join(f"builtin:{p.stem}" for p in sorted(BUILTIN.glob("*.json")))
+            raise HexError(
+                "hex.calibration.profile", f"no built-in profile {name!r}", f"use one of {shipped}"
+            )
+        return file
+    profile = Path(name).expanduser()
+    return base_dir / profile if not profile.is_absolute() and base_dir is not None else profile
 
 
 def build_calibration(
@@ -134,18 +201,19 @@ def build_calibration(
 ) -> Calibration:
     """The calibration a recipe's ``hex.calibration`` asks for; GPU names resolve through ``catalog``."""
     calibration = Calibration()
-    layers: list[tuple[str, dict[str, dict[str, float]]]] = []
+    layers: list[tuple[str, dict[str, dict[str, float]], dict[tuple, str]]] = []
     if cfg.profile:
-        profile = Path(cfg.profile).expanduser()
-        if not profile.is_absolute() and base_dir is not None:
-            profile = base_dir / profile
-        layers.append(("hex.calibration.profile", read_profile(profile)))
+        profile = profile_path(cfg.profile, base_dir)
+        layers.append(("hex.calibration.profile", read_profile(profile), read_profile_sources(profile)))
     path = "hex.calibration.gpu_types"
-    layers.append((path, {n: _factor_overrides(vars(e), f"{path}.{n}") for n, e in cfg.gpu_types.items()}))
-    for where, per_type in layers:
+    overrides = {n: _factor_overrides(vars(e), f"{path}.{n}") for n, e in cfg.gpu_types.items()}
+    layers.append((path, overrides, {}))
+    for where, per_type, sources in layers:
         for name, factors in per_type.items():
             canonical = catalog.get(name, f"{where}.{name}").name
-            calibration = calibration.with_factors(canonical, factors)
+            for key, value in factors.items():
+                source = sources.get((name, key), f"recipe {where}.{name}")
+                calibration = calibration.with_factors(canonical, {key: value}, source)
     return calibration
 
 

@@ -73,6 +73,7 @@ def probe_setting(
         recompute_logprob=True,  # the measured step runs one log-prob forward besides the update
         use_decoupled_loss=False,
         ref_model=False,
+        gradient_checkpointing=True,  # areal-hex profile trains with the recipe's actor, which checkpoints
     )
     lengths = LengthDistribution((output_tokens,), "profile")
     workload = WorkloadSpec(model, rl, prompt_tokens, lengths, 0.0, 1)
@@ -128,6 +129,35 @@ def _call_cost(points: list[tuple[int, float, float]]) -> float:
     return min(max(0.0, intercept), 0.9 * min(t for _, t, _ in points))
 
 
+def grid_search(
+    loss, points: int = 24, low: float = LOWEST_FACTOR, high: float = 1.0, refine: int = 8
+) -> tuple[float, float]:
+    """The pair of factors in [low, high]^2 minimising ``loss(a, b)``: a coarse log grid, then finer ones
+    around the best point (the losses fitted here are smooth with one basin)."""
+    ratio = (high / low) ** (1 / (points - 1))
+    grid = [low * ratio**i for i in range(points)]
+    best = min(((a, b) for a in grid for b in grid), key=lambda ab: loss(*ab))
+    for _ in range(3):
+        near = [ratio ** (j / refine) for j in range(-refine, refine + 1)]
+        pairs = ((best[0] * a, best[1] * b) for a in near for b in near)
+        best = min((ab for ab in pairs if max(ab) <= high and min(ab) >= low), key=lambda ab: loss(*ab))
+        ratio **= 1 / refine
+    return best
+
+
+def bisect_factor(too_slow, low: float = LOWEST_FACTOR, high: float = 1.0) -> float:
+    """The factor in [low, high] where ``too_slow(factor)`` turns False (the model gets fast enough);
+    ``high`` when even it is too slow."""
+    if too_slow(high):
+        return high
+    for _ in range(40):
+        if high - low < 1e-5:
+            break
+        mid = (low + high) / 2
+        low, high = (mid, high) if too_slow(mid) else (low, mid)
+    return (low + high) / 2
+
+
 def _fit_rollout(
     pool: Pool, model: ModelShape, decode: Mapping, calibration: Calibration
 ) -> tuple[dict[str, float], list[dict[str, Any]], float]:
@@ -155,16 +185,7 @@ def _fit_rollout(
             for (p, s), (_, mp, ms) in zip(model_times(hbm, mfu), points, strict=True)
         )
 
-    # A coarse log grid, then finer ones around the best point: the loss is smooth with one basin.
-    ratio = LOWEST_FACTOR ** (-1 / 23)
-    grid = [LOWEST_FACTOR * ratio**i for i in range(24)]
-    best = min(((h, m) for h in grid for m in grid), key=lambda hm: loss(*hm))
-    for _ in range(3):
-        near = [ratio ** (j / 8) for j in range(-8, 9)]
-        pairs = ((best[0] * a, best[1] * b) for a in near for b in near)
-        best = min((hm for hm in pairs if max(hm) <= 1), key=lambda hm: loss(*hm))
-        ratio **= 1 / 8
-    hbm, mfu = best
+    hbm, mfu = grid_search(loss)
     fitted = []
     for (prefill, step), (batch, m_prefill, m_step) in zip(model_times(hbm, mfu), points, strict=True):
         fitted.append(
@@ -189,21 +210,15 @@ def _fit_train(
     stages = (TrainStage(PROBE, gpus, 1),)
 
     def step(mfu: float) -> float:
-        cal = calibration.with_factors(pool.gpu_type, {"train_mfu": mfu})
+        # The measured step is the actor's alone: none of the trainer's per-step work around it.
+        cal = calibration.with_factors(pool.gpu_type, {"train_mfu": mfu, "train_fixed_s": 0.0})
         est = estimate_train(cluster, workload, cal, stages, check_memory=False)
         if not est.feasible:
             raise HexError("measurements", f"train: {est.reason}", "measure a layout one machine can hold")
         return est.step_time_s
 
-    low, high = LOWEST_FACTOR, 1.0
-    if step(high) >= measured:
-        low = high  # faster than the model can be even at peak: report the cap and the gap
-    for _ in range(40):
-        if high - low < 1e-5:
-            break
-        mid = (low + high) / 2
-        low, high = (low, mid) if step(mid) < measured else (mid, high)
-    mfu = (low + high) / 2
+    # Slower than measured even at peak: report the cap and the gap.
+    mfu = bisect_factor(lambda f: step(f) > measured)
     point = {"what": "train_step", "batch": sequences, "measured_s": measured, "model_s": step(mfu)}
     return {"train_mfu": mfu}, point
 

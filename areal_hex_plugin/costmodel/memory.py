@@ -12,8 +12,9 @@ from areal_hex_plugin.specs.models import ModelShape
 TRAIN_BYTES_PER_PARAM = 18
 # Share of HBM a framework can use for model state (CUDA context, allocator slack and NCCL buffers take the rest).
 USABLE_HBM_FRACTION = 0.9
-# SGLang keeps this much per GPU outside the KV pool for activations and CUDA graphs at large decode batches.
-ROLLOUT_WORKSPACE_BYTES = 2e9
+# Memory a GPU has lost before SGLang measures what is free after loading the weights: the CUDA context, NCCL
+# and cuBLAS workspaces (about 1 GB on Hopper cards).
+ENGINE_CONTEXT_BYTES = 1e9
 GB = 1e9
 
 
@@ -71,19 +72,28 @@ def kv_bytes_per_token(model: ModelShape, layers: int, tp: int) -> int:
     return 2 * layers * kv_heads_per_gpu(model, tp) * model.dim_per_head * 2
 
 
-def rollout_kv_budget(gpu: GpuSpec, weight_bytes_per_gpu: float) -> float:
-    """HBM bytes left for the KV cache on one rollout GPU (may be negative)."""
-    return USABLE_HBM_FRACTION * gpu.hbm_bytes - ROLLOUT_WORKSPACE_BYTES - weight_bytes_per_gpu
+def rollout_kv_budget(gpu: GpuSpec, weight_bytes_per_gpu: float, mem_fraction_static: float) -> float:
+    """HBM bytes of SGLang's KV pool on one rollout GPU (may be negative).
+
+    SGLang sizes the pool as the memory free after loading the weights less the share it keeps for activations
+    and CUDA graphs: ``rest_memory = available_gpu_memory - total_gpu_memory * (1 - mem_fraction_static)``
+    (sglang 0.5.x ``python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py``,
+    ``profile_max_num_token``), i.e. ``mem_fraction_static * total - weights - context``.
+    """
+    return mem_fraction_static * gpu.hbm_bytes - ENGINE_CONTEXT_BYTES - weight_bytes_per_gpu
 
 
-def train_activation_bytes(model: ModelShape, layers: int, tokens: float, tp: int, last: bool) -> float:
-    """Activation bytes per GPU for one micro-batch of ``tokens`` with full activation checkpointing.
+def train_activation_bytes(
+    model: ModelShape, layers: int, tokens: float, tp: int, last: bool, checkpointing: bool = True
+) -> float:
+    """Activation bytes per GPU for one micro-batch of ``tokens``.
 
-    Kept: each layer's bf16 input; plus the working set of the one layer being recomputed (q/k/v, attention
-    output, MLP gate/up/activation: about 10 hidden + 3 ffn bf16 values per token).
+    With activation checkpointing: each layer's bf16 input, plus the working set of the one layer being
+    recomputed (q/k/v, attention output, MLP gate/up/activation: about 10 hidden + 3 ffn bf16 values per token).
+    Without it every layer keeps its working set until the backward.
     """
     checkpoints = tokens * model.hidden * 2 * layers
-    working = tokens * (10 * model.hidden + 3 * model.ffn) * 2 / tp
+    working = tokens * (10 * model.hidden + 3 * model.ffn) * 2 / tp * (1 if checkpointing else layers)
     # bf16 logits and their gradient on the last stage (upstream's log-softmax runs in fp32 chunks of 1k tokens).
     logits = tokens * model.vocab * 2 * 2 / tp if last else 0.0
     return checkpoints + working + logits

@@ -9,7 +9,7 @@ from areal_hex_plugin.costmodel.calibration import Calibration
 from areal_hex_plugin.costmodel.lengths import length_stats
 from areal_hex_plugin.costmodel.rollout import RolloutEstimate, RolloutStage, estimate_rollout
 from areal_hex_plugin.costmodel.train import TrainEstimate, TrainStage, estimate_train
-from areal_hex_plugin.costmodel.weightsync import WeightSyncEstimate, estimate_weight_sync
+from areal_hex_plugin.costmodel.weightsync import WeightSyncEstimate, estimate_weight_sync, sender_bytes
 from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.workload import WorkloadSpec
 
@@ -61,17 +61,25 @@ class CostModel:
             self._train[stages] = found
         return found
 
+    def senders(self, stages: Sequence[TrainStage]) -> dict[str, float]:
+        """Bytes of a weight version each pool of a feasible training layout sends (its stages' layers)."""
+        layers = self.train(tuple(stages)).layers
+        return sender_bytes(self.workload.model, [s.pool for s in stages], layers)
+
     def weight_sync(
         self,
-        train_gpus: Mapping[str, int],
+        senders: Mapping[str, float],
         replicas: Sequence[tuple[tuple[RolloutStage, ...], int]],
         strategy: str = "broadcast",
     ) -> WeightSyncEstimate:
-        """One weight version from the trainer (pool -> GPUs) to every replica ((stages, count) pairs)."""
-        key = (tuple(sorted(train_gpus.items())), tuple(sorted((tuple(s), n) for s, n in replicas)), strategy)
+        """One weight version from the training pools (pool -> bytes its stages hold, :meth:`senders`) to every
+        replica ((stages, count) pairs)."""
+        key = (tuple(sorted(senders.items())), tuple(sorted((tuple(s), n) for s, n in replicas)), strategy)
         found = self._sync.get(key)
         if found is None:
-            found = estimate_weight_sync(self.cluster, self.workload, train_gpus, replicas, strategy)
+            found = estimate_weight_sync(
+                self.cluster, self.workload, self.calibration, senders, replicas, strategy
+            )
             self._sync[key] = found
         return found
 

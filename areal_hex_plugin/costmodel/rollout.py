@@ -2,13 +2,24 @@
 
 One decode step of ``a`` sequences on one TP rank of a stage costs
 ``max(weights / HBM, a * 2 * params / FLOPS) + max(a * ctx * KV bytes / HBM, a * 4 * ctx * q_dim / FLOPS)``
-plus two TP all-reduces per layer over the machine's GPU link. Pipeline stages run ``pp`` micro-batches; the
-slowest stage (with its hand-off) sets the cycle. The batch is as many sequences as the KV cache holds, at most
-SGLang's CUDA-graph batch limit. With a staleness bound eta >= 1 the replica keeps the batch full (continuous
-batching); with eta = 0 each batch drains through its long tail. Prefill is compute-bound and adds its time once
-per prompt (the radix cache shares it between a rollout's samples; SGLang runs prefill batches apart from decode
-batches unless mixed chunking is enabled), and so does re-prefilling the in-flight sequences after each weight
-update.
+plus two TP all-reduces per layer over the machine's GPU link: every step reads the weights once and each
+sequence's whole KV cache, so the step grows with the in-flight context ``ctx`` (prompt plus the mean decode
+position of the sequences in flight). Pipeline stages run ``pp`` micro-batches; the slowest stage (with its
+hand-off) sets the cycle. The batch is as many sequences as SGLang's KV pool holds (the pool is what
+``sglang.mem_fraction_static`` leaves after the weights, :func:`~areal_hex_plugin.costmodel.memory.rollout_kv_budget`),
+at most SGLang's CUDA-graph batch limit. With a staleness bound eta >= 1 the replica keeps the batch full
+(continuous batching); with eta = 0 each batch drains through its long tail. Prefill is compute-bound and adds its
+time once per prompt (the radix cache shares it between a rollout's samples; SGLang runs prefill batches apart
+from decode batches unless mixed chunking is enabled).
+
+A weight update throws the in-flight KV away. Upstream asks SGLang to abort every request with the update
+(areal 1.0.4 ``engine/sglang_remote.py``, ``build_distributed_weight_update_requests``: ``"abort_all_requests":
+True``; the disk path sends the same flag), SGLang flushes its radix cache once the new weights are in (sglang
+0.5.x ``managers/scheduler_update_weights_mixin.py``, ``update_weights_from_distributed``: ``if
+recv_req.flush_cache: self.flush_cache()``), and upstream's client resubmits each aborted request with its prompt
+plus every token generated so far (``infra/remote_inf_engine.py``, ``agenerate``: ``req.input_ids +=
+gen_result.output_tokens`` in the ``while stop_reason not in [...]`` loop). So after every update each replica
+prefills its whole in-flight context again, at the compute-bound prefill rate: ``RolloutEstimate.recompute_s``.
 """
 
 from __future__ import annotations
@@ -21,7 +32,6 @@ from areal_hex_plugin.costmodel.lengths import DrainCurve, LengthStats
 from areal_hex_plugin.costmodel.links import between_stages, gpu_link
 from areal_hex_plugin.costmodel.memory import (
     GB,
-    USABLE_HBM_FRACTION,
     kv_bytes_per_token,
     rollout_kv_budget,
     split_layers,
@@ -198,17 +208,18 @@ def estimate_rollout(
     layers = _split(model.layers, stages, pools, calibration)
     params = stage_params(model, layers)
     weights = [p * 2 / s.tp for p, s in zip(params, stages, strict=True)]
-    budgets = [rollout_kv_budget(pool.gpu, w) for pool, w in zip(pools, weights, strict=True)]
+    fraction = workload.rl.mem_fraction_static
+    budgets = [rollout_kv_budget(pool.gpu, w, fraction) for pool, w in zip(pools, weights, strict=True)]
     per_token = [kv_bytes_per_token(model, n, s.tp) for n, s in zip(layers, stages, strict=True)]
     capacity = min(max(0.0, b) / t for b, t in zip(budgets, per_token, strict=True))
     tight = min(range(len(stages)), key=lambda i: max(0.0, budgets[i]) / per_token[i])
     where = _describe(model.name, stages, pools, tight)
     longest = workload.prompt_tokens + workload.rl.max_new_tokens
     if budgets[tight] <= 0:
-        usable = USABLE_HBM_FRACTION * pools[tight].gpu.hbm_gb
+        usable = fraction * pools[tight].gpu.hbm_gb
         return _infeasible(
             f"{where}: {weights[tight] / GB:.1f} GB weights per GPU leave no room for a KV cache in "
-            f"{usable:.1f} GB usable memory",
+            f"{usable:.1f} GB (sglang.mem_fraction_static={fraction:g})",
             gpus,
         )
     if capacity < longest:

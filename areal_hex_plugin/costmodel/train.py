@@ -1,12 +1,19 @@
 """Training-step model (Metis-style): per-stage FLOPs at a per-type MFU, TP/DP/PP communication, FSDP memory.
 
 Each pipeline stage is ``dp x tp`` GPUs of one pool; layers go to stages in proportion to stage compute. A step
-trains on ``workload.tokens_per_step`` tokens: forward + backward + activation recompute (8 x params FLOPs per
-token plus attention), and ``rl.forward_passes`` extra forward passes for log-probs. FSDP gathers bf16 parameters
+trains on ``workload.tokens_per_step`` tokens the way areal 1.0.4's ``RLTrainer`` runs it
+(``trainer/rl_trainer.py``): one forward-only pass for the proximal log-probs when
+``actor.should_compute_prox_logp()`` (``recompute_logprob``, or the decoupled loss; ``rl.forward_passes``, plus
+the reference model's), then ``actor.ppo_update`` over ``ppo_n_minibatches`` minibatches, one optimizer step each
+(``trainer/ppo/actor.py``). Per token a pass costs ``2 x params`` FLOPs plus causal attention over the token's
+mean attended context: forward, backward (2x) and, with ``actor.gradient_checkpointing``, the forward again
+inside the backward. Micro-batches hold at most ``actor.mb_spec.max_tokens_per_mb`` tokens (a longer sequence
+gets one of its own; unset, a minibatch is one micro-batch). FSDP gathers bf16 parameters
 twice and reduce-scatters fp32 gradients per micro-batch (upstream shards over one dp mesh, across machines too);
 a pipeline runs on Megatron, whose distributed optimizer reduce-scatters gradients and all-gathers parameters once
 per optimizer step. That traffic overlaps compute, so a stage takes the larger of the two. Pipelines add the 1F1B
-bubble; their dp replicas hand activations over in parallel, one link per machine.
+bubble; their dp replicas hand activations over in parallel, one link per machine. Every step also pays the
+types' ``train_fixed_s`` (work that does not scale with the model: batch gathering and packing, advantages).
 """
 
 from __future__ import annotations
@@ -29,9 +36,6 @@ from areal_hex_plugin.costmodel.stages import layout_problem
 from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.workload import WorkloadSpec
 
-# Upstream's default ``actor.mb_spec.max_tokens_per_mb`` in the shipped recipes; a sequence longer than this
-# gets a micro-batch of its own.
-MICROBATCH_TOKENS = 32768
 # fp32 master weights + Adam moments read and written, bf16 weights written: bytes moved per parameter by the
 # optimizer step (bandwidth-bound).
 OPTIMIZER_BYTES_PER_PARAM = 40
@@ -68,6 +72,14 @@ class TrainEstimate:
 
 def _machines(stage: TrainStage, pool) -> int:
     return -(-stage.n_gpus // pool.gpus_per_machine)
+
+
+def _microbatch_tokens(limit: int | None, longest: int, minibatch_per_rank: float) -> float:
+    """Tokens in one micro-batch: ``max_tokens_per_mb`` (at least the longest sequence), or the whole minibatch
+    share of a DP rank when the recipe sets no limit (upstream's ``MicroBatchSpec(n_mbs=1)``)."""
+    if limit is None:
+        return max(float(longest), minibatch_per_rank)
+    return float(max(limit, longest))
 
 
 def _infeasible(reason: str, gpus: dict[str, int], layers=(), memory=()) -> TrainEstimate:
@@ -109,7 +121,6 @@ def estimate_train(
 
     tokens = workload.tokens_per_step
     longest = workload.prompt_tokens + rl.max_new_tokens
-    mb_tokens = max(MICROBATCH_TOKENS, longest)
     # Token-weighted mean attended context of a packed causal sequence: E[s^2] / 2E[s].
     seq_mean = workload.mean_sequence_tokens
     seq_sq = workload.output_lengths.mean_square + 2 * workload.prompt_tokens * workload.output_lengths.mean
@@ -117,12 +128,14 @@ def estimate_train(
     q_dim = model.heads * model.dim_per_head
     minibatches = max(1, rl.ppo_n_minibatches)
     forward_passes = rl.forward_passes
+    recompute = int(rl.gradient_checkpointing)
 
     # Pipelines run on Megatron (FSDP has no pipeline parallelism); one stage is upstream's FSDP.
     megatron = pp > 1
     memory: list[float] = []
     parts = {"compute": 0.0, "tp_comm": 0.0, "dp_comm": 0.0, "pp_comm": 0.0, "optimizer": 0.0}
     stage_times: list[float] = []
+    mb_sizes: list[float] = []
     works: list[float] = []  # per stage: the per-micro-batch work of the whole step (compute and TP traffic)
     micro_per_minibatch = 1
     for i, (s, pool, eff, n, p) in enumerate(zip(stages, pools, effs, layers, params, strict=True)):
@@ -131,16 +144,20 @@ def estimate_train(
         attn_fwd = 4 * attended * q_dim * n  # per token
         fwd = 2 * dense + attn_fwd
         # Forward, backward (2x), recompute under checkpointing; plus forward-only log-prob passes.
-        flops = tokens * (4 * fwd + forward_passes * fwd)
+        flops = tokens * ((3 + recompute) * fwd + forward_passes * fwd)
         compute = flops / (s.n_gpus * pool.gpu.flops * eff.train_mfu)
 
         tp_comm = 0.0
         if s.tp > 1:
             link = gpu_link(pool, calibration)
             # 2 all-reduces per layer forward, 2 backward, 2 recompute; per extra forward pass 2.
-            per_token = (6 + 2 * forward_passes) * n * model.hidden * 2 * 2 * (s.tp - 1) / s.tp
+            per_token = (
+                (4 + 2 * recompute + 2 * forward_passes) * n * model.hidden * 2 * 2 * (s.tp - 1) / s.tp
+            )
             tp_comm = tokens / s.dp * per_token / link
 
+        mb_tokens = _microbatch_tokens(rl.max_tokens_per_mb, longest, tokens / minibatches / s.dp)
+        mb_sizes.append(mb_tokens)
         # Micro-batches per DP rank per optimizer step (each runs FSDP's gathers once).
         micro = max(1, math.ceil(tokens / minibatches / (s.dp * mb_tokens)))
         micro_per_minibatch = max(micro_per_minibatch, micro)
@@ -179,7 +196,7 @@ def estimate_train(
 
         state = (megatron_state_bytes if megatron else train_state_bytes)(p, model, n, s.dp, s.tp)
         in_flight = min(pp - i, micro) if pp > 1 else 1  # 1F1B keeps up to pp - i micro-batches' checkpoints
-        acts = train_activation_bytes(model, n, mb_tokens, s.tp, last)
+        acts = train_activation_bytes(model, n, mb_tokens, s.tp, last, rl.gradient_checkpointing)
         acts += (in_flight - 1) * mb_tokens * model.hidden * 2 * n
         memory.append((state + acts) / GB)
 
@@ -197,8 +214,9 @@ def estimate_train(
     # 1F1B flushes once per optimizer step: pp - 1 micro-batch slots of the slowest stage's per-micro-batch
     # work idle per minibatch (once-per-step traffic and the optimizer do not repeat per micro-batch).
     bubble = max(works) * (pp - 1) / micro_per_minibatch
-    step = max(slowest + bubble, pp_comm)
-    parts.update(pp_comm=pp_comm, bubble=bubble)
+    fixed = max(e.train_fixed_s for e in effs)
+    step = max(slowest + bubble, pp_comm) + fixed
+    parts.update(pp_comm=pp_comm, bubble=bubble, fixed=fixed)
 
     for i, (pool, mem) in enumerate(zip(pools, memory, strict=True)):
         usable = USABLE_HBM_FRACTION * pool.gpu.hbm_gb
@@ -207,7 +225,7 @@ def estimate_train(
             where = f"stage {i} of PP{pp}" if pp > 1 else "the trainer"
             return _infeasible(
                 f"{model.name} training, {where} (dp={s.dp}, tp={s.tp}, {layers[i]} layers) on {pool.gpu_type}: "
-                f"needs {mem:.1f} GB per GPU (state and {mb_tokens // 1024}k-token micro-batch activations), "
+                f"needs {mem:.1f} GB per GPU (state and {int(mb_sizes[i]) // 1024}k-token micro-batch activations), "
                 f"{usable:.1f} GB usable",
                 gpus,
                 layers,

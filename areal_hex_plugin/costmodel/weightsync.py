@@ -1,11 +1,22 @@
 """Weight-sync model: seconds to move one bf16 weight version from the trainer to every rollout replica.
 
-* ``broadcast`` (what upstream ``xccl`` and the paper do): trainer rank 0 is the one root. Its machine's NIC
-  carries every bucket once to every receiving machine, one after another (GPUs inside a machine share the
-  copy over their GPU link). Matches the paper's Table 2 scaling: time grows with the number of rollout machines.
-* ``relay`` (our transport): the root sends each bucket once per rollout pool, to one relay machine there; the
-  relays forward it along a chain of their pool's machines. Buckets pipeline, so the chain costs one bucket's
-  transfer per extra hop on top of the slowest link's full transfer.
+Every training pipeline stage sends the layers it holds, from the pool it runs on (areal 1.0.4
+``engine/fsdp_engine.py`` ``_update_weights_from_distributed``: rank 0 of each stage broadcasts bucket after bucket
+of ``weight_chunked_mem_mb`` into one NCCL group with every rollout GPU; the Megatron engine does the same per
+pipeline stage). A version costs, for each sending pool's bytes ``b``:
+
+* the network: NCCL broadcasts a bucket as a pipelined chain through the receiving machines (each machine
+  receives every chunk once and forwards it while the next arrives), so the chain moves at its slowest link and
+  adds one chunk's time per extra hop, not one whole copy per receiving machine. ``relay`` (our transport) sends
+  one copy per rollout pool to a relay machine, which forwards it down a chain inside its pool;
+* the endpoints: a GPU gathers (trainer: FSDP ``full_tensor`` per parameter) or loads (engine:
+  ``update_weights_from_distributed`` per bucket) the version at its type's ``update_gb_per_s``; half of ``b``'s
+  time is charged at the sender's rate and half at the slowest receiver's, which for one GPU type is ``b`` at
+  that type's rate;
+* once per update, the fixed ``update_fixed_s`` of the slowest type involved (pause, group rendezvous, HTTP round
+  trips, cache flush, resume).
+
+Stages send one after another: every byte enters each receiving machine through the same inbound link.
 """
 
 from __future__ import annotations
@@ -13,25 +24,26 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
+from areal_hex_plugin.costmodel.calibration import Calibration
 from areal_hex_plugin.costmodel.links import network
-from areal_hex_plugin.costmodel.memory import GB
+from areal_hex_plugin.costmodel.memory import GB, stage_params
 from areal_hex_plugin.costmodel.rollout import RolloutStage
 from areal_hex_plugin.specs.cluster import Cluster
+from areal_hex_plugin.specs.models import ModelShape
 from areal_hex_plugin.specs.workload import WorkloadSpec
 
 STRATEGIES = ("broadcast", "relay")
+# NCCL's pipelining unit on a broadcast chain (NCCL_BUFFSIZE default 4 MiB) and the relay's forwarding unit
+# (upstream's ``weight_chunked_mem_mb`` default bucket).
+NCCL_CHUNK_BYTES = 4 * 2**20
+BUCKET_BYTES = 1024 * 2**20
 
 
 def strategy_for(transport: str) -> str:
-    """The sync model of a recipe's ``hex.transport``: our relay, or upstream's single-root broadcast."""
+    """The sync model of a recipe's ``hex.transport``: our relay, or upstream's per-stage broadcast."""
     return "relay" if transport == "relay" else "broadcast"
-
-
-# Upstream's ``weight_chunked_mem_mb`` default; each bucket costs a gather on the trainer, a rendezvous and a
-# load into the engine, which this fixed time per bucket stands for.
-BUCKET_BYTES = 1024 * 1024 * 1024
-BUCKET_OVERHEAD_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,15 @@ class WeightSyncEstimate:
     seconds: float
     bytes: int  # one weight version (bf16)
     bottleneck: str  # the link or step that dominates
+
+
+def sender_bytes(model: ModelShape, pools: Sequence[str], layers: Sequence[int]) -> dict[str, float]:
+    """bf16 bytes of one weight version each training pool sends: the layers of its pipeline stages
+    (``pools[i]`` holds stage i with ``layers[i]`` layers)."""
+    out: dict[str, float] = {}
+    for pool, params in zip(pools, stage_params(model, tuple(layers)), strict=True):
+        out[pool] = out.get(pool, 0.0) + params * 2.0
+    return out
 
 
 def _receiving_machines(
@@ -52,50 +73,61 @@ def _receiving_machines(
     return {name: math.ceil(n / cluster.pool(name).gpus_per_machine) for name, n in gpus.items() if n > 0}
 
 
+def _broadcast_s(cluster: Cluster, sender: str, machines: Mapping[str, int], size: float) -> float:
+    """One pipelined NCCL chain from ``sender`` through every receiving machine: the slowest link moves
+    ``size``; each further hop adds one chunk."""
+    links = [network(cluster, sender, pool) for pool in machines]
+    pools = sorted(machines)
+    links += [network(cluster, a, b) for a, b in pairwise(pools)]
+    hops = sum(machines.values())
+    slowest = min(links)
+    return size / slowest + (hops - 1) * NCCL_CHUNK_BYTES / slowest
+
+
+def _relay_s(cluster: Cluster, sender: str, machines: Mapping[str, int], size: float) -> float:
+    """One copy per rollout pool from ``sender``, then a bucket-pipelined chain inside each pool."""
+    root = sum(size / network(cluster, sender, pool) for pool in machines)
+    chains = [
+        (n - 1) * min(size, BUCKET_BYTES) / network(cluster, pool, pool) for pool, n in machines.items()
+    ]
+    fill = min(size, BUCKET_BYTES) / min(network(cluster, sender, pool) for pool in machines)
+    return max(root, max(chains)) + fill
+
+
 def estimate_weight_sync(
     cluster: Cluster,
     workload: WorkloadSpec,
-    train_gpus: Mapping[str, int],
+    calibration: Calibration,
+    senders: Mapping[str, float],
     replicas: Sequence[tuple[tuple[RolloutStage, ...], int]],
     strategy: str,
 ) -> WeightSyncEstimate:
-    """Seconds for one weight version to reach every replica's machines; the root is the largest trainer pool."""
+    """Seconds for one weight version to reach every replica's machines, ``senders`` giving the bytes each
+    training pool holds (:func:`sender_bytes`)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown weight-sync strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
     size = workload.model.weight_bytes()
     machines = _receiving_machines(cluster, replicas)
-    if not machines or not train_gpus:
+    senders = {pool: b for pool, b in senders.items() if b > 0}
+    if not machines or not senders:
         return WeightSyncEstimate(0.0, size, "nothing to send")
-    root = max(sorted(train_gpus), key=lambda name: train_gpus[name])
-    buckets = math.ceil(size / BUCKET_BYTES)
-    overhead = buckets * BUCKET_OVERHEAD_S
 
-    def link(pool: str) -> float:
-        return network(cluster, root, pool)
+    def eff(pool: str):
+        return calibration.for_gpu(cluster.pool(pool).gpu_type)
 
-    if strategy == "broadcast":
-        sends = {pool: n * size / link(pool) for pool, n in machines.items()}
-        seconds = sum(sends.values()) + overhead
-        worst = max(sends, key=sends.__getitem__)
-        bottleneck = (
-            f"root NIC: {sum(machines.values())} sends of {size / GB:.1f} GB, "
-            f"{machines[worst]} over {root}->{worst} at {cluster.link_gb_per_s(root, worst):g} GB/s"
-        )
-        return WeightSyncEstimate(seconds, size, bottleneck)
-
-    # relay: the root's NIC sends one copy per pool; each pool's chain forwards bucket by bucket.
-    root_nic = sum(size / link(pool) for pool in machines)
-    chains = {}
-    for pool, n in machines.items():
-        inner = network(cluster, pool, pool)
-        chains[pool] = (size / inner if n > 1 else 0.0) + (n - 1) * min(size, BUCKET_BYTES) / inner
-    slowest_chain = max(chains, key=chains.__getitem__)
-    # Pipelining overlaps the root's sends with the chains; the first bucket's trip is the fill latency.
-    fill = min(size, BUCKET_BYTES) / min(link(p) for p in machines)
-    if root_nic >= chains[slowest_chain]:
-        seconds = root_nic + fill
-        bottleneck = f"root NIC: one copy per pool ({', '.join(sorted(machines))})"
-    else:
-        seconds = chains[slowest_chain] + fill
-        bottleneck = f"relay chain in pool {slowest_chain} ({machines[slowest_chain]} machines)"
-    return WeightSyncEstimate(seconds + overhead, size, bottleneck)
+    slowest_receiver = min(eff(p).update_gb_per_s for p in machines) * GB
+    fixed = max(eff(p).update_fixed_s for p in (*senders, *machines))
+    move = _relay_s if strategy == "relay" else _broadcast_s
+    network_s = sum(move(cluster, pool, machines, b) for pool, b in senders.items())
+    endpoint_s = sum(
+        b / 2 / (eff(pool).update_gb_per_s * GB) + b / 2 / slowest_receiver for pool, b in senders.items()
+    )
+    parts = {"network": network_s, "gather and load": endpoint_s, "fixed per update": fixed}
+    worst = max(parts, key=parts.__getitem__)
+    links = ", ".join(
+        f"{pool}->{dst} {cluster.link_gb_per_s(pool, dst):g} GB/s"
+        for pool in sorted(senders)
+        for dst in sorted(machines)
+    )
+    bottleneck = f"{worst} ({parts[worst]:.1f} s of {sum(parts.values()):.1f} s; {links})"
+    return WeightSyncEstimate(sum(parts.values()), size, bottleneck)

@@ -229,8 +229,9 @@ class Evaluator:
         sync_s = 0.0
         if train and fleet.groups:
             replicas = [(_stages(c), y) for c, y in fleet.groups]
-            # The GPUs the training layout uses, which may be fewer than the split's training machines hold.
-            sync_s = self.cm.weight_sync(train.estimate.gpus, replicas, strategy=self.sync_strategy).seconds
+            # Each training stage sends the layers it holds, from its own pool.
+            senders = self.cm.senders(train.stages)
+            sync_s = self.cm.weight_sync(senders, replicas, strategy=self.sync_strategy).seconds
         if train and fleet.groups:
             split = self._used(train, fleet)
         return Evaluation(

@@ -73,7 +73,7 @@ def sim_spec(recipe, plan: HexPlan) -> SimSpec:
         # Upstream's RolloutController falls back to the consumer batch size when the limit is unset.
         max_concurrent_rollouts=plan.staleness.max_concurrent_rollouts or rl.consumer_batch_size,
         train_s=train.step_time_s,
-        sync_s=cm.weight_sync(train_gpus, replicas, strategy).seconds,
+        sync_s=cm.weight_sync(cm.senders(train_stages), replicas, strategy).seconds,
         train_gpus=train_gpus,
         reward_s_per_sample=workload.reward_cpu_s_per_sample,
         reward_workers=workload.reward_cpus,

@@ -180,12 +180,16 @@ def check_search_size(max_pp_stages: int, pools: int) -> None:
 
 @dataclass
 class GpuEfficiencyConfig:
-    """Calibration factors of one GPU type (each in (0, 1]); unset ones keep the profile's or the default."""
+    """Calibration factors of one GPU type (fractions in (0, 1], GB/s, seconds); unset ones keep the profile's or
+    the default."""
 
     train_mfu: float | None = spec(None, "training model FLOPs utilisation", above(0, 1))
     infer_mfu: float | None = spec(None, "fraction of peak FLOPS of compute-bound inference", above(0, 1))
     hbm_fraction: float | None = spec(None, "fraction of the HBM bandwidth decode sustains", above(0, 1))
     link_efficiency: float | None = spec(None, "fraction of the GPU link NCCL achieves", above(0, 1))
+    update_gb_per_s: float | None = spec(None, "GB/s a GPU gathers or loads a weight version", above(0, 1000))
+    update_fixed_s: float | None = spec(None, "fixed seconds per weight update", between(0, 600))
+    train_fixed_s: float | None = spec(None, "fixed seconds per training step", between(0, 3600))
 
 
 @dataclass

@@ -20,7 +20,7 @@ from areal_hex_plugin.specs.config import HexConfig, RelayConfig, check_relay_se
 from areal_hex_plugin.specs.files import check_depth
 from areal_hex_plugin.specs.models import resolve_model
 from areal_hex_plugin.specs.overrides import apply_overrides
-from areal_hex_plugin.specs.typed import between
+from areal_hex_plugin.specs.typed import above, between
 from areal_hex_plugin.specs.workload import RLSettings, WorkloadSpec, build_lengths
 
 # The upstream fields the planner reads: type, upstream AReaL 1.0.4's default (a test checks them against
@@ -61,6 +61,17 @@ UPSTREAM_FIELDS: dict[str, tuple[type, Any, dict[str, Any]]] = {
     "actor.recompute_logprob": (bool, False, {}),
     "actor.use_decoupled_loss": (bool, False, {}),
     "actor.kl_ctl": (float, 0.1, {"help": "KL penalty coefficient", "range": between(0, 1_000_000)}),
+    "actor.gradient_checkpointing": (bool, False, {}),
+    "actor.mb_spec.max_tokens_per_mb": (
+        int,
+        None,
+        {"help": "most tokens in one training micro-batch", "range": between(1, 100_000_000, "tokens")},
+    ),
+    "sglang.mem_fraction_static": (
+        float,
+        0.9,
+        {"help": "share of GPU memory SGLang keeps for weights and KV cache", "range": above(0, 0.99)},
+    ),
 }
 # Samples a step generates (batch_size x n_samples): beyond about a million no step of a real run goes, and
 # the simulator plays every sample.
@@ -149,6 +160,9 @@ def _rl_settings(up: dict[str, Any], config: dict) -> RLSettings:
         recompute_logprob=up["actor.recompute_logprob"],
         use_decoupled_loss=up["actor.use_decoupled_loss"],
         ref_model=ref and up["actor.kl_ctl"] > 0,
+        gradient_checkpointing=up["actor.gradient_checkpointing"],
+        max_tokens_per_mb=up["actor.mb_spec.max_tokens_per_mb"],
+        mem_fraction_static=up["sglang.mem_fraction_static"],
     )
 
 

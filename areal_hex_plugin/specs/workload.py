@@ -165,6 +165,9 @@ class RLSettings:
     recompute_logprob: bool
     use_decoupled_loss: bool
     ref_model: bool  # a reference model forward pass per step (ref configured and kl_ctl > 0)
+    gradient_checkpointing: bool = False  # actor.gradient_checkpointing: one more forward in the backward
+    max_tokens_per_mb: int | None = None  # actor.mb_spec.max_tokens_per_mb (None: one micro-batch)
+    mem_fraction_static: float = 0.9  # sglang.mem_fraction_static: weights + KV pool share of GPU memory
 
     @property
     def samples_per_step(self) -> int:

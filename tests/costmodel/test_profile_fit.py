@@ -12,7 +12,7 @@ import pytest
 
 from areal_hex_plugin.cli import main
 from areal_hex_plugin.costmodel import CostModel, RolloutStage, recipe_calibration
-from areal_hex_plugin.costmodel.calibration import DEFAULTS, read_profile
+from areal_hex_plugin.costmodel.calibration import GENERIC, read_profile
 from areal_hex_plugin.costmodel.fit import fit_profile
 from areal_hex_plugin.errors import HexError
 from tests.costmodel.helpers import TRUTH, pool_of, recipe, synthetic_measurements
@@ -118,7 +118,7 @@ def test_profile_command_fits_saved_measurements_into_a_profile_recipes_use(tmp_
     cal = recipe_calibration(r)
     assert cal.for_gpu("H20").infer_mfu == pytest.approx(0.3, rel=0.01)
     assert cal.for_gpu("H20").train_mfu == 0.3
-    assert cal.for_gpu("H800-PCIe") == DEFAULTS["H800-PCIe"]
+    assert cal.for_gpu("H800-PCIe") == GENERIC  # the profile replaces the recipe's builtin:paper
     fitted = CostModel(r.cluster, r.workload, cal).rollout((RolloutStage("h20", 1),))
     default = CostModel(r.cluster, r.workload).rollout((RolloutStage("h20", 1),))
     assert fitted.tokens_per_s < default.tokens_per_s

@@ -39,9 +39,11 @@ def test_upstream_defaults_match_the_core_reader():
 
     defaults = GRPOConfig.__dataclass_fields__
     for key, (_, default, _meta) in UPSTREAM_FIELDS.items():
-        section, name = key.split(".")
-        section_default = defaults[section].default_factory()
-        assert getattr(section_default, name) == default, key
+        section, *names = key.split(".")
+        value = defaults[section].default_factory()
+        for name in names:
+            value = getattr(value, name)
+        assert value == default, key
 
 
 def test_hex_section_lands_in_upstream_config_object(tmp_path):

@@ -1,0 +1,94 @@
+"""``areal-hex calibrate``: fit the cost model's per-GPU-type factors to measured runs, record where each came from.
+
+``--baselines FILE`` fits to measured homogeneous AReaL runs (``recipes/paper/baselines.json``: the paper's
+phase times, weight syncs and per-GPU cost ratios; ``costmodel/fit_baselines.py``); ``--profile FILE`` (repeatable)
+takes the factors ``areal-hex profile`` measured, which the baseline fit then keeps. The output is a profile JSON
+(``hex.calibration.profile``) with a ``sources`` entry per factor, the fitted points, and the check: the planner's
+phases on every measured cluster next to the measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from areal_hex_plugin.errors import HexError
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "paper"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("calibrate", help="fit the cost model's factors to baselines and/or profiles")
+    parser.add_argument(
+        "--baselines", metavar="FILE", help="measured homogeneous runs (areal-hex-baselines/1)"
+    )
+    parser.add_argument("--profile", metavar="FILE", action="append", default=[], help="an areal-hex profile")
+    parser.add_argument(
+        "--recipes", metavar="DIR", default=str(RECIPES), help="recipes of the measured models (*.yaml)"
+    )
+    parser.add_argument("--json", metavar="OUT", required=True, help="where to write the calibration profile")
+    parser.set_defaults(run=run)
+
+
+def _read(path: str, what: str) -> dict:
+    try:
+        return json.loads(Path(path).expanduser().read_text())
+    except OSError as exc:
+        raise HexError(what, f"cannot read {path}: {exc.strerror}", "check the path") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise HexError(what, f"{path} is not JSON", "point at the JSON file") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from areal_hex_plugin.commands.common import write_json
+    from areal_hex_plugin.costmodel.calibration import (
+        PROFILE_FORMAT,
+        Calibration,
+        read_profile,
+        read_profile_sources,
+    )
+    from areal_hex_plugin.costmodel.fit_baselines import check_baselines, fit_baselines, setting_from
+    from areal_hex_plugin.sim.baselines import baseline_phases
+    from areal_hex_plugin.specs.recipe import load_recipe
+
+    if not args.baselines and not args.profile:
+        raise HexError("--baselines", "nothing to fit", "give --baselines FILE, --profile FILE, or both")
+    calibration = Calibration()
+    for path in args.profile:
+        sources = read_profile_sources(path, "--profile")
+        for gpu_type, factors in read_profile(path, "--profile").items():
+            for key, value in factors.items():
+                calibration = calibration.with_factors(gpu_type, {key: value}, sources[(gpu_type, key)])
+    types = sorted({t for t, _ in calibration.overrides})
+    out: dict = {"format": PROFILE_FORMAT, "points": [], "check": []}
+    if args.baselines:
+        data = check_baselines(_read(args.baselines, "--baselines"))
+        folder = Path(args.recipes).expanduser()
+        recipes = {}
+        for file in sorted(folder.glob("*.yaml")):
+            recipe = load_recipe(file, [])
+            recipes[recipe.workload.model.name] = recipe
+        fit = fit_baselines(data, {m: setting_from(r) for m, r in recipes.items()}, calibration,
+                            Path(args.baselines).name)  # fmt: skip
+        calibration = fit.calibration
+        types = sorted({*types, *fit.factors})
+        out["points"] = fit.points
+        out["check"] = baseline_phases(recipes, calibration, data)
+    out["gpu_types"] = {
+        t: {k: float(f"{v:.4g}") for k, v in calibration.as_dict([t])[t].items()} for t in types
+    }
+    out["sources"] = calibration.sources_dict(types)
+    for t in types:
+        print(f"{t}:")
+        for key, value in out["gpu_types"][t].items():
+            print(f"  {key:16} {value:<10g} {out['sources'][t][key]}")
+    if out["check"]:
+        print("\nPlanner vs measured on the measured clusters")
+        print(f"{'model':32}{'cluster':8}{'phase':15}{'measured':>10}{'model':>10}{'error':>8}")
+        for row in out["check"]:
+            error = row["model_value"] / row["measured"] - 1
+            print(f"{row['model']:32}{row['cluster']:8}{row['phase']:15}{row['measured']:10.1f}"
+                  f"{row['model_value']:10.1f}{error:+8.1%}")  # fmt: skip
+    print(f"\ncalibration written to {write_json(args.json, out)}")
+    return 0
