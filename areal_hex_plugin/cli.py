@@ -14,7 +14,17 @@ from areal_hex_plugin import __version__
 from areal_hex_plugin.commands.common import NOTES
 from areal_hex_plugin.errors import HexError
 
-COMMANDS = ("validate", "inventory", "catalog", "estimate", "plan", "profile", "calibrate", "simulate", "reproduce")
+COMMANDS = (
+    "validate",
+    "inventory",
+    "catalog",
+    "estimate",
+    "plan",
+    "profile",
+    "calibrate",
+    "simulate",
+    "reproduce",
+)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -185,7 +185,7 @@ class Evaluator:
             return fleet
         groups = []
         for c, y in fleet.groups:
-            estimate = self.cm.rollout(_stages(c), max_sequences=max(1, c.concurrency * cap // total))
+            estimate = self.cm.rollout(replica_stages(c), max_sequences=max(1, c.concurrency * cap // total))
             throttled = replace(
                 c,
                 tokens_per_s=estimate.tokens_per_s,
@@ -228,7 +228,7 @@ class Evaluator:
         shares = tuple(largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups]))
         sync_s = 0.0
         if train and fleet.groups:
-            replicas = [(_stages(c), y) for c, y in fleet.groups]
+            replicas = [(replica_stages(c), y) for c, y in fleet.groups]
             # Each training stage sends the layers it holds, from its own pool.
             senders = self.cm.senders(train.stages)
             sync_s = self.cm.weight_sync(senders, replicas, strategy=self.sync_strategy).seconds
@@ -259,7 +259,7 @@ class Evaluator:
         )
 
 
-def _stages(config: ReplicaConfig) -> tuple[RolloutStage, ...]:
+def replica_stages(config: ReplicaConfig) -> tuple[RolloutStage, ...]:
     return tuple(RolloutStage(pool=config.pool, tp=config.tp) for _ in range(config.pp))
 
 

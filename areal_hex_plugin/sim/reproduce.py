@@ -1,39 +1,49 @@
-"""The paper's experiments (arXiv 2511.00796 §4.5-4.8) re-run through our planner and simulator.
+"""The paper's experiments (arXiv 2511.00796 §4.5-4.8) re-run through our planner and simulator on its testbed.
 
-Every plan comes from the planner on the paper's recipes (``recipes/paper/*.yaml``: the paper's GPUs, links and
-prices) and is simulated for 30 steps; the figure reported is the simulated steady-state tokens per second of
-wall time, i.e. tokens / (weight sync + max(rollout incl. reward, train)) as the paper measures it. Nothing is
-tuned toward the paper's numbers.
+The testbed is rented by the GPU as the paper does (``specs/rental.py``: whole 8-GPU machines plus one machine
+holding the rest): AReaL on 24 H800 or on 68 H20 (what $126.72/h buys), AReaL-Hex on 56 GPUs within $126.72/h (the
+H800/H20 mix is the paper's to choose, so every 56-GPU mix the budget allows is planned and the best kept), the
+equal-throughput cluster of 8 H800 + 24 H20 ($86.64/h) and mixed clusters of 24, 32, 40 and 56 GPUs. AReaL's
+baselines run upstream's weight transport; AReaL-Hex runs the recipe's. Every plan is simulated for 30 steps; the
+tokens/s reported are the simulated steady state, tokens / (weight sync + max(rollout incl. reward, train)) as
+the paper measures it, and the phases are the planner's.
+
+The cost model's factors are the paper calibration (``builtin:paper``), fitted to AReaL's *homogeneous* runs only
+(``costmodel/fit_baselines.py``); every mixed-cluster figure here is a prediction.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from pathlib import Path
 from typing import IO
 
+from areal_hex_plugin.costmodel import CostModel, recipe_calibration
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
-from areal_hex_plugin.scheduler.caps import PAPER
+from areal_hex_plugin.scheduler.evaluate import Evaluator, Fleet, replica_stages, window_rollout_s
+from areal_hex_plugin.scheduler.rollout_model import solve_rollout
+from areal_hex_plugin.scheduler.train_search import search_train
 from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.sim.result import SimResult
 from areal_hex_plugin.specs.recipe import Recipe, load_recipe
+from areal_hex_plugin.specs.rental import rent
 from areal_hex_plugin.tables import render_table
 
-SCHEMA_VERSION = 1  # of the JSON document (areal_hex_plugin/schemas/reproduce.schema.json)
+SCHEMA_VERSION = 2  # of the JSON document (areal_hex_plugin/schemas/reproduce.schema.json)
 MODELS = {"1.5B": "1.5b.yaml", "7B": "7b.yaml", "14B": "14b.yaml"}
 EQUAL_BUDGET = 126.72  # 24 H800 at $5.28/h
 STEPS = 30
-# Machines (8 GPUs each) of (H800, H20) per experiment.
-# The paper's 56-GPU heterogeneous cluster: with 8-GPU machines no H800 + H20 mix of 56 GPUs fits $126.72/h, so
-# the equal-budget plan picks its machines within the budget, and this run shows the 56-GPU cluster beside it.
-HEX_56 = (1, 6)  # 8 H800 + 48 H20 = $131.04/h
-EQUAL_THROUGHPUT_HEX = (1, 3)  # 8 H800 + 24 H20 = $86.64/h
-EQUAL_THROUGHPUT_H800 = (3, 0)  # 24 H800 = $126.72/h
-ABLATION = (3, 0)
-SCHEDULER_SIZES = {24: (1, 2), 32: (1, 3), 40: (2, 3), 56: (1, 6)}
+H800, H20 = "H800-PCIe", "H20"
+PRICES = {H800: 5.28, H20: 1.85}
+BASELINE_GPUS = {H800: 24, H20: int(EQUAL_BUDGET // PRICES[H20])}  # 68 H20
+HEX_GPUS = 56
+EQUAL_THROUGHPUT_HEX = {H800: 8, H20: 24}  # $86.64/h, the paper's 32-GPU cluster
+# The mixed clusters of Fig. 5 / Table 5 (compositions not stated; 32 is Table 4's, 56 the equal-budget one).
+SIZES = {24: {H800: 8, H20: 16}, 32: EQUAL_THROUGHPUT_HEX, 40: {H800: 16, H20: 24}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,38 +63,58 @@ class Run:
                 gpus[name] = gpus.get(name, 0) + n
         return gpus
 
+    @property
+    def phases(self) -> dict[str, float]:
+        p = self.plan.predicted
+        return {"rollout_s": p.rollout_time_s, "train_s": p.train_time_s, "weight_sync_s": p.weight_sync_s}
 
-def with_machines(recipe: Recipe, machines: tuple[int, int]) -> Recipe:
-    """The recipe on ``machines`` = (H800 machines, H20 machines); pools without machines are dropped."""
-    counts = dict(zip(("H800-PCIe", "H20"), machines, strict=True))
-    pools = tuple(
-        dataclasses.replace(p, machines=counts[p.gpu_type])
-        for p in recipe.cluster.pools
-        if counts[p.gpu_type]
+
+def rented(recipe: Recipe, gpus: dict[str, int], transport: str | None = None) -> Recipe:
+    """``recipe`` on ``gpus`` (GPU type -> count) rented by the GPU; ``transport`` replaces hex.transport."""
+    hex_cfg = recipe.hex if transport is None else dataclasses.replace(recipe.hex, transport=transport)
+    return dataclasses.replace(recipe, cluster=rent(recipe.cluster, gpus), hex=hex_cfg)
+
+
+def run(recipe: Recipe, budget: float | None = None, timeline: bool = False) -> Run:
+    plan = plan_recipe(recipe, PlanRequest(budget_per_hour=budget or recipe.cluster.price_per_hour))
+    return Run(plan, simulate(sim_spec(recipe, plan), steps=STEPS, seed=0, timeline=timeline))
+
+
+def best_mix(recipe: Recipe, gpus: int, budget: float, timeline: bool) -> Run:
+    """The best plan over the H800 + H20 mixes of ``gpus`` GPUs that ``budget`` can rent (at least one of each)."""
+    runs = []
+    for h800 in range(1, gpus):
+        mix = {H800: h800, H20: gpus - h800}
+        if sum(n * PRICES[t] for t, n in mix.items()) <= budget + 1e-9:
+            runs.append(run(rented(recipe, mix), budget, timeline))
+    return max(runs, key=lambda r: r.plan.predicted.tokens_per_s)
+
+
+def even_split(recipe: Recipe) -> dict[str, float]:
+    """The paper's ablation "AReaL (u)": the GPUs split evenly between rollout and training (12 + 12 of 24 H800),
+    each half laid out as the planner would (phase 1a and 1b), at the paper's metric."""
+    pool = recipe.cluster.pools[0]
+    half = pool.n_gpus // 2
+    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    solver = recipe.hex.solver
+    train = search_train(cm, recipe.cluster, {pool.name: half}, solver.max_pp_stages)
+    evaluator = Evaluator(cm, recipe.cluster, recipe.workload, solver, "broadcast")
+    fleet = solve_rollout(
+        evaluator.replica_configs(pool.name), half, solver.time_limit_s, solver.num_workers, 0
     )
-    return dataclasses.replace(recipe, cluster=dataclasses.replace(recipe.cluster, pools=pools))
-
-
-def only(recipe: Recipe, gpu_type: str) -> Recipe:
-    pools = tuple(p for p in recipe.cluster.pools if p.gpu_type == gpu_type)
-    return dataclasses.replace(recipe, cluster=dataclasses.replace(recipe.cluster, pools=pools))
-
-
-def run(recipe: Recipe, budget: float | None = None, shares: str = "plan", timeline: bool = False) -> Run:
-    plan = plan_recipe(recipe, PlanRequest(budget_per_hour=budget, caps=PAPER))
-    spec = sim_spec(recipe, plan)
-    if shares == "uniform":
-        # The paper's ablation: every replica gets the same number of samples, whatever its speed.
-        replicas = sum(lane.count for lane in spec.lanes)
-        spec = dataclasses.replace(
-            spec, lanes=tuple(dataclasses.replace(lane, share=lane.count / replicas) for lane in spec.lanes)
-        )
-    return Run(plan, simulate(spec, steps=STEPS, seed=0, timeline=timeline))
-
-
-def run_whole(recipe: Recipe, timeline: bool) -> Run:
-    """The best plan when every machine of ``recipe`` may be rented (its budget is the inventory's price)."""
-    return run(recipe, recipe.cluster.price_per_hour, timeline=timeline)
+    groups = Fleet(tuple(fleet.counts), fleet.optimal)
+    samples = recipe.workload.rl.samples_per_step
+    rollout = window_rollout_s(groups, samples, recipe.workload.output_lengths.mean, updates=1)
+    rollout += cm.reward_s(samples)
+    replicas = [(replica_stages(c), y) for c, y in groups.groups]
+    sync = cm.weight_sync(cm.senders(train.stages), replicas, "broadcast").seconds
+    step = sync + max(rollout, train.step_time_s)
+    return {
+        "tokens_per_s": recipe.workload.tokens_per_step / step,
+        "rollout_s": rollout,
+        "train_s": train.step_time_s,
+        "weight_sync_s": sync,
+    }
 
 
 def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tuple[dict, dict[str, Run]]:
@@ -96,65 +126,80 @@ def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tupl
         "ablation": {},
         "scheduler_time_s": {},
         "plans": {},
+        "phases": {},
+        "per_dollar": {},
     }
     runs: dict[str, Run] = {}
     recipes = {name: load_recipe(recipes_dir / file, []) for name, file in MODELS.items()}
     for name, recipe in recipes.items():
         progress(f"{name}: equal budget")
-        hex_run = run(recipe, EQUAL_BUDGET, timeline=timeline)
-        h800 = run(only(recipe, "H800-PCIe"), EQUAL_BUDGET, timeline=timeline)
-        h20 = run(only(recipe, "H20"), EQUAL_BUDGET, timeline=timeline)
-        hex_56 = run_whole(with_machines(recipe, HEX_56), timeline)
+        h800 = run(rented(recipe, {H800: BASELINE_GPUS[H800]}, "upstream"), EQUAL_BUDGET, timeline)
+        h20 = run(rented(recipe, {H20: BASELINE_GPUS[H20]}, "upstream"), EQUAL_BUDGET, timeline)
+        hex_run = best_mix(recipe, HEX_GPUS, EQUAL_BUDGET, timeline)
         out["equal_budget"][name] = {
             "hex_tokens_per_s": hex_run.tokens_per_s,
             "h800_tokens_per_s": h800.tokens_per_s,
             "h20_tokens_per_s": h20.tokens_per_s,
-            "hex_56_gpus_tokens_per_s": hex_56.tokens_per_s,
-            "hex_56_gpus_cost_per_hour": hex_56.plan.predicted.cost_per_hour,
+            "hex_56_gpus_tokens_per_s": hex_run.tokens_per_s,
+            "hex_56_gpus_cost_per_hour": hex_run.plan.predicted.cost_per_hour,
         }
         progress(f"{name}: equal throughput")
-        small_hex = run_whole(with_machines(recipe, EQUAL_THROUGHPUT_HEX), timeline)
-        h800_24 = run_whole(with_machines(recipe, EQUAL_THROUGHPUT_H800), timeline)
+        small_hex = run(rented(recipe, EQUAL_THROUGHPUT_HEX), timeline=timeline)
         out["equal_throughput"][name] = {
             "hex_tokens_per_s": small_hex.tokens_per_s,
             "hex_cost_per_hour": small_hex.plan.predicted.cost_per_hour,
-            "h800_tokens_per_s": h800_24.tokens_per_s,
-            "h800_cost_per_hour": h800_24.plan.predicted.cost_per_hour,
+            "h800_tokens_per_s": h800.tokens_per_s,
+            "h800_cost_per_hour": h800.plan.predicted.cost_per_hour,
         }
         progress(f"{name}: ablation")
-        ablation = with_machines(recipe, ABLATION)
-        optimized = run_whole(ablation, timeline)
-        uniform = run(ablation, ablation.cluster.price_per_hour, shares="uniform")
+        uniform = even_split(rented(recipe, {H800: BASELINE_GPUS[H800]}, "upstream"))
         out["ablation"][name] = {
-            "uniform_tokens_per_s": uniform.tokens_per_s,
-            "optimized_tokens_per_s": optimized.tokens_per_s,
+            "uniform_tokens_per_s": uniform["tokens_per_s"],
+            "optimized_tokens_per_s": h800.plan.predicted.tokens_per_s,
+        }
+        progress(f"{name}: tokens/s per $/h by cluster size")
+        sized = {size: run(rented(recipe, mix), timeline=timeline) for size, mix in SIZES.items()}
+        sized[HEX_GPUS] = hex_run
+        out["per_dollar"][name] = {
+            str(size): r.plan.predicted.tokens_per_s / r.plan.predicted.cost_per_hour
+            for size, r in sorted(sized.items())
         }
         named = {
             "equal_budget.hex": hex_run,
             "equal_budget.h800": h800,
             "equal_budget.h20": h20,
-            "equal_budget.hex_56_gpus": hex_56,
             "equal_throughput.hex": small_hex,
-            "equal_throughput.h800": h800_24,
-            "ablation.optimized": optimized,
+            **{f"size.{size}": r for size, r in sorted(sized.items()) if size != HEX_GPUS},
         }
+        out["phases"][name] = {key: r.phases for key, r in named.items()}
+        out["phases"][name]["ablation.uniform"] = {k: v for k, v in uniform.items() if k != "tokens_per_s"}
         for key, r in named.items():
             runs[f"{name}.{key}"] = r
             out["plans"][f"{name}.{key}"] = {
                 "gpus": r.gpus,
+                "cluster_gpus": _cluster_gpus(r),
                 "cost_per_hour": r.plan.predicted.cost_per_hour,
                 "predicted_tokens_per_s": r.plan.predicted.tokens_per_s,
                 "simulated_tokens_per_s": r.tokens_per_s,
                 "simulated_step_s": r.result.step_time_s,
+                "tokens_per_s_per_dollar_hour": r.plan.predicted.tokens_per_s
+                / r.plan.predicted.cost_per_hour,
             }
     base = recipes["7B"]
-    for size, machines in SCHEDULER_SIZES.items():
+    for size, mix in {**SIZES, HEX_GPUS: {H800: 6, H20: 50}}.items():
         progress(f"scheduler time: {size} GPUs")
         start = time.perf_counter()
-        mix = with_machines(base, machines)
-        plan_recipe(mix, PlanRequest(budget_per_hour=mix.cluster.price_per_hour, caps=PAPER))
+        plan_recipe(rented(base, mix), PlanRequest(budget_per_hour=rent(base.cluster, mix).price_per_hour))
         out["scheduler_time_s"][str(size)] = time.perf_counter() - start
     return out, runs
+
+
+def _cluster_gpus(r: Run) -> dict[str, int]:
+    """GPUs per type of the rented cluster the plan chose from (the plan may leave some idle)."""
+    gpus: dict[str, int] = {}
+    for m in r.plan.machines:
+        gpus[m.gpu_type] = gpus.get(m.gpu_type, 0) + len(m.gpus)
+    return gpus
 
 
 def tables(out: dict, stream: IO[str] | None = None) -> str:
@@ -163,26 +208,14 @@ def tables(out: dict, stream: IO[str] | None = None) -> str:
     def table(headers: list[str], rows: list[list]) -> str:
         return render_table(headers, rows, right=headers[1:], stream=stream)
 
-    budget = out["equal_budget"]
     lines = ["Equal budget ($126.72/h): tokens/s (simulated, 30 steps)"]
     rows = []
-    for name, row in budget.items():
+    for name, row in out["equal_budget"].items():
         h800, h20, hx = row["h800_tokens_per_s"], row["h20_tokens_per_s"], row["hex_tokens_per_s"]
-        rows.append([name, f"{h800:,.0f}", f"{h20:,.0f}", f"{hx:,.0f}", _ratio(hx, h800), _ratio(hx, h20)])
-    lines.append(table(["model", "AReaL H800", "AReaL H20", "AReaL-Hex", "Hex/H800", "Hex/H20"], rows))
-    lines += [
-        "",
-        "The 56-GPU heterogeneous cluster (8 H800 + 48 H20, $131.04/h: no 56-GPU mix of 8-GPU machines fits the budget)",
-        table(
-            ["model", "tokens/s", "$/h"],
-            [
-                [n, f"{r['hex_56_gpus_tokens_per_s']:,.0f}", f"{r['hex_56_gpus_cost_per_hour']:.2f}"]
-                for n, r in budget.items()
-            ],
-        ),
-        "",
-        "Equal throughput: 8 H800 + 24 H20 vs 24 H800",
-    ]
+        rows.append([name, f"{h800:,.0f}", f"{h20:,.0f}", f"{hx:,.0f}", f"{row['hex_56_gpus_cost_per_hour']:.2f}",
+                     _ratio(hx, h800), _ratio(hx, h20)])  # fmt: skip
+    lines.append(table(["model", "24 H800", "68 H20", "Hex (56)", "Hex $/h", "Hex/H800", "Hex/H20"], rows))
+    lines += ["", "Equal throughput: 8 H800 + 24 H20 vs 24 H800"]
     rows = []
     for name, row in out["equal_throughput"].items():
         hex_cost = row["hex_cost_per_hour"] / max(row["hex_tokens_per_s"], 1e-9)
@@ -192,19 +225,34 @@ def tables(out: dict, stream: IO[str] | None = None) -> str:
              f"{row['h800_tokens_per_s']:,.0f}", f"{row['h800_cost_per_hour']:.2f}", _ratio(h800_cost, hex_cost)]
         )  # fmt: skip
     lines.append(table(["model", "Hex t/s", "Hex $/h", "H800 t/s", "H800 $/h", "cost ratio"], rows))
-    lines += ["", "Ablation on 24 H800: samples split uniformly vs by the plan's shares"]
+    lines += [
+        "",
+        "Ablation on 24 H800: GPUs split evenly (12 + 12) vs the optimized split (planner, predicted)",
+    ]
     rows = [
         [name, f"{r['uniform_tokens_per_s']:,.0f}", f"{r['optimized_tokens_per_s']:,.0f}",
          _ratio(r["optimized_tokens_per_s"], r["uniform_tokens_per_s"])]
         for name, r in out["ablation"].items()
     ]  # fmt: skip
-    lines += [table(["model", "uniform", "optimised", "gain"], rows), ""]
+    lines.append(table(["model", "uniform", "optimised", "gain"], rows))
+    sizes = sorted({int(s) for row in out["per_dollar"].values() for s in row})
+    lines += ["", "Mixed clusters: tokens/s per $/h by GPU count (planner)"]
+    rows = [[name, *(f"{row[str(s)]:.1f}" for s in sizes)] for name, row in out["per_dollar"].items()]
+    lines.append(table(["model", *(f"{s} GPUs" for s in sizes)], rows))
+    lines += ["", "Seconds per step by phase (planner)"]
     rows = [
-        [key, " + ".join(f"{n} {t}" for t, n in sorted(r["gpus"].items())), f"{r['cost_per_hour']:.2f}",
+        [f"{name} {key}", f"{ph['rollout_s']:.1f}", f"{ph['train_s']:.1f}", f"{ph['weight_sync_s']:.1f}"]
+        for name, per in out["phases"].items()
+        for key, ph in per.items()
+    ]
+    lines += [table(["run", "rollout", "train", "weight sync"], rows), ""]
+    rows = [
+        [key, " + ".join(f"{n} {t}" for t, n in sorted(r["gpus"].items())),
+         " + ".join(f"{n} {t}" for t, n in sorted(r["cluster_gpus"].items())), f"{r['cost_per_hour']:.2f}",
          f"{r['predicted_tokens_per_s']:,.0f}", f"{r['simulated_tokens_per_s']:,.0f}"]
         for key, r in out["plans"].items()
     ]  # fmt: skip
-    lines.append(table(["every plan", "GPUs used", "$/h", "planner t/s", "simulated t/s"], rows))
+    lines.append(table(["every plan", "GPUs used", "of", "$/h", "planner t/s", "simulated t/s"], rows))
     lines += [
         "",
         "Scheduler time (7B): "
@@ -214,4 +262,4 @@ def tables(out: dict, stream: IO[str] | None = None) -> str:
 
 
 def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b > 0 else "-"
+    return f"{a / b:.2f}x" if b > 0 and math.isfinite(a / b) else "-"

@@ -38,6 +38,25 @@ def test_reproduce_writes_the_paper_tables_and_json(tmp_path, capsys):
         assert data["equal_throughput"][model]["hex_cost_per_hour"] <= 86.64 + 1e-6
         assert data["plans"][f"{model}.equal_budget.h800"]["gpus"] == {"H800-PCIe": 24}
         assert data["plans"][f"{model}.equal_budget.hex"]["cost_per_hour"] <= 126.72 + 1e-6
+        # The paper's testbed, rented by the GPU: 68 H20 at $125.80/h, and a 56-GPU mix within $126.72/h.
+        assert data["plans"][f"{model}.equal_budget.h20"]["cluster_gpus"] == {"H20": 68}
+        hex_cluster = data["plans"][f"{model}.equal_budget.hex"]["cluster_gpus"]
+        assert (
+            sum(hex_cluster.values()) == 56
+            and 5.28 * hex_cluster["H800-PCIe"] + 1.85 * hex_cluster["H20"] <= 126.72
+        )
+        # The equal-throughput cluster is 8 H800 + 24 H20, and its plan uses all of it.
+        assert data["plans"][f"{model}.equal_throughput.hex"]["gpus"] == {"H800-PCIe": 8, "H20": 24}
+        # The ablation: an even GPU split loses to the optimized one.
+        assert (
+            data["ablation"][model]["uniform_tokens_per_s"]
+            < data["ablation"][model]["optimized_tokens_per_s"]
+        )
+        for cluster in ("equal_budget.hex", "equal_budget.h800", "equal_budget.h20", "ablation.uniform"):
+            phases = data["phases"][model][cluster]
+            assert set(phases) == {"rollout_s", "train_s", "weight_sync_s"} and min(phases.values()) > 0
+        assert set(data["per_dollar"][model]) == {"24", "32", "40", "56"}
+        assert all(v > 0 for v in data["per_dollar"][model].values())
     assert set(data["scheduler_time_s"]) == {"24", "32", "40", "56"}
     assert "Equal budget" in capsys.readouterr().out
     for key, row in data["plans"].items():
