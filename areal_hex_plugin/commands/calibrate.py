@@ -27,7 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--recipes", metavar="DIR", default=str(RECIPES), help="recipes of the measured models (*.yaml)"
     )
-    parser.add_argument("--json", metavar="OUT", required=True, help="where to write the calibration profile")
+    parser.add_argument(
+        "--json", metavar="OUT", required=True, help="where to write the calibration profile; - for stdout"
+    )
     parser.set_defaults(run=run)
 
 
@@ -41,7 +43,6 @@ def _read(path: str, what: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from areal_hex_plugin.commands.common import write_json
     from areal_hex_plugin.costmodel.calibration import (
         PROFILE_FORMAT,
         Calibration,
@@ -49,11 +50,14 @@ def run(args: argparse.Namespace) -> int:
         read_profile_sources,
     )
     from areal_hex_plugin.costmodel.fit_baselines import check_baselines, fit_baselines, setting_from
+    from areal_hex_plugin.outfiles import check_writable, console, write_json
     from areal_hex_plugin.sim.baselines import baseline_phases
     from areal_hex_plugin.specs.recipe import load_recipe
 
     if not args.baselines and not args.profile:
         raise HexError("--baselines", "nothing to fit", "give --baselines FILE, --profile FILE, or both")
+    check_writable(args.json, "--json")
+    con = console(args.json)
     calibration = Calibration()
     for path in args.profile:
         sources = read_profile_sources(path, "--profile")
@@ -80,15 +84,15 @@ def run(args: argparse.Namespace) -> int:
     }
     out["sources"] = calibration.sources_dict(types)
     for t in types:
-        print(f"{t}:")
+        print(f"{t}:", file=con)
         for key, value in out["gpu_types"][t].items():
-            print(f"  {key:16} {value:<10g} {out['sources'][t][key]}")
+            print(f"  {key:16} {value:<10g} {out['sources'][t][key]}", file=con)
     if out["check"]:
-        print("\nPlanner vs measured on the measured clusters")
-        print(f"{'model':32}{'cluster':8}{'phase':15}{'measured':>10}{'model':>10}{'error':>8}")
+        print("\nPlanner vs measured on the measured clusters", file=con)
+        print(f"{'model':32}{'cluster':8}{'phase':15}{'measured':>10}{'model':>10}{'error':>8}", file=con)
         for row in out["check"]:
             error = row["model_value"] / row["measured"] - 1
             print(f"{row['model']:32}{row['cluster']:8}{row['phase']:15}{row['measured']:10.1f}"
-                  f"{row['model_value']:10.1f}{error:+8.1%}")  # fmt: skip
-    print(f"\ncalibration written to {write_json(args.json, out)}")
+                  f"{row['model_value']:10.1f}{error:+8.1%}", file=con)  # fmt: skip
+    print(f"\ncalibration written to {write_json(args.json, out)}", file=con)
     return 0

@@ -23,7 +23,9 @@ def test_training_keeps_getting_faster_past_fifty_gpus(cm):
     """The review: 38.6 s on 4 machines, then 60.9 s on 6 or more whatever the dp degree."""
     steps = [search_train(cm, cm.cluster, {"p0": 8 * m}, 4).step_time_s for m in (4, 6, 16, 64)]
     assert steps == sorted(steps, reverse=True) and len(set(steps)) == 4
-    assert steps[-1] < 0.5 * steps[0]
+    # Amdahl: the per-step work no GPU count shortens (the calibration's train_fixed_s) stays; the rest halves.
+    fixed = cm.calibration.for_gpu("H800-PCIe").train_fixed_s
+    assert steps[-1] - fixed < 0.5 * (steps[0] - fixed)
 
 
 def test_a_pipeline_syncs_its_gradients_once_per_optimizer_step(cm):

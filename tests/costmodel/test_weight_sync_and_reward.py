@@ -48,7 +48,7 @@ def test_same_pool_sync_uses_the_faster_pool_network():
 
 
 def test_relay_copies_once_per_pool_and_chains_inside_it():
-    cm = cost_model(PAPER_7B, "hex.cluster.pools[1].inter_machine_gb_per_s=0.5")
+    cm = cost_model(PAPER_7B, "hex.cluster.pools.1.inter_machine_gb_per_s=0.5")
     slow_chain = cm.weight_sync({"h800": B7}, [((RolloutStage("h20", 1),), 64)], "relay")
     fast = cost_model(PAPER_7B).weight_sync({"h800": B7}, [((RolloutStage("h20", 1),), 64)], "relay")
     # Root: one copy over 1.5 GB/s. Chain: seven hops of one 1 GiB bucket each; at 0.5 GB/s the chain, not the

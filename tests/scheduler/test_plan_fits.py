@@ -31,6 +31,16 @@ def _set(path: str, value):
     return edit
 
 
+def _other_pool(path: str):
+    """Move the group at ``path`` to the paper cluster's other pool (whichever the plan put it on)."""
+
+    def edit(plan: dict) -> None:
+        group = plan["rollout"]["replicas"][int(path.split(".")[-1])]
+        group["pool"] = "h800" if group["pool"] == "h20" else "h20"
+
+    return edit
+
+
 def _first_rollout_machine(edit):
     def apply(plan: dict) -> None:
         index = next(i for i, m in enumerate(plan["machines"]) if m["role"] == "rollout")
@@ -56,7 +66,7 @@ REFUSED = [
     ("unknown-replica-pool", _set("rollout.replicas.0.pool", "a100"), "plan.rollout.replicas[0].pool"),
     (
         "replica-on-another-pool",
-        _set("rollout.replicas.0.pool", "h20"),
+        _other_pool("rollout.replicas.0"),
         "plan.rollout.replicas[0].gpu_type",
     ),
     ("wrong-gpu-type", _set("machines.0.gpu_type", "H20"), "plan.machines[0].gpu_type"),

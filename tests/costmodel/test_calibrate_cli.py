@@ -1,0 +1,61 @@
+"""``areal-hex calibrate``: profiles pass through with their sources; bad input exits 2 naming the flag.
+
+The baseline fit itself is checked against the shipped profile in test_paper_targets.py (slow)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from areal_hex_plugin.cli import main
+from areal_hex_plugin.costmodel.calibration import PROFILE_FORMAT, read_profile, read_profile_sources
+from areal_hex_plugin.costmodel.fit_baselines import check_baselines
+from areal_hex_plugin.errors import HexError
+from tests.conftest import REPO
+
+
+def test_a_profile_alone_passes_through_with_its_sources(tmp_path, capsys):
+    profile = tmp_path / "h20.json"
+    profile.write_text(
+        json.dumps(
+            {
+                "format": PROFILE_FORMAT,
+                "gpu_types": {"H20": {"infer_mfu": 0.5, "train_mfu": 0.3}},
+                "sources": {"H20": {"infer_mfu": "SGLang on one H20, 2026-12-01"}},
+            }
+        )
+    )
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--profile", str(profile), "--json", str(out)]) == 0
+    written = read_profile(out)["H20"]
+    assert written["infer_mfu"] == 0.5 and written["train_mfu"] == 0.3
+    sources = read_profile_sources(out)
+    assert sources[("H20", "infer_mfu")] == "SGLang on one H20, 2026-12-01"
+    assert sources[("H20", "train_mfu")] == "profile h20.json"
+    assert sources[("H20", "hbm_fraction")].startswith("assumed default")
+    assert "SGLang on one H20" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ([], "nothing to fit"),
+        (["--baselines", "/nonexistent.json"], "cannot read"),
+        (["--profile", str(REPO / "recipes/paper/7b.yaml")], "is not JSON"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_flag(tmp_path, capsys, args, words):
+    assert main(["calibrate", *args, "--json", str(tmp_path / "o.json")]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_baselines_are_checked_where_they_enter():
+    data = json.loads((REPO / "recipes/paper/baselines.json").read_text())
+    assert check_baselines(data) is data
+    del data["models"]["DeepSeek-R1-Distill-Qwen-7B"]["h20"]["rollout_cost_ratio"]
+    with pytest.raises(HexError, match="rollout_cost_ratio"):
+        check_baselines(data)
+    with pytest.raises(HexError, match="baselines file"):
+        check_baselines({"format": "other"})
