@@ -38,9 +38,10 @@ def configurations(pools: list[str]) -> tuple[list, list, list]:
         for pp in (1, 2)
         for n in (1, 4, 16)
     ]
+    # Senders: the bytes of a 7B version from one pool, or split over two stages on both pools.
     syncs = [
-        ({pools[0]: g}, [a, b], s)
-        for g in (8, 16)
+        (g, [a, b], s)
+        for g in ({pools[0]: 15.2e9}, {pools[0]: 7.6e9, pools[-1]: 7.6e9})
         for a, b in itertools.combinations(replicas, 2)
         for s in ("broadcast", "relay")
     ]

@@ -30,6 +30,8 @@ PLACEHOLDERS = {
     "OUT.json": "{tmp}/trace.json",
     "PLAN.json": "{tmp}/plan.json",
     "F": "{tmp}/measured.json",
+    "BASELINES": "recipes/paper/baselines.json",
+    "PROFILE": "{tmp}/profile.json",
     "DIR": "{tmp}",
     "X": "H20",
     "A": "127.0.0.1:1",
@@ -88,6 +90,8 @@ def inputs(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("inputs")
     measured = synthetic_measurements(recipe("paper/7b.yaml"), "H20", TRUTH)
     (folder / "measured.json").write_text(json.dumps(measured))
+    profile = {"format": "areal-hex-profile/1", "gpu_types": {"H20": {"link_efficiency": 0.7}}}
+    (folder / "profile.json").write_text(json.dumps(profile))
     assert main(["plan", str(REPO / "recipes/paper/7b.yaml"), "--json", str(folder / "plan.json")]) == 0
     return folder
 
@@ -95,7 +99,7 @@ def inputs(tmp_path_factory) -> Path:
 @pytest.fixture
 def workspace(inputs, tmp_path, monkeypatch) -> Path:
     (tmp_path / "recipes").symlink_to(REPO / "recipes")
-    for name in ("measured.json", "plan.json"):
+    for name in ("measured.json", "plan.json", "profile.json"):
         shutil.copy(inputs / name, tmp_path / name)
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -104,7 +108,9 @@ def workspace(inputs, tmp_path, monkeypatch) -> Path:
 @pytest.mark.parametrize(
     ("where", "command"),
     [
-        pytest.param(*e, marks=[pytest.mark.slow] if e[1].startswith(("reproduce", "plan")) else [])
+        pytest.param(
+            *e, marks=[pytest.mark.slow] if e[1].startswith(("reproduce", "plan", "calibrate")) else []
+        )
         for e in EXAMPLES
     ],
     ids=[f"{w}: {c}" for w, c in EXAMPLES],
