@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import pytest
 
 from areal_hex_plugin.cli import main
 from areal_hex_plugin.costmodel.calibration import PROFILE_FORMAT, read_profile, read_profile_sources
 from areal_hex_plugin.costmodel.fit_baselines import check_baselines
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.schemas import load_schema
 from tests.conftest import REPO
 
 
@@ -35,6 +37,12 @@ def test_a_profile_alone_passes_through_with_its_sources(tmp_path, capsys):
     assert sources[("H20", "train_mfu")] == "profile h20.json"
     assert sources[("H20", "hbm_fraction")].startswith("assumed default")
     assert "SGLang on one H20" in capsys.readouterr().out
+    jsonschema.validate(json.loads(out.read_text()), load_schema("calibration"))
+
+
+def test_the_shipped_paper_profile_is_valid():
+    shipped = json.loads((REPO / "areal_hex_plugin/costmodel/profiles/paper.json").read_text())
+    jsonschema.validate(shipped, load_schema("calibration"))
 
 
 @pytest.mark.parametrize(
