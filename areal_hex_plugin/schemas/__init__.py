@@ -15,7 +15,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-NAMES = ("plan", "estimate", "simulate", "reproduce", "trace", "catalog", "profile", "calibration")
+NAMES = ("plan", "estimate", "simulate", "reproduce", "trace", "catalog", "profile", "calibrate")
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 

@@ -37,12 +37,12 @@ def test_a_profile_alone_passes_through_with_its_sources(tmp_path, capsys):
     assert sources[("H20", "train_mfu")] == "profile h20.json"
     assert sources[("H20", "hbm_fraction")].startswith("assumed default")
     assert "SGLang on one H20" in capsys.readouterr().out
-    jsonschema.validate(json.loads(out.read_text()), load_schema("calibration"))
+    jsonschema.validate(json.loads(out.read_text()), load_schema("calibrate"))
 
 
 def test_the_shipped_paper_profile_is_valid():
     shipped = json.loads((REPO / "areal_hex_plugin/costmodel/profiles/paper.json").read_text())
-    jsonschema.validate(shipped, load_schema("calibration"))
+    jsonschema.validate(shipped, load_schema("calibrate"))
 
 
 @pytest.mark.parametrize(
