@@ -23,6 +23,7 @@ from typing import IO
 from areal_hex_plugin.costmodel import CostModel, recipe_calibration
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
+from areal_hex_plugin.scheduler.caps import recipe_caps
 from areal_hex_plugin.scheduler.evaluate import Evaluator, Fleet, replica_stages, window_rollout_s
 from areal_hex_plugin.scheduler.rollout_model import solve_rollout
 from areal_hex_plugin.scheduler.train_search import search_train
@@ -92,16 +93,18 @@ def best_mix(recipe: Recipe, gpus: int, budget: float, timeline: bool) -> Run:
 
 def even_split(recipe: Recipe) -> dict[str, float]:
     """The paper's ablation "AReaL (u)": the GPUs split evenly between rollout and training (12 + 12 of 24 H800),
-    each half laid out as the planner would (phase 1a and 1b), at the paper's metric."""
+    each half laid out as the planner would for the recipe's runtime (phase 1a and 1b), at the paper's metric."""
     pool = recipe.cluster.pools[0]
     half = pool.n_gpus // 2
     cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
-    solver = recipe.hex.solver
-    train = search_train(cm, recipe.cluster, {pool.name: half}, solver.max_pp_stages)
-    evaluator = Evaluator(cm, recipe.cluster, recipe.workload, solver, "broadcast")
-    fleet = solve_rollout(
-        evaluator.replica_configs(pool.name), half, solver.time_limit_s, solver.num_workers, 0
-    )
+    solver, caps = recipe.hex.solver, recipe_caps(recipe)
+    train = search_train(cm, recipe.cluster, {pool.name: half}, caps.train_stages(solver.max_pp_stages))
+    evaluator = Evaluator(cm, recipe.cluster, recipe.workload, solver, "broadcast", caps=caps)
+    configs = evaluator.replica_configs(pool.name)
+    if caps.one_rollout_layout or caps.one_layout_per_pool:
+        fleet = max((solve_rollout([c], half) for c in configs), key=lambda f: f.tokens_per_s)
+    else:
+        fleet = solve_rollout(configs, half)
     groups = Fleet(tuple(fleet.counts), fleet.optimal)
     samples = recipe.workload.rl.samples_per_step
     rollout = window_rollout_s(groups, samples, recipe.workload.output_lengths.mean, updates=1)
