@@ -83,6 +83,10 @@ def test_settings_that_are_given_are_not_called_defaults(tmp_path):
     assert "hex.cluster.cross_pool_gb_per_s" not in _fields(notes, "default")
 
 
-def test_shipped_recipes_raise_no_warning():
+def test_the_recipes_people_start_from_raise_no_warning():
     for path in sorted((REPO / "recipes").glob("*/*.yaml")):
-        assert _fields(recipe_notes(load_recipe(path)), "warning") == set(), path
+        warned = _fields(recipe_notes(load_recipe(path)), "warning")
+        if path.parent.name == "ci":  # deliberately tiny, so that CI runs in minutes: the warnings say so
+            assert "train_dataset.batch_size x gconfig.n_samples" in warned, path
+        else:
+            assert warned == set(), path
