@@ -348,7 +348,11 @@ def _run(args: argparse.Namespace, workdir: Path) -> dict:
             model = trainer.read()
             for worker in replicas.values():
                 worker.read()
-            runs = [_one_config(args, trainer, replicas, model, pools, k) for k in args.replicas]
+            runs = []
+            for per_pool in args.replicas:
+                runs.append(_one_config(args, trainer, replicas, model, pools, per_pool))
+                if args.json:  # what is measured so far survives the time limit
+                    args.json.write_text(json.dumps(_summarise(args, model, runs), indent=2) + "\n")
         finally:
             for worker in workers:
                 worker.stop()

@@ -64,6 +64,7 @@ def _holds(replica, state, version) -> bool:
 # -- the receiver keeps serving ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_descriptor_exhaustion_does_not_stop_the_accept_loop(tmp_path):
     with ReplicaFleet(tmp_path) as fleet:
         (replica,) = fleet.start([1], limits={resource.RLIMIT_NOFILE: 20})
@@ -75,6 +76,7 @@ def test_descriptor_exhaustion_does_not_stop_the_accept_loop(tmp_path):
         assert report.committed == [str(replica.endpoint)] and _holds(replica, _STATE, 1)
 
 
+@pytest.mark.slow
 def test_idle_handshakes_are_capped_and_dropped_at_their_deadline(node):
     receiver = node()
     threads_before = threading.active_count()
@@ -235,6 +237,7 @@ def test_commit_path_from_the_peer_cannot_leave_the_stage_dir(tmp_path, monkeypa
 # -- commit: one deadline, reconciled, never after being reported failed -----------------------------------
 
 
+@pytest.mark.slow
 def test_paused_replicas_cost_one_deadline_and_never_commit_later(tmp_path):
     with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
         replicas = fleet.start([1, 1, 1])
@@ -302,6 +305,7 @@ def _server_holds(server, state) -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failure", ["load_fails_half_way", "load_silently_skipped"])
 def test_failed_load_keeps_the_last_committed_version(sglang_replica, failure):
     server, engine, endpoint = sglang_replica
