@@ -6,6 +6,7 @@ import argparse
 
 from areal_hex_plugin.commands.common import add_recipe_arguments, load_recipe_from_args
 from areal_hex_plugin.outfiles import check_writable, console, write_json
+from areal_hex_plugin.progress import working
 
 SCHEMA_VERSION = 1  # of the --json document (areal_hex_plugin/schemas/estimate.schema.json)
 
@@ -156,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.json, "--json")
     out = console(args.json)
     recipe = load_recipe_from_args(args)
-    doc = estimate(recipe)
+    with working(f"estimating {args.recipe}"):
+        doc = estimate(recipe)
     print(f"{doc['model']}: {doc['workload']['tokens_per_step']:,} tokens per step\n", file=out)
     print(_table(doc, out), file=out)
     if args.json:

@@ -21,8 +21,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.inventory import discover, render_cluster_yaml
+    from areal_hex_plugin.progress import working
 
-    text = render_cluster_yaml(discover(args.source, args.address), args.source)
+    with working(f"asking {args.source} for its machines"):
+        machines = discover(args.source, args.address)
+    text = render_cluster_yaml(machines, args.source)
     if args.out and not is_stdout(args.out):
         path = write_output(args.out, text, what="--out")
         print(f"wrote {path}; fill in price_per_gpu_hour for every pool before planning")
