@@ -56,11 +56,25 @@ NASTY: list[Any] = [
     1e300, -1e300, 1e-300, True, False, None, "", " ", "x" * 5000, "abc", "1e400", ".nan", "-1", [], [[[[1]]]],
     {}, {"a": 1}, ["", "n2"],
 ]  # fmt: skip
+NUMBERS: list[Any] = [
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    0,
+    -1,
+    10**15,
+    10**300,
+    1e300,
+    -1e300,
+    1e-300,
+    2**63,
+]
+# Half the values are the classes the mutation run found (NaN, inf, huge, negative, zero), half anything.
 VALUES = st.one_of(
+    st.sampled_from(NUMBERS),
     st.sampled_from(NASTY),
     st.integers(-(10**6), 10**18),
     st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=12),
 )
 
 
@@ -82,17 +96,29 @@ def _mutate(doc: Any, path: tuple, value: Any, delete: bool) -> Any:
     for key in path[:-1]:
         node = node[key]
     if delete:
-        del node[path[-1]]
+        if isinstance(node, list) or path[-1] in node:
+            del node[path[-1]]
     else:
         node[path[-1]] = value
     return doc
 
 
+def _numeric(doc: Any) -> list[tuple]:
+    """The paths of ``doc``'s numbers (where the tracebacks were)."""
+    out = []
+    for path in _paths(doc):
+        node = doc
+        for key in path:
+            node = node[key]
+        if isinstance(node, int | float) and not isinstance(node, bool):
+            out.append(path)
+    return out
+
+
 @st.composite
-def mutations(draw, doc: Any, focus: list[tuple] = ()) -> tuple[tuple, Any, bool]:
-    paths = _paths(doc)
-    pool = list(focus) if focus and draw(st.integers(0, 4)) else paths
-    path = draw(st.sampled_from(pool))
+def mutations(draw, doc: Any, focus: list[tuple]) -> tuple[tuple, Any, bool]:
+    """A path (three times in four a focus path), a value, and whether to delete the key instead."""
+    path = draw(st.sampled_from(focus if draw(st.integers(0, 3)) else _paths(doc)))
     delete = draw(st.integers(0, 9)) == 0
     return path, draw(VALUES), delete
 
@@ -145,10 +171,18 @@ def _has(doc: dict, dotted: str) -> bool:
 
 
 RECIPE_DOC = yaml.safe_load(RECIPE.read_text())
-# Most mutations go where the planner reads: the hex: section and the upstream fields it takes.
-RECIPE_FOCUS = [p for p in _paths(RECIPE_DOC) if p[0] == "hex"] + [
-    tuple(key.split(".")) for key in UPSTREAM_FIELDS if _has(RECIPE_DOC, key)
-]
+# Focus: the numbers of the hex: section, the upstream fields the planner reads, and numeric hex fields the
+# recipe leaves at their defaults.
+RECIPE_FOCUS = (
+    [p for p in _numeric(RECIPE_DOC) if p[0] == "hex"]
+    + [tuple(key.split(".")) for key in UPSTREAM_FIELDS if _has(RECIPE_DOC, key.rsplit(".", 1)[0])]
+    + [
+        ("hex", "solver", name)
+        for name in ("max_pp_stages", "stable_iterations", "num_workers", "seed", "rollout_layout")
+    ]
+    + [("hex", "workload", name) for name in ("reward_cpus", "reward_cpu_s_per_sample", "prompt_tokens")]
+    + [("hex", "cluster", "pools", 0, name) for name in ("intra_machine_gb_per_s", "hosts")]
+)
 
 
 @_settings(40)
@@ -172,7 +206,7 @@ def plan_doc() -> dict:
 @_settings(30)
 @given(data=st.data())
 def test_mutated_plans_simulate_or_exit_2(tmp_path_factory, plan_doc, data):
-    path, value, delete = data.draw(mutations(plan_doc))
+    path, value, delete = data.draw(mutations(plan_doc, _numeric(plan_doc)))
     plan = tmp_path_factory.mktemp("plan") / "plan.json"
     plan.write_text(json.dumps(_mutate(plan_doc, path, value, delete)))
     _run(["simulate", str(RECIPE), "--plan", str(plan), "--steps", "2"])
@@ -182,7 +216,7 @@ PROFILE_DOC = {"format": PROFILE_FORMAT, "gpu_types": {"H20": dict(TRUTH), "H800
 
 
 @_settings(25)
-@given(mutation=mutations(PROFILE_DOC))
+@given(mutation=mutations(PROFILE_DOC, _numeric(PROFILE_DOC)))
 def test_mutated_profiles_load_or_exit_2(tmp_path_factory, mutation):
     path, value, delete = mutation
     profile = tmp_path_factory.mktemp("profile") / "profile.json"
@@ -198,7 +232,7 @@ def measurements_doc() -> dict:
 @_settings(25)
 @given(data=st.data())
 def test_mutated_measurements_fit_or_exit_2(tmp_path_factory, measurements_doc, data):
-    path, value, delete = data.draw(mutations(measurements_doc))
+    path, value, delete = data.draw(mutations(measurements_doc, _numeric(measurements_doc)))
     folder = tmp_path_factory.mktemp("measured")
     (folder / "raw.json").write_text(json.dumps(_mutate(measurements_doc, path, value, delete)))
     out = folder / "h20.json"
