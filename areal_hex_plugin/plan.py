@@ -229,7 +229,7 @@ class HexPlan:
     runtime: str = spec(
         "", "the runtime the plan was made for (RuntimeCaps.describe()); empty in older plans"
     )
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = spec(SCHEMA_VERSION, "the plan format's version", between(1, SCHEMA_VERSION))
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

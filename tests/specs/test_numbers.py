@@ -9,6 +9,8 @@ import typing
 import pytest
 
 from areal_hex_plugin.cli import main
+from areal_hex_plugin.costmodel.measurements import Measurements
+from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.specs import config as hex_config
 from areal_hex_plugin.specs.recipe import UPSTREAM_FIELDS
 from tests.conftest import REPO
@@ -153,9 +155,10 @@ def _numeric_fields(cls, seen=None):
             yield cls, f
 
 
-def test_every_number_of_the_hex_section_has_a_range_its_default_keeps():
-    fields = list(_numeric_fields(hex_config.HexConfig))
-    assert len(fields) > 30
+@pytest.mark.parametrize("root", [hex_config.HexConfig, HexPlan, Measurements], ids=lambda c: c.__name__)
+def test_every_number_of_an_input_has_a_range_its_default_keeps(root):
+    fields = list(_numeric_fields(root))
+    assert len(fields) > 10
     for cls, f in fields:
         allowed = f.metadata.get("range")
         assert allowed is not None and f.metadata.get("help"), f"{cls.__name__}.{f.name} has no range or help"
@@ -194,3 +197,22 @@ def test_every_upstream_number_the_planner_reads_has_a_range():
 def test_number_flags_follow_their_fields_ranges(capsys, argv, field):
     assert main(argv) == 2
     assert capsys.readouterr().err.startswith(f"error: {field}: ")
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["1200\n1e400\n", "[1200, 1e400]", "[1200, 2.5]", "[" * 50_000, "1200\n" + "9" * 5000 + "\n", "0\n"],
+    ids=["text-1e400", "json-1e400", "json-fraction", "deep", "huge-int", "zero"],
+)
+def test_bad_output_length_files_exit_2(tmp_path, capsys, content):
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text(content)
+    argv = [
+        "validate",
+        RECIPE,
+        "hex.workload.output_lengths.kind=file",
+        f"+hex.workload.output_lengths.path={lengths}",
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: hex.workload.output_lengths.path: ") and "fix:" in err, err
