@@ -4,8 +4,8 @@ Every machine split (train, rollout, idle per pool, within the budget) x every t
 fleet, each scored with the cost model alone:
 - training: the pools of the split in every order, each a block of k identical (dp, tp) stages, every k within
   hex.solver.max_pp_stages, every TP degree inside a machine and every dp that fits (the search fixes the order,
-  takes the largest dp and cuts TP degrees); for the same GPUs per pool the weight sync is the same, so only the
-  fastest layout per GPU count vector is kept (exact);
+  takes the largest dp and cuts TP degrees); layouts whose pools send the same weight bytes have the same weight
+  sync, so only the fastest of them is kept (exact);
 - rollout: per pool, any one replica shape (tp, pp), as many replicas as its rollout machines hold (the search
   solves a knapsack per rebuild-time bound and may mix shapes; fewer replicas are the split with fewer machines);
 - samples split by largest remainder in proportion to replica speed, over the same delta window.
@@ -18,9 +18,16 @@ import math
 from itertools import permutations, product
 
 from areal_hex_plugin.costmodel import TrainStage
-from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator, Fleet, window_rollout_s
+from areal_hex_plugin.scheduler.evaluate import (
+    Evaluation,
+    Evaluator,
+    Fleet,
+    occupied,
+    replica_stages,
+    window_rollout_s,
+)
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig, largest_remainder
-from areal_hex_plugin.scheduler.split import Split, all_splits
+from areal_hex_plugin.scheduler.split import all_splits
 from areal_hex_plugin.scheduler.train_search import TrainChoice, tp_degrees
 
 
@@ -28,7 +35,6 @@ def brute_force(
     ev: Evaluator, limits: tuple[int, ...], budget: float | None, window: int
 ) -> Evaluation | None:
     """The best plan of the space above at ``window`` (highest tokens/s, then cheapest), or None."""
-    pools = ev.cluster.pools
     layouts: dict[tuple[int, ...], list[TrainChoice]] = {}
     fleets: dict[tuple[int, ...], list[tuple[Fleet, float]]] = {}
     best: tuple[tuple[float, float], Evaluation] | None = None
@@ -41,16 +47,17 @@ def brute_force(
         if split.rollout not in fleets:
             fleets[split.rollout] = _fleets(ev, split.rollout, window)
         for train in layouts[split.train]:
+            senders = ev.cm.senders(train.stages)  # each stage sends its layers from its pool
             for fleet, rollout_s in fleets[split.rollout]:
-                replicas = [(_stages(c), y) for c, y in fleet.groups]
-                sync_s = ev.cm.weight_sync(train.estimate.gpus, replicas, strategy=ev.sync_strategy).seconds
+                replicas = [(replica_stages(c), y) for c, y in fleet.groups]
+                sync_s = ev.cm.weight_sync(senders, replicas, strategy=ev.sync_strategy).seconds
                 step = sync_s + max(rollout_s, train.step_time_s)
                 key = (round(ev.tokens_per_step / step, 6), -round(cost, 6))
                 if best is None or key > best[0]:
                     samples = ev.workload.rl.samples_per_step
                     shares = largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups])
                     e = Evaluation(
-                        split=_used(pools, train, fleet),
+                        split=occupied(ev.cluster, train, fleet),
                         window=window,
                         cost_per_hour=cost,
                         train=train,
@@ -66,7 +73,7 @@ def brute_force(
 
 
 def _layouts(ev: Evaluator, counts: tuple[int, ...]) -> list[TrainChoice]:
-    """The fastest feasible layout for each vector of GPUs used per pool."""
+    """The fastest feasible layout for each vector of weight bytes its pools send."""
     pools = [p for p, n in zip(ev.cluster.pools, counts, strict=True) if n]
     gpus = {p.name: n * p.gpus_per_machine for p, n in zip(ev.cluster.pools, counts, strict=True) if n}
     blocks = {p.name: _blocks(p, gpus[p.name], ev.solver.max_pp_stages) for p in pools}
@@ -84,7 +91,7 @@ def _layouts(ev: Evaluator, counts: tuple[int, ...]) -> list[TrainChoice]:
                 estimate = ev.cm.train(stages)
                 if not estimate.feasible:
                     continue
-                used = tuple(sorted(estimate.gpus.items()))
+                used = tuple(sorted(ev.cm.senders(stages).items()))
                 if used not in fastest or estimate.step_time_s < fastest[used].step_time_s:
                     fastest[used] = TrainChoice(stages, estimate)
     return list(fastest.values())
@@ -130,29 +137,9 @@ def _shapes(ev: Evaluator, pool) -> list[ReplicaConfig]:
         for tp in tp_degrees(pool.gpus_per_machine):
             if ev.solver.rollout_layout and [tp, pp] != ev.solver.rollout_layout:
                 continue
-            est = ev.cm.rollout(tuple(_stage(pool.name, tp) for _ in range(pp)))
+            est = ev.cm.rollout(replica_stages(ReplicaConfig(pool.name, tp, pp, 0.0, 1)))
             if est.feasible and est.tokens_per_s > 0:
                 shapes.append(
                     ReplicaConfig(pool.name, tp, pp, est.tokens_per_s, est.concurrency, est.recompute_s)
                 )
     return shapes
-
-
-def _stage(pool: str, tp: int):
-    from areal_hex_plugin.costmodel import RolloutStage
-
-    return RolloutStage(pool=pool, tp=tp)
-
-
-def _stages(c: ReplicaConfig):
-    return tuple(_stage(c.pool, c.tp) for _ in range(c.pp))
-
-
-def _used(pools, train: TrainChoice, fleet: Fleet) -> Split:
-    rollout: dict[str, int] = {}
-    for c, y in fleet.groups:
-        rollout[c.pool] = rollout.get(c.pool, 0) + c.gpus * y
-    return Split(
-        tuple(-(-train.estimate.gpus.get(p.name, 0) // p.gpus_per_machine) for p in pools),
-        tuple(-(-rollout.get(p.name, 0) // p.gpus_per_machine) for p in pools),
-    )

@@ -233,7 +233,7 @@ class Evaluator:
             senders = self.cm.senders(train.stages)
             sync_s = self.cm.weight_sync(senders, replicas, strategy=self.sync_strategy).seconds
         if train and fleet.groups:
-            split = self._used(train, fleet)
+            split = occupied(self.cluster, train, fleet)
         return Evaluation(
             split=split,
             window=window,
@@ -247,16 +247,16 @@ class Evaluator:
             shares=shares,
         )
 
-    def _used(self, train: TrainChoice, fleet: Fleet) -> Split:
-        """The machines the layouts occupy: a plan pays for these, not for machines its split left empty."""
-        rollout_gpus: dict[str, int] = {}
-        for c, y in fleet.groups:
-            rollout_gpus[c.pool] = rollout_gpus.get(c.pool, 0) + c.gpus * y
-        pools = self.cluster.pools
-        return Split(
-            tuple(-(-train.estimate.gpus.get(p.name, 0) // p.gpus_per_machine) for p in pools),
-            tuple(-(-rollout_gpus.get(p.name, 0) // p.gpus_per_machine) for p in pools),
-        )
+
+def occupied(cluster: Cluster, train: TrainChoice, fleet: Fleet) -> Split:
+    """The machines the layouts occupy: a plan pays for these, not for machines its split left empty."""
+    rollout_gpus: dict[str, int] = {}
+    for c, y in fleet.groups:
+        rollout_gpus[c.pool] = rollout_gpus.get(c.pool, 0) + c.gpus * y
+    return Split(
+        tuple(-(-train.estimate.gpus.get(p.name, 0) // p.gpus_per_machine) for p in cluster.pools),
+        tuple(-(-rollout_gpus.get(p.name, 0) // p.gpus_per_machine) for p in cluster.pools),
+    )
 
 
 def replica_stages(config: ReplicaConfig) -> tuple[RolloutStage, ...]:
