@@ -22,6 +22,7 @@ import socket
 import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -137,6 +138,8 @@ class ReceiverNode:
             if self._private_root
             else Path(self.config.stage_dir)
         )
+        if self._private_root:  # also when the process ends without stop()
+            weakref.finalize(self, shutil.rmtree, self.stage_root, True)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 

@@ -69,7 +69,11 @@ def _replica_main(path: str, tp_size: int, timeout_s: float, ready, limits: dict
             else _status_kb("VmSize") << 10
         )
         resource.setrlimit(limit, (used + extra, used + extra))
-    node = ReceiverNode(_SavingSink(tp_size, Path(path)), ReceiverConfig(timeout_s=timeout_s), token=TOKEN)
+    stage = str(
+        Path(path).with_suffix(".stage")
+    )  # under the test's tmp_path: a terminated replica leaves no shm
+    config = ReceiverConfig(timeout_s=timeout_s, stage_dir=stage)
+    node = ReceiverNode(_SavingSink(tp_size, Path(path)), config, token=TOKEN)
     ready.put(node.start().port)
     threading.Event().wait()  # serve until the fleet terminates this process
 
