@@ -436,7 +436,7 @@ class ReceiverNode:
                     error=str(error)[:2000],
                 )
             )
-            raise
+            raise ConnectionError(f"bucket {index} refused: {error}") from error  # ends this data link
         hashed = []
         for chunk_index, offset in enumerate(range(0, nbytes, step)):
             piece = data[offset : offset + step]

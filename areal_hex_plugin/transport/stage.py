@@ -58,7 +58,7 @@ class StagedVersion:
         if free < total:
             raise HexError(
                 "hex.relay.stage_dir",
-                f"{self.directory} has {free / 2**20:.1f} MiB free, bucket {index} needs {total / 2**20:.1f} MiB more "
+                f"{self.directory} has {free / 2**20:.2f} MiB free, bucket {index} needs {total / 2**20:.2f} MiB more "
                 "(the whole version is staged there, and the last committed one is kept)",
                 "give the container more shared memory (docker run --shm-size=2x the model's size) or point "
                 "hex.relay.stage_dir at a larger node-local directory",
