@@ -3,6 +3,7 @@ AReaL takes them, applied to a recipe with one clear error per bad key."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -28,7 +29,11 @@ def _parse(item: str) -> Override:
         (override,) = OverridesParser.create().parse_overrides([item])
     except HydraException as exc:
         problem = str(exc).splitlines()[0]
-        raise HexError(f"override {item!r}", f"is not Hydra override syntax ({problem})", GRAMMAR) from None
+        key, _, text = item.partition("=")
+        # Error messages name list items as pools[1]; Hydra's keys write them as pools.1.
+        dotted = re.sub(r"\[(\d+)\]", r".\1", key)
+        fix = f"write {dotted}={text} (Hydra names list items by .N)" if dotted != key else GRAMMAR
+        raise HexError(f"override {item!r}", f"is not Hydra override syntax ({problem})", fix) from None
     if override.is_sweep_override():
         raise HexError(
             f"override {item!r}", "is a sweep (several values)", "give one value: areal-hex plans one recipe"

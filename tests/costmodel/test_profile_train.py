@@ -103,5 +103,5 @@ def test_a_failing_rank_is_one_clear_error(recipe, tmp_path):
     broken = copy.deepcopy(recipe)
     broken.actor.path = str(tmp_path / "missing")
     with pytest.raises(HexError) as error:
-        measure_train(broken, gpus=2, sequences=8, sequence_tokens=64, repeats=1, device="cpu", timeout_s=120)
+        measure_train(broken, gpus=2, sequences=8, sequence_tokens=64, repeats=1, device="cpu", timeout_s=300)
     assert error.value.field == "train" and "rank" in error.value.problem

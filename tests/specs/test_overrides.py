@@ -51,3 +51,10 @@ def test_bad_overrides_name_the_override_and_the_fix(override, problem):
     with pytest.raises(HexError, match="fix:") as info:
         apply_overrides(BASE, [override])
     assert info.value.field == f"override {override!r}" and problem in info.value.problem
+
+
+def test_a_list_item_written_as_errors_name_it_gets_the_hydra_spelling_as_the_fix():
+    """Bad-input messages name fields like pools[0].machines; pasting that into an override must say how."""
+    with pytest.raises(HexError) as info:
+        apply_overrides(BASE, ["pools[0].machines=3"])
+    assert "write pools.0.machines=3" in info.value.fix
