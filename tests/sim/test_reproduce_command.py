@@ -61,8 +61,10 @@ def test_reproduce_writes_the_paper_tables_and_json(tmp_path, capsys):
     assert "Equal budget" in capsys.readouterr().out
     for key, row in data["plans"].items():
         drawn = list(plots.glob(f"{key}-*.png"))
-        # One timeline per pool the plan uses (a pool is named after its GPU type in the paper recipes).
-        assert len(drawn) == len(row["gpus"]), key
+        # One timeline per pool the plan uses: a type's pool of whole machines and, rented by the GPU, the
+        # "-part" pool of the remainder (pools are named after their GPU type in the paper recipes).
+        pools = {p.name.removeprefix(f"{key}-").removesuffix(".png").removesuffix("-part") for p in drawn}
+        assert pools == {{"H800-PCIe": "h800", "H20": "h20"}[t] for t in row["gpus"]}, key
         assert all(p.stat().st_size > 0 for p in drawn)
 
 
