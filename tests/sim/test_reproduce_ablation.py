@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
 from areal_hex_plugin.sim.reproduce import even_split, rented
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
 
 
+@pytest.mark.slow
 def test_even_split_trains_on_half_and_loses_to_the_planned_split():
     recipe = rented(load_recipe(REPO / "recipes/paper/7b.yaml"), {"H800-PCIe": 24}, "upstream")
     uniform = even_split(recipe)
