@@ -1,5 +1,5 @@
 """GRPO end to end on CPU: ``python -m areal_hex_plugin.driver --config recipes/ci/tiny.yaml`` runs 3 steps of
-upstream's loop under hex_local.
+upstream's loop under hex_local and under hex_ray (a local Ray cluster with fake GPU nodes).
 
 Upstream's FSDP PPO actor trains on 2 gloo ranks, upstream's RLVR workflow scores with upstream's GSM8K reward,
 every weight update goes through the relay transport over TCP into the rollout servers (the SGLang stand-in,
@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("areal")
 
-from tests.e2e.run import STEPS, Run, environment, new_mark, processes_with, run_driver  # noqa: E402
+from tests.e2e.run import MARK, STEPS, TOKEN, Run, environment, new_mark, processes_with, run_driver  # noqa: E402
 from tests.e2e.sglang_server import weights_digest  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -105,3 +105,45 @@ def test_grpo_under_hex_local(tmp_path: Path) -> None:
     env = environment(tmp_path, new_mark(), {"HEX_LOCAL_GPUS": gpus})
     run = run_driver(tmp_path, "hex_local", env, TIMEOUT_S)
     _report(run, "hex_local", check_run(run))
+
+
+def test_grpo_under_hex_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    from tests.e2e.run import REPO
+
+    mark = new_mark()
+    # Ray's daemons start the workers, which inherit their environment, not the driver's: the run's mark (to
+    # find leftovers), the transport's shared secret (exported on every machine, as the README says) and the
+    # repository (for the stand-in's module) go into it.
+    monkeypatch.setenv(MARK, mark)
+    monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cluster = Cluster(initialize_head=True, head_node_args=_ray_node("CPU-BIG"))
+    try:
+        for gpu_type, n in CPU_GPUS.items():
+            for _ in range(n - (gpu_type == "CPU-BIG")):  # one machine per node, as the pools say
+                cluster.add_node(**_ray_node(gpu_type))
+        cluster.wait_for_nodes()
+        env = environment(tmp_path, mark, {"RAY_ADDRESS": cluster.address})
+        run = run_driver(tmp_path, "hex_ray", env, TIMEOUT_S)
+        figures = check_run(run, leftovers=False)
+        # Every actor of the run is gone from the cluster (its idle worker pool stays until shutdown).
+        ray.init(address=cluster.address, log_to_driver=False)
+        from ray.util.state import list_actors
+
+        alive = [a for a in list_actors(filters=[("state", "=", "ALIVE")])]
+        ray.shutdown()
+        assert alive == []
+        assert [p for p in processes_with(mark) if "sglang_server" in p or "rpc_server" in p] == []
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    assert processes_with(mark) == []
+    _report(run, "hex_ray", figures)
+
+
+def _ray_node(gpu_type: str) -> dict:
+    return {"num_cpus": 4, "num_gpus": 1, "resources": {f"accelerator_type:{gpu_type}": 1}}

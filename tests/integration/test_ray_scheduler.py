@@ -126,3 +126,5 @@ def test_factory_checks_the_live_ray_cluster_then_builds(two_pool_cluster, tmp_p
     assert isinstance(scheduler, HexRayScheduler)
     assert scheduler.pool_resources == {"big": "accelerator_type:H100", "small": "accelerator_type:L40S"}
     assert scheduler.gpus_per_node == {"big": 2, "small": 2}
+    # Workers get as long to start as the recipe gives a rollout server, not upstream's fixed 30 s.
+    assert scheduler.startup_timeout == 300.0

@@ -116,6 +116,11 @@ class HexRayScheduler(RayScheduler):
             planned = from_exp_config("hex_ray", kwargs.get("exp_config"))
             placement, pool_resources = planned["placement"], planned["pool_resources"]
             gpus_per_node = gpus_per_node or planned["gpus_per_node"]
+        exp_config = kwargs.get("exp_config")
+        if exp_config is not None:
+            # Upstream waits a fixed 30 s for each Ray worker to answer, less than importing areal takes on a busy
+            # machine; wait as long as the recipe lets a rollout server start (rollout.setup_timeout).
+            kwargs.setdefault("startup_timeout", max(30.0, exp_config.rollout.setup_timeout))
         super().__init__(**kwargs)
         self.placement = placement
         self.pool_resources = pool_resources or {}
