@@ -137,6 +137,10 @@ def run_driver(folder: Path, scheduler: str, env: dict[str, str], timeout_s: flo
         log, _ = proc.communicate()
         log += f"\n[e2e] killed after {timeout_s:.0f}s\n"
         kill_marked(env[MARK])  # workers run in sessions of their own
+    except BaseException:  # an interrupted test leaves no run behind either
+        os.killpg(proc.pid, signal.SIGKILL)
+        kill_marked(env[MARK])
+        raise
     (folder / "driver.log").write_text(log)
     run = Run(folder, proc.returncode, time.monotonic() - start, log, env[MARK])
     plans = list(folder.glob("exp/logs/*/hex-ci-tiny/trial0/hex_plan.json"))
@@ -153,6 +157,14 @@ def kill_marked(mark: str) -> None:
     for entry in processes_with(mark):
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(entry.split()[0]), signal.SIGKILL)
+
+
+def processes_left(mark: str, wait_s: float) -> list[str]:
+    """The processes still marked after up to ``wait_s`` seconds (a stopped process takes a moment to go)."""
+    deadline = time.monotonic() + wait_s
+    while (left := processes_with(mark)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return left
 
 
 def processes_with(mark: str) -> list[str]:

@@ -18,8 +18,18 @@ import pytest
 
 pytest.importorskip("areal")
 
-from tests.e2e.run import MARK, STEPS, TOKEN, Run, environment, new_mark, processes_with, run_driver  # noqa: E402
-from tests.e2e.sglang_server import weights_digest  # noqa: E402
+from tests.e2e.run import (
+    MARK,
+    STEPS,
+    TOKEN,
+    Run,
+    environment,
+    new_mark,
+    processes_left,
+    processes_with,
+    run_driver,
+)  # noqa: E402
+from tests.e2e.sglang_server import LOG_DIR_ENV, weights_digest  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TIMEOUT_S = 600
@@ -85,7 +95,7 @@ def check_run(run: Run, leftovers: bool = True) -> dict:
     assert max(staleness) <= eta, (staleness, eta)
 
     if leftovers:
-        assert processes_with(run.mark) == []
+        assert processes_left(run.mark, wait_s=30) == []
     return {
         "seconds": round(run.seconds, 1),
         "steps": len(rows),
@@ -108,17 +118,18 @@ def test_grpo_under_hex_local(tmp_path: Path) -> None:
 
 
 def test_grpo_under_hex_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
     from tests.e2e.run import REPO
 
     mark = new_mark()
     # Ray's daemons start the workers, which inherit their environment, not the driver's: the run's mark (to
-    # find leftovers), the transport's shared secret (exported on every machine, as the README says) and the
-    # repository (for the stand-in's module) go into it.
+    # find leftovers), the transport's shared secret (exported on every machine, as the README says), the
+    # repository (for the stand-in's module) and where the stand-in logs go into it.
     monkeypatch.setenv(MARK, mark)
     monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN)
+    monkeypatch.setenv(LOG_DIR_ENV, str(tmp_path / "servers"))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     cluster = Cluster(initialize_head=True, head_node_args=_ray_node("CPU-BIG"))
@@ -130,18 +141,13 @@ def test_grpo_under_hex_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         env = environment(tmp_path, mark, {"RAY_ADDRESS": cluster.address})
         run = run_driver(tmp_path, "hex_ray", env, TIMEOUT_S)
         figures = check_run(run, leftovers=False)
-        # Every actor of the run is gone from the cluster (its idle worker pool stays until shutdown).
-        ray.init(address=cluster.address, log_to_driver=False)
-        from ray.util.state import list_actors
-
-        alive = [a for a in list_actors(filters=[("state", "=", "ALIVE")])]
-        ray.shutdown()
-        assert alive == []
-        assert [p for p in processes_with(mark) if "sglang_server" in p or "rpc_server" in p] == []
+        # Every worker of the run (Ray actor) and every server is gone; only Ray's own daemons and idle worker
+        # pool (all carrying the mark) stay until the cluster shuts down.
+        workers = ("RayRPCServer", "sglang_server", "rpc_server")
+        assert [p for p in processes_with(mark) if any(w in p for w in workers)] == []
     finally:
-        ray.shutdown()
         cluster.shutdown()
-    assert processes_with(mark) == []
+    assert processes_left(mark, wait_s=30) == []
     _report(run, "hex_ray", figures)
 
 
