@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import cache
-from itertools import permutations
+from itertools import islice, permutations
 
 from areal_hex_plugin.costmodel import CostModel, TrainEstimate, TrainStage
 from areal_hex_plugin.costmodel.memory import TRAIN_BYTES_PER_PARAM, USABLE_HBM_FRACTION
@@ -28,6 +28,9 @@ from areal_hex_plugin.specs.cluster import Cluster, Pool
 # Beyond this many layouts the per-pool TP cut is applied (outside exhaustive mode), keeping this many TP
 # degrees per pool and stage count.
 FULL_ENUMERATION_LIMIT = 150
+# Layouts scored per search outside exhaustive mode (a few seconds of cost model): many pools with deep pipelines,
+# or equal-stage layouts, would otherwise enumerate for minutes whatever hex.solver.time_limit_s says.
+MAX_SCORED_LAYOUTS = 2_000
 TP_PER_DEPTH = 2
 # Up to this many pools, layouts are enumerated in every pool order.
 MAX_REORDERED = 3
@@ -167,6 +170,8 @@ def search_train(
         combos = (c for order in permutations(per_pool) for c in _combinations(list(order), max_pp))
     else:
         combos = _combinations(per_pool, max_pp)
+    if not exhaustive:  # bounded whatever the recipe: the first MAX_SCORED_LAYOUTS in enumeration order
+        combos = islice(combos, MAX_SCORED_LAYOUTS)
     for combo in combos:
         if sum(o.k * o.dp * o.tp * usable[o.pool] for o in combo) < state:
             continue

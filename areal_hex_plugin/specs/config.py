@@ -11,7 +11,6 @@ mistake, and would otherwise reach the solver as an overflow or an endless searc
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from areal_hex_plugin.errors import HexError
@@ -157,24 +156,6 @@ class SolverConfig:
         help="[tp, pp]: every rollout replica uses this layout; empty: free",
         range=between(1, 72),
         default_factory=list,
-    )
-
-
-# Phase 1a enumerates a stage count per training pool: up to comb(max_pp_stages + pools, pools) layouts per split
-# evaluated (one TP degree per depth). Beyond this many the search runs for minutes whatever the time limit.
-MAX_TRAIN_LAYOUTS = 20_000
-
-
-def check_search_size(max_pp_stages: int, pools: int) -> None:
-    """Refuse a max_pp_stages whose layout enumeration over ``pools`` pools would be unbounded in practice."""
-    if math.comb(max_pp_stages + pools, pools) <= MAX_TRAIN_LAYOUTS:
-        return
-    fits = max(k for k in range(1, max_pp_stages) if math.comb(k + pools, pools) <= MAX_TRAIN_LAYOUTS)
-    raise HexError(
-        "hex.solver.max_pp_stages",
-        f"is {max_pp_stages}: with {pools} pools the training search would try more than "
-        f"{MAX_TRAIN_LAYOUTS:,} layouts per split",
-        f"set it to at most {fits}",
     )
 
 

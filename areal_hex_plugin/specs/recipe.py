@@ -16,7 +16,7 @@ from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs import typed
 from areal_hex_plugin.specs.catalog import GpuCatalog, build_catalog
 from areal_hex_plugin.specs.cluster import Cluster, build_cluster
-from areal_hex_plugin.specs.config import HexConfig, RelayConfig, check_relay_sender, check_search_size
+from areal_hex_plugin.specs.config import HexConfig, RelayConfig, check_relay_sender
 from areal_hex_plugin.specs.files import check_depth
 from areal_hex_plugin.specs.models import resolve_model
 from areal_hex_plugin.specs.overrides import apply_overrides
@@ -194,7 +194,6 @@ def _check_relay(relay: RelayConfig) -> None:
 def _check_knobs(hex_cfg: HexConfig) -> None:
     """What the fields' own ranges and choices cannot say (``typed.build`` checked those)."""
     _check_relay(hex_cfg.relay)
-    check_search_size(hex_cfg.solver.max_pp_stages, len(hex_cfg.cluster.pools))
     layout = hex_cfg.solver.rollout_layout
     if layout and len(layout) != 2:
         raise HexError(
