@@ -28,6 +28,7 @@ from pathlib import Path
 
 from report import emit  # benchmarks/report.py, beside this script
 
+from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.scheduler.brute import brute_force
 from areal_hex_plugin.scheduler.caps import PAPER
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest
@@ -231,7 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(6 if args.quick else args.clusters):
         pools = random_cluster(rng)
         fraction = None if i % 2 == 0 else rng.choice((0.5, 0.7))
-        row = compare(pools, MODELS[i % len(MODELS)], fraction, args.time_limit_s)
+        try:
+            row = compare(pools, MODELS[i % len(MODELS)], fraction, args.time_limit_s)
+        except HexError as err:  # the recipe reader refuses a cluster the model fits no split of
+            row = {"pools": pools, "model": MODELS[i % len(MODELS)], "ratio": None, "refused": err.problem}
         report["optimality"].append(row)
         print(f"cluster {i}: {json.dumps(row)}", file=sys.stderr)
     if {1024, 10240} <= set(sizes):
