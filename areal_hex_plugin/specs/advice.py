@@ -139,7 +139,7 @@ def _defaults(recipe: Recipe) -> list[Note]:
             Note(
                 "default",
                 "hex.calibration",
-                f"efficiency factors of {', '.join(cluster.gpu_types)} are the documented defaults "
+                f"efficiency factors of {', '.join(cluster.gpu_types)} are built-in assumptions "
                 "(costmodel/calibration.py), not measured",
                 "measure a type with areal-hex profile RECIPE --gpu-type TYPE --json FILE",
             )
