@@ -6,10 +6,10 @@ from collections import defaultdict
 from dataclasses import asdict
 
 import yaml
-from tabulate import tabulate
 
 from areal_hex_plugin.areal.rewrite import Rewrite
 from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.tables import render_table
 
 SPEC_FIELDS = ("cpu", "gpu", "mem", "port_count", "cmd", "env_vars")
 
@@ -64,7 +64,9 @@ def placement_table(rewrite: Rewrite) -> str:
                 )
             machines = ", ".join(hosts) if len(hosts) <= 4 else f"{', '.join(hosts[:3])}, ... ({len(hosts)})"
             rows.append([role, pool, gpu_type, machines, gpus, layout])
-    return tabulate(rows, headers=["role", "pool", "GPU type", "machines", "GPUs", "parallel layout"])
+    return render_table(
+        ["role", "pool", "GPU type", "machines", "GPUs", "parallel layout"], rows, right=["GPUs"]
+    )
 
 
 def describe_dry_run(config, rewrite: Rewrite, plan: HexPlan, plan_source: str) -> str:
