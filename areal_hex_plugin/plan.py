@@ -312,7 +312,8 @@ def check_plan_fits(plan: HexPlan, cluster: Cluster, model: ModelShape, source: 
         )
     pools = {p.name: p for p in cluster.pools}
 
-    def pool_of(name: str, gpu_type: str, where: str):
+    def pool_of(name: str, gpu_type: str, where: str, tp: int = 1):
+        """The recipe's pool for a stage or group, which must hold its GPU type and a TP group per machine."""
         pool = pools.get(name)
         if pool is None:
             raise HexError(
@@ -327,18 +328,16 @@ def check_plan_fits(plan: HexPlan, cluster: Cluster, model: ModelShape, source: 
                 f"the plan puts {gpu_type} GPUs in pool {name!r}, but the recipe's cluster has {pool.gpu_type} there",
                 "re-plan for this cluster",
             )
+        if tp > pool.gpus_per_machine:
+            raise HexError(
+                f"{where}.tp", f"is {tp}, but {pool.name} machines have {pool.gpus_per_machine} GPUs", _REPLAN
+            )
         return pool
 
     used: dict[str, int] = {name: 0 for name in pools}
     for i, stage in enumerate(plan.train.stages):
         where = f"{source}.train.stages[{i}]"
-        pool = pool_of(stage.pool, stage.gpu_type, where)
-        if stage.tp > pool.gpus_per_machine:
-            raise HexError(
-                f"{where}.tp",
-                f"is {stage.tp}, but {pool.name} machines have {pool.gpus_per_machine} GPUs",
-                _REPLAN,
-            )
+        pool = pool_of(stage.pool, stage.gpu_type, where, stage.tp)
         used[pool.name] += stage.dp * stage.tp
     layers = sum(s.layers for s in plan.train.stages)
     if plan.train.stages and layers != model.layers:
@@ -349,13 +348,7 @@ def check_plan_fits(plan: HexPlan, cluster: Cluster, model: ModelShape, source: 
         )
     for i, group in enumerate(plan.rollout.replicas):
         where = f"{source}.rollout.replicas[{i}]"
-        pool = pool_of(group.pool, group.gpu_type, where)
-        if group.tp > pool.gpus_per_machine:
-            raise HexError(
-                f"{where}.tp",
-                f"is {group.tp}, but {pool.name} machines have {pool.gpus_per_machine} GPUs",
-                _REPLAN,
-            )
+        pool = pool_of(group.pool, group.gpu_type, where, group.tp)
         if group.pp > model.layers:
             raise HexError(
                 f"{where}.pp", f"is {group.pp}, but {model.name} has {model.layers} layers", _REPLAN

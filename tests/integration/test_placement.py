@@ -119,3 +119,17 @@ def test_replica_group_count_must_match_machines() -> None:
     groups = [plan.rollout.replicas[0], ReplicaGroup("small", "L40S", 1, 1, 5, 0.5, 32, 450.0, 32)]
     with pytest.raises(HexError, match="place 6 rollout servers but the replica groups count 7"):
         placement_from_plan(replace(plan, rollout=replace(plan.rollout, replicas=groups)))
+
+
+@pytest.mark.parametrize("part", ["train.stages[0]", "rollout.replicas[1]"])
+def test_tp_group_larger_than_a_machine_is_refused(part) -> None:
+    plan = two_type_plan()
+    if part.startswith("train"):
+        stages = [replace(plan.train.stages[0], tp=4)]
+        plan = replace(plan, train=replace(plan.train, stages=stages))
+    else:
+        groups = [plan.rollout.replicas[0], replace(plan.rollout.replicas[1], tp=4)]
+        plan = replace(plan, rollout=replace(plan.rollout, replicas=groups))
+    with pytest.raises(HexError, match="is 4, but .* machines have 2 GPUs") as err:
+        check_plan_fits(plan, _cluster(), BUILTIN_MODELS["Qwen2.5-0.5B"])
+    assert err.value.field.endswith(f"{part}.tp")
