@@ -3,8 +3,10 @@
 The buffer is a safetensors data section: tensors back to back with no gaps, ordered by element size (largest
 first) so every tensor starts aligned for its dtype. Integrity is keyed: per update the sender draws a nonce,
 ``content key = HMAC(token, "hex-content" | nonce)``, and every chunk gets ``HMAC-SHA256(content key, bucket |
-chunk index | bytes)``; the bucket digest binds the manifest, sizes and chunk digests, the version digest binds the
-version and every bucket digest. Without the token nobody can make bytes that pass. Chunks are hashed on a thread
+chunk index | bytes)``; the bucket digest binds the manifest, sizes and chunk digests, a part digest binds the part
+(one sender's share of the version) and its bucket digests, the version digest binds the version and every part
+digest. Part p of P senders numbers its buckets p, p + P, p + 2P, ... (:func:`bucket_index`), so an index names its
+part and no bucket can move between parts. Without the token nobody can make bytes that pass. Chunks are hashed on a thread
 pool (hashlib releases the GIL), so a receiver hashes chunk k while chunk k+1 arrives.
 """
 
@@ -133,6 +135,16 @@ def bucket_digest(key: bytes, index: int, manifest: list[list[Any]], chunk: int,
     return hmac.digest(key, b"hex-bucket" + body, "sha256").hex()
 
 
-def version_digest(key: bytes, version: int, bucket_digests: list[str]) -> str:
-    body = json.dumps([version, bucket_digests], separators=(",", ":")).encode()
+def bucket_index(part: int, parts: int, order: int) -> int:
+    """The version-wide index of part ``part``'s ``order``-th bucket."""
+    return order * parts + part
+
+
+def part_digest(key: bytes, part: int, bucket_digests: list[str]) -> str:
+    body = json.dumps([part, bucket_digests], separators=(",", ":")).encode()
+    return hmac.digest(key, b"hex-part" + body, "sha256").hex()
+
+
+def version_digest(key: bytes, version: int, part_digests: list[str]) -> str:
+    body = json.dumps([version, part_digests], separators=(",", ":")).encode()
     return hmac.digest(key, b"hex-version" + body, "sha256").hex()

@@ -2,10 +2,14 @@
 
 One node runs next to each inference replica. It serves two kinds of authenticated channels: the sender's one
 *control* channel (prepare, connect, end, commit, abort, status; the node acknowledges every bucket on it) and a
-*data* channel from its upstream neighbour for the current session. Each chunk is forwarded downstream as soon as
+*data* channel per part of the version from its upstream neighbour (at the relay: from each sender) for the
+current session. A version may come in parts from several senders (every training rank or pipeline stage sends its
+own share); each part travels down the chain in its own lane (one data link per part and hop), so parts never
+interleave on a link. Each chunk is forwarded downstream as soon as
 it arrives (the chain is pipelined) and hashed on the hashing pool meanwhile; a bucket counts as received only when
 every keyed chunk digest matches, and the version reaches the sink only on a ``commit`` of the same session whose
-``end`` this node verified. Until the sink confirms the load, the last committed version stays.
+``end`` this node verified: every part complete, each part's digest and the version's matching, no tensor in two
+buckets. Until the sink confirms the load, the last committed version stays.
 
 Who may connect: the ``allowed_hosts`` (names resolved), or by default the route's own peers, i.e. while a
 control channel is open only its host and the upstream neighbour the sender named for the session. Handshakes are
@@ -31,7 +35,14 @@ from typing import Any, Protocol
 
 import torch
 
-from areal_hex_plugin.transport.buckets import bucket_digest, content_key, entries_from_manifest, hash_chunk
+from areal_hex_plugin.transport.buckets import (
+    bucket_digest,
+    bucket_index,
+    content_key,
+    entries_from_manifest,
+    hash_chunk,
+    part_digest,
+)
 from areal_hex_plugin.transport.buckets import version_digest as digest_of_version
 from areal_hex_plugin.transport.links import DataLink, connect_data_link, current_device, open_receiving_link
 from areal_hex_plugin.transport.protocol import Kind, Message, ProtocolError, make
@@ -73,10 +84,19 @@ class _Session:
     version: int
     key: bytes
     upstream: set[str]
+    parts: int
     stage: StagedVersion
     digests: dict[int, str] = field(default_factory=dict)
-    forwarder: _Forwarder | None = None
+    # One forwarder per part (lane) to the downstream neighbour; empty at the tail.
+    forwarders: list[_Forwarder] = field(default_factory=list)
+    # The data connection that carries each lane here (a second one for a lane is refused).
+    lanes: dict[int, object] = field(default_factory=dict)
     verified: str = ""
+
+    def close_forwarders(self) -> None:
+        forwarders, self.forwarders = self.forwarders, []
+        for forwarder in forwarders:  # tearing a link down can take a while; nobody waits for it
+            threading.Thread(target=forwarder.close, daemon=True).start()
 
 
 class _Forwarder:
@@ -302,8 +322,7 @@ class ReceiverNode:
     def _end_session(self) -> None:
         session, self._session = self._session, None
         if session is not None:
-            if session.forwarder is not None:  # tearing a link down can take a while; nobody waits for it
-                threading.Thread(target=session.forwarder.close, daemon=True).start()
+            session.close_forwarders()
             session.stage.remove()
 
     def _on_prepare(self, message: Message) -> Message:
@@ -315,35 +334,46 @@ class ReceiverNode:
                 error=f"version {message['version']} is not above the committed {self.version}",
             )
         control = self._control
-        upstream = message["upstream"]
-        hosts = {control.peer_host} if not upstream and control is not None else resolve_hosts([upstream])
+        named = [host for host in message["upstream"] if host]
+        hosts = resolve_hosts(named) if named else set()
+        if len(named) < len(message["upstream"]) and control is not None:
+            hosts.add(control.peer_host)
         with self._lock:
             self._end_session()
             stage = StagedVersion(self.stage_root, message["version"])
             key = content_key(self.token, message["update"])
-            self._session = _Session(message["session"], message["version"], key, hosts, stage)
+            self._session = _Session(
+                message["session"], message["version"], key, hosts, message["parts"], stage
+            )
         return make(Kind.READY, id=0, version=self.version)
 
     def _on_connect(self, message: Message) -> Message:
-        """Open the data link to the downstream neighbour (already prepared for the same session)."""
+        """Open one data link per part (lane) to the downstream neighbour (already prepared for the same
+        session)."""
         session = self._current(message)
         if isinstance(session, str):
             return make(Kind.ERROR, id=0, error=session)
         downstream = message["downstream"]
+        session.close_forwarders()
+        forwarders = []
         try:
             endpoint = Endpoint.parse(downstream)
-            channel, link = connect_data_link(
-                endpoint.host,
-                endpoint.port,
-                self.token,
-                session.id,
-                message["backend"],
-                self.config.timeout_s,
-                self.device,
-            )
+            for _ in range(session.parts):
+                channel, link = connect_data_link(
+                    endpoint.host,
+                    endpoint.port,
+                    self.token,
+                    session.id,
+                    message["backend"],
+                    self.config.timeout_s,
+                    self.device,
+                )
+                forwarders.append(_Forwarder(channel, link, downstream, self._report))
         except Exception as error:  # noqa: BLE001 - reported to the sender, which re-routes
+            for forwarder in forwarders:
+                threading.Thread(target=forwarder.close, daemon=True).start()
             return make(Kind.DOWNSTREAM_FAILED, id=0, peer=downstream, error=str(error)[:2000])
-        session.forwarder = _Forwarder(channel, link, downstream, self._report)
+        session.forwarders = forwarders
         return make(Kind.CONNECTED, id=0)
 
     def _on_end(self, message: Message) -> Message:
@@ -352,16 +382,22 @@ class ReceiverNode:
             return make(Kind.ERROR, id=0, error=session)
         with self._lock:
             digests = dict(session.digests)
-        count = message["buckets"]
-        if sorted(digests) != list(range(count)):
-            missing = sorted(set(range(min(count, len(digests) + 5))) - set(digests))[:5]
-            return make(
-                Kind.ERROR, id=0, error=f"buckets: {count} announced, {len(digests)} verified ({missing})"
+            staged = {
+                index: (entries, data.numel()) for index, (entries, data) in session.stage.buckets.items()
+            }
+        problem = _check_parts(session, message["parts"], digests, staged)
+        if problem:
+            return make(Kind.ERROR, id=0, error=problem)
+        parts = [
+            part_digest(
+                session.key, part, [digests[bucket_index(part, session.parts, i)] for i in range(count)]
             )
-        staged = sum(data.numel() for _, data in session.stage.buckets.values())
-        if staged != message["nbytes"]:
-            return make(Kind.ERROR, id=0, error=f"nbytes: {message['nbytes']} announced, {staged} staged")
-        digest = digest_of_version(session.key, session.version, [digests[i] for i in range(count)])
+            for part, (count, _, _) in enumerate(message["parts"])
+        ]
+        wrong = [part for part, digest in enumerate(parts) if digest != message["parts"][part][2]]
+        if wrong:
+            return make(Kind.ERROR, id=0, error=f"part {wrong[0]}: digest differs from its sender's")
+        digest = digest_of_version(session.key, session.version, parts)
         if digest != message["digest"]:
             return make(Kind.ERROR, id=0, error="version digest differs from the sender's")
         session.verified = digest
@@ -375,8 +411,7 @@ class ReceiverNode:
             return make(Kind.ERROR, id=0, error="commit of a version this session did not verify")
         with self._lock:
             self._session = None
-            if session.forwarder is not None:
-                threading.Thread(target=session.forwarder.close, daemon=True).start()
+            session.close_forwarders()
         try:
             self.sink.load(session.version, session.stage)
         except BaseException:
@@ -406,13 +441,27 @@ class ReceiverNode:
             return
         channel.settimeout(self.config.timeout_s)
         link = open_receiving_link(channel, self.config.timeout_s, self.device)
+        lane: int | None = None
         try:
             while self._session is session:
                 header = channel.recv({Kind.BUCKET})
                 if header["session"] != session.id or header["version"] != session.version:
                     return
+                if lane is None:
+                    lane = header["index"] % session.parts
+                    with self._lock:
+                        if session.lanes.setdefault(lane, channel) is not channel:
+                            lane = None
+                            raise ProtocolError("a second data connection for one part")
+                elif header["index"] % session.parts != lane:
+                    raise ProtocolError(
+                        f"bucket {header['index']} is not of part {lane}, which this link carries"
+                    )
                 self._receive_bucket(session, header, link)
         finally:
+            if lane is not None:
+                with self._lock:
+                    session.lanes.pop(lane, None)
             link.close()
 
     def _receive_bucket(self, session: _Session, header: Message, link: DataLink) -> None:
@@ -420,7 +469,7 @@ class ReceiverNode:
         entries = entries_from_manifest(header["manifest"])
         if entries[-1].offset + entries[-1].nbytes != nbytes or len(chunks) != -(-nbytes // step):
             raise ProtocolError(f"bucket {index}: manifest or chunk digests do not cover {nbytes} bytes")
-        forwarder = session.forwarder
+        forwarder = session.forwarders[index % session.parts] if session.forwarders else None
         if forwarder is not None:
             forwarder.queue.put(("frame", header))
         try:
@@ -452,6 +501,40 @@ class ReceiverNode:
                 session.digests.pop(index, None)
                 session.stage.drop(index)
         self._report(make(Kind.ACK, session=session.id, index=index, copy=header["copy"], ok=ok, error=""))
+
+
+def _check_parts(
+    session: _Session,
+    parts: list[list[Any]],
+    digests: dict[int, str],
+    staged: dict[int, tuple[list[Any], int]],
+) -> str:
+    """What is wrong with the version ``end`` announces against what this node verified ('' when nothing):
+    every part has exactly its announced buckets, verified, of its announced size, and no tensor comes twice."""
+    if len(parts) != session.parts:
+        return f"parts: {len(parts)} announced, the session has {session.parts}"
+    if sum(count for count, _, _ in parts) == 0:
+        return "buckets: the version has none"
+    for part, (count, nbytes, _) in enumerate(parts):
+        held = sorted(index for index in digests if index % session.parts == part)
+        expected = [bucket_index(part, session.parts, i) for i in range(min(count, len(held) + 5))]
+        if len(held) != count or held != expected:
+            missing = sorted(set(expected) - set(held))[:5]
+            shown = f" (missing {missing})" if missing else ""
+            return f"part {part}: buckets: {count} announced, {len(held)} verified{shown}"
+        size = sum(staged[index][1] for index in held)
+        if size != nbytes:
+            return f"part {part}: nbytes: {nbytes} announced, {size} staged"
+    extra = sorted(set(staged) - set(digests))[:5]
+    if extra:
+        return f"buckets {extra} are staged but not verified"
+    names: set[str] = set()
+    for index in sorted(staged):
+        for entry in staged[index][0]:
+            if entry.name in names:
+                return f"tensor {entry.name} arrives in two buckets"
+            names.add(entry.name)
+    return ""
 
 
 def _with_id(reply: Message, request: Message) -> Message:

@@ -23,6 +23,10 @@ MAX_BUCKETS = 1 << 16
 MAX_TENSORS_PER_BUCKET = 1 << 14
 MAX_VERSION = (1 << 53) - 1
 MAX_COPIES = 64
+# Senders of one version (its parts), and the hosts a relay may take them from; every part is one lane of data
+# links down the chain, and the relay's handshake cap must admit every sender at once.
+MAX_PARTS = 32
+MAX_HOSTS = 64
 MIN_CHUNK_BYTES = 4 << 10
 # safetensors dtype names of the tensors a bucket may carry (torch name -> safetensors name).
 DTYPES = {
@@ -151,6 +155,30 @@ def _manifest(value: Any) -> str | None:
     return None
 
 
+def _hosts(value: Any) -> str | None:
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_HOSTS:
+        return f"must list 1 to {MAX_HOSTS} hosts"
+    return next((f"entry {i}: {problem}" for i, h in enumerate(value) if (problem := _HOST.check(h))), None)
+
+
+def _parts(value: Any) -> str | None:
+    """Entries [buckets, nbytes, digest], one per part of the version."""
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_PARTS:
+        return f"must list 1 to {MAX_PARTS} parts"
+    for i, entry in enumerate(value):
+        if not (isinstance(entry, list) and len(entry) == 3):
+            return f"entry {i} is not [buckets, nbytes, digest]"
+        buckets, nbytes, digest = entry
+        problem = (
+            (None if (p := integer(0, MAX_BUCKETS)(buckets)) is None else f"buckets {p}")
+            or (None if (p := integer(0, MAX_BUCKETS * MAX_BUCKET_BYTES)(nbytes)) is None else f"nbytes {p}")
+            or _DIGEST.check(digest)
+        )
+        if problem is not None:
+            return f"entry {i}: {problem}"
+    return None
+
+
 def _shape(value: Any) -> str | None:
     if not isinstance(value, list) or len(value) > 8:
         return "shape must be a list of at most 8 sizes"
@@ -174,16 +202,13 @@ FIELDS: dict[Kind, dict[str, Field]] = {
         "session": _SESSION,
         "update": _DIGEST,
         "version": _VERSION,
-        "upstream": _HOST,  # "" for the control peer itself
+        # Who may open data links for the session: the upstream neighbour, or at a relay every sender ("" for the
+        # control peer itself).
+        "upstream": Field(_hosts),
+        "parts": integer(1, MAX_PARTS),
     },
     Kind.CONNECT: {"session": _SESSION, "downstream": _ENDPOINT, "backend": choice(*RELAY_BACKENDS)},
-    Kind.END: {
-        "session": _SESSION,
-        "version": _VERSION,
-        "buckets": integer(1, MAX_BUCKETS),
-        "nbytes": integer(0, MAX_BUCKETS * MAX_BUCKET_BYTES),
-        "digest": _DIGEST,
-    },
+    Kind.END: {"session": _SESSION, "version": _VERSION, "parts": Field(_parts), "digest": _DIGEST},
     Kind.COMMIT: {"session": _SESSION, "version": _VERSION, "digest": _DIGEST},
     Kind.ABORT: {"session": text(32)},
     Kind.STATUS: {},

@@ -1,6 +1,14 @@
 """The trainer side: push a version's buckets along the route, re-send bad ones, re-route around failures,
 verify every replica's digest, then commit everywhere (two phases, so no replica ever mixes versions).
 
+A version may come in parts from several senders (each FSDP rank, each Megatron pipeline stage sends its own
+share, so no one NIC carries the model to every pool): :class:`RelaySender` is part 0 and the coordinator (it alone
+holds the control channels: prepare, verify, commit), each other part is a :class:`PartSender` that opens its own
+data links to every pool's relay in the coordinator's sessions (:meth:`RelaySender.assignment`) and hands back a
+:class:`PartSummary`; the coordinator waits for every part's buckets on every replica and verifies each part's
+digest and the version's. A failure that would need another sender's part again (a corrupt bucket of it, a re-route)
+abandons the version: no replica switches, and the next version routes around the dead replica.
+
 The commit has one deadline for all replicas, asked at once. A replica that has not answered by then is in doubt:
 it is sent an ``abort`` (a node that finds an abort queued behind a commit withdraws the commit) and asked for its
 ``status``; only what the status shows is reported as committed."""
@@ -20,9 +28,16 @@ import torch
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs.config import check_relay_sender
-from areal_hex_plugin.transport.buckets import Bucket, content_key, pack, version_digest
+from areal_hex_plugin.transport.buckets import (
+    Bucket,
+    bucket_index,
+    content_key,
+    pack,
+    part_digest,
+    version_digest,
+)
 from areal_hex_plugin.transport.links import DataLink, check_backend, connect_data_link, current_device
-from areal_hex_plugin.transport.protocol import MIN_CHUNK_BYTES, Kind, Message, make
+from areal_hex_plugin.transport.protocol import MAX_HOSTS, MAX_PARTS, MIN_CHUNK_BYTES, Kind, Message, make
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
 from areal_hex_plugin.transport.wire import Channel, TransportError, connect, load_token
 
@@ -142,6 +157,20 @@ class _Control:
         self.channel.close()
 
 
+@dataclass
+class PartSummary:
+    """What one sender sent of a version: ``buckets`` as [index, bucket digest, nbytes], and the first failure of
+    its data links ('' when none)."""
+
+    part: int
+    buckets: list[list[Any]] = field(default_factory=list)
+    failed: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(nbytes for _, _, nbytes in self.buckets)
+
+
 def _lost(error: str) -> Message:
     """A local stand-in for an answer that never came (id -1 matches every request)."""
     return Message(Kind.ERROR, {"error": error, "id": -1, "lost": True})
@@ -156,13 +185,16 @@ class _PoolPush:
 
     def __init__(self, channel: Channel, link: DataLink, relay: Endpoint, pool: str, events: queue.Queue):
         self.channel, self.link, self.relay, self.pool, self.events = channel, link, relay, pool, events
-        self.work: queue.Queue[tuple[Message, Bucket, int] | None] = queue.Queue()
+        self.work: queue.Queue[tuple[Message, Bucket, int] | threading.Event | None] = queue.Queue()
         self.broken = False
         self.thread = threading.Thread(target=self._run, name=f"hex-push-{pool}", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         while (item := self.work.get()) is not None:
+            if isinstance(item, threading.Event):  # flush(): everything before it is handed over
+                item.set()
+                continue
             if self.broken:
                 continue
             header, bucket, step = item
@@ -174,11 +206,31 @@ class _PoolPush:
                 self.broken = True
                 self.events.put((self.pool, self.relay, _lost(f"data link to relay broke ({error})")))
 
+    def flush(self) -> None:
+        """Wait until every queued bucket went out (or the link broke: each send has the link's timeout)."""
+        done = threading.Event()
+        self.work.put(done)
+        done.wait()
+
     def close(self) -> None:
         self.work.put(None)
         self.thread.join(timeout=5)
         self.link.close()
         self.channel.close()
+
+
+def _header(session: str, version: int, bucket: Bucket, copy: int) -> Message:
+    return make(
+        Kind.BUCKET,
+        session=session,
+        version=version,
+        index=bucket.index,
+        copy=copy,
+        nbytes=bucket.nbytes,
+        chunk=bucket.chunk,
+        manifest=bucket.manifest(),
+        chunks=bucket.chunks,
+    )
 
 
 @dataclass
@@ -197,17 +249,35 @@ class RelaySender:
     """Send versions along a :class:`Route`.
 
     ``begin(v)``, then ``send_bucket(named_tensors)`` for every bucket as the trainer produces it, then
-    ``finish()`` (verify and commit), or ``send_version(v, buckets)`` for all three.
+    ``finish()`` (verify and commit), or ``send_version(v, buckets)`` for all three. With ``parts`` > 1 this is
+    part 0 of the version; ``sender_hosts`` are the addresses the relays see the senders of every part connect from
+    ("" for this process's own, as its control channel shows it), and ``finish(parts=...)`` takes the other parts'
+    summaries.
     """
 
-    def __init__(self, route: Route, config: SenderConfig | None = None, token: bytes | None = None) -> None:
+    def __init__(
+        self,
+        route: Route,
+        config: SenderConfig | None = None,
+        token: bytes | None = None,
+        parts: int = 1,
+        sender_hosts: Iterable[str] = ("",),
+    ) -> None:
         self.route = route
         self.config = config or SenderConfig()
         self.token = token if token is not None else load_token()
+        self._parts, self._sender_hosts = parts, sorted(set(sender_hosts))
+        if not 1 <= parts <= MAX_PARTS or not 1 <= len(self._sender_hosts) <= MAX_HOSTS:
+            raise HexError(
+                "hex.relay",
+                f"{parts} senders from {len(self._sender_hosts)} hosts",
+                f"send a version in 1 to {MAX_PARTS} parts from 1 to {MAX_HOSTS} hosts",
+            )
         self._events: queue.Queue[tuple[str, Endpoint, dict[str, Any]]] = queue.Queue()
         self._pools = {pool.name: _PoolState(pool, list(pool.replicas)) for pool in route.pools}
         self._failed: dict[str, str] = {}
-        self._buckets: list[Bucket] = []
+        self._buckets: dict[int, Bucket] = {}  # this part's, by version-wide index
+        self._remote: list[PartSummary] = []
         self._version = -1
         self._update = ""
         self._key = b""
@@ -226,7 +296,7 @@ class RelaySender:
         return self.finish()
 
     def begin(self, version: int) -> None:
-        self._version, self._buckets = version, []
+        self._version, self._buckets, self._remote = version, {}, []
         self._update = secrets.token_hex(32)
         self._key = content_key(self.token, self._update)
         self._began = time.perf_counter()
@@ -241,28 +311,51 @@ class RelaySender:
 
     def send_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         pin = self._device.type == "cuda"
-        bucket = pack(len(self._buckets), named_tensors, self._key, self.config.chunk_bytes, pin)
-        self._buckets.append(bucket)
+        index = bucket_index(0, self._parts, len(self._buckets))
+        bucket = pack(index, named_tensors, self._key, self.config.chunk_bytes, pin)
+        self._buckets[index] = bucket
         for state in self._pools.values():
             self._enqueue(state, bucket)
 
-    def finish(self, commit: bool = True) -> UpdateReport:
-        """Wait until every live replica holds every bucket, verify digests, then commit (unless told not to)."""
+    def assignment(self) -> dict[str, Any]:
+        """What a :class:`PartSender` needs for this version (after :meth:`begin`; plain data to broadcast)."""
+        return {
+            "version": self._version,
+            "update": self._update,
+            "parts": self._parts,
+            "backend": self.config.backend,
+            "chunk_bytes": self.config.chunk_bytes,
+            "timeout_s": self.config.timeout_s,
+            "pools": {
+                name: {"session": state.session, "relay": str(state.alive[0])}
+                for name, state in self._pools.items()
+            },
+        }
+
+    def summary(self) -> PartSummary:
+        """This process's own part (part 0) so far."""
+        return PartSummary(0, [[i, b.digest(self._key), b.nbytes] for i, b in self._buckets.items()])
+
+    def finish(self, commit: bool = True, parts: Iterable[PartSummary] = ()) -> UpdateReport:
+        """Wait until every live replica holds every bucket of every part (``parts``: the summaries of parts 1
+        and up), verify digests, then commit (unless told not to)."""
         report = self._report
         assert report is not None, "begin() first"
         report.mark("queued", self._began)
         try:
+            self._remote = self._check_parts(list(parts))
             self._await_buckets()
             report.mark("received", self._began)
+            summaries = [self.summary(), *self._remote]
             report.digest = version_digest(
-                self._key, self._version, [b.digest(self._key) for b in self._buckets]
+                self._key, self._version, [self._part_digest(summary) for summary in summaries]
             )
-            self._verify(report.digest)
+            self._verify(report.digest, summaries)
             report.mark("verified", self._began)
         except BaseException:
             self.abort()
             raise
-        report.nbytes = sum(bucket.nbytes for bucket in self._buckets)
+        report.nbytes = sum(summary.nbytes for summary in summaries)
         if commit:
             self.commit()
         report.seconds = time.perf_counter() - self._began
@@ -299,7 +392,7 @@ class RelaySender:
         self._reconcile(in_doubt, report)
         report.mark("committed", self._began)
         report.failed = dict(self._failed)
-        self._buckets = []
+        self._buckets, self._remote = {}, []
 
     def _reconcile(self, in_doubt: list[tuple[_Control, _PoolState]], report: UpdateReport) -> None:
         """Withdraw the commit from replicas that did not answer, then believe only their status."""
@@ -335,7 +428,7 @@ class RelaySender:
             self._stop_push(state)
             for control in self._live_controls(state):
                 control.request(Kind.ABORT, session=state.session)
-        self._buckets = []
+        self._buckets, self._remote = {}, []
 
     def status(self) -> dict[str, dict[str, Any]]:
         """Committed version and digest of every live replica (asked at once)."""
@@ -428,7 +521,8 @@ class RelaySender:
                             "session": state.session,
                             "update": self._update,
                             "version": self._version,
-                            "upstream": "" if i == 0 else chain[i - 1].host,
+                            "upstream": self._sender_hosts if i == 0 else [chain[i - 1].host],
+                            "parts": self._parts,
                         },
                     )
                     for i, e in enumerate(chain)
@@ -474,23 +568,43 @@ class RelaySender:
 
     def _enqueue(self, state: _PoolState, bucket: Bucket) -> None:
         copy = state.copies[bucket.index] = state.copies.get(bucket.index, -1) + 1
-        header = make(
-            Kind.BUCKET,
-            session=state.session,
-            version=self._version,
-            index=bucket.index,
-            copy=copy,
-            nbytes=bucket.nbytes,
-            chunk=bucket.chunk,
-            manifest=bucket.manifest(),
-            chunks=bucket.chunks,
-        )
         assert state.push is not None
-        state.push.work.put((header, bucket, self.config.chunk_bytes))
+        state.push.work.put(
+            (_header(state.session, self._version, bucket, copy), bucket, self.config.chunk_bytes)
+        )
+
+    def _check_parts(self, parts: list[PartSummary]) -> list[PartSummary]:
+        """The other parts' summaries, in part order; a part that is missing or whose sender failed ends the
+        version."""
+        by_part = {summary.part: summary for summary in parts}
+        if sorted(by_part) != list(range(1, self._parts)):
+            self._abandon(f"parts {sorted(by_part)} reported, expected 1 to {self._parts - 1}")
+        for part, summary in sorted(by_part.items()):
+            if summary.failed:
+                self._abandon(f"the sender of part {part} failed: {summary.failed}")
+            indices = [index for index, _, _ in summary.buckets]
+            if indices != [bucket_index(part, self._parts, i) for i in range(len(indices))]:
+                self._abandon(
+                    f"part {part} numbers its buckets {indices[:5]}, not as part {part} of {self._parts}"
+                )
+        return [by_part[part] for part in range(1, self._parts)]
+
+    def _part_digest(self, summary: PartSummary) -> str:
+        return part_digest(self._key, summary.part, [digest for _, digest, _ in summary.buckets])
+
+    def _abandon(self, reason: str) -> None:
+        """A failure another part's sender would have to repair: raise (``finish`` aborts everywhere)."""
+        raise TransportError(
+            f"weight update to version {self._version} failed: {reason}; it was sent in {self._parts} parts, so "
+            f"no replica committed version {self._version}, all keep their previous one"
+        )
+
+    def _indices(self) -> list[int]:
+        return [*self._buckets, *(index for summary in self._remote for index, _, _ in summary.buckets)]
 
     def _pool_done(self, state: _PoolState) -> bool:
         alive = set(state.alive)
-        return all(alive <= state.acked.get(bucket.index, set()) for bucket in self._buckets)
+        return all(alive <= state.acked.get(index, set()) for index in self._indices())
 
     def _await_buckets(self) -> None:
         last_progress = time.monotonic()
@@ -526,6 +640,8 @@ class RelaySender:
         if message["error"]:  # the replica cannot take the bucket at all (e.g. its stage directory is full)
             self._reroute(state, endpoint, message["error"])
             return
+        if index not in self._buckets:
+            self._abandon(f"bucket {index} (part {index % self._parts}) failed its checksum at {endpoint}")
         # Corruption upstream of a node reaches every node after it: re-send once per copy, not per NACK.
         if copy != state.copies.get(index) or endpoint in state.acked.get(index, set()):
             return
@@ -542,6 +658,8 @@ class RelaySender:
         self._enqueue(state, self._buckets[index])
 
     def _reroute(self, state: _PoolState, endpoint: Endpoint, reason: str) -> None:
+        if self._parts > 1:  # the new chain would need every part again
+            self._abandon(f"pool {state.route.name!r} replica {endpoint}: {reason}")
         for control in self._live_controls(state):
             if control.endpoint != endpoint:
                 control.request(Kind.ABORT, session=state.session)
@@ -549,18 +667,18 @@ class RelaySender:
         self._prepare(state)
         assert self._report is not None
         self._report.reroutes += 1
-        for bucket in self._buckets:
+        for bucket in self._buckets.values():
             self._enqueue(state, bucket)
 
     def _fail_laggard(self) -> None:
         for state in self._pools.values():
             for endpoint in list(state.alive):
-                if not all(endpoint in state.acked.get(b.index, set()) for b in self._buckets):
+                if not all(endpoint in state.acked.get(index, set()) for index in self._indices()):
                     self._reroute(state, endpoint, f"no progress within {self.config.timeout_s:.0f} s")
                     break
 
-    def _verify(self, digest: str) -> None:
-        nbytes = sum(bucket.nbytes for bucket in self._buckets)
+    def _verify(self, digest: str, summaries: list[PartSummary]) -> None:
+        parts = [[len(s.buckets), s.nbytes, self._part_digest(s)] for s in summaries]
         asked = [
             (
                 state,
@@ -569,8 +687,7 @@ class RelaySender:
                     Kind.END,
                     session=state.session,
                     version=self._version,
-                    buckets=len(self._buckets),
-                    nbytes=nbytes,
+                    parts=parts,
                     digest=digest,
                 ),
             )
@@ -581,3 +698,62 @@ class RelaySender:
             reply = control.reply(request_id)
             if reply.kind != Kind.VERIFIED:
                 self._mark_failed(state, control.endpoint, f"verification failed: {_error(reply)}")
+
+
+class PartSender:
+    """One more sender of a version (part ``part`` of the coordinator's ``assignment``): pushes its own buckets
+    to every pool's relay in the coordinator's sessions; the coordinator sees the acknowledgements and verifies.
+    ``send_bucket`` for each of its buckets, then ``finish()`` for the :class:`PartSummary` to hand to the
+    coordinator, and ``close()`` once the coordinator has verified (the links stay up until then)."""
+
+    def __init__(self, assignment: dict[str, Any], part: int, token: bytes | None = None) -> None:
+        self.part, self.parts = part, assignment["parts"]
+        if not 0 < part < self.parts:
+            raise HexError("hex.relay", f"part {part} of {self.parts}", "parts 1 and up send with PartSender")
+        token = token if token is not None else load_token()
+        self.version, self.chunk_bytes = assignment["version"], assignment["chunk_bytes"]
+        self._key = content_key(token, assignment["update"])
+        self._device = current_device()
+        self._events: queue.Queue = queue.Queue()
+        self._sessions: dict[str, str] = {}
+        self._pushes: dict[str, _PoolPush] = {}
+        self._summary = PartSummary(part)
+        for name, pool in assignment["pools"].items():
+            relay = Endpoint.parse(pool["relay"])
+            try:
+                channel, link = connect_data_link(
+                    relay.host,
+                    relay.port,
+                    token,
+                    pool["session"],
+                    assignment["backend"],
+                    assignment["timeout_s"],
+                    self._device,
+                )
+            except TransportError as error:
+                self._summary.failed = self._summary.failed or f"data link to relay {relay} failed ({error})"
+                continue
+            self._sessions[name] = pool["session"]
+            self._pushes[name] = _PoolPush(channel, link, relay, name, self._events)
+
+    def send_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        index = bucket_index(self.part, self.parts, len(self._summary.buckets))
+        pin = self._device.type == "cuda"
+        bucket = pack(index, named_tensors, self._key, self.chunk_bytes, pin)
+        self._summary.buckets.append([index, bucket.digest(self._key), bucket.nbytes])
+        for name, push in self._pushes.items():
+            push.work.put((_header(self._sessions[name], self.version, bucket, 0), bucket, self.chunk_bytes))
+
+    def finish(self) -> PartSummary:
+        """Once every bucket went out: what was sent, and the first broken link if one broke."""
+        for push in self._pushes.values():
+            push.flush()
+        while not self._events.empty():
+            _, relay, message = self._events.get_nowait()
+            self._summary.failed = self._summary.failed or f"{relay}: {_error(message)}"
+        return self._summary
+
+    def close(self) -> None:
+        for push in self._pushes.values():
+            push.close()
+        self._pushes = {}

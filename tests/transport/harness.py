@@ -150,6 +150,7 @@ class Proxy:
             stall_after,
         )
         self.corrupted = 0
+        self.forwarded = 0  # bytes towards ``target``, all connections together
         self.stalled = threading.Event()
         self._closed = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -187,6 +188,8 @@ class Proxy:
                 if forward and self.bytes_per_s:
                     time.sleep(max(0.0, started + seen / self.bytes_per_s - time.monotonic()))
                 sink.sendall(data)
+                if forward:
+                    self.forwarded += len(data)
         except OSError:
             pass
         finally:

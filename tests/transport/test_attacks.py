@@ -130,10 +130,17 @@ def test_end_with_a_huge_bucket_count_is_refused_at_once(tmp_path):
         before = replica.peak_rss_mb()
         attacker = attacks.TokenHolder(replica.endpoint, TOKEN)
         attacker.ask(
-            {"kind": "prepare", "session": "a" * 16, "update": "0" * 64, "version": 1, "upstream": ""}
+            {
+                "kind": "prepare",
+                "session": "a" * 16,
+                "update": "0" * 64,
+                "version": 1,
+                "upstream": [""],
+                "parts": 1,
+            }
         )
         began = time.monotonic()
-        end = {"session": "a" * 16, "version": 1, "digest": "0" * 64, "buckets": 10**9, "nbytes": 0}
+        end = {"session": "a" * 16, "version": 1, "digest": "0" * 64, "parts": [[10**9, 0, "0" * 64]]}
         answer = attacker.ask({"kind": "end", **end})
         attacker.close()
         assert time.monotonic() - began < 2.0
@@ -143,7 +150,16 @@ def test_end_with_a_huge_bucket_count_is_refused_at_once(tmp_path):
 def test_huge_bucket_header_is_refused_before_any_allocation(node):
     receiver = node()
     control = attacks.TokenHolder(receiver.endpoint, TOKEN)
-    control.ask({"kind": "prepare", "session": "a" * 16, "update": "0" * 64, "version": 1, "upstream": ""})
+    control.ask(
+        {
+            "kind": "prepare",
+            "session": "a" * 16,
+            "update": "0" * 64,
+            "version": 1,
+            "upstream": [""],
+            "parts": 1,
+        }
+    )
     data = attacks.TokenHolder(receiver.endpoint, TOKEN, role="data", session="a" * 16)
     data.send({"kind": "link", "backend": "tcp"})
     manifest = [["w", "uint8", [6 << 30], 0, 6 << 30]]

@@ -58,14 +58,40 @@ def test_malformed_bucket_is_refused_naming_the_field(change, problem):
     [
         (
             "end",
-            {"session": _SESSION, "version": 1, "digest": _DIGEST, "buckets": 10**9, "nbytes": 0, "id": 1},
-            "end.buckets",
+            {"session": _SESSION, "version": 1, "digest": _DIGEST, "parts": [[10**9, 0, _DIGEST]], "id": 1},
+            "end.parts: entry 0: buckets",
+        ),
+        ("end", {"session": _SESSION, "version": 1, "digest": _DIGEST, "parts": [], "id": 1}, "end.parts"),
+        (
+            "end",
+            {"session": _SESSION, "version": 1, "digest": _DIGEST, "parts": [[1, 0, _DIGEST]] * 33, "id": 1},
+            "must list 1 to 32 parts",
+        ),
+        (
+            "end",
+            {"session": _SESSION, "version": 1, "digest": _DIGEST, "parts": [[1, -1, _DIGEST]], "id": 1},
+            "entry 0: nbytes",
         ),
         ("commit", {"session": _SESSION, "version": 2}, "missing fields ['digest', 'id']"),
         (
             "prepare",
-            {"session": _SESSION, "update": _DIGEST, "version": 1, "upstream": "a b", "id": 1},
-            "upstream",
+            {"session": _SESSION, "update": _DIGEST, "version": 1, "upstream": ["a b"], "parts": 1, "id": 1},
+            "prepare.upstream: entry 0",
+        ),
+        (
+            "prepare",
+            {"session": _SESSION, "update": _DIGEST, "version": 1, "upstream": "", "parts": 1, "id": 1},
+            "prepare.upstream: must list",
+        ),
+        (
+            "prepare",
+            {"session": _SESSION, "update": _DIGEST, "version": 1, "upstream": [""], "parts": 0, "id": 1},
+            "prepare.parts",
+        ),
+        (
+            "prepare",
+            {"session": _SESSION, "update": _DIGEST, "version": 1, "upstream": [""], "parts": 1.0, "id": 1},
+            "prepare.parts: must be an integer",
         ),
         (
             "connect",
