@@ -1,62 +1,54 @@
-"""Train side inside upstream AReaL: an FSDP PPO actor whose bucket send goes through the relay transport.
+"""Train side inside upstream AReaL: an FSDP PPO actor whose weight update goes through the relay transport, every
+rank sending its own share.
 
-Upstream's ``_update_weights_from_distributed`` still does the work it is good at (all-gather every FSDP
-shard into a full HF-named tensor, cast to the compute dtype, cut into ``weight_chunked_mem_mb`` buckets, pause
-and resume generation); only group set-up and bucket send are replaced, so rank 0 hands each bucket to a
-:class:`RelaySender` instead of broadcasting it over one static NCCL group.
+Every FSDP rank already gathers every full tensor in upstream's update (``DTensor.full_tensor`` is a collective);
+upstream then has rank 0 cast, bucket and broadcast all of them. Here each gathered tensor has one owner rank (the
+rank with the fewest elements so far, the same choice on every rank), and each rank casts, buckets
+(``weight_chunked_mem_mb``) and sends only what it owns. Why whole gathered tensors and not each rank's local
+FSDP shard: the bytes on the cross-pool wire are the same (the model once per pool, about 1/P from each rank), the
+gather costs nothing upstream does not already do, and the replicas receive plain HF tensors (no re-assembly of
+dim-0 slices, uneven padding or TP placements on the rollout side).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from areal.engine.fsdp_engine import FSDPPPOActor
 
-from areal_hex_plugin.transport.route import Route
-from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
-from areal_hex_plugin.transport.wire import TransportError
+from areal_hex_plugin.transport.protocol import MAX_PARTS
+from areal_hex_plugin.transport.train_side import RelayTrainSide
 
 
-class HexFSDPPPOActor(FSDPPPOActor):
+def sender_stride(world: int) -> int:
+    """Every ``sender_stride``-th rank sends a part (all ranks up to MAX_PARTS of them)."""
+    return -(-world // MAX_PARTS)
+
+
+class Owners:
+    """Which part owns each tensor: the part with the fewest elements so far (lowest part on a tie)."""
+
+    def __init__(self, parts: int) -> None:
+        self.elements = [0] * parts
+
+    def owner(self, numel: int) -> int:
+        part = self.elements.index(min(self.elements))
+        self.elements[part] += numel
+        return part
+
+
+class HexFSDPPPOActor(RelayTrainSide, FSDPPPOActor):
     """Keep ``weight_update_mode: xccl`` in the recipe; the controller configures the route before updates."""
 
-    _hex_sender: RelaySender | None = None
-    _hex_report: dict[str, Any] | None = None
-
-    @classmethod
-    def as_controller(cls, config, scheduler):
-        if config._version == "v2":
-            raise NotImplementedError("hex.transport=relay needs the v1 controllers (actor._version: v1)")
-        from areal_hex_plugin.transport.controller_adapter import HexPPOActorController
-
-        return HexPPOActorController(train_engine=cls, config=config, scheduler=scheduler)
-
-    # -- called by HexPPOActorController through the train workers' /call --------------------------------
-
-    def hex_configure_transport(self, route: dict[str, Any], options: dict[str, Any]) -> None:
-        """(Re)build the sender on rank 0 from a route of rollout receivers (``Route.to_dict`` form)."""
+    def hex_parts(self) -> int:
         import torch.distributed as dist
 
-        if dist.get_rank() != 0:
-            return
-        if self._hex_sender is not None:
-            self._hex_sender.close()
-        self._hex_sender = RelaySender(Route.from_dict(route), SenderConfig(**options))
+        world = dist.get_world_size()
+        return -(-world // sender_stride(world))
 
-    def hex_commit(self) -> dict[str, Any] | None:
-        """Second phase: every verified replica switches to the staged version. Rank 0 answers."""
-        if self._hex_sender is None or self._hex_report is None:
-            return None
-        self._hex_sender.commit()
-        report, self._hex_report = self._hex_report, None
-        report["committed"] = list(self._hex_sender.last_report.committed)
-        report["failed"] = dict(self._hex_sender.last_report.failed)
-        return report
+    def hex_part_index(self) -> int | None:
+        import torch.distributed as dist
 
-    def hex_abort(self) -> None:
-        if self._hex_sender is not None:
-            self._hex_sender.abort()
-            self._hex_report = None
+        rank, stride = dist.get_rank(), sender_stride(dist.get_world_size())
+        return rank // stride if rank % stride == 0 else None
 
     # -- upstream seams ----------------------------------------------------------------------------------
 
@@ -68,45 +60,37 @@ class HexFSDPPPOActor(FSDPPPOActor):
         self.weight_update_master_port = 0
 
     def _update_weights_from_distributed(self, meta) -> None:
+        """Upstream's loop (pause, gather every tensor, resume) with each rank sending the tensors it owns."""
         import torch.distributed as dist
+        from areal.infra.platforms import current_platform
 
+        if self.config.use_lora:
+            raise NotImplementedError(
+                "hex.transport=relay sends full weights; LoRA needs hex.transport=upstream"
+            )
+        self.hex_begin(meta.version if meta.version is not None else self.get_version() + 1)
         main_rank = dist.get_rank() == 0
-        failure: Exception | None = None
         if main_rank:
-            failure = self._hex_begin(meta.version if meta.version is not None else self.get_version() + 1)
-        # Every rank learns whether rank 0 could begin, so none waits in upstream's collectives for it.
-        outcome = [None if failure is None else f"{type(failure).__name__}: {failure}"]
-        dist.broadcast_object_list(outcome, src=0, group=self.cpu_group)
-        if failure is not None:
-            raise failure
-        if outcome[0] is not None:
-            raise TransportError(f"hex transport: rank 0 could not begin the weight update ({outcome[0]})")
-        super()._update_weights_from_distributed(meta)
+            self.rollout_engine.pause_generation()
+        dist.barrier(group=self.cpu_group)
+        mine, owners = self.hex_part_index(), Owners(self.hex_parts())
+        limit = meta.weight_chunked_mem_mb << 20
+        bucket, size = [], 0
+        for name, param in self._get_model_name_parameters(meta):
+            tensor = self._get_full_tensor(param)  # a collective: every rank gathers every tensor
+            if owners.owner(tensor.numel()) != mine:
+                continue
+            tensor = self._cast_to_compute_dtype(tensor)
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > limit:
+                self.hex_send(bucket)
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += nbytes
+        if bucket:
+            self.hex_send(bucket)
+        dist.barrier(group=self.cpu_group)
         if main_rank:
-            report = self._hex_sender.finish(commit=False)
-            self._hex_report = {
-                "version": report.version,
-                "digest": report.digest,
-                "bytes": report.nbytes,
-                "seconds": report.seconds,
-                "phases": report.phases,
-                "failed": report.failed,
-                "resent_buckets": report.resent_buckets,
-                "reroutes": report.reroutes,
-            }
-
-    def _hex_begin(self, version: int) -> Exception | None:
-        """Rank 0: begin the version on the sender; on failure abort it and return the error to raise."""
-        if self._hex_sender is None:
-            return RuntimeError("hex transport: no route yet (HexPPOActorController configures it)")
-        try:
-            self._hex_sender.begin(version)
-        except Exception as error:  # noqa: BLE001 - raised on every rank after the broadcast
-            self._hex_sender.abort()
-            return error
-        return None
-
-    def _update_bucket_weights_from_distributed_async(self, meta, named_tensors, stream=None):
-        # Packing copies the bucket to host memory, so upstream may reuse its buffers at once.
-        self._hex_sender.send_bucket(named_tensors)
-        return None
+            self.rollout_engine.continue_generation()
+        current_platform.synchronize()
+        self.hex_finish()

@@ -52,11 +52,35 @@ def run_rank(rank: int, world: int, port: int, model_dir: str, server: str, rout
     actor.destroy()
 
 
+def _corrupt_every_bucket() -> None:
+    """This process's buckets change after their digests were taken (a byte flipped on the way out)."""
+    from areal_hex_plugin.transport import sender
+
+    packed = sender.pack
+
+    def pack(*args, **kwargs):
+        bucket = packed(*args, **kwargs)
+        bucket.data[0] ^= 0xFF
+        return bucket
+
+    sender.pack = pack
+
+
 def run_rank_expecting_failure(
-    rank: int, world: int, port: int, model_dir: str, server: str, route: dict, out: str
+    rank: int,
+    world: int,
+    port: int,
+    model_dir: str,
+    server: str,
+    route: dict,
+    out: str,
+    corrupt: bool = False,
 ) -> None:
     """Writes the error each rank's update raised to ``out``.rank; a rank that failed stays up (as a trainer
-    that catches it would) until every rank has written, so a rank stuck in a collective is not freed by it."""
+    that catches it would) until every rank has written, so a rank stuck in a collective is not freed by it.
+    ``corrupt``: this rank's part is corrupted after its digests were taken."""
+    if corrupt:
+        _corrupt_every_bucket()
     actor, rollout, meta = _actor(rank, world, port, model_dir, server, route)
     try:
         actor.update_weights(meta.with_version(3))

@@ -1,6 +1,6 @@
-"""End to end on CPU: a real 2-rank upstream FSDP actor (gloo) gathers and buckets with upstream's own code,
-HexFSDPPPOActor sends the buckets through the relay, and a RelayReceiverMixin engine commits the version
-into an SGLang stand-in with TP 2, bit-exact."""
+"""End to end on CPU: a real 2-rank upstream FSDP actor (gloo) gathers every tensor with upstream's own code,
+each rank of HexFSDPPPOActor sends its own share through the relay, and a RelayReceiverMixin engine assembles the
+parts and commits the version into an SGLang stand-in with TP 2, bit-exact; a corrupt part is never committed."""
 
 from __future__ import annotations
 
@@ -74,6 +74,9 @@ def test_fsdp_actor_updates_a_rollout_replica(tmp_path, monkeypatch):
         server.close()
     report = json.loads(out.read_text())
     assert report["version"] == 3 and report["committed"] == [str(endpoint)] and report["failed"] == {}
+    # Each rank sent about half of the model: no one rank's NIC carries it all.
+    assert len(report["part_bytes"]) == 2 and sum(report["part_bytes"]) == report["bytes"]
+    assert all(0.35 * report["bytes"] < sent < 0.65 * report["bytes"] for sent in report["part_bytes"])
     assert engine.get_version() == 3
     # The trainer's own pause/resume around the stream, then the replica's atomic commit.
     assert server.events == ["pause", "continue", "pause", "load v3", "continue"]
@@ -116,3 +119,44 @@ def test_every_rank_fails_together_when_rank_0_cannot_begin(tmp_path, monkeypatc
     assert "rank 0 could not begin the weight update" in outcomes[1]
     assert f"cannot reach receiver {unreachable}" in outcomes[1]
     assert "pause" not in server.events  # upstream's update never started
+
+
+def test_a_corrupt_part_from_one_rank_is_never_committed(tmp_path, monkeypatch):
+    monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN.decode())
+    _save_model(tmp_path / "model")
+    server = SGLangStandIn(tp_size=1)
+    engine = ReceiverEngine(
+        InferenceEngineConfig(experiment_name="hex", trial_name="t", pause_grace_period=0)
+    )
+    engine.initialize(addr=server.address, train_data_parallel_size=1)
+    endpoint = Endpoint.parse(
+        engine.hex_start_receiver(bind_host="127.0.0.1", stage_dir=str(tmp_path / "stage"))
+    )
+    route = Route([PoolRoute("h20", [endpoint], 1.5, 5.0)]).to_dict()
+    context = mp.get_context("spawn")
+    port, out = _free_port(), tmp_path / "outcome"
+    ranks = [
+        context.Process(
+            target=run_rank_expecting_failure,
+            args=(rank, 2, port, str(tmp_path / "model"), server.address, route, str(out), rank == 1),
+        )
+        for rank in range(2)
+    ]
+    try:
+        for process in ranks:
+            process.start()
+        deadline = time.monotonic() + 240
+        for process in ranks:
+            process.join(timeout=max(1.0, deadline - time.monotonic()))
+        assert [process.exitcode for process in ranks] == [0, 0]
+    finally:
+        for process in ranks:
+            if process.is_alive():
+                process.kill()
+        engine.hex_stop_receiver()
+        engine.destroy()
+        server.close()
+    outcomes = [(tmp_path / f"outcome.{rank}").read_text() for rank in range(2)]
+    assert "(part 1) failed its checksum" in outcomes[0] and "no replica committed version 3" in outcomes[0]
+    assert "the weight update failed on rank 0" in outcomes[1] and "(part 1)" in outcomes[1]
+    assert engine.get_version() == 0 and not any(event.startswith("load") for event in server.events)
