@@ -145,6 +145,7 @@ class SolverInfo:
     )
     mode: str = "two_phase"  # two_phase | exhaustive
     window_steps: int = spec(1, "the δ(η) window the costs were averaged over", between(1, 1_000_000))
+    enumerated: str = spec("", "exhaustive mode: the plans the brute force covered (scheduler/brute.py)")
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def sender_bytes(model: ModelShape, pools: Sequence[str], layers: Sequence[int])
     return out
 
 
-def _receiving_machines(
+def receiving_machines(
     cluster: Cluster, replicas: Sequence[tuple[tuple[RolloutStage, ...], int]]
 ) -> dict[str, int]:
     """Machines per pool that hold rollout GPUs, with replicas packed onto as few machines as possible."""
@@ -107,7 +107,7 @@ def estimate_weight_sync(
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown weight-sync strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
     size = workload.model.weight_bytes()
-    machines = _receiving_machines(cluster, replicas)
+    machines = receiving_machines(cluster, replicas)
     senders = {pool: b for pool, b in senders.items() if b > 0}
     if not machines or not senders:
         return WeightSyncEstimate(0.0, size, "nothing to send")

@@ -1,23 +1,34 @@
-"""Brute force over the plan space of a small cluster, for checking the search: it shares none of its pruning.
+"""Brute force over the plan space of a small cluster, independent of the search: ``areal-hex plan --exhaustive``
+and the checks of the two-phase search (tests, ``benchmarks/scheduler.py`` ``optimality``).
 
-Every machine split (train, rollout, idle per pool, within the budget) x every training layout x every rollout
-fleet, each scored with the cost model alone:
-- training: the pools of the split in every order, each a block of k identical (dp, tp) stages, every k within
-  hex.solver.max_pp_stages, every TP degree inside a machine and every dp that fits (the search fixes the order,
-  takes the largest dp and cuts TP degrees); layouts whose pools send the same weight bytes have the same weight
-  sync, so only the fastest of them is kept (exact);
-- rollout: per pool, any one replica shape (tp, pp), as many replicas as its rollout machines hold (the search
-  solves a knapsack per rebuild-time bound and may mix shapes; fewer replicas are the split with fewer machines);
-- samples split by largest remainder in proportion to replica speed, over the same delta window.
-Its cost grows as the product of the pools' options: keep it to 2-3 pools of at most 4 machines.
+The space, within the evaluator's runtime caps (``scheduler/caps.py``), every part scored by the cost model alone:
+- every machine split (train, rollout, idle per pool) within the budget;
+- training: the split's training pools in every order, each a block of k identical (dp, tp) stages, every k within
+  the stage limit, every TP degree inside a machine and every dp that fits (the search fixes the order, takes the
+  largest dp and cuts TP degrees);
+- rollout: per pool, any replica shape as many times as its rollout GPUs hold, alone or with a second shape filling
+  the GPUs it leaves (the search solves a knapsack per rebuild-time bound; fewer replicas are a smaller split);
+- samples split by largest remainder in proportion to replica speed, at each window of delta(eta) the search
+  tries (:func:`exhaustive`) or at one window (:func:`brute_force`).
+
+Reductions that are exact (no plan that could win is skipped), none of them the search's:
+- the weight sync depends on a layout only through the bytes each pool sends and on a fleet only through the
+  machines it occupies per pool: of the layouts (fleets) that agree on that, only the fastest is scored in full;
+- a step is at least max(rollout, train): splits, layouts and fleets are visited best bound first, and those whose
+  bound cannot beat the best plan found are counted, not scored.
+The space grows as a product over pools, so exhaustive mode takes clusters within :data:`LIMITS` only.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from itertools import permutations, product
 
 from areal_hex_plugin.costmodel import TrainStage
+from areal_hex_plugin.costmodel.weightsync import receiving_machines
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.scheduler.bound import relaxation
 from areal_hex_plugin.scheduler.evaluate import (
     Evaluation,
     Evaluator,
@@ -27,61 +38,204 @@ from areal_hex_plugin.scheduler.evaluate import (
     window_rollout_s,
 )
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig, largest_remainder
+from areal_hex_plugin.scheduler.search import MAX_WINDOW_STEPS, SearchResult, first_window
 from areal_hex_plugin.scheduler.split import all_splits
 from areal_hex_plugin.scheduler.train_search import TrainChoice, tp_degrees
 
-
-def brute_force(
-    ev: Evaluator, limits: tuple[int, ...], budget: float | None, window: int
-) -> Evaluation | None:
-    """The best plan of the space above at ``window`` (highest tokens/s, then cheapest), or None."""
-    layouts: dict[tuple[int, ...], list[TrainChoice]] = {}
-    fleets: dict[tuple[int, ...], list[tuple[Fleet, float]]] = {}
-    best: tuple[tuple[float, float], Evaluation] | None = None
-    for split in all_splits(limits):
-        cost = split.cost_per_hour(ev.cluster)
-        if budget is not None and cost > budget + 1e-9:
-            continue
-        if split.train not in layouts:
-            layouts[split.train] = _layouts(ev, split.train)
-        if split.rollout not in fleets:
-            fleets[split.rollout] = _fleets(ev, split.rollout, window)
-        for train in layouts[split.train]:
-            senders = ev.cm.senders(train.stages)  # each stage sends its layers from its pool
-            for fleet, rollout_s in fleets[split.rollout]:
-                replicas = [(replica_stages(c), y) for c, y in fleet.groups]
-                sync_s = ev.cm.weight_sync(senders, replicas, strategy=ev.sync_strategy).seconds
-                step = sync_s + max(rollout_s, train.step_time_s)
-                key = (round(ev.tokens_per_step / step, 6), -round(cost, 6))
-                if best is None or key > best[0]:
-                    samples = ev.workload.rl.samples_per_step
-                    shares = largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups])
-                    e = Evaluation(
-                        split=occupied(ev.cluster, train, fleet),
-                        window=window,
-                        cost_per_hour=cost,
-                        train=train,
-                        fleet=fleet,
-                        train_s=train.step_time_s,
-                        rollout_s=rollout_s,
-                        sync_s=sync_s,
-                        reward_s=ev.cm.reward_s(samples),
-                        shares=tuple(shares),
-                    )
-                    best = (key, e)
-    return best[1] if best else None
+# The clusters exhaustive mode takes (each bounds a factor of the product the space grows as).
+LIMITS = {"pools": 3, "machines per pool": 8, "GPUs per pool": 32, "hex.solver.max_pp_stages": 4}
 
 
-def _layouts(ev: Evaluator, counts: tuple[int, ...]) -> list[TrainChoice]:
-    """The fastest feasible layout for each vector of weight bytes its pools send."""
+@dataclass(frozen=True)
+class Enumerated:
+    """What one or more brute-force runs covered."""
+
+    windows: int = 0
+    splits: int = 0  # machine splits within the budget
+    opened: int = 0  # of those, paired layout by fleet (the rest bounded out whole)
+    layouts: int = 0  # feasible training layouts enumerated
+    fleets: int = 0  # rollout fleets with a finite rollout time
+    scored: int = 0  # (split, layout, fleet) plans scored in full
+
+    def __add__(self, other: Enumerated) -> Enumerated:
+        return Enumerated(
+            *(a + b for a, b in zip(self.__dict__.values(), other.__dict__.values(), strict=True))
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{self.splits:,} machine splits over {self.windows} window(s), {self.opened:,} of them opened "
+            f"({self.layouts:,} feasible training layouts, {self.fleets:,} rollout fleets) and {self.scored:,} "
+            "plans scored in full; the rest bounded out exactly (a step is at least max(rollout, train), and "
+            "training at least its FLOPs at every GPU's training MFU)"
+        )
+
+
+def check_size(ev: Evaluator, limits: tuple[int, ...]) -> None:
+    """Refuse, naming the limit, a cluster the brute force would take too long on (HexError)."""
+    pools = [(p, m) for p, m in zip(ev.cluster.pools, limits, strict=True) if m]
+    sizes = {
+        "pools": (len(pools), "pools"),
+        "machines per pool": (max(m for _, m in pools), "machines in one pool"),
+        "GPUs per pool": (max(m * p.gpus_per_machine for p, m in pools), "GPUs in one pool"),
+        "hex.solver.max_pp_stages": (ev.solver.max_pp_stages, "pipeline stages allowed"),
+    }
+    for name, (value, what) in sizes.items():
+        if value > LIMITS[name]:
+            shown = ", ".join(f"{v} {k}" for k, v in LIMITS.items())
+            raise HexError(
+                "--exhaustive",
+                f"this cluster has {value} {what}; exhaustive mode enumerates every plan of clusters of at most "
+                f"{shown}",
+                "drop --exhaustive (the two-phase search plans any size), or plan a smaller cluster",
+            )
+
+
+class BruteForce:
+    """The brute force over one evaluator's cluster and caps; training layouts are enumerated once per machine
+    counts and kept across runs (budgets, windows, targets)."""
+
+    def __init__(self, ev: Evaluator) -> None:
+        self.ev = ev
+        self._layouts: dict[tuple[int, ...], tuple[list[TrainChoice], int]] = {}
+        self._relaxation = relaxation(ev)
+
+    def exhaustive(
+        self, limits: tuple[int, ...], budget: float | None, eta: int, target: float | None = None
+    ) -> tuple[SearchResult, Enumerated]:
+        """The best plan over the space above at every window the two-phase search tries (delta(eta) doubling
+        up to MAX_WINDOW_STEPS): the fastest (then cheapest), or with ``target`` the cheapest reaching it."""
+        ev = self.ev
+        check_size(ev, limits)
+        best: Evaluation | None = None
+        done = Enumerated()
+        window = first_window(eta)
+        while True:
+            e, counted = self.run(limits, budget, window, target)
+            done += counted
+            if e is not None and (best is None or _key(ev, e, target) > _key(ev, best, target)):
+                best = e
+            if window >= MAX_WINDOW_STEPS:
+                break
+            window *= 2
+        status = "optimal" if best else "infeasible"
+        return SearchResult(best, status, done.scored, best.window if best else window), done
+
+    def run(
+        self, limits: tuple[int, ...], budget: float | None, window: int, target: float | None = None
+    ) -> tuple[Evaluation | None, Enumerated]:
+        """The best plan of the space above at ``window`` (the fastest, then the cheapest; with ``target`` the
+        cheapest reaching it, then the fastest), or None; and what was enumerated."""
+        ev = self.ev
+        splits = [
+            s for s in all_splits(limits) if budget is None or s.cost_per_hour(ev.cluster) <= budget + 1e-9
+        ]
+        fleets = {r: _fleets(ev, r, window) for r in {s.rollout for s in splits}}
+        tokens = ev.tokens_per_step
+
+        def bound(train_s: float, rollout_s: float, cost: float) -> tuple:
+            return _objective(tokens / max(train_s, rollout_s), cost, target)
+
+        ranked = []
+        for s in splits:
+            if fleets[s.rollout][0]:
+                cost = s.cost_per_hour(ev.cluster)
+                floor = self._train_floor(s.train)
+                ranked.append((bound(floor, fleets[s.rollout][0][0][1], cost), s, cost))
+        ranked.sort(key=lambda x: (x[0], [-v for v in x[1].train + x[1].rollout]), reverse=True)
+        best: tuple[tuple, Evaluation] | None = None
+        scored, opened, trains = 0, 0, set()
+        for split_bound, split, cost in ranked:
+            if best is not None and split_bound <= best[0]:
+                break
+            opened += 1
+            trains.add(split.train)
+            fls = fleets[split.rollout][0]
+            for train in self._train_layouts(split.train)[0]:
+                if best is not None and bound(train.step_time_s, fls[0][1], cost) <= best[0]:
+                    break
+                senders = ev.cm.senders(train.stages)  # each stage sends its layers from its pool
+                for fleet, rollout_s in fls:
+                    if best is not None and bound(train.step_time_s, rollout_s, cost) <= best[0]:
+                        break
+                    scored += 1
+                    replicas = [(replica_stages(c), y) for c, y in fleet.groups]
+                    sync_s = ev.cm.weight_sync(senders, replicas, strategy=ev.sync_strategy).seconds
+                    key = _objective(tokens / (sync_s + max(rollout_s, train.step_time_s)), cost, target)
+                    if best is None or key > best[0]:
+                        best = (key, _evaluation(ev, window, train, fleet, rollout_s, sync_s))
+        counted = Enumerated(
+            windows=1,
+            splits=len(splits),
+            opened=opened,
+            layouts=sum(self._layouts[t][1] for t in trains),
+            fleets=sum(fleets[r][1] for r in fleets),
+            scored=scored,
+        )
+        return (best[1] if best else None), counted
+
+    def _train_layouts(self, counts: tuple[int, ...]) -> tuple[list[TrainChoice], int]:
+        if counts not in self._layouts:
+            self._layouts[counts] = _layouts(self.ev, counts)
+        return self._layouts[counts]
+
+    def _train_floor(self, counts: tuple[int, ...]) -> float:
+        """No training layout on these machines steps faster: the step's FLOPs at every GPU's training MFU
+        (``bound.relaxation``), or its fastest layout once enumerated."""
+        if counts in self._layouts:
+            layouts = self._layouts[counts][0]
+            return layouts[0].step_time_s if layouts else math.inf
+        rate = sum(r * n for r, n in zip(self._relaxation.train_rate, counts, strict=True))
+        return 1 / rate if rate > 0 else math.inf
+
+
+def _key(ev: Evaluator, e: Evaluation, target: float | None) -> tuple:
+    return _objective(e.tokens_per_s(ev.tokens_per_step), e.cost_per_hour, target)
+
+
+def _objective(rate: float, cost: float, target: float | None) -> tuple:
+    """Larger is better: the fastest, then the cheapest; with ``target`` the cheapest reaching it, then the
+    fastest."""
+    rate, cost = round(rate, 6), -round(cost, 6)
+    return (rate >= target, cost, rate) if target is not None else (rate, cost)
+
+
+def _evaluation(ev, window, train: TrainChoice, fleet: Fleet, rollout_s, sync_s) -> Evaluation:
+    """The plan as the evaluator reports one: on the machines it occupies, at their price."""
+    samples = ev.workload.rl.samples_per_step
+    split = occupied(ev.cluster, train, fleet)
+    return Evaluation(
+        split=split,
+        window=window,
+        cost_per_hour=split.cost_per_hour(ev.cluster),
+        train=train,
+        fleet=fleet,
+        train_s=train.step_time_s,
+        rollout_s=rollout_s,
+        sync_s=sync_s,
+        reward_s=ev.cm.reward_s(samples),
+        shares=tuple(largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups])),
+    )
+
+
+def _layouts(ev: Evaluator, counts: tuple[int, ...]) -> tuple[list[TrainChoice], int]:
+    """The fastest feasible layout for each assignment of layers to pools' stages (what the weight sync depends
+    on), fastest first; and how many feasible layouts there are."""
+    if not any(counts):
+        return [], 0
+    caps = ev.caps
+    max_pp = caps.train_stages(ev.solver.max_pp_stages)
     pools = [p for p, n in zip(ev.cluster.pools, counts, strict=True) if n]
     gpus = {p.name: n * p.gpus_per_machine for p, n in zip(ev.cluster.pools, counts, strict=True) if n}
-    blocks = {p.name: _blocks(p, gpus[p.name], ev.solver.max_pp_stages) for p in pools}
-    fastest: dict[tuple[tuple[str, int], ...], TrainChoice] = {}
-    for size in range(1, len(pools) + 1):
+    blocks = {p.name: _blocks(p, gpus[p.name], max_pp) for p in pools}
+    fastest: dict[tuple[tuple[str, float], ...], TrainChoice] = {}
+    feasible = 0
+    for size in range(1, (len(pools) if caps.train_mixed_types else 1) + 1):
         for order in permutations(pools, size):
             for choice in product(*(blocks[p.name] for p in order)):
-                if sum(k for k, _, _ in choice) > ev.solver.max_pp_stages:
+                if sum(k for k, _, _ in choice) > max_pp:
+                    continue
+                if caps.train_equal_stages and len({(dp, tp) for _, dp, tp in choice}) > 1:
                     continue
                 stages = tuple(
                     TrainStage(p.name, dp, tp)
@@ -91,10 +245,12 @@ def _layouts(ev: Evaluator, counts: tuple[int, ...]) -> list[TrainChoice]:
                 estimate = ev.cm.train(stages)
                 if not estimate.feasible:
                     continue
-                used = tuple(sorted(ev.cm.senders(stages).items()))
-                if used not in fastest or estimate.step_time_s < fastest[used].step_time_s:
-                    fastest[used] = TrainChoice(stages, estimate)
-    return list(fastest.values())
+                feasible += 1
+                # What each pool sends follows from its stages' layers (a finer key than the bytes: still exact).
+                sent = tuple(zip((s.pool for s in stages), estimate.layers, strict=True))
+                if sent not in fastest or estimate.step_time_s < fastest[sent].step_time_s:
+                    fastest[sent] = TrainChoice(stages, estimate)
+    return sorted(fastest.values(), key=lambda c: c.step_time_s), feasible
 
 
 def _blocks(pool, gpus: int, max_pp: int) -> list[tuple[int, int, int]]:
@@ -107,39 +263,44 @@ def _blocks(pool, gpus: int, max_pp: int) -> list[tuple[int, int, int]]:
     ]
 
 
-def _fleets(ev: Evaluator, counts: tuple[int, ...], window: int) -> list[tuple[Fleet, float]]:
-    """Every fleet of one replica shape per rollout pool (as many as fit), with its rollout time per step."""
+def _fleets(ev: Evaluator, counts: tuple[int, ...], window: int) -> tuple[list[tuple[Fleet, float]], int]:
+    """For each set of machines a fleet occupies (all the weight sync depends on), the fleet with the shortest
+    rollout time per step, shortest first; and how many fleets have a finite one."""
+    if not any(counts):
+        return [], 0
     options = []
     for pool, n in zip(ev.cluster.pools, counts, strict=True):
-        if not n:
-            continue
-        gpus = n * pool.gpus_per_machine
-        choices = [(c, gpus // c.gpus) for c in _shapes(ev, pool) if c.gpus <= gpus]
-        if not choices:
-            return []
-        options.append(choices)
+        if n:
+            options.append(_pool_fleets(ev, pool, n * pool.gpus_per_machine))
+            if not options[-1]:
+                return [], 0
     samples = ev.workload.rl.samples_per_step * window
     mean = ev.workload.output_lengths.mean
     reward = ev.cm.reward_s(ev.workload.rl.samples_per_step)
-    out = []
+    fastest: dict[tuple, tuple[Fleet, float]] = {}
+    finite = 0
     for groups in product(*options):
-        fleet = ev._within_staleness(Fleet(tuple(groups), True))
+        fleet = ev._within_staleness(Fleet(tuple(g for pool in groups for g in pool), True))
         rollout_s = window_rollout_s(fleet, samples, mean, updates=window) / window + reward
-        if math.isfinite(rollout_s):
-            out.append((fleet, rollout_s))
+        if not math.isfinite(rollout_s):
+            continue
+        finite += 1
+        machines = receiving_machines(ev.cluster, [(replica_stages(c), y) for c, y in fleet.groups])
+        key = tuple(sorted(machines.items()))
+        if key not in fastest or rollout_s < fastest[key][1]:
+            fastest[key] = (fleet, rollout_s)
+    return sorted(fastest.values(), key=lambda x: x[1]), finite
+
+
+def _pool_fleets(ev: Evaluator, pool, gpus: int) -> list[tuple[tuple[ReplicaConfig, int], ...]]:
+    """One pool's fleets: a shape as many times as ``gpus`` hold, alone or with another filling what it leaves
+    (one shape only where the runtime gives a pool one layout)."""
+    shapes = [c for c in ev.feasible_shapes(pool.name) if c.gpus <= gpus]
+    out = []
+    for a in shapes:
+        count = gpus // a.gpus
+        out.append(((a, count),))
+        left = gpus - count * a.gpus
+        if not ev.caps.one_layout_per_pool:
+            out += [((a, count), (b, left // b.gpus)) for b in shapes if b.gpus <= left]
     return out
-
-
-def _shapes(ev: Evaluator, pool) -> list[ReplicaConfig]:
-    """Every feasible replica shape of a pool (no dominance pruning)."""
-    shapes = []
-    for pp in range(1, ev.solver.max_pp_stages + 1):
-        for tp in tp_degrees(pool.gpus_per_machine):
-            if ev.solver.rollout_layout and [tp, pp] != ev.solver.rollout_layout:
-                continue
-            est = ev.cm.rollout(replica_stages(ReplicaConfig(pool.name, tp, pp, 0.0, 1)))
-            if est.feasible and est.tokens_per_s > 0:
-                shapes.append(
-                    ReplicaConfig(pool.name, tp, pp, est.tokens_per_s, est.concurrency, est.recompute_s)
-                )
-    return shapes

@@ -45,6 +45,22 @@ class RuntimeCaps:
     def train_stages(self, max_pp_stages: int) -> int:
         return max_pp_stages if self.max_train_stages is None else min(self.max_train_stages, max_pp_stages)
 
+    def rollout_shapes(
+        self, gpus_per_machine: int, max_pp_stages: int, fixed: list[int]
+    ) -> list[tuple[int, int]]:
+        """The replica shapes (tp, pp) a pool of ``gpus_per_machine``-GPU machines may run: TP inside a machine,
+        at most ``max_pp_stages`` stages (and this runtime's limit), ``fixed`` = hex.solver.rollout_layout."""
+        in_machine = tp_degrees(gpus_per_machine)
+        max_pp = min(max_pp_stages, self.max_rollout_pp or max_pp_stages)
+        return [
+            (tp, pp)
+            for pp in range(1, max_pp + 1)
+            for tp in in_machine
+            if (not fixed or [tp, pp] == fixed)
+            # One upstream server per worker: its GPUs in one machine, packed exactly.
+            and (not self.rollout_server_in_machine or tp * pp in in_machine)
+        ]
+
     def describe(self) -> str:
         if self.name == "paper":
             return "the paper's unconstrained space"

@@ -20,7 +20,7 @@ from areal_hex_plugin.scheduler.rollout_model import (
     solve_rollout,
 )
 from areal_hex_plugin.scheduler.split import Split
-from areal_hex_plugin.scheduler.train_search import TrainChoice, search_train, tp_degrees
+from areal_hex_plugin.scheduler.train_search import TrainChoice, search_train
 from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.config import SolverConfig
 from areal_hex_plugin.specs.workload import WorkloadSpec
@@ -73,14 +73,13 @@ class Evaluation:
 
 @dataclass
 class Evaluator:
-    """Memoised phase-1 scoring of splits, shared by the two-phase search, exhaustive mode and the baselines."""
+    """Memoised phase-1 scoring of splits, shared by the two-phase search, the bound and the baselines."""
 
     cm: CostModel
     cluster: Cluster
     workload: WorkloadSpec
     solver: SolverConfig
     sync_strategy: str = "relay"
-    exhaustive: bool = False
     caps: RuntimeCaps = PAPER  # the layouts the runtime can start (scheduler/caps.py)
     _configs: dict[str, list[ReplicaConfig]] = field(default_factory=dict)
     _train: dict[tuple[int, ...], TrainChoice | None] = field(default_factory=dict)
@@ -112,7 +111,7 @@ class Evaluator:
             stages = self.caps.train_stages(self.solver.max_pp_stages)
             equal = self.caps.train_equal_stages and stages > 1
             self._train[counts] = (
-                search_train(self.cm, self.cluster, gpus, stages, self.exhaustive, equal) if gpus else None
+                search_train(self.cm, self.cluster, gpus, stages, equal_stages=equal) if gpus else None
             )
         return self._train[counts]
 
@@ -124,57 +123,65 @@ class Evaluator:
         """The fleet of :meth:`fleet` and its generation makespan over the window (memoised).
 
         Every replica also rebuilds its KV cache after each weight update, which the linear objective
-        sum(y_psi * h_psi) cannot see. So the program is solved once per bound on that rebuild time, with only
-        the shapes within the bound, and the fleet with the shortest makespan over the window is kept.
+        sum(y_psi * h_psi) cannot see. So each pool's program is solved once per bound on that rebuild time, with
+        only the shapes within the bound: first one bound for every pool, then each pool's own bound in turn while
+        that shortens the makespan (a pool may do best with fast-rebuilding shapes while another needs speed).
         """
         key = (counts, window)
         if key in self._fleets:
             return self._fleets[key]
         pools = [(pool.name, n) for pool, n in zip(self.cluster.pools, counts, strict=True) if n]
-        bounds = sorted({c.recompute_s for name, _ in pools for c in self.replica_configs(name)})
+        bounds = {name: sorted({c.recompute_s for c in self.replica_configs(name)}) for name, _ in pools}
         samples = self.workload.rl.samples_per_step * window
-        best: tuple[float, Fleet] | None = None
-        for bound in bounds:
-            solutions = [self.pool_fleet(name, n, bound) for name, n in pools]
+
+        def scored(solutions: list[RolloutSolution]) -> tuple[float, Fleet] | None:
             fleet = self._within_staleness(
                 Fleet(tuple(g for s in solutions for g in s.counts), all(s.optimal for s in solutions))
             )
             if not fleet.groups:
-                continue
-            makespan = window_rollout_s(fleet, samples, self.workload.output_lengths.mean, updates=window)
-            if best is None or makespan < best[0]:
-                best = (makespan, fleet)
+                return None
+            return window_rollout_s(fleet, samples, self.workload.output_lengths.mean, updates=window), fleet
+
+        best: tuple[float, Fleet] | None = None
+        chosen: list[RolloutSolution] = []
+        for bound in sorted({b for v in bounds.values() for b in v}):
+            solutions = [self.pool_fleet(name, n, bound) for name, n in pools]
+            trial = scored(solutions)
+            if trial is not None and (best is None or trial[0] < best[0]):
+                best, chosen = trial, solutions
+        improved = best is not None
+        while improved:
+            improved = False
+            for i, (name, n) in enumerate(pools):
+                for bound in bounds[name]:
+                    solutions = [*chosen[:i], self.pool_fleet(name, n, bound), *chosen[i + 1 :]]
+                    trial = scored(solutions)
+                    if trial is not None and trial[0] < best[0] * (1 - 1e-12):
+                        best, chosen, improved = trial, solutions, True
         self._fleets[key] = (best[1], best[0]) if best else (Fleet((), True), math.inf)
         return self._fleets[key]
 
     def replica_configs(self, pool_name: str) -> list[ReplicaConfig]:
         """Feasible replica shapes psi of a pool, dominated shapes removed (see :func:`prune_dominated`)."""
         if pool_name not in self._configs:
-            pool = self.cluster.pool(pool_name)
-            configs = []
-            in_machine = tp_degrees(pool.gpus_per_machine)
-            max_pp = min(self.solver.max_pp_stages, self.caps.max_rollout_pp or self.solver.max_pp_stages)
-            for pp in range(1, max_pp + 1):
-                for tp in tp_degrees(pool.gpus_per_machine):
-                    if self.solver.rollout_layout and [tp, pp] != self.solver.rollout_layout:
-                        continue
-                    # One upstream server per worker: its GPUs in one machine, packed exactly.
-                    if self.caps.rollout_server_in_machine and tp * pp not in in_machine:
-                        continue
-                    estimate = self.cm.rollout(tuple(RolloutStage(pool=pool_name, tp=tp) for _ in range(pp)))
-                    if estimate.feasible and estimate.tokens_per_s > 0:
-                        configs.append(
-                            ReplicaConfig(
-                                pool_name,
-                                tp,
-                                pp,
-                                estimate.tokens_per_s,
-                                estimate.concurrency,
-                                estimate.recompute_s,
-                            )
-                        )
-            self._configs[pool_name] = prune_dominated(configs)
+            self._configs[pool_name] = prune_dominated(self.feasible_shapes(pool_name))
         return self._configs[pool_name]
+
+    def feasible_shapes(self, pool_name: str) -> list[ReplicaConfig]:
+        """Every replica shape of a pool the runtime caps allow and the cost model says runs."""
+        pool = self.cluster.pool(pool_name)
+        configs = []
+        for tp, pp in self.caps.rollout_shapes(
+            pool.gpus_per_machine, self.solver.max_pp_stages, self.solver.rollout_layout
+        ):
+            estimate = self.cm.rollout(tuple(RolloutStage(pool=pool_name, tp=tp) for _ in range(pp)))
+            if estimate.feasible and estimate.tokens_per_s > 0:
+                configs.append(
+                    ReplicaConfig(
+                        pool_name, tp, pp, estimate.tokens_per_s, estimate.concurrency, estimate.recompute_s
+                    )
+                )
+        return configs
 
     def _within_staleness(self, fleet: Fleet) -> Fleet:
         """``fleet`` with every replica's batch cut in proportion when together they would hold more sequences

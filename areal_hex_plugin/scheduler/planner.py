@@ -10,17 +10,15 @@ from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import Baseline, HexPlan, Objective, ParetoPoint, Predicted, SolverInfo, Staleness
 from areal_hex_plugin.scheduler.bound import cost_bound, throughput_bound
+from areal_hex_plugin.scheduler.brute import BruteForce, Enumerated, check_size
 from areal_hex_plugin.scheduler.caps import RuntimeCaps, recipe_caps
 from areal_hex_plugin.scheduler.cpsat import clock
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator, window_rollout_s
 from areal_hex_plugin.scheduler.explain import binding_constraint, describe_binding, describe_role, pool_roles
 from areal_hex_plugin.scheduler.placement import place
-from areal_hex_plugin.scheduler.search import SearchResult, exhaustive, two_phase
-from areal_hex_plugin.scheduler.split import count_splits
+from areal_hex_plugin.scheduler.search import SearchResult, two_phase
 from areal_hex_plugin.scheduler.train_search import tp_degrees
 
-# --exhaustive enumerates every split; beyond this many it would take too long to be useful.
-EXHAUSTIVE_MAX_SPLITS = 20_000
 # Budget levels of the Pareto sweep (fractions of the whole inventory's price).
 PARETO_LEVELS = 8
 # A costlier point joins the frontier only if it is at least this much faster (not by rounding noise).
@@ -91,22 +89,31 @@ class Planner:
             self.workload,
             self.solver,
             sync_strategy=strategy_for(recipe.hex.transport),
-            exhaustive=request.exhaustive,
             caps=self.caps,
         )
-        if request.exhaustive and count_splits(self.limits) > EXHAUSTIVE_MAX_SPLITS:
-            raise HexError(
-                "--exhaustive",
-                f"this inventory has {count_splits(self.limits):,} machine splits; exhaustive mode is for small "
-                f"clusters (at most {EXHAUSTIVE_MAX_SPLITS:,})",
-                "drop --exhaustive: the two-phase search covers the same space",
-            )
+        # --exhaustive: the brute force of scheduler/brute.py, what it covered, and the plans it returned.
+        self.brute = BruteForce(self.ev) if request.exhaustive else None
+        self.enumerated = Enumerated()
+        self.found: list[Evaluation] = []
+        if self.brute:
+            check_size(self.ev, self.limits)
 
     def search(
-        self, limits: tuple[int, ...], budget: float | None, deadline: float | None = None
+        self,
+        limits: tuple[int, ...],
+        budget: float | None,
+        deadline: float | None = None,
+        target: float | None = None,
     ) -> SearchResult:
-        run = exhaustive if self.request.exhaustive else two_phase
-        return run(self.ev, limits, budget, self.eta, deadline or self.deadline)
+        """The best plan within ``limits`` and ``budget`` (with ``target``, exhaustive mode only: the cheapest
+        reaching it)."""
+        if self.brute is None:
+            return two_phase(self.ev, limits, budget, self.eta, deadline or self.deadline)
+        result, enumerated = self.brute.exhaustive(limits, budget, self.eta, target)
+        self.enumerated += enumerated
+        if result.best is not None:
+            self.found.append(result.best)
+        return result
 
     def tokens_per_s(self, e: Evaluation | None) -> float:
         return e.tokens_per_s(self.ev.tokens_per_step) if e is not None else 0.0
@@ -162,6 +169,8 @@ class Planner:
                 f"tokens/s (${full.best.cost_per_hour:,.2f}/h)",
                 "lower the target, or add machines to hex.cluster",
             )
+        if self.brute is not None:
+            return self.search(self.limits, None, target=target)
         lo, hi = 0.0, full.best.cost_per_hour
         chosen, iterations = full, full.iterations
         step = min(p.price_per_machine_hour for p in self.cluster.pools)
@@ -251,7 +260,7 @@ class Planner:
                 note = f"{why} on {machines} {gpu_type} machine(s) within ${budget:,.2f}/h"
                 baselines[name] = Baseline(0.0, 0.0, {}, note=note)
                 continue
-            e = self.ev.evaluate(result.best.split, window)
+            e = result.best if self.brute else self.ev.evaluate(result.best.split, window)
             rivals.append(e)
             inventory = sum(
                 p.n_gpus * p.price_per_gpu_hour for p in self.cluster.pools if p.gpu_type == gpu_type
@@ -292,7 +301,7 @@ class Planner:
             if clock() > self.deadline:
                 break
             self.search(self.limits, full * level / PARETO_LEVELS)
-        points = [e for e in self.ev.scored_at(window) if e.feasible]
+        points = [e for e in [*self.ev.scored_at(window), *self.found] if e.feasible]
         points.sort(key=lambda e: (e.cost_per_hour, -self.tokens_per_s(e), e.split))
         frontier: list[ParetoPoint] = []
         for e in points:
@@ -335,6 +344,7 @@ class Planner:
                 gap=gap,
                 mode="exhaustive" if self.request.exhaustive else "two_phase",
                 window_steps=result.window,
+                enumerated=self.enumerated.describe() if self.brute else "",
             ),
             staleness=Staleness(self.eta, in_flight),
             binding=describe_binding(binding, self.objective),

@@ -125,6 +125,8 @@ def describe_plan(plan: HexPlan, stream: IO[str] | None = None) -> str:
         f"Solver: {s.mode}, {s.status} after {s.iterations} iterations in {s.solve_time_s:.2f}s, {gap}; "
         f"costs averaged over a {s.window_steps}-step window (eta={plan.staleness.max_head_offpolicyness})"
     )
+    if s.enumerated:
+        out.append(f"Exhaustive: {s.enumerated}")
     out += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(out)
 

@@ -1,4 +1,4 @@
-"""The two-phase loop (Algorithm 1) and exhaustive mode, over splits within machine limits and a budget.
+"""The two-phase loop (Algorithm 1) over splits within machine limits and a budget.
 
 Two-phase, at a window of delta steps:
 1. bisection on training's compute share gamma (start at 1: all compute to training); each gamma gives an
@@ -10,7 +10,7 @@ Two-phase, at a window of delta steps:
    cross-type links make the landscape rugged); Eq. (3) splits on a coarse gamma grid join the starts;
 3. a local search (one machine moved, else two moves in one or two pools) from the best distinct starts.
 The window delta(eta) then doubles until the best step time stops moving, and the cheapest split within
-THROUGHPUT_TIE of the best is returned. Exhaustive mode scores every split with the same phase 1.
+THROUGHPUT_TIE of the best is returned. Exhaustive mode (``scheduler/brute.py``) shares none of this.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from areal_hex_plugin.scheduler.balance_model import BalanceRequest, solve_balan
 from areal_hex_plugin.scheduler.cpsat import clock
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.scheduler.partition_model import PartitionRequest, solve_partition
-from areal_hex_plugin.scheduler.split import Split, all_splits
+from areal_hex_plugin.scheduler.split import Split
 
 # The window grows by doubling up to this many steps, and stops once the step time moves less than this.
 MAX_WINDOW_STEPS = 64
@@ -333,25 +333,3 @@ def _best_move(ev: Evaluator, current: Evaluation, splits, budget, window, deadl
         if e.feasible:
             best = better(best, e, ev.tokens_per_step)
     return None if best is current else best
-
-
-def exhaustive(
-    ev: Evaluator, limits: tuple[int, ...], budget: float | None, eta: int, deadline: float
-) -> SearchResult:
-    """Every split within the limits and budget, scored with the same phase 1 (full layout enumeration)."""
-
-    def search(window: int) -> SearchResult:
-        best: Evaluation | None = None
-        iterations = 0
-        for split in all_splits(limits):
-            if budget is not None and split.cost_per_hour(ev.cluster) > budget + 1e-9:
-                continue
-            if clock() > deadline:
-                return SearchResult(best, "timeout", iterations, window)
-            iterations += 1
-            e = ev.evaluate(split, window)
-            if e.feasible:
-                best = better(best, e, ev.tokens_per_step)
-        return SearchResult(best, "optimal" if best else "infeasible", iterations, window)
-
-    return _grow_window(ev, limits, budget, eta, deadline, search)

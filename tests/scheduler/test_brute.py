@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from areal_hex_plugin.scheduler.brute import brute_force
-from areal_hex_plugin.scheduler.caps import PAPER
-from areal_hex_plugin.scheduler.planner import Planner, PlanRequest
+from areal_hex_plugin.cli import main
+from areal_hex_plugin.scheduler import evaluate
+from areal_hex_plugin.scheduler import planner as planner_module
+from areal_hex_plugin.scheduler.brute import BruteForce, _fleets
+from areal_hex_plugin.scheduler.caps import PAPER, recipe_caps, unmet
+from areal_hex_plugin.scheduler.evaluate import replica_stages
+from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
+from areal_hex_plugin.scheduler.split import all_splits
+from tests.conftest import REPO
 from tests.scheduler.helpers import recipe_with_pools
 
 pytestmark = pytest.mark.slow
@@ -23,7 +29,57 @@ CASES = [
 def test_two_phase_is_within_one_percent_of_the_brute_force(pools, model, budget):
     planner = Planner(recipe_with_pools(pools, model), PlanRequest(budget_per_hour=budget, caps=PAPER))
     result = planner.search(planner.limits, budget)
-    brute = brute_force(planner.ev, planner.limits, budget, result.window)
+    brute, _ = BruteForce(planner.ev).run(planner.limits, budget, result.window)
     assert brute is not None and brute.feasible
     assert budget is None or brute.cost_per_hour <= budget + 1e-9
     assert planner.tokens_per_s(result.best) >= 0.99 * planner.tokens_per_s(brute)
+
+
+def test_exhaustive_mode_is_the_brute_force_and_uses_nothing_of_the_search(monkeypatch, capsys):
+    """Review: --exhaustive enumerated machine splits only and scored them with the search's phase 1."""
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("exhaustive mode called the two-phase search")
+
+    monkeypatch.setattr(evaluate, "search_train", no_search)
+    monkeypatch.setattr(planner_module, "two_phase", no_search)
+    recipe = recipe_with_pools([("H800-PCIe", 4, 2), ("H20", 4, 2)], "1.5b")
+    plan = plan_recipe(recipe, PlanRequest(exhaustive=True))
+    assert plan.solver.mode == "exhaustive" and plan.solver.status == "optimal" and plan.solver.gap == 0
+    assert "machine splits" in plan.solver.enumerated and "scored in full" in plan.solver.enumerated
+    # The recipe's runtime (FSDP: one training stage on one GPU type) bounds the brute force too.
+    assert not unmet(plan, recipe_caps(recipe))
+
+
+def test_cli_exhaustive_says_what_it_enumerated_and_names_the_limit(capsys):
+    small = [("H800-PCIe", 4, 1), ("H20", 4, 2)]
+    recipe = REPO / "recipes" / "paper" / "1.5b.yaml"
+    pools = "hex.cluster.pools=[" + ", ".join(
+        f"{{name: p{i}, gpu_type: {t}, gpus_per_machine: {g}, machines: {m}, price_per_gpu_hour: 2.0}}"
+        for i, (t, g, m) in enumerate(small)
+    )
+    assert main(["plan", str(recipe), pools + "]", "hex.objective.budget_per_hour=null", "--exhaustive"]) == 0
+    out = capsys.readouterr().out
+    assert "Solver: exhaustive, optimal" in out and "Exhaustive: " in out and "machine splits" in out
+    big = pools + ", {name: p9, gpu_type: L40S, gpus_per_machine: 8, machines: 9, price_per_gpu_hour: 1.0}]"
+    assert main(["plan", str(recipe), big, "hex.objective.budget_per_hour=null", "--exhaustive"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --exhaustive") and "Traceback" not in err
+    assert "9 machines in one pool" in err and "8 machines per pool" in err
+
+
+def test_the_bounds_skip_no_better_plan():
+    """Branch and bound against scoring every (split, layout, fleet) of the brute force's space."""
+    planner = Planner(recipe_with_pools([("H100", 2, 2), ("L40S", 2, 2)], "1.5b"), PlanRequest(caps=PAPER))
+    brute = BruteForce(planner.ev)
+    best, counted = brute.run(planner.limits, None, 4)
+    rates = []
+    for split in all_splits(planner.limits):
+        for train in brute._train_layouts(split.train)[0]:
+            senders = planner.cm.senders(train.stages)
+            for fleet, rollout_s in _fleets(planner.ev, split.rollout, 4)[0]:
+                replicas = [(replica_stages(c), y) for c, y in fleet.groups]
+                sync = planner.cm.weight_sync(senders, replicas, strategy=planner.ev.sync_strategy).seconds
+                rates.append(planner.ev.tokens_per_step / (sync + max(rollout_s, train.step_time_s)))
+    assert planner.tokens_per_s(best) == pytest.approx(max(rates), rel=1e-9)
+    assert counted.scored < len(rates)
