@@ -9,9 +9,12 @@ order (``placement.placement_from_plan``: stage-major, as Megatron's ``tp-cp-ep-
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from areal_hex_plugin.areal.placement import PP_LAYERS_ENV
+
+_DECODER_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def planned_layers(env: Mapping[str, str]) -> tuple[int, ...]:
@@ -36,3 +39,18 @@ def stage_layout(layers: Sequence[int], pp_size: int, vpp_size: int, num_layers:
     out[0].insert(0, "embedding")
     out[-1].append("loss")
     return out
+
+
+def layer_stage(hf_name: str, layers: Sequence[int]) -> int | None:
+    """The pipeline stage that holds HF tensor ``hf_name`` when stage k holds ``layers[k]`` decoder layers (the
+    relay's senders: each stage sends the layers it holds); None for a tensor outside the decoder layers (the
+    embedding goes with the first stage, the final norm and head with the last)."""
+    match = _DECODER_LAYER.search(hf_name)
+    if match is None:
+        return None
+    layer, bound = int(match.group(1)), 0
+    for stage, count in enumerate(layers):
+        bound += count
+        if layer < bound:
+            return stage
+    raise ValueError(f"{hf_name}: layer {layer} is beyond the planned {bound} layers")

@@ -34,6 +34,7 @@ HEX_TRAIN_ENGINES = {
     ("relay", "fsdp"): "areal_hex_plugin.transport.fsdp_adapter.HexFSDPPPOActor",
     # The plan's per-stage layer counts (upstream's own weight-update paths).
     ("upstream", "megatron"): "areal_hex_plugin.areal.megatron_actor.HexMegatronPPOActor",
+    ("relay", "megatron"): "areal_hex_plugin.areal.megatron_actor.HexMegatronRelayActor",
 }
 
 SCHEDULERS: dict[str, str] = {}

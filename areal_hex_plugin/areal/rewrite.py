@@ -127,10 +127,9 @@ def apply_plan(config, plan: HexPlan) -> Rewrite:
 
 
 def uses_relay(config) -> bool:
-    """Whether weights go through the relay transport (else upstream's own ``weight_update_mode`` path)."""
-    return (
-        config.hex.transport == "relay" and ModelAllocation.from_str(config.actor.backend).backend == "fsdp"
-    )
+    """Whether weights go through the relay transport (else upstream's own ``weight_update_mode`` path); both
+    training backends send through it (``runtime_caps`` refused any other before)."""
+    return config.hex.transport == "relay"
 
 
 def _staleness_notes(config, plan: HexPlan) -> list[str]:

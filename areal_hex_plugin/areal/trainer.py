@@ -5,9 +5,8 @@ Without ``plan=`` it plans from the config's ``hex:`` section (``hex.plan_path``
 saves ``hex_plan.json`` beside upstream's ``config.yaml`` and returns the Hex scheduler for ``scheduler.type``.
 Rollout servers use the engine class :func:`register` installed (``HexRemoteSGLangEngine``: per-GPU-type flags,
 share routing), through ``_rollout_engine_cls`` (upstream's hook with ``patches/0002``). With
-``hex.transport: relay`` and an FSDP actor, the actor is the transport's ``HexFSDPPPOActor`` and its controller
-gets the plan's rollout pools and links (a Megatron actor keeps upstream's xccl path). Upstream's stats logger
-is wrapped to add ``hex/*``.
+``hex.transport: relay`` the actor is the transport's ``HexFSDPPPOActor`` or ``HexMegatronRelayActor`` and its
+controller gets the plan's rollout pools and links. Upstream's stats logger is wrapped to add ``hex/*``.
 """
 
 from __future__ import annotations

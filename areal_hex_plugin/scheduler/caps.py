@@ -9,7 +9,8 @@ Upstream AReaL 1.0.4, as the plugin drives it:
 - Megatron trains ``pp`` stages with one dp and one tp for all of them (``megatron:dXpZtY``); the plugin gives
   each stage its own GPU type and layer count;
 - every rollout server is one upstream worker on ``tp*pp`` GPUs of one machine, each with its own layout;
-- weight updates: the relay transport (per server, any layouts) with an FSDP actor; upstream's xccl path needs one
+- weight updates: the relay transport (per server, any layouts) from either actor (every FSDP rank, every
+  Megatron pipeline stage sends its own part); upstream's xccl path needs one
   rollout layout (on Megatron also train pp = rollout pp when rollout pp > 1, so servers keep pp 1); disk works
   with any;
 - ``hex_slurm``: a node's tasks share one GPU count, so each pool's servers share one layout.
@@ -24,7 +25,7 @@ from areal_hex_plugin.scheduler.train_search import tp_degrees
 
 TRAIN_BACKENDS = ("fsdp", "megatron")
 # Weight-update paths each training backend supports in the plugin.
-WEIGHT_PATHS = {"fsdp": ("relay", "xccl", "disk"), "megatron": ("xccl", "disk")}
+WEIGHT_PATHS = {"fsdp": ("relay", "xccl", "disk"), "megatron": ("relay", "xccl", "disk")}
 
 
 @dataclass(frozen=True)
@@ -99,12 +100,6 @@ def caps_for(
     ``scheduler.type``."""
     path = "relay" if transport == "relay" else weight_update_mode
     if path not in WEIGHT_PATHS[train_backend]:
-        if path == "relay":
-            raise HexError(
-                "hex.transport",
-                f"is 'relay', which sends weights from an FSDP actor; actor.backend is {train_backend}",
-                "set hex.transport=upstream (upstream's own xccl or disk path), or use an fsdp actor backend",
-            )
         raise HexError(
             "actor.weight_update_mode",
             f"{weight_update_mode!r} is not a weight-update path a {train_backend} actor supports",

@@ -21,9 +21,10 @@
 #   profile (HEX_GPU_TIMEOUT_PROFILE, 180 s): tests/gpu/profile_check.py. `areal-hex profile` times a real SGLang
 #       engine (the pinned sglang) and upstream's real FSDP PPO step on this GPU type with the 1.5B recipe's shape
 #       (random weights, nothing downloaded) and fits efficiency factors inside sane ranges.
-#   megatron (HEX_GPU_TIMEOUT_MEGATRON, 100 s): tests/gpu/megatron_check.py. Upstream's Megatron PPO actor, as the
-#       plugin's HexMegatronPPOActor on megatron:d1p2t1, builds the plan's uneven pipeline split (5 + 1 layers of
-#       a tiny Qwen2), and upstream's own split without a plan.
+#   megatron (HEX_GPU_TIMEOUT_MEGATRON, 100 s): tests/gpu/megatron_check.py. Upstream's Megatron PPO actor on
+#       megatron:d1p2t1 builds the plan's uneven pipeline split (5 + 1 layers of a tiny Qwen2) and, as the plugin's
+#       HexMegatronRelayActor, updates a relay receiver bit-exactly with each stage sending its own layers; and
+#       upstream's own split without a plan.
 #   driver (HEX_GPU_TIMEOUT_DRIVER, 200 s): tests/gpu/driver_check.py. A real `python -m areal_hex_plugin.driver`
 #       run with hex_local on this machine: SGLang rollout servers, FSDP training, weight updates (relay with 2+
 #       GPUs, upstream's disk path on one), and measured hex/* metrics logged through upstream's StatsLogger.

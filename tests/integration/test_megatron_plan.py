@@ -14,9 +14,9 @@ pytest.importorskip("areal")
 from areal.api.alloc_mode import ModelAllocation  # noqa: E402
 
 from areal_hex_plugin.areal.config import load_hex_config  # noqa: E402
-from areal_hex_plugin.areal.megatron_layout import planned_layers, stage_layout  # noqa: E402
+from areal_hex_plugin.areal.megatron_layout import layer_stage, planned_layers, stage_layout  # noqa: E402
 from areal_hex_plugin.areal.rewrite import apply_plan  # noqa: E402
-from areal_hex_plugin.errors import HexError, UpstreamLimit  # noqa: E402
+from areal_hex_plugin.errors import UpstreamLimit  # noqa: E402
 from areal_hex_plugin.plan import GpuAssignment, Machine, TrainPlan, TrainStage  # noqa: E402
 from tests.integration.plans import two_type_plan  # noqa: E402
 
@@ -87,10 +87,28 @@ def test_fsdp_cannot_run_the_pipelined_plan_and_says_why(tmp_path: Path) -> None
         apply_plan(_config(tmp_path), _pipelined_plan())
 
 
-def test_relay_with_a_megatron_actor_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    with pytest.raises(HexError, match="sends weights from an FSDP actor") as err:
-        apply_plan(_config(tmp_path, "actor.backend=megatron:d2p2t1"), _pipelined_plan())
-    assert err.value.field == "hex.transport" and "hex.transport=upstream" in err.value.fix
+def test_relay_with_a_megatron_actor_sends_from_every_stage(tmp_path: Path) -> None:
+    from areal_hex_plugin.areal import plugin
+    from areal_hex_plugin.areal.rewrite import uses_relay
+
+    config = _config(tmp_path, "actor.backend=megatron:d2p2t1", "hex.transport=relay")
+    rewrite = apply_plan(config, _pipelined_plan())
+    assert config.actor.backend == "megatron:d2p2t1" and uses_relay(config)
+    assert len(rewrite.placement.for_role("actor")) == 4
+    path = plugin.HEX_TRAIN_ENGINES["relay", "megatron"]
+    assert path == "areal_hex_plugin.areal.megatron_actor.HexMegatronRelayActor"
+
+
+def test_hf_names_go_to_the_stage_that_holds_their_layer() -> None:
+    layers = (20, 8)
+    assert layer_stage("model.layers.0.self_attn.q_proj.weight", layers) == 0
+    assert layer_stage("model.layers.19.mlp.down_proj.weight", layers) == 0
+    assert layer_stage("model.layers.20.input_layernorm.weight", layers) == 1
+    assert layer_stage("model.layers.27.mlp.experts.3.up_proj.weight", layers) == 1
+    assert layer_stage("model.embed_tokens.weight", layers) is None  # not a decoder layer
+    assert layer_stage("lm_head.weight", layers) is None
+    with pytest.raises(ValueError, match="layer 28 is beyond the planned 28 layers"):
+        layer_stage("model.layers.28.mlp.up_proj.weight", layers)
 
 
 def test_megatron_xccl_refuses_rollout_pipelines_its_training_does_not_match(tmp_path: Path) -> None:

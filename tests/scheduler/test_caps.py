@@ -61,17 +61,17 @@ def test_one_layout_runtimes_plan_one_rollout_layout() -> None:
     assert len({(g.tp, g.pp) for g in plan.rollout.replicas}) == 1
 
 
-@pytest.mark.parametrize(
-    ("args", "field"),
-    [
-        (("megatron", "relay", "xccl"), "hex.transport"),
-        (("fsdp", "upstream", "awex"), "actor.weight_update_mode"),
-    ],
-)
-def test_unsupported_weight_paths_are_refused_with_the_fix(args, field) -> None:
+@pytest.mark.parametrize("backend", ["fsdp", "megatron"])
+def test_unsupported_weight_paths_are_refused_with_the_fix(backend) -> None:
     with pytest.raises(HexError) as err:
-        caps_for(*args)
-    assert err.value.field == field and err.value.fix
+        caps_for(backend, "upstream", "awex")
+    assert err.value.field == "actor.weight_update_mode" and err.value.fix
+
+
+def test_the_relay_sends_from_either_backend_whatever_the_rollout_pipelines() -> None:
+    for backend in ("fsdp", "megatron"):
+        caps = caps_for(backend, "relay", "xccl")
+        assert caps.weight_path == "relay" and caps.max_rollout_pp is None and not caps.one_rollout_layout
 
 
 def test_slurm_plans_one_rollout_layout_per_pool() -> None:

@@ -23,7 +23,7 @@ TOKEN = b"test-token-0123456789abcdef"
 _CTX = mp.get_context("fork")
 
 
-def small_qwen2(seed: int = 0, kv_heads: int = 4):
+def small_qwen2(seed: int = 0, kv_heads: int = 4, layers: int = 2):
     """A randomly initialised Qwen2-architecture model (tiny), in bf16 like the rollout side expects."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -32,7 +32,7 @@ def small_qwen2(seed: int = 0, kv_heads: int = 4):
         vocab_size=512,
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=kv_heads,
         tie_word_embeddings=False,
@@ -40,8 +40,9 @@ def small_qwen2(seed: int = 0, kv_heads: int = 4):
     return Qwen2ForCausalLM(config).to(torch.bfloat16)
 
 
-def small_qwen2_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
-    return {name: tensor.detach().clone() for name, tensor in small_qwen2(seed).state_dict().items()}
+def small_qwen2_state_dict(seed: int = 0, layers: int = 2) -> dict[str, torch.Tensor]:
+    model = small_qwen2(seed, layers=layers)
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
 def in_buckets(state: dict[str, torch.Tensor], per_bucket: int) -> list[list[tuple[str, torch.Tensor]]]:
