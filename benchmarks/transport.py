@@ -125,9 +125,18 @@ def trainer_worker(args: argparse.Namespace) -> None:
             "manifest": manifest,
         }
     )
+    sender = None
     for line in sys.stdin:
         command = json.loads(line)
-        if command["t"] == "hex":
+        if command["t"] == "cpu":
+            _answer({"cpu_s": _cpu_s()})
+        elif command["t"] == "route":  # one sender per route, kept across versions like the FSDP actor's
+            if sender is not None:
+                sender.close()
+            config = SenderConfig(backend="gloo", timeout_s=60.0, chunk_bytes=args.chunk_kb << 10)
+            sender = RelaySender(Route.from_dict(command["route"]), config)
+            _answer({})
+        elif command["t"] == "hex":
             buckets, current, size = [], [], 0
             for name, tensor in items:
                 if current and size + tensor.numel() * tensor.element_size() > args.bucket_mb << 20:
@@ -136,12 +145,9 @@ def trainer_worker(args: argparse.Namespace) -> None:
                 current.append((name, tensor))
                 size += tensor.numel() * tensor.element_size()
             buckets.append(current)
-            config = SenderConfig(backend="gloo", timeout_s=60.0, chunk_bytes=args.chunk_kb << 10)
             began = time.perf_counter()
-            sender = RelaySender(Route.from_dict(command["route"]), config)
             report = sender.send_version(command["version"], buckets)
             seconds = time.perf_counter() - began
-            sender.close()
             _answer(
                 {
                     "seconds": seconds,
@@ -162,7 +168,17 @@ def trainer_worker(args: argparse.Namespace) -> None:
             _answer({"seconds": time.perf_counter() - began})
             del group, _store
         else:
+            if sender is not None:
+                sender.close()
             return
+
+
+def _cpu_s() -> float:
+    """CPU seconds this process has used so far (every thread, user and system)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 class _KeepSink:
@@ -186,7 +202,9 @@ def replica_worker(args: argparse.Namespace) -> None:
     _answer({"ready": args.address})
     for line in sys.stdin:
         command = json.loads(line)
-        if command["t"] == "hash":
+        if command["t"] == "cpu":
+            _answer({"cpu_s": _cpu_s()})
+        elif command["t"] == "hash":
             _answer({"version": sink.version, "sha": _sha(sink.named)})
         elif command["t"] == "naive":
             group, _store = _naive_group(
@@ -372,16 +390,21 @@ def _one_config(args, trainer: Worker, replicas: dict, model: dict, pools: int, 
             for pool in range(pools)
         ]
     }
+    trainer.send({"t": "route", "route": route})
+    trainer.read()
+    cpu_before = _cpu(used)
     hex_runs = []
     for attempt in range(args.repeats):
-        trainer.send({"t": "hex", "route": route, "version": per_pool * 100 + attempt})
+        trainer.send({"t": "hex", "version": per_pool * 100 + attempt})
         hex_runs.append(trainer.read())
+    hex_cpu = _cpu(used) - cpu_before
     hex_exact = True
     for worker in used:
         worker.send({"t": "hash"})
         answer = worker.read()
         hex_exact &= answer["sha"] == model["sha"] and answer["version"] == per_pool * 100 + args.repeats - 1
     naive_runs, naive_exact = [], True
+    cpu_before = _cpu(used)
     for attempt in range(args.repeats):
         group = {
             "t": "naive",
@@ -397,6 +420,7 @@ def _one_config(args, trainer: Worker, replicas: dict, model: dict, pools: int, 
             )  # fmt: skip
         naive_runs.append(trainer.read()["seconds"])
         naive_exact &= all(worker.read()["sha"] == model["sha"] for worker in used)
+    naive_cpu = _cpu(used) - cpu_before
     naive = {"seconds": statistics.median(naive_runs)}
     # The median of the repeats: the machine is shared, and a neighbour's burst only ever adds time.
     hex_s = statistics.median(run["seconds"] for run in hex_runs)
@@ -415,8 +439,21 @@ def _one_config(args, trainer: Worker, replicas: dict, model: dict, pools: int, 
         "hex_gb_per_s": round(model["nbytes"] / hex_s / 1e9, 4),
         "naive_gb_per_s": round(model["nbytes"] / naive["seconds"] / 1e9, 4),
         "bit_exact": bool(hex_exact and naive_exact),
+        # CPU seconds a replica spends per update (mean over replicas and repeats): on a machine with fewer
+        # cores than replicas, this is what stretches the update beyond the link bound.
+        "replica_cpu_s": {
+            "hex": round(hex_cpu / len(used) / args.repeats, 4),
+            "naive": round(naive_cpu / len(used) / args.repeats, 4),
+        },
         "hex_failed_replicas": sum(len(run["failed"]) for run in hex_runs),
     }
+
+
+def _cpu(workers: list[Worker]) -> float:
+    """CPU seconds the workers have used so far, together."""
+    for worker in workers:
+        worker.send({"t": "cpu"})
+    return sum(worker.read()["cpu_s"] for worker in workers)
 
 
 def _summarise(args, model: dict, runs: list[dict]) -> dict:

@@ -7,7 +7,8 @@ chunk index | bytes)``; the bucket digest binds the manifest, sizes and chunk di
 (one sender's share of the version) and its bucket digests, the version digest binds the version and every part
 digest. Part p of P senders numbers its buckets p, p + P, p + 2P, ... (:func:`bucket_index`), so an index names its
 part and no bucket can move between parts. Without the token nobody can make bytes that pass. Chunks are hashed on a thread
-pool (hashlib releases the GIL), so a receiver hashes chunk k while chunk k+1 arrives.
+pool (hashlib releases the GIL), so a receiver hashes chunk k while chunk k+1 arrives, and a sender sends a bucket's
+bytes while they are hashed: the chunk digests follow the payload (a ``digests`` frame after the bucket's bytes).
 """
 
 from __future__ import annotations
@@ -67,17 +68,23 @@ def hash_chunk(key: bytes, index: int, chunk_index: int, data: torch.Tensor) -> 
 
 @dataclass
 class Bucket:
-    """One bucket: the manifest, the bytes (uint8, contiguous, CPU) and the digest of each chunk."""
+    """One bucket: the manifest, the bytes (uint8, contiguous, CPU) and the digest of each chunk (being computed
+    on the hashing pool while the bytes go out)."""
 
     index: int
     entries: list[TensorEntry]
     data: torch.Tensor
     chunk: int
-    chunks: list[str]
+    hashes: list[Future[str]]
 
     @property
     def nbytes(self) -> int:
         return self.data.numel()
+
+    @property
+    def chunks(self) -> list[str]:
+        """The chunk digests (waits for the ones still being computed)."""
+        return [future.result() for future in self.hashes]
 
     def manifest(self) -> list[list[Any]]:
         return [[e.name, e.dtype, list(e.shape), e.offset, e.nbytes] for e in self.entries]
@@ -99,7 +106,8 @@ def named_views(entries: list[TensorEntry], data: torch.Tensor) -> Iterator[tupl
 def pack(
     index: int, named_tensors: Iterable[tuple[str, torch.Tensor]], key: bytes, chunk: int, pin: bool = False
 ) -> Bucket:
-    """Copy the tensors (any device) into one CPU buffer (pinned when ``pin``) and hash it chunk by chunk."""
+    """Copy the tensors (any device) into one CPU buffer (pinned when ``pin``); its chunks are hashed on the hashing
+    pool, and the bucket is returned without waiting for them."""
     tensors = sorted(
         ((name, tensor.detach()) for name, tensor in named_tensors), key=lambda item: -item[1].element_size()
     )
@@ -116,11 +124,11 @@ def pack(
         data[entry.offset : entry.offset + entry.nbytes].copy_(flat, non_blocking=pin)
     if pin:
         torch.cuda.current_stream().synchronize()
-    futures = [
+    hashes = [
         hash_chunk(key, index, i, data[start : start + chunk])
         for i, start in enumerate(range(0, offset, chunk))
     ]
-    return Bucket(index, entries, data, chunk, [future.result() for future in futures])
+    return Bucket(index, entries, data, chunk, hashes)
 
 
 def entries_from_manifest(manifest: list[list[Any]]) -> list[TensorEntry]:

@@ -45,7 +45,7 @@ from areal_hex_plugin.transport.buckets import (
 )
 from areal_hex_plugin.transport.buckets import version_digest as digest_of_version
 from areal_hex_plugin.transport.links import DataLink, connect_data_link, current_device, open_receiving_link
-from areal_hex_plugin.transport.protocol import Kind, Message, ProtocolError, make
+from areal_hex_plugin.transport.protocol import Kind, Message, ProtocolError, digests_after, make
 from areal_hex_plugin.transport.route import Endpoint
 from areal_hex_plugin.transport.stage import StagedVersion
 from areal_hex_plugin.transport.wire import Channel, authenticate_as_server, load_token, resolve_hosts
@@ -457,18 +457,19 @@ class ReceiverNode:
                     raise ProtocolError(
                         f"bucket {header['index']} is not of part {lane}, which this link carries"
                     )
-                self._receive_bucket(session, header, link)
+                self._receive_bucket(session, header, channel, link)
         finally:
             if lane is not None:
                 with self._lock:
                     session.lanes.pop(lane, None)
             link.close()
 
-    def _receive_bucket(self, session: _Session, header: Message, link: DataLink) -> None:
-        index, nbytes, step, chunks = header["index"], header["nbytes"], header["chunk"], header["chunks"]
+    def _receive_bucket(self, session: _Session, header: Message, channel: Channel, link: DataLink) -> None:
+        """The bytes chunk by chunk (each forwarded and hashed as it lands), then the chunk digests to check."""
+        index, nbytes, step = header["index"], header["nbytes"], header["chunk"]
         entries = entries_from_manifest(header["manifest"])
-        if entries[-1].offset + entries[-1].nbytes != nbytes or len(chunks) != -(-nbytes // step):
-            raise ProtocolError(f"bucket {index}: manifest or chunk digests do not cover {nbytes} bytes")
+        if entries[-1].offset + entries[-1].nbytes != nbytes:
+            raise ProtocolError(f"bucket {index}: the manifest does not cover {nbytes} bytes")
         forwarder = session.forwarders[index % session.parts] if session.forwarders else None
         if forwarder is not None:
             forwarder.queue.put(("frame", header))
@@ -486,20 +487,31 @@ class ReceiverNode:
                 )
             )
             raise ConnectionError(f"bucket {index} refused: {error}") from error  # ends this data link
-        hashed = []
-        for chunk_index, offset in enumerate(range(0, nbytes, step)):
-            piece = data[offset : offset + step]
-            link.recv_into(piece)
+        ok, chunks = False, []
+        try:  # a bucket that does not arrive whole and verified is not kept
+            hashed = []
+            for chunk_index, offset in enumerate(range(0, nbytes, step)):
+                piece = data[offset : offset + step]
+                link.recv_into(piece)
+                if forwarder is not None:
+                    forwarder.queue.put(("chunk", piece))
+                hashed.append(hash_chunk(session.key, index, chunk_index, piece))
+            sent = channel.recv({Kind.DIGESTS})
+            chunks = sent["chunks"]
+            if dict(sent.fields) != dict(digests_after(header, chunks).fields) or len(chunks) != len(hashed):
+                raise ProtocolError(f"bucket {index}: its digests frame does not match its header and size")
             if forwarder is not None:
-                forwarder.queue.put(("chunk", piece))
-            hashed.append(hash_chunk(session.key, index, chunk_index, piece))
-        ok = [future.result() for future in hashed] == chunks
-        with self._lock:
-            if ok:
-                session.digests[index] = bucket_digest(session.key, index, header["manifest"], step, chunks)
-            else:
-                session.digests.pop(index, None)
-                session.stage.drop(index)
+                forwarder.queue.put(("frame", sent))
+            ok = [future.result() for future in hashed] == chunks
+        finally:
+            with self._lock:
+                if ok:
+                    session.digests[index] = bucket_digest(
+                        session.key, index, header["manifest"], step, chunks
+                    )
+                else:
+                    session.digests.pop(index, None)
+                    session.stage.drop(index)
         self._report(make(Kind.ACK, session=session.id, index=index, copy=header["copy"], ok=ok, error=""))
 
 

@@ -73,6 +73,7 @@ class Kind(enum.StrEnum):
     # upstream -> downstream, on a data connection
     LINK = "link"
     BUCKET = "bucket"
+    DIGESTS = "digests"  # a bucket's chunk digests, right after its bytes
     # the rendezvous of a gloo/NCCL link, served over the authenticated data connection
     STORE_SET = "store_set"
     STORE_GET = "store_get"
@@ -237,6 +238,12 @@ FIELDS: dict[Kind, dict[str, Field]] = {
         "nbytes": integer(1, MAX_BUCKET_BYTES),
         "chunk": integer(MIN_CHUNK_BYTES, MAX_BUCKET_BYTES),
         "manifest": Field(_manifest),
+    },
+    Kind.DIGESTS: {
+        "session": _SESSION,
+        "version": _VERSION,
+        "index": integer(0, MAX_BUCKETS - 1),
+        "copy": integer(0, MAX_COPIES),
         "chunks": Field(_digests),
     },
     Kind.STORE_SET: {"key": text(256), "value": text(1 << 17, r"[0-9a-f]*")},
@@ -277,6 +284,15 @@ class Message:
 def make(kind: Kind, **fields: Any) -> Message:
     """A message to send, checked against the same table as what is received."""
     return _checked(kind, fields)
+
+
+def digests_after(bucket: Message, chunks: list[str]) -> Message:
+    """The ``digests`` frame that follows ``bucket``'s bytes on a data link (same session, version, index, copy)."""
+    return make(
+        Kind.DIGESTS,
+        chunks=chunks,
+        **{name: bucket[name] for name in ("session", "version", "index", "copy")},
+    )
 
 
 def parse(body: Any, expect: set[Kind] | None = None) -> Message:

@@ -37,7 +37,15 @@ from areal_hex_plugin.transport.buckets import (
     version_digest,
 )
 from areal_hex_plugin.transport.links import DataLink, check_backend, connect_data_link, current_device
-from areal_hex_plugin.transport.protocol import MAX_HOSTS, MAX_PARTS, MIN_CHUNK_BYTES, Kind, Message, make
+from areal_hex_plugin.transport.protocol import (
+    MAX_HOSTS,
+    MAX_PARTS,
+    MIN_CHUNK_BYTES,
+    Kind,
+    Message,
+    digests_after,
+    make,
+)
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
 from areal_hex_plugin.transport.wire import Channel, TransportError, connect, load_token
 
@@ -202,6 +210,7 @@ class _PoolPush:
                 self.channel.send(header)
                 for offset in range(0, bucket.nbytes, step):
                     self.link.send(bucket.data[offset : offset + step])
+                self.channel.send(digests_after(header, bucket.chunks))  # hashed while the bytes went out
             except Exception as error:  # noqa: BLE001 - reported as a failure of the relay
                 self.broken = True
                 self.events.put((self.pool, self.relay, _lost(f"data link to relay broke ({error})")))
@@ -229,7 +238,6 @@ def _header(session: str, version: int, bucket: Bucket, copy: int) -> Message:
         nbytes=bucket.nbytes,
         chunk=bucket.chunk,
         manifest=bucket.manifest(),
-        chunks=bucket.chunks,
     )
 
 

@@ -164,9 +164,43 @@ def test_huge_bucket_header_is_refused_before_any_allocation(node):
     data.send({"kind": "link", "backend": "tcp"})
     manifest = [["w", "uint8", [6 << 30], 0, 6 << 30]]
     bucket = {"session": "a" * 16, "version": 1, "index": 0, "copy": 0, "nbytes": 6 << 30, "chunk": 4 << 20}
-    data.send({"kind": "bucket", **bucket, "manifest": manifest, "chunks": ["0" * 64] * 1536})
+    data.send({"kind": "bucket", **bucket, "manifest": manifest})
     try:
         assert data.closed_by_peer(within_s=2.0)
+    finally:
+        data.close()
+        control.close()
+
+
+@pytest.mark.parametrize("forged", ["digests", "position"])
+def test_digests_after_the_bytes_must_match_them_and_their_bucket(node, forged):
+    """The chunk digests follow a bucket's bytes: forged ones are a NACK, ones for another bucket end the link;
+    either way nothing is staged."""
+    receiver = node()
+    control = attacks.TokenHolder(receiver.endpoint, TOKEN)
+    control.ask({"kind": "prepare", "session": "a" * 16, "update": "0" * 64, "version": 1, "upstream": ""})
+    data = attacks.TokenHolder(receiver.endpoint, TOKEN, role="data", session="a" * 16)
+    data.send({"kind": "link", "backend": "tcp"})
+    bucket = {"session": "a" * 16, "version": 1, "index": 0, "copy": 0}
+    data.send(
+        {
+            "kind": "bucket",
+            **bucket,
+            "nbytes": 8192,
+            "chunk": 4096,
+            "manifest": [["w", "uint8", [8192], 0, 8192]],
+        }
+    )
+    data.channel.send_bytes(memoryview(bytes(8192)))
+    position = {"index": 1} if forged == "position" else {}
+    data.send({"kind": "digests", **bucket, **position, "chunks": ["0" * 64] * 2})
+    try:
+        if forged == "position":
+            assert data.closed_by_peer(within_s=2.0)
+        else:
+            ack = control.channel.recv()
+            assert (ack.kind.value, ack["index"], ack["ok"]) == ("ack", 0, False)
+        assert receiver._session is None or receiver._session.stage.buckets == {}
     finally:
         data.close()
         control.close()

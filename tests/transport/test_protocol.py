@@ -16,7 +16,6 @@ _GOOD = {
     "nbytes": 8192,
     "chunk": 4096,
     "manifest": [["model.norm.weight", "bfloat16", [4096], 0, 8192]],
-    "chunks": [_DIGEST, _DIGEST],
 }
 
 
@@ -42,7 +41,6 @@ def test_a_good_bucket_parses_into_a_frozen_message():
         ({"manifest": [["../w", "uint8", [8192], 0, 8192]]}, "bucket.manifest: entry 0"),
         ({"manifest": [["w", "float32", [2048], 4, 8192]]}, "entry 0"),  # a gap before the first tensor
         ({"manifest": [["w", "float32", [100], 0, 8192]]}, "do not hold"),
-        ({"chunks": ["x"]}, "bucket.chunks"),
         ({"extra": 1}, "unknown fields ['extra']"),
     ],
 )
@@ -99,6 +97,11 @@ def test_malformed_bucket_is_refused_naming_the_field(change, problem):
             "connect.downstream",
         ),
         ("link", {"backend": "mpi"}, "link.backend"),
+        (
+            "digests",
+            {"session": _SESSION, "version": 3, "index": 0, "copy": 0, "chunks": ["x"]},
+            "digests.chunks: entry 0",
+        ),
     ],
 )
 def test_malformed_control_message_is_refused(kind, fields, problem):

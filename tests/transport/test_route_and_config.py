@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 import torch
 
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.transport import buckets
 from areal_hex_plugin.transport.buckets import content_key, pack, version_digest
 from areal_hex_plugin.transport.protocol import MIN_CHUNK_BYTES
 from areal_hex_plugin.transport.route import Endpoint, Route
@@ -89,3 +91,32 @@ def test_bucket_round_trip_and_keyed_digests():
     assert digest != version_digest(other_key, 1, [bucket.digest(other_key)])  # and the key
     bucket.data[40] ^= 1
     assert pack(0, bucket.named_tensors(), key, chunk=MIN_CHUNK_BYTES).chunks != bucket.chunks
+
+
+def test_pack_returns_before_its_chunks_are_hashed(monkeypatch):
+    """The sender sends a bucket's bytes while they are hashed: packing does not wait for the digests."""
+    gate = threading.Event()
+    real = buckets.chunk_digest
+
+    def gated(*args):
+        gate.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(buckets, "chunk_digest", gated)
+    key = content_key(b"t" * 32, "ab" * 32)
+    packed = []
+    thread = threading.Thread(
+        target=lambda: packed.append(
+            pack(0, [("w", torch.ones(3 * MIN_CHUNK_BYTES, dtype=torch.uint8))], key, chunk=MIN_CHUNK_BYTES)
+        )
+    )
+    thread.start()
+    thread.join(5)
+    try:
+        assert packed and not any(future.done() for future in packed[0].hashes)
+    finally:
+        gate.set()
+    monkeypatch.setattr(buckets, "chunk_digest", real)
+    assert packed[0].chunks == [
+        real(key, 0, i, packed[0].data[i * MIN_CHUNK_BYTES : (i + 1) * MIN_CHUNK_BYTES]) for i in range(3)
+    ]
