@@ -17,9 +17,10 @@ import hmac
 import json
 import os
 import struct
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -68,14 +69,18 @@ def hash_chunk(key: bytes, index: int, chunk_index: int, data: torch.Tensor) -> 
 
 @dataclass
 class Bucket:
-    """One bucket: the manifest, the bytes (uint8, contiguous, CPU) and the digest of each chunk (being computed
-    on the hashing pool while the bytes go out)."""
+    """One bucket: the manifest, the bytes (uint8, contiguous, CPU) and the digest of each chunk. While
+    :func:`pack` fills it, ``filled`` says how many leading bytes are in place (:meth:`wait_filled`) and the digests
+    of those chunks are being computed on the hashing pool."""
 
     index: int
     entries: list[TensorEntry]
     data: torch.Tensor
     chunk: int
-    hashes: list[Future[str]]
+    hashes: list[Future[str]] = field(default_factory=list)
+    filled: int = 0
+    failed: str = ""
+    _progress: threading.Condition = field(default_factory=threading.Condition, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -95,6 +100,29 @@ class Bucket:
     def digest(self, key: bytes) -> str:
         return bucket_digest(key, self.index, self.manifest(), self.chunk, self.chunks)
 
+    def wait_filled(self, end: int) -> None:
+        """Block until the first ``end`` bytes are in place; raises if packing failed."""
+        with self._progress:
+            self._progress.wait_for(lambda: self.filled >= end or self.failed)
+        if self.failed:
+            raise RuntimeError(f"bucket {self.index} could not be packed: {self.failed}")
+
+    def _advance(self, end: int, key: bytes) -> None:
+        """The first ``end`` bytes are in place: hash the chunks they complete, then let senders see them."""
+        last = self.nbytes if end == self.nbytes else end - end % self.chunk
+        for start in range(len(self.hashes) * self.chunk, last, self.chunk):
+            self.hashes.append(
+                hash_chunk(key, self.index, len(self.hashes), self.data[start : start + self.chunk])
+            )
+        with self._progress:
+            self.filled = end
+            self._progress.notify_all()
+
+    def _fail(self, error: BaseException) -> None:
+        with self._progress:
+            self.failed = f"{type(error).__name__}: {error}"[:2000]
+            self._progress.notify_all()
+
 
 def named_views(entries: list[TensorEntry], data: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
     """Views into a bucket's bytes, with the sender's names, dtypes and shapes."""
@@ -104,10 +132,16 @@ def named_views(entries: list[TensorEntry], data: torch.Tensor) -> Iterator[tupl
 
 
 def pack(
-    index: int, named_tensors: Iterable[tuple[str, torch.Tensor]], key: bytes, chunk: int, pin: bool = False
+    index: int,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    key: bytes,
+    chunk: int,
+    pin: bool = False,
+    ready: Callable[[Bucket], None] | None = None,
 ) -> Bucket:
-    """Copy the tensors (any device) into one CPU buffer (pinned when ``pin``); its chunks are hashed on the hashing
-    pool, and the bucket is returned without waiting for them."""
+    """Copy the tensors (any device) into one CPU buffer (pinned when ``pin``), tensor by tensor. ``ready`` gets
+    the bucket before the first byte is copied, so its bytes can go out as they land (:meth:`Bucket.wait_filled`);
+    each chunk is hashed on the hashing pool once it is whole, and nothing waits for the digests here."""
     tensors = sorted(
         ((name, tensor.detach()) for name, tensor in named_tensors), key=lambda item: -item[1].element_size()
     )
@@ -118,17 +152,22 @@ def pack(
             TensorEntry(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes)
         )
         offset += nbytes
-    data = torch.empty(offset, dtype=torch.uint8, pin_memory=pin)
-    for entry, (_, tensor) in zip(entries, tensors, strict=True):
-        flat = tensor.contiguous().reshape(-1).view(torch.uint8)
-        data[entry.offset : entry.offset + entry.nbytes].copy_(flat, non_blocking=pin)
-    if pin:
-        torch.cuda.current_stream().synchronize()
-    hashes = [
-        hash_chunk(key, index, i, data[start : start + chunk])
-        for i, start in enumerate(range(0, offset, chunk))
-    ]
-    return Bucket(index, entries, data, chunk, hashes)
+    bucket = Bucket(index, entries, torch.empty(offset, dtype=torch.uint8, pin_memory=pin), chunk)
+    if ready is not None:
+        ready(bucket)
+    try:
+        for entry, (_, tensor) in zip(entries, tensors, strict=True):
+            flat = tensor.contiguous().reshape(-1).view(torch.uint8)
+            bucket.data[entry.offset : entry.offset + entry.nbytes].copy_(flat, non_blocking=pin)
+            end = entry.offset + entry.nbytes
+            if end == offset or end // chunk > entry.offset // chunk:  # a chunk became whole
+                if pin:
+                    torch.cuda.current_stream().synchronize()
+                bucket._advance(end, key)
+    except BaseException as error:
+        bucket._fail(error)
+        raise
+    return bucket
 
 
 def entries_from_manifest(manifest: list[list[Any]]) -> list[TensorEntry]:

@@ -418,8 +418,8 @@ class ReceiverNode:
             session.stage.remove()  # the last committed version stays, and stays staged
             raise
         session.stage.release()
-        if self._last_committed is not None:
-            shutil.rmtree(self._last_committed, ignore_errors=True)
+        if self._last_committed is not None:  # freeing its pages takes a while: not on the commit's path
+            threading.Thread(target=shutil.rmtree, args=(self._last_committed, True), daemon=True).start()
         self._last_committed = session.stage.directory
         self.version, self.digest = session.version, session.verified
         return make(Kind.COMMITTED, id=0, version=self.version)

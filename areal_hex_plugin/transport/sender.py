@@ -209,6 +209,7 @@ class _PoolPush:
             try:
                 self.channel.send(header)
                 for offset in range(0, bucket.nbytes, step):
+                    bucket.wait_filled(min(offset + step, bucket.nbytes))  # sent as it is packed
                     self.link.send(bucket.data[offset : offset + step])
                 self.channel.send(digests_after(header, bucket.chunks))  # hashed while the bytes went out
             except Exception as error:  # noqa: BLE001 - reported as a failure of the relay
@@ -319,11 +320,14 @@ class RelaySender:
 
     def send_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         pin = self._device.type == "cuda"
+
+        def ready(bucket: Bucket) -> None:  # every pool's relay gets the bytes while they are packed
+            self._buckets[bucket.index] = bucket
+            for state in self._pools.values():
+                self._enqueue(state, bucket)
+
         index = bucket_index(0, self._parts, len(self._buckets))
-        bucket = pack(index, named_tensors, self._key, self.config.chunk_bytes, pin)
-        self._buckets[index] = bucket
-        for state in self._pools.values():
-            self._enqueue(state, bucket)
+        pack(index, named_tensors, self._key, self.config.chunk_bytes, pin, ready)
 
     def assignment(self) -> dict[str, Any]:
         """What a :class:`PartSender` needs for this version (after :meth:`begin`; plain data to broadcast)."""
@@ -747,10 +751,15 @@ class PartSender:
     def send_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         index = bucket_index(self.part, self.parts, len(self._summary.buckets))
         pin = self._device.type == "cuda"
-        bucket = pack(index, named_tensors, self._key, self.chunk_bytes, pin)
+
+        def ready(bucket: Bucket) -> None:  # the bytes go out while they are packed and hashed
+            for name, push in self._pushes.items():
+                push.work.put(
+                    (_header(self._sessions[name], self.version, bucket, 0), bucket, self.chunk_bytes)
+                )
+
+        bucket = pack(index, named_tensors, self._key, self.chunk_bytes, pin, ready)
         self._summary.buckets.append([index, bucket.digest(self._key), bucket.nbytes])
-        for name, push in self._pushes.items():
-            push.work.put((_header(self._sessions[name], self.version, bucket, 0), bucket, self.chunk_bytes))
 
     def finish(self) -> PartSummary:
         """Once every bucket went out: what was sent, and the first broken link if one broke."""

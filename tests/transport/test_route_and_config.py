@@ -120,3 +120,19 @@ def test_pack_returns_before_its_chunks_are_hashed(monkeypatch):
     assert packed[0].chunks == [
         real(key, 0, i, packed[0].data[i * MIN_CHUNK_BYTES : (i + 1) * MIN_CHUNK_BYTES]) for i in range(3)
     ]
+
+
+def test_pack_hands_the_bucket_over_before_copying_and_publishes_each_whole_chunk():
+    key = content_key(b"t" * 32, "ab" * 32)
+    tensors = [(f"w{i}", torch.full((MIN_CHUNK_BYTES,), i, dtype=torch.uint8)) for i in range(3)]
+    seen = []
+    bucket = pack(
+        0, tensors, key, chunk=MIN_CHUNK_BYTES, ready=lambda b: seen.append((b.filled, len(b.hashes)))
+    )
+    assert seen == [(0, 0)] and bucket.filled == bucket.nbytes and len(bucket.hashes) == 3
+    assert bucket.chunks == pack(0, tensors, key, chunk=MIN_CHUNK_BYTES).chunks
+    broken = []
+    with pytest.raises(NotImplementedError):
+        pack(1, [("w", torch.empty(8, device="meta"))], key, chunk=MIN_CHUNK_BYTES, ready=broken.append)
+    with pytest.raises(RuntimeError, match="bucket 1 could not be packed"):
+        broken[0].wait_filled(1)  # a sender waiting for its bytes hears it instead of hanging
