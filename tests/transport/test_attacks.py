@@ -178,7 +178,8 @@ def test_digests_after_the_bytes_must_match_them_and_their_bucket(node, forged):
     either way nothing is staged."""
     receiver = node()
     control = attacks.TokenHolder(receiver.endpoint, TOKEN)
-    control.ask({"kind": "prepare", "session": "a" * 16, "update": "0" * 64, "version": 1, "upstream": ""})
+    prepare = {"session": "a" * 16, "update": "0" * 64, "version": 1, "upstream": [""], "parts": 1}
+    control.ask({"kind": "prepare", **prepare})
     data = attacks.TokenHolder(receiver.endpoint, TOKEN, role="data", session="a" * 16)
     data.send({"kind": "link", "backend": "tcp"})
     bucket = {"session": "a" * 16, "version": 1, "index": 0, "copy": 0}
