@@ -207,8 +207,9 @@ def compare(pools: list[dict], model: str, budget_fraction: float | None, time_l
         "ratio": round(two_rate / ex_rate, 6) if ex_rate else None,
         "two_phase_cpu_s": round(two_s, 3),
         "exhaustive_cpu_s": round(brute_s, 3),
-        "exhaustive_plans": enumerated.plans,
-        "exhaustive_scored": enumerated.scored,
+        "exhaustive_splits": enumerated.splits,
+        "exhaustive_splits_opened": enumerated.opened,
+        "exhaustive_plans_scored": enumerated.scored,
     }
 
 
