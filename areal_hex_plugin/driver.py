@@ -33,7 +33,10 @@ def split_argv(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def obtain_plan(recipe, config):
-    """The saved plan at ``hex.plan_path`` (checked against the recipe), or a plan solved now."""
+    """The saved plan at ``hex.plan_path`` (checked against the recipe, and its layouts by the cost model as the
+    planner's own are), or a plan solved now."""
+    from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.costmodel.plan_check import plan_estimates
     from areal_hex_plugin.plan import load_plan_for
 
     if not config.hex.plan_path:
@@ -42,6 +45,7 @@ def obtain_plan(recipe, config):
         plan = plan_recipe(recipe)  # for the recipe's backends: the plan areal-hex plan RECIPE shows
         return plan, f"solved at start for {plan.runtime}"
     plan = load_plan_for(config.hex.plan_path, recipe.cluster, recipe.workload.model, "hex.plan_path")
+    plan_estimates(CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe)), plan)
     return plan, f"plan {config.hex.plan_path}"
 
 

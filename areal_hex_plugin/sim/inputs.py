@@ -14,6 +14,7 @@ prefill rate (``RolloutEstimate.prefill_s_per_token``), the same figure the plan
 from __future__ import annotations
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage, TrainStage, recipe_calibration
+from areal_hex_plugin.costmodel.plan_check import plan_estimates
 from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan
@@ -30,17 +31,11 @@ def sim_spec(recipe, plan: HexPlan) -> SimSpec:
             "is empty: a plan needs rollout replicas and a trainer to simulate",
             "re-plan the recipe: areal-hex plan RECIPE --json PLAN.json",
         )
+    estimates, train = plan_estimates(cm, plan)
     lanes = []
     replicas = []
-    for i, group in enumerate(plan.rollout.replicas):
+    for i, (group, full) in enumerate(zip(plan.rollout.replicas, estimates, strict=True)):
         stages = tuple(RolloutStage(pool=group.pool, tp=group.tp) for _ in range(group.pp))
-        full = cm.rollout(stages)
-        if not full.feasible:
-            raise HexError(
-                f"plan.rollout.replicas[{i}]",
-                f"does not run on this recipe: {full.reason}",
-                "re-plan the recipe",
-            )
         lanes.append(
             LaneSpec(
                 name=_lane_name(group, i, plan),
@@ -54,9 +49,6 @@ def sim_spec(recipe, plan: HexPlan) -> SimSpec:
         )
         replicas.append((stages, group.count))
     train_stages = tuple(TrainStage(pool=s.pool, dp=s.dp, tp=s.tp) for s in plan.train.stages)
-    train = cm.train(train_stages)
-    if not train.feasible:
-        raise HexError("plan.train", f"does not run on this recipe: {train.reason}", "re-plan the recipe")
     train_gpus: dict[str, int] = {}
     for s in train_stages:
         train_gpus[s.pool] = train_gpus.get(s.pool, 0) + s.n_gpus

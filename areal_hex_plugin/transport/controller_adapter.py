@@ -81,7 +81,8 @@ class HexPPOActorController(PPOActorController):
         committed = len(report["committed"])
         logger.info(
             f"weights v{report['version']}: {report['bytes'] / 1e9:.2f} GB to {committed}/{total} replicas in "
-            f"{report['seconds']:.2f} s (re-sent {report['resent_buckets']}, re-routed {report['reroutes']})"
+            f"{report['seconds']:.2f} s (re-sent {report['resent_buckets']}, re-routed {report['reroutes']}; "
+            f"{len(report['part_bytes'])} parts, digest {report['digest']}, update {report['update']})"
         )
         if committed < self.hex_settings.min_committed_fraction * total:
             raise TransportError(

@@ -89,6 +89,10 @@ class UpdateReport:
     # Seconds since begin() at the end of each phase: prepared, queued (last bucket handed over), received
     # (every replica acknowledged every bucket), verified, committed.
     phases: dict[str, float] = field(default_factory=dict)
+    # The update's nonce: with the token it gives the content key, so whoever holds the token can recompute
+    # ``digest`` from a copy of the weights, the buckets' manifests and the number of parts (an audit of what a
+    # replica holds).
+    update: str = ""
 
     def mark(self, phase: str, began: float) -> None:
         self.phases[phase] = round(time.perf_counter() - began, 4)
@@ -309,7 +313,7 @@ class RelaySender:
         self._update = secrets.token_hex(32)
         self._key = content_key(self.token, self._update)
         self._began = time.perf_counter()
-        self._report = UpdateReport(version, "", 0, 0.0)
+        self._report = UpdateReport(version, "", 0, 0.0, update=self._update)
         self._drain_events()
         self._failed = {}
         for state in self._pools.values():

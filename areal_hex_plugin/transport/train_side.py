@@ -164,6 +164,7 @@ def _report_fields(report, summaries: list[PartSummary | None]) -> dict[str, Any
     return {
         "version": report.version,
         "digest": report.digest,
+        "update": report.update,
         "bytes": report.nbytes,
         # What each part's sender put on its links (to every pool): about 1/parts of the version each.
         "part_bytes": [s.nbytes for s in sorted((s for s in summaries if s), key=lambda s: s.part)],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
 
 from tests.e2e.assets import write_assets
 from tests.e2e.sglang_server import LOG_DIR_ENV
@@ -29,6 +31,7 @@ RECIPE = REPO / "recipes" / "ci" / "tiny.yaml"
 MARK = "HEX_E2E_RUN"
 STEPS = 3
 TOKEN = "e2e-token-0123456789abcdef"
+RELAY_CHUNK_BYTES = yaml.safe_load(RECIPE.read_text())["hex"]["relay"]["chunk_mb"] << 20
 
 
 @dataclass
@@ -61,17 +64,39 @@ class Run:
         dcp_to_torch_save(dcp_dir, out)
         return torch.load(out, weights_only=True)["dcp"]["model"]
 
+    def relay_digests(self) -> dict[int, tuple[int, str, str]]:
+        """Version -> (parts, digest, nonce) of every weight update the trainer sent, as its controller logged
+        them."""
+        pattern = r"weights v(\d+): .*; (\d+) parts, digest ([0-9a-f]{64}), update ([0-9a-f]{64})\)"
+        return {
+            int(v): (int(parts), digest, update) for v, parts, digest, update in re.findall(pattern, self.log)
+        }
+
+    def server_weights(self, server: str, version: str) -> dict[str, torch.Tensor]:
+        """The weights a server served after loading ``version`` (the copy it saved)."""
+        from safetensors.torch import load_file
+
+        return load_file(str(self.folder / "servers" / f"{server}.v{version}.safetensors"))
+
     def wandb_history(self) -> list[dict]:
         (run_file,) = self.folder.glob("exp/logs/*/hex-ci-tiny/trial0/wandb/offline-run-*/run-*.wandb")
         return history(run_file)
 
-    def finished_per_pool(self) -> Counter:
-        """Sequences each pool's servers finished (aborted pieces that upstream resumed count once)."""
+    def per_pool(self, event: str, keep) -> Counter:
+        """How many records of ``event`` that ``keep`` accepts each pool's servers logged."""
         done: Counter = Counter()
         for name, records in self.server_logs().items():
-            pool = name.rsplit("-", 1)[0]
-            done[pool] += sum(1 for r in records if r["event"] == "generate" and r["finish"] != "abort")
+            done[name.rsplit("-", 1)[0]] += sum(1 for r in records if r["event"] == event and keep(r))
         return done
+
+    def requests_per_pool(self) -> Counter:
+        """Requests each pool's servers were sent (the rest of an aborted one, which upstream resubmits to the
+        same server, is not a new request)."""
+        return self.per_pool("request", lambda r: not r["resumed"])
+
+    def finished_per_pool(self) -> Counter:
+        """Sequences each pool's servers finished (aborted pieces that upstream resumed count once)."""
+        return self.per_pool("generate", lambda r: r["finish"] != "abort")
 
 
 def environment(folder: Path, mark: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -107,7 +132,35 @@ def overrides(folder: Path, scheduler: str) -> list[str]:
     ]
 
 
-def run_driver(folder: Path, scheduler: str, env: dict[str, str], timeout_s: float) -> Run:
+def two_layout_plan(folder: Path, scheduler: str) -> Path:
+    """The recipe's plan with a user's hand edit, saved for ``hex.plan_path``: the planner gives the small pool's
+    machine two tp1 replicas; the edit makes them one tp2 replica that keeps the group's share and its sequences
+    in flight. The driver checks the edited plan as it checks any saved one, before anything starts."""
+    from areal_hex_plugin.plan import HexPlan
+    from areal_hex_plugin.scheduler import plan_recipe
+    from areal_hex_plugin.specs.recipe import load_recipe
+
+    plan = plan_recipe(load_recipe(RECIPE, overrides(folder, scheduler), base_dir=REPO)).to_dict()
+    (index,) = [i for i, g in enumerate(plan["rollout"]["replicas"]) if g["pool"] == "small"]
+    group = plan["rollout"]["replicas"][index]
+    assert (group["tp"], group["pp"], group["count"]) == (1, 1, 2), (
+        group
+    )  # the planner's choice, edited below
+    group.update(
+        tp=2,
+        count=1,
+        concurrency=2 * group["concurrency"],
+        tokens_per_s=round(2 * group["tokens_per_s"], 3),
+    )
+    (machine,) = [m for m in plan["machines"] if m["pool"] == "small"]
+    for rank, gpu in enumerate(machine["gpus"]):
+        gpu.update(role="rollout", group=index, instance=0, tp_rank=rank, stage=0)
+    return HexPlan.from_dict(plan).save(folder / "two-layouts.json")
+
+
+def run_driver(
+    folder: Path, scheduler: str, env: dict[str, str], timeout_s: float, extra: tuple[str, ...] = ()
+) -> Run:
     """Make the assets in ``folder`` and run the driver there; a run past ``timeout_s`` is killed whole."""
     write_assets(folder)
     for name in ("name_resolve", "home", "wandb"):
@@ -119,6 +172,7 @@ def run_driver(folder: Path, scheduler: str, env: dict[str, str], timeout_s: flo
         "--config",
         str(RECIPE),
         *overrides(folder, scheduler),
+        *extra,
     ]
     start = time.monotonic()
     proc = subprocess.Popen(

@@ -1,33 +1,47 @@
 """The rollout server of the CPU end-to-end runs, the one stand-in in the loop (SGLang cannot run on CPU): the
 transport tests' SGLang stand-in (``tests/transport/sglang_standin.py``) plus a transformers model on CPU that
 ``/generate``s token by token (sampling parameters, per-token log-probs) with the weights it was last given, and
-answers pause, continue, abort, health and weight-version calls as SGLang does, as upstream's
+answers pause, continue, abort, health, server-info and weight-version calls as SGLang does, as upstream's
 ``SGLangBackend``/``RemoteSGLangEngine`` and the relay transport's sink call them.
+
+Tensor parallelism as far as one CPU process allows: a load slices every tensor into ``--tp-size`` shards the way
+SGLang's loaders do (``TensorParallelSink``), and each forward step computes from those shards as SGLang's TP
+ranks would: column-parallel projections per rank then gathered, row-parallel ones as per-rank partial sums
+added up (the all-reduce), the vocabulary-parallel embedding as masked per-rank lookups added up. At most
+``--max-running-requests`` requests decode at once; the others wait, as in SGLang's queue.
 
 ``python -m tests.e2e.sglang_server --model-path M --host H --port P ...`` takes SGLang's launcher flags and ignores
 those it has no use for; ``HexSGLangBackend`` runs it in place of SGLang when a rollout worker has
 ``HEX_SGLANG_SERVER_MODULE=tests.e2e.sglang_server``.
 
-With ``log_path`` (or ``HEX_STANDIN_LOG_DIR`` for the command) the server appends one JSON line per weight load
-(version, weight digest) and per finished or aborted ``/generate`` (the weight version it used), so a test can
-check what each server ran.
+With ``log_path`` (or ``HEX_STANDIN_LOG_DIR`` for the command) the server appends one JSON line when it starts
+(the flags it runs with and the devices it was given), per weight load (version, weight digest) and per finished
+or aborted ``/generate`` (the weight version it used) and per request on arrival (new, or the rest of one it
+aborted), so a test can check what each server ran and how many requests it was sent. After loading a version the
+relay staged, it also saves a copy of the weights it then serves beside the log, with the staged buckets' layout
+in the load record, so a test can recompute the trainer's digest of that version from them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import signal
+import struct
 import threading
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from flask import jsonify, request
 
+from areal_hex_plugin.transport.sinks import TensorParallelSink, shard_dim
 from tests.transport.sglang_standin import SGLangStandIn
 
 LOG_DIR_ENV = "HEX_STANDIN_LOG_DIR"
@@ -43,13 +57,65 @@ def weights_digest(named_tensors) -> str:
     return digest.hexdigest()
 
 
+def gathered(sink: TensorParallelSink) -> dict[str, torch.Tensor]:
+    """The whole tensors behind a sink's TP shards (each sharded tensor's pieces joined on its split dim)."""
+    out = {}
+    for name, first in sink.shards[0].items():
+        dim = shard_dim(name)
+        out[name] = first if dim is None else torch.cat([shard[name] for shard in sink.shards], dim)
+    return out
+
+
+def staged_buckets(directory: Path) -> list[tuple[int, list[str]]]:
+    """The relay's buckets in a version directory it staged (``bucket-<index>-<copy>.safetensors``, one file per
+    bucket): each bucket's index and its tensor names in the order the sender packed them; [] for a plain
+    checkpoint."""
+    out = []
+    for path in sorted(directory.glob("bucket-*.safetensors")):
+        with open(path, "rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(size))
+        header.pop("__metadata__", None)
+        out.append((int(path.name.split("-")[1]), sorted(header, key=lambda n: header[n]["data_offsets"][0])))
+    return out
+
+
 class _Aborted(Exception):
     pass
 
 
+class _TensorParallel(torch.nn.Module):
+    """An HF linear or embedding that computes from the TP shards of the weights last loaded into ``sink``."""
+
+    def __init__(self, sink: TensorParallelSink, name: str, embedding: bool) -> None:
+        super().__init__()
+        self.sink, self.name, self.embedding = sink, name, embedding
+        self.split = shard_dim(f"{name}.weight")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shards = self.sink.shards
+        weights = [shard[f"{self.name}.weight"] for shard in shards]
+        biases = [shard.get(f"{self.name}.bias") for shard in shards]
+        if self.embedding:  # vocabulary-parallel: each rank looks up its own rows, the rest are zero
+            out, start = 0, 0
+            for weight in weights:
+                local = x - start
+                hit = (local >= 0) & (local < weight.shape[0])
+                out = out + F.embedding(local.clamp(0, weight.shape[0] - 1), weight) * hit.unsqueeze(-1)
+                start += weight.shape[0]
+            return out
+        if self.split == 0:  # column-parallel: each rank's slice of the output, gathered
+            return torch.cat([F.linear(x, w, b) for w, b in zip(weights, biases, strict=True)], dim=-1)
+        parts = x.chunk(
+            len(weights), dim=-1
+        )  # row-parallel: partial sums over each rank's inputs, all-reduced
+        out = sum(F.linear(part, w) for part, w in zip(parts, weights, strict=True))
+        return out if biases[0] is None else out + biases[0]
+
+
 class SGLangCPUServer(SGLangStandIn):
     """The transport tests' stand-in plus a transformers model on CPU that generates with the weights it was
-    last given. ``/update_weights_from_disk`` loads into that model instead of the TP shards."""
+    last given, held and computed as ``tp_size`` TP shards. ``/update_weights_from_disk`` loads into them."""
 
     def __init__(
         self,
@@ -58,6 +124,9 @@ class SGLangCPUServer(SGLangStandIn):
         port: int = 0,
         log_path: str | None = None,
         seed: int = 1,
+        tp_size: int = 1,
+        max_running_requests: int | None = None,
+        flags: dict | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -70,8 +139,23 @@ class SGLangCPUServer(SGLangStandIn):
         self._running = threading.Event()  # cleared while paused
         self._running.set()
         self._epoch = 0  # bumped by pause, abort and load: requests started before it end with "abort"
+        self._slots = threading.BoundedSemaphore(max_running_requests) if max_running_requests else None
+        # Prompt + output of every aborted request: upstream resubmits exactly that to finish it.
+        self._resumable: Counter[tuple[int, ...]] = Counter()
+        self.flags = {"tp_size": tp_size, "max_running_requests": max_running_requests, **(flags or {})}
+        super().__init__(tp_size=tp_size, host=host, port=port)
+        self._names = set(self._lm.state_dict())
+        self.model.load(0, self._lm.state_dict().items())
+        for name, module in list(self._lm.named_modules()):
+            if (
+                isinstance(module, torch.nn.Linear | torch.nn.Embedding)
+                and shard_dim(f"{name}.weight") is not None
+            ):
+                parent, _, attr = name.rpartition(".")
+                sharded = _TensorParallel(self.model, name, isinstance(module, torch.nn.Embedding))
+                setattr(self._lm.get_submodule(parent) if parent else self._lm, attr, sharded)
+        self._log(event="start", **self.flags)
         self._log(event="load", version="default", digest=self.digest())
-        super().__init__(tp_size=1, host=host, port=port)
         # Before any request can arrive (nobody knows the port yet): SGLang's generation endpoints, and the
         # control endpoints that must also stop running requests.
         self.app.view_functions.update(
@@ -82,6 +166,7 @@ class SGLangCPUServer(SGLangStandIn):
             ("/health_generate", "health_generate", lambda: jsonify({}), "GET"),
             ("/get_weight_version", "weight_version", self._get_weight_version, "GET"),
             ("/get_model_info", "model_info", self._get_model_info, "GET"),
+            ("/get_server_info", "server_info", lambda: jsonify(self.flags), "GET"),
             ("/generate", "generate", self._generate, "POST"),
             ("/abort_request", "abort", self._abort, "POST"),
         ):
@@ -90,7 +175,7 @@ class SGLangCPUServer(SGLangStandIn):
     # -- state --------------------------------------------------------------------------------------------
 
     def digest(self) -> str:
-        return weights_digest(self._lm.state_dict().items())
+        return weights_digest(gathered(self.model).items())
 
     def _log(self, **record) -> None:
         if self._log_path:
@@ -126,7 +211,8 @@ class SGLangCPUServer(SGLangStandIn):
         return jsonify({"success": True})
 
     def _load(self, path: Path, fail_half_way: bool = False) -> None:
-        """Into the model (the base's load-failure and roll-back handling stays): aborts running requests."""
+        """Into the TP shards, whole (the base's load-failure and roll-back handling stays): aborts running
+        requests."""
         from safetensors.torch import load_file
 
         files = sorted(path.glob("*.safetensors"))
@@ -135,21 +221,34 @@ class SGLangCPUServer(SGLangStandIn):
         tensors = {}
         for file in files:
             tensors.update(load_file(str(file)))
+        if set(tensors) != self._names:
+            missing, unexpected = sorted(self._names - set(tensors)), sorted(set(tensors) - self._names)
+            raise RuntimeError(f"missing {missing}, unexpected {unexpected}")
         with self._lock:
             self._epoch += 1  # abort_all_requests
-            missing, unexpected = self._lm.load_state_dict(tensors, strict=False)
-        if missing or unexpected:
-            raise RuntimeError(f"missing {missing}, unexpected {unexpected}")
+            self.model.load(0, iter(tensors.items()))
+            # The replicated tensors (norms) stay the HF model's own parameters.
+            self._lm.load_state_dict({n: t for n, t in self.model.shards[0].items() if shard_dim(n) is None})
 
     def _update_from_disk(self):
         answer = super()._update_from_disk()
         if not isinstance(answer, tuple):  # loaded (a failure answers with its status code)
-            self._log(event="load", version=self.weight_version, digest=self.digest())
+            buckets = staged_buckets(self.path)
+            if (
+                self._log_path and buckets
+            ):  # a copy of what it now serves, to check against the relay's digest
+                from safetensors.torch import save_file
+
+                save_file(gathered(self.model), self.snapshot_path(self.weight_version))
+            self._log(event="load", version=self.weight_version, digest=self.digest(), buckets=buckets)
         return answer
+
+    def snapshot_path(self, version: str) -> str:
+        return str(Path(self._log_path).with_suffix(f".v{version}.safetensors"))
 
     def _weights_by_name(self):
         body = request.get_json()
-        tensor = self._lm.state_dict()[body["name"]]
+        tensor = gathered(self.model)[body["name"]]
         return jsonify(tensor.flatten()[: body.get("truncate_size", 100)].float().tolist())
 
     # -- generation ---------------------------------------------------------------------------------------
@@ -157,19 +256,18 @@ class SGLangCPUServer(SGLangStandIn):
     def _generate(self):
         body = request.get_json()
         params = body.get("sampling_params") or {}
-        while True:  # wait out a pause; a pause that lands after this check aborts the first step
-            self._running.wait()
+        key = tuple(body["input_ids"])
+        with self._lock:
+            resumed = self._resumable[key] > 0
+            self._resumable[key] -= resumed
+        self._log(
+            event="request", resumed=resumed
+        )  # on arrival: a new request, or the rest of an aborted one
+        with self._slots or contextlib.nullcontext():  # SGLang's max_running_requests: the rest wait
+            tokens, logprobs, finish, version = self._run(body["input_ids"], params)
+        if finish["type"] == "abort":
             with self._lock:
-                if self._running.is_set():
-                    epoch, version = self._epoch, self.weight_version
-                    break
-        tokens, logprobs, finish = [], [], {"type": "length", "length": params.get("max_new_tokens", 16)}
-        try:
-            tokens, logprobs, finish = self._decode(
-                body["input_ids"], params, epoch, tokens, logprobs, finish
-            )
-        except _Aborted:
-            finish = {"type": "abort", "message": "Abort in waiting queue" if not tokens else "aborted"}
+                self._resumable[key + tuple(tokens)] += 1
         self._log(event="generate", version=version, tokens=len(tokens), finish=finish["type"])
         return jsonify(
             {
@@ -185,6 +283,21 @@ class SGLangCPUServer(SGLangStandIn):
                 },
             }
         )
+
+    def _run(self, input_ids, params):
+        """Decode once not paused; an abort returns what was made so far."""
+        while True:  # wait out a pause; a pause that lands after this check aborts the first step
+            self._running.wait()
+            with self._lock:
+                if self._running.is_set():
+                    epoch, version = self._epoch, self.weight_version
+                    break
+        tokens, logprobs, finish = [], [], {"type": "length", "length": params.get("max_new_tokens", 16)}
+        try:
+            tokens, logprobs, finish = self._decode(input_ids, params, epoch, tokens, logprobs, finish)
+        except _Aborted:
+            finish = {"type": "abort", "message": "Abort in waiting queue" if not tokens else "aborted"}
+        return tokens, logprobs, finish, version
 
     def _decode(self, input_ids, params, epoch, tokens, logprobs, finish):
         """Sample up to ``max_new_tokens``, one forward step at a time under the lock, with one weight version."""
@@ -231,19 +344,45 @@ class SGLangCPUServer(SGLangStandIn):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """SGLang's launcher command line: ``--model-path --host --port --random-seed`` are used, the rest ignored."""
+    """SGLang's launcher command line: ``--model-path --host --port --random-seed --tp-size
+    --max-running-requests`` are used, ``--pp-size --mem-fraction-static --attention-backend`` reported, the rest
+    ignored."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--random-seed", type=int, default=1)
+    parser.add_argument("--tp-size", type=int, default=1)
+    parser.add_argument("--pp-size", type=int, default=1)
+    parser.add_argument("--max-running-requests", type=int, default=None)
+    parser.add_argument("--mem-fraction-static", type=float, default=None)
+    parser.add_argument("--attention-backend", default=None)
     args, _ = parser.parse_known_args(argv)
+    if args.pp_size != 1:
+        parser.error(f"--pp-size {args.pp_size}: the stand-in runs tensor parallelism only")
     log_dir = os.environ.get(LOG_DIR_ENV)
     log_path = None
     if log_dir:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         log_path = str(Path(log_dir) / f"{os.environ.get('HEX_POOL', 'server')}-{args.port}.jsonl")
-    server = SGLangCPUServer(args.model_path, args.host, args.port, log_path, args.random_seed)
+    flags = {
+        "pp_size": args.pp_size,
+        "mem_fraction_static": args.mem_fraction_static,
+        "attention_backend": args.attention_backend,
+        # The devices its worker was given: by the scheduler, and by the plan.
+        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "planned_gpu_ids": os.environ.get("HEX_GPU_IDS"),
+    }
+    server = SGLangCPUServer(
+        args.model_path,
+        args.host,
+        args.port,
+        log_path,
+        args.random_seed,
+        tp_size=args.tp_size,
+        max_running_requests=args.max_running_requests,
+        flags=flags,
+    )
     signal.signal(signal.SIGTERM, lambda *_: server.close())
     server.serve_forever()
 

@@ -108,3 +108,61 @@ def test_upstream_engine_drives_the_standin(tmp_path, monkeypatch):
         engine.destroy()
         engine.teardown_server()
     assert info.process.poll() is not None  # the server is gone
+
+
+def test_tp2_standin_generates_from_its_shards(tmp_path):
+    """A server started with --tp-size 2 holds every split tensor as two SGLang-style shards, computes each step
+    from them (its log-probs are the whole model's), takes new weights into them, and runs at most
+    --max-running-requests requests at once."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.e2e.sglang_server import SGLangCPUServer
+
+    model_dir = write_model(tmp_path / "model", seed=0)
+    new_dir = write_model(tmp_path / "model-new", seed=1)
+    log = tmp_path / "server.jsonl"
+    server = SGLangCPUServer(str(model_dir), log_path=str(log), tp_size=2, max_running_requests=1)
+    address = f"http://{server.address}"
+    try:
+        assert requests.get(f"{address}/get_server_info", timeout=5).json()["tp_size"] == 2
+        full = dict(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).state_dict())
+        name = "model.layers.0.self_attn.q_proj.weight"
+        halves = [shard[name] for shard in server.model.shards]
+        assert [h.shape[0] for h in halves] == [full[name].shape[0] // 2] * 2
+        assert torch.equal(torch.cat(halves), full[name])
+
+        prompt = [5, 6, 7, 8]
+        for model_path in (model_dir, new_dir):
+            if model_path == new_dir:
+                answer = requests.post(
+                    f"{address}/update_weights_from_disk",
+                    json={"model_path": str(new_dir), "weight_version": "1"},
+                    timeout=60,
+                )
+                assert answer.json()["success"], answer.text
+            reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).eval()
+            body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 1.0}}
+            meta = requests.post(f"{address}/generate", json=body, timeout=60).json()["meta_info"]
+            tokens = [t for _, t, _ in meta["output_token_logprobs"]]
+            got = torch.tensor([lp for lp, _, _ in meta["output_token_logprobs"]])
+            assert torch.allclose(got, _logprobs(reference, prompt, tokens), atol=0.05)
+            assert server.digest() == weights_digest(reference.state_dict().items())
+
+        # One request at a time: the second waits until the first is aborted.
+        with ThreadPoolExecutor(2) as pool:
+            long = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 100_000, "ignore_eos": True}}
+            first = pool.submit(requests.post, f"{address}/generate", json=long, timeout=120)
+            time.sleep(0.5)
+            second = pool.submit(
+                requests.post, f"{address}/generate", json={"input_ids": prompt}, timeout=120
+            )
+            time.sleep(1.0)
+            assert not second.done()
+            requests.post(f"{address}/abort_request", json={}, timeout=5)
+            assert first.result().json()["meta_info"]["finish_reason"]["type"] == "abort"
+            assert second.result().json()["meta_info"]["finish_reason"]["type"] in ("stop", "length")
+    finally:
+        server.close()
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert records[0]["event"] == "start" and records[0]["tp_size"] == 2
+    assert records[0]["max_running_requests"] == 1

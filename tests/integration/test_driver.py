@@ -124,8 +124,11 @@ def test_relay_without_a_token_exits_2_before_any_worker(tmp_path: Path, monkeyp
             lambda p: p["staleness"].update(max_concurrent_rollouts=0, max_head_offpolicyness=-1),
             "plan.staleness.max_head_offpolicyness",
         ),
+        # Hand edits the cost model refuses, as the planner would never build them: 1.5B has 12 heads.
+        (lambda p: p["rollout"]["replicas"][0].update(tp=8, count=5), "plan.rollout.replicas[0]"),
+        (lambda p: p["train"]["stages"][0].update(tp=8, dp=1), "plan.train"),
     ],
-    ids=["gpu-999", "layers-1000", "ghost-host", "ghost-pool", "staleness"],
+    ids=["gpu-999", "layers-1000", "ghost-host", "ghost-pool", "staleness", "rollout-tp8", "train-tp8"],
 )
 def test_dry_run_refuses_a_plan_that_does_not_fit_the_recipe(edit, field, tmp_path: Path, capsys) -> None:
     """Issue 16: the dry run printed these plans into the upstream config and exited 0."""

@@ -23,6 +23,28 @@ TOKEN = b"test-token-0123456789abcdef"
 _CTX = mp.get_context("fork")
 
 
+def relay_digest(
+    weights: dict[str, torch.Tensor],
+    buckets: list[tuple[int, list[str]]],
+    parts: int,
+    version: int,
+    update: str,
+    token: bytes,
+    chunk: int,
+) -> str:
+    """The relay's version digest recomputed from a copy of the weights, with the sender's token, nonce
+    (``UpdateReport.update``), chunk size and number of parts, and its buckets (each bucket's version-wide index
+    and its tensor names in packed order): equal to the sender's ``UpdateReport.digest`` exactly when the copy
+    holds the bytes that were sent."""
+    from areal_hex_plugin.transport.buckets import content_key, pack, part_digest, version_digest
+
+    key = content_key(token, update)
+    digests: list[list[str]] = [[] for _ in range(parts)]
+    for index, names in sorted(buckets):  # part p's buckets are p, p + parts, ... (bucket_index)
+        digests[index % parts].append(pack(index, [(n, weights[n]) for n in names], key, chunk).digest(key))
+    return version_digest(key, version, [part_digest(key, p, d) for p, d in enumerate(digests)])
+
+
 def small_qwen2(seed: int = 0, kv_heads: int = 4, layers: int = 2):
     """A randomly initialised Qwen2-architecture model (tiny), in bf16 like the rollout side expects."""
     from transformers import Qwen2Config, Qwen2ForCausalLM

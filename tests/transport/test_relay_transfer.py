@@ -14,7 +14,14 @@ from areal_hex_plugin.transport.route import PoolRoute, Route
 from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
 from areal_hex_plugin.transport.sinks import shard_dim
 from areal_hex_plugin.transport.wire import TransportError
-from tests.transport.harness import TOKEN, Proxy, ReplicaFleet, in_buckets, small_qwen2_state_dict
+from tests.transport.harness import (
+    TOKEN,
+    Proxy,
+    ReplicaFleet,
+    in_buckets,
+    relay_digest,
+    small_qwen2_state_dict,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -60,6 +67,14 @@ def test_bit_exact_into_different_tp_layouts(tmp_path, model_state, backend):
     assert report.nbytes == sum(t.numel() * t.element_size() for t in model_state.values())
     for replica in pool_a + pool_b:
         _assert_holds(replica, model_state, 1)
+    # Whoever holds the token can check a copy of the weights against the sender's digest.
+    buckets = [(i, [n for n, _ in bucket]) for i, bucket in enumerate(in_buckets(model_state, per_bucket=5))]
+    audit = dict(model_state)
+    assert relay_digest(audit, buckets, 1, 1, report.update, TOKEN, 64 << 10) == report.digest
+    name = next(iter(audit))
+    audit[name] = audit[name].clone()
+    audit[name].view(-1)[0] += 1
+    assert relay_digest(audit, buckets, 1, 1, report.update, TOKEN, 64 << 10) != report.digest
 
 
 def test_corrupted_bucket_is_resent(tmp_path, model_state):
