@@ -49,6 +49,7 @@ def transport_settings(placement: Placement, cluster: Cluster, relay: RelayConfi
         "allowed_hosts": list(relay.allowed_hosts),
         "bind_interface": relay.bind_interface,
         "stage_dir": relay.stage_dir,
+        "rollback_dir": relay.rollback_dir,
     }
     return TransportSettings(
         pools=pools, sender=sender, receiver=receiver, min_committed_fraction=relay.min_committed_fraction

@@ -221,6 +221,11 @@ class RelayConfig:
     stage_dir: str = spec(
         "/dev/shm/areal-hex", "node-local directory a verified version is written to for SGLang to load"
     )
+    rollback_dir: str | None = spec(
+        "/var/tmp/areal-hex",
+        "node-local disk directory a loaded version moves to (what a failed load rolls back to); "
+        "null: it stays in stage_dir",
+    )
 
 
 def check_relay_sender(

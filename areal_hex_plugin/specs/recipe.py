@@ -183,12 +183,16 @@ def _check_relay(relay: RelayConfig) -> None:
             f"{name!r} is not a network interface name",
             "give a name such as ib0 or eth0 (see `ip -br addr` on a rollout machine), or null",
         )
-    if not relay.stage_dir.startswith("/"):
-        raise HexError(
-            "hex.relay.stage_dir",
-            f"must be an absolute path on the rollout machines, got {relay.stage_dir!r}",
-            "e.g. /dev/shm/areal-hex",
-        )
+    for name, value, example in (
+        ("stage_dir", relay.stage_dir, "/dev/shm/areal-hex"),
+        ("rollback_dir", relay.rollback_dir, "/var/tmp/areal-hex, or null"),
+    ):
+        if value is not None and not value.startswith("/"):
+            raise HexError(
+                f"hex.relay.{name}",
+                f"must be an absolute path on the rollout machines, got {value!r}",
+                f"e.g. {example}",
+            )
 
 
 def _check_knobs(hex_cfg: HexConfig) -> None:

@@ -47,7 +47,7 @@ from areal_hex_plugin.transport.buckets import version_digest as digest_of_versi
 from areal_hex_plugin.transport.links import DataLink, connect_data_link, current_device, open_receiving_link
 from areal_hex_plugin.transport.protocol import Kind, Message, ProtocolError, digests_after, make
 from areal_hex_plugin.transport.route import Endpoint
-from areal_hex_plugin.transport.stage import StagedVersion
+from areal_hex_plugin.transport.stage import StagedVersion, remove_version, spill
 from areal_hex_plugin.transport.wire import Channel, authenticate_as_server, load_token, resolve_hosts
 
 logger = logging.getLogger("HexTransportNode")
@@ -74,6 +74,9 @@ class ReceiverConfig:
     allowed_hosts: list[str] = field(default_factory=list)
     # Node-local directory the version is staged in; None: a private one under /dev/shm (else the temp dir).
     stage_dir: str | None = None
+    # Node-local disk directory the last committed version moves to once loaded (what a failed load rolls back
+    # to), so a commit holds only the new version in memory; None: it stays in the stage dir.
+    rollback_dir: str | None = None
     max_handshakes: int = 32
     handshake_timeout_s: float = 5.0
 
@@ -160,6 +163,13 @@ class ReceiverNode:
         )
         if self._private_root:  # also when the process ends without stop()
             weakref.finalize(self, shutil.rmtree, self.stage_root, True)
+        self.rollback_root: Path | None = None
+        if self.config.rollback_dir is not None:
+            Path(self.config.rollback_dir).mkdir(parents=True, exist_ok=True)
+            self.rollback_root = Path(tempfile.mkdtemp(prefix="areal-hex-", dir=self.config.rollback_dir))
+            weakref.finalize(self, shutil.rmtree, self.rollback_root, True)
+        # Frees the version before the last committed one and spills the last committed one to disk.
+        self._keeper: threading.Thread | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
@@ -177,8 +187,11 @@ class ReceiverNode:
         if control is not None:
             control.close()
         self._end_session()
+        self._settle()
         if self._private_root:
             shutil.rmtree(self.stage_root, ignore_errors=True)
+        if self.rollback_root is not None:
+            shutil.rmtree(self.rollback_root, ignore_errors=True)
 
     def _accept_loop(self) -> None:
         """Accept until stopped; running out of descriptors or memory backs off and keeps serving."""
@@ -412,17 +425,40 @@ class ReceiverNode:
         with self._lock:
             self._session = None
             session.close_forwarders()
+        self._settle()  # the last committed version is wherever a failed load must find it
         try:
             self.sink.load(session.version, session.stage)
         except BaseException:
             session.stage.remove()  # the last committed version stays, and stays staged
             raise
         session.stage.release()
-        if self._last_committed is not None:  # freeing its pages takes a while: not on the commit's path
-            threading.Thread(target=shutil.rmtree, args=(self._last_committed, True), daemon=True).start()
-        self._last_committed = session.stage.directory
+        previous, self._last_committed = self._last_committed, session.stage.directory
         self.version, self.digest = session.version, session.verified
+        self._keeper = threading.Thread(  # off the commit's path: freeing and copying take a while
+            target=self._keep, args=(previous, session.stage.directory), name="hex-keeper", daemon=True
+        )
+        self._keeper.start()
         return make(Kind.COMMITTED, id=0, version=self.version)
+
+    def _keep(self, previous: Path | None, current: Path) -> None:
+        """Free the version before the one just loaded, and move that one to the rollback dir (if any)."""
+        if previous is not None:
+            remove_version(previous)
+        if self.rollback_root is None:
+            return
+        try:
+            spill(current, self.rollback_root)
+        except (
+            OSError
+        ) as error:  # e.g. the disk is full: it stays in the stage dir, as without a rollback dir
+            logger.warning(
+                "cannot move version %s to %s (%s); it stays staged", current.name, self.rollback_root, error
+            )
+
+    def _settle(self) -> None:
+        keeper = self._keeper
+        if keeper is not None:
+            keeper.join()
 
     def _on_abort(self, message: Message) -> Message:
         with self._lock:

@@ -4,8 +4,10 @@
 backend and the rollout controller); the controller reaches its ``hex_*`` methods through upstream's generic
 ``/call`` RPC. A committed version goes into the
 local SGLang server through SGLang's own ``/update_weights_from_disk`` from a node-local directory (``/dev/shm``
-by default; its size is checked as buckets arrive): SGLang's loaders then slice every full HF tensor to the server's TP layout, whatever it is, and no
-shared filesystem or cross-machine NCCL group is needed.
+by default; its size is checked as buckets arrive): SGLang's loaders then slice every full HF tensor to the server's
+TP layout, whatever it is, and no shared filesystem or cross-machine NCCL group is needed. Once loaded, a version
+moves to ``rollback_dir`` on node-local disk (its staged path becomes a link there), so during a commit the machine
+holds the new version in memory and the one a failed load returns to on disk.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class RelayReceiverMixin:
         stage_dir: str = "/dev/shm/areal-hex",
         model_path: str | None = None,
         bind_interface: str | None = None,
+        rollback_dir: str | None = "/var/tmp/areal-hex",
     ) -> str:
         """Start (once) the receiver; returns ``host:port``.
 
@@ -113,7 +116,12 @@ class RelayReceiverMixin:
                 bind_host = interface_address(bind_interface)
             self._hex_stage_dir = Path(stage_dir) / f"{bind_host or gethostip()}-{id(self):x}"
             config = ReceiverConfig(
-                bind_host or gethostip(), port, timeout_s, list(allowed_hosts or []), str(self._hex_stage_dir)
+                bind_host or gethostip(),
+                port,
+                timeout_s,
+                list(allowed_hosts or []),
+                str(self._hex_stage_dir),
+                rollback_dir=rollback_dir,
             )
             self._hex_node = ReceiverNode(SGLangDiskSink(self, model_path), config)
             self._hex_endpoint = str(self._hex_node.start())

@@ -2,7 +2,9 @@
 staged version is the checkpoint SGLang loads, with no second copy in memory.
 
 Paths are built from integers only: ``<root>/v<version>/bucket-<index>-<copy>.safetensors``. The directory of the last
-committed version stays until the next one is confirmed loaded (SGLang rolls back to the path it loaded last).
+committed version stays until the next one is confirmed loaded (SGLang rolls back to the path it loaded last); once
+loaded it can be spilled (:func:`spill`) to node-local disk, its path becoming a link there, so a commit holds only
+the new version in memory (``/dev/shm``) while a failed load still finds the old one.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class StagedVersion:
 
     def __init__(self, root: Path, version: int) -> None:
         self.directory = version_dir(root, version)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        remove_version(self.directory)
         self.directory.mkdir(parents=True)
         self.buckets: dict[int, tuple[list[TensorEntry], torch.Tensor]] = {}
         self._copies: dict[int, int] = {}
@@ -59,9 +61,9 @@ class StagedVersion:
             raise HexError(
                 "hex.relay.stage_dir",
                 f"{self.directory} has {free / 2**20:.2f} MiB free, bucket {index} needs {total / 2**20:.2f} MiB more "
-                "(the whole version is staged there, and the last committed one is kept)",
-                "give the container more shared memory (docker run --shm-size=2x the model's size) or point "
-                "hex.relay.stage_dir at a larger node-local directory",
+                "(the whole version is staged there; without hex.relay.rollback_dir the last committed one too)",
+                "give the container more shared memory (docker run --shm-size=the model's size, twice that without "
+                "hex.relay.rollback_dir) or point hex.relay.stage_dir at a larger node-local directory",
             )
         self.drop(index)
         path = self._path(index, copy)
@@ -93,4 +95,30 @@ class StagedVersion:
 
     def remove(self) -> None:
         self.release()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        remove_version(self.directory)
+
+
+def spill(directory: Path, root: Path) -> None:
+    """Move a loaded version's files to ``root`` (node-local disk) and leave a link under the old name, so whoever
+    reloads ``directory`` (SGLang's roll-back to the path it loaded last) still finds them, out of memory."""
+    target = root / directory.name
+    remove_version(target)
+    try:
+        shutil.copytree(directory, target)
+    except OSError:  # e.g. the disk is full: nothing half-copied stays
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    moved = directory.with_name(f"{directory.name}.spilled")
+    directory.rename(moved)
+    directory.symlink_to(target, target_is_directory=True)
+    shutil.rmtree(moved)
+
+
+def remove_version(directory: Path) -> None:
+    """A version's directory, or the link to its spilled files and those files."""
+    if directory.is_symlink():
+        target = directory.readlink()
+        directory.unlink()
+        shutil.rmtree(target, ignore_errors=True)
+    else:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -129,6 +129,7 @@ CASES = [
     ("relay-empty-host", _hex("relay.allowed_hosts", ["10.0.0.1", " "]), [], "hex.relay.allowed_hosts[1]"),
     ("relay-bad-interface", None, ["hex.relay.bind_interface=ib 0"], "hex.relay.bind_interface"),
     ("relay-relative-stage-dir", _hex("relay.stage_dir", "stage"), [], "hex.relay.stage_dir"),
+    ("relay-relative-rollback-dir", _hex("relay.rollback_dir", "old"), [], "hex.relay.rollback_dir"),
     ("relay-unknown-key", None, ["+hex.relay.chunk_bytes=4"], "hex.relay.chunk_bytes"),
     ("budget-and-target", _hex("objective.target_tokens_per_s", 1000.0), [], "hex.objective"),
     (
