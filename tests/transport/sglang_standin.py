@@ -11,10 +11,11 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import torch
 from flask import Flask, jsonify, request
 from werkzeug.serving import make_server
 
-from areal_hex_plugin.transport.sinks import TensorParallelSink
+from areal_hex_plugin.transport.sinks import TensorParallelSink, shard_dim
 
 
 class SGLangStandIn:
@@ -79,6 +80,15 @@ class SGLangStandIn:
         body = request.get_json()
         tensor = self.model.shards[0][body["name"]]
         return jsonify(tensor.flatten()[: body.get("truncate_size", 100)].float().tolist())
+
+    def holds(self, state: dict[str, torch.Tensor]) -> bool:
+        """Whether the TP shards put back together are exactly ``state``."""
+        for name, full in state.items():
+            dim = shard_dim(name)
+            shards = [self.model.shards[rank][name] for rank in range(self.model.tp_size)]
+            if not torch.equal(torch.cat(shards, dim) if dim is not None else shards[0], full):
+                return False
+        return True
 
     def close(self) -> None:
         self._server.shutdown()

@@ -345,17 +345,6 @@ def sglang_replica(tmp_path, monkeypatch):
     server.close()
 
 
-def _server_holds(server, state) -> bool:
-    from areal_hex_plugin.transport.sinks import shard_dim
-
-    for name, full in state.items():
-        dim = shard_dim(name)
-        shards = [server.model.shards[rank][name] for rank in range(2)]
-        if not torch.equal(torch.cat(shards, dim) if dim is not None else shards[0], full):
-            return False
-    return True
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("failure", ["load_fails_half_way", "load_silently_skipped"])
 def test_failed_load_keeps_the_last_committed_version(sglang_replica, failure):
@@ -376,4 +365,4 @@ def test_failed_load_keeps_the_last_committed_version(sglang_replica, failure):
     assert report.committed == [] and str(endpoint) in report.failed
     assert engine.hex_receiver_status()["version"] == 1 and engine.get_version() == 1
     server.stale = server.fail_loads = False
-    assert _server_holds(server, first)
+    assert server.holds(first)

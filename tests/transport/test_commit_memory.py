@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("areal")
 
@@ -16,7 +15,6 @@ from areal.api.cli_args import InferenceEngineConfig  # noqa: E402
 
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route  # noqa: E402
 from areal_hex_plugin.transport.sender import RelaySender, SenderConfig  # noqa: E402
-from areal_hex_plugin.transport.sinks import shard_dim  # noqa: E402
 from tests.transport.harness import TOKEN, in_buckets, small_qwen2_state_dict  # noqa: E402
 from tests.transport.receiver_engine import ReceiverEngine  # noqa: E402
 from tests.transport.sglang_standin import SGLangStandIn  # noqa: E402
@@ -32,15 +30,6 @@ def _in_memory(stage: Path) -> int:
         for name in names
         if not os.path.islink(os.path.join(folder, name))
     )
-
-
-def _holds(server: SGLangStandIn, state: dict[str, torch.Tensor]) -> bool:
-    for name, full in state.items():
-        dim = shard_dim(name)
-        shards = [server.model.shards[rank][name] for rank in range(2)]
-        if not torch.equal(torch.cat(shards, dim) if dim is not None else shards[0], full):
-            return False
-    return True
 
 
 def _peak_during_commits(tmp_path: Path, monkeypatch, rollback_dir: str | None) -> float:
@@ -74,8 +63,8 @@ def _peak_during_commits(tmp_path: Path, monkeypatch, rollback_dir: str | None) 
                 report = sender.send_version(version, in_buckets(state, per_bucket=4))
                 assert report.committed == ([] if version == 3 else [address])
                 if version == 3:  # rolled back to version 2, from wherever it was kept
-                    assert _holds(server, states[1]) and engine.hex_receiver_status()["version"] == 2
-            assert _holds(server, states[3]) and engine.get_version() == 4
+                    assert server.holds(states[1]) and engine.hex_receiver_status()["version"] == 2
+            assert server.holds(states[3]) and engine.get_version() == 4
         finally:
             sender.close()
     finally:
