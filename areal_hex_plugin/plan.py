@@ -54,7 +54,9 @@ class Predicted:
     step_time_s: float = spec(help="seconds per training step", range=_SECONDS)
     train_time_s: float = spec(help="seconds of training per step", range=_SECONDS)
     rollout_time_s: float = spec(help="generation plus reward, per step", range=_SECONDS)
-    weight_sync_s: float = spec(help="weight sync per step", range=_SECONDS)
+    weight_sync_s: float = spec(
+        help="weight sync per step (one update every solver.window_steps steps, averaged)", range=_SECONDS
+    )
     reward_s: float = spec(0.0, "reward per step", _SECONDS)
 
 
@@ -144,7 +146,12 @@ class SolverInfo:
         range=between(0, 1e9),
     )
     mode: str = "two_phase"  # two_phase | exhaustive
-    window_steps: int = spec(1, "the δ(η) window the costs were averaged over", between(1, 1_000_000))
+    window_steps: int = spec(
+        1,
+        "δ(η): training steps per weight update of the rollout servers (1: every step, as upstream); costs are "
+        "averaged over it",
+        between(1, 1_000_000),
+    )
     enumerated: str = spec("", "exhaustive mode: the plans the brute force covered (scheduler/brute.py)")
 
 
@@ -153,7 +160,9 @@ class Staleness:
     """Upstream's admission settings; ``max_concurrent_rollouts`` counts rollouts (prompts), as upstream does."""
 
     max_head_offpolicyness: int = spec(help="the staleness bound η (0: on-policy)", range=between(0, 1_000))
-    max_concurrent_rollouts: int = spec(help="rollouts in flight", range=between(1, 10_000_000))
+    max_concurrent_rollouts: int = spec(
+        help="rollouts in flight: the planned in-flight cap", range=between(1, 10_000_000)
+    )
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ sequence), so the batch grows with the cluster as in a real scale-up. ``scaling`
 times the budget of the 1,024-GPU plan, its tokens/s ratio and the share of the GPUs it pays for that it uses.
 ``optimality``: random small clusters (2-3 types, at most 4 machines per pool, 1.5B/7B/14B, with and without
 budgets), each with the two-phase tokens/s and the brute force's (``exhaustive``, ``scheduler/brute.py``, which
-shares none of the search's pruning) at the same delta window; a drawn cluster no plan fits is replaced by the
-next draw (``summary.clusters_redrawn``), and ``summary`` gives the share within 1% and within 3%.
+shares none of the search's pruning), each choosing its update window and in-flight caps; a drawn cluster no
+plan fits is replaced by the next draw (``summary.clusters_redrawn``), and ``summary`` gives the share within 1%
+and within 3%.
 Everything is seeded; the clusters are written as recipe overrides of ``recipes/paper/*.yaml`` so they go
 through the same reader as a user's recipe. Limits are CPU seconds of the planner (hex.solver.time_limit_s).
 """
@@ -142,15 +143,15 @@ def bench_size(n: int, time_limit_s: float) -> dict:
     if n in LARGE_32B:
         row["32b"] = solve_size(n, "32b", time_limit_s)[0]
     if n <= EXHAUSTIVE_SIZES:
-        # The paper's Table 5 compares against exhaustive search on these sizes: do the same, at the two-phase
-        # plan's window, where the brute force takes the cluster.
+        # The paper's Table 5 compares against exhaustive search on these sizes: do the same, where the brute
+        # force takes the cluster.
         try:
             check_size(planner.ev, planner.limits)
         except HexError as err:
             row["exhaustive"] = f"not run: {err.problem}"
             return row
         start = time.monotonic()
-        optimum, _ = BruteForce(planner.ev).run(planner.limits, None, result.window)
+        optimum, _ = BruteForce(planner.ev).run(planner.limits, None)
         row["exhaustive_solve_time_s"] = round(time.monotonic() - start, 3)
         row["exhaustive_tokens_per_s"] = round(planner.tokens_per_s(optimum), 1)
     return row
@@ -177,7 +178,7 @@ def random_cluster(rng: random.Random) -> list[dict]:
 
 
 def compare(pools: list[dict], model: str, budget_fraction: float | None, time_limit_s: float) -> dict | None:
-    """The two-phase search against the brute force (``scheduler/brute.py``) at the two-phase result's window;
+    """The two-phase search against the brute force (``scheduler/brute.py``);
     None when no plan fits the cluster (the brute force finds none either)."""
     probe = recipe_for(model, pools, time_limit_s)
     budget = None
@@ -191,7 +192,7 @@ def compare(pools: list[dict], model: str, budget_fraction: float | None, time_l
     two = planner.search(planner.limits, budget)
     two_s = time.process_time() - start
     start = time.process_time()
-    brute, enumerated = BruteForce(planner.ev).run(planner.limits, budget, two.window)
+    brute, enumerated = BruteForce(planner.ev).run(planner.limits, budget)
     brute_s = time.process_time() - start
     if brute is None and two.best is None:
         return None

@@ -146,6 +146,13 @@ def _staleness_notes(config, plan: HexPlan) -> list[str]:
     old, new = config.rollout.max_head_offpolicyness, plan.staleness.max_head_offpolicyness
     if old != new:
         notes.append(f"rollout.max_head_offpolicyness: {old} -> {new}: the plan was made for eta={new}")
+    window = plan.solver.window_steps
+    if window > 1:
+        notes.append(
+            f"weights go to the rollout servers every {window} training steps (upstream: every step): the plan "
+            "chose this window under eta, paying one weight sync and one KV rebuild per window; the servers' "
+            "version advances with their weights, so upstream's staleness bound still holds"
+        )
     running = config.sglang.max_running_requests
     if running is not None and any(g.concurrency != running for g in plan.rollout.replicas):
         notes.append(

@@ -7,6 +7,7 @@ Rollout servers use the engine class :func:`register` installed (``HexRemoteSGLa
 share routing), through ``_rollout_engine_cls`` (upstream's hook with ``patches/0002``). With
 ``hex.transport: relay`` the actor is the transport's ``HexFSDPPPOActor`` or ``HexMegatronRelayActor`` and its
 controller gets the plan's rollout pools and links. Upstream's stats logger is wrapped to add ``hex/*``.
+Weights go to the rollout servers every ``plan.solver.window_steps`` steps (:mod:`update_window`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from areal_hex_plugin.areal.metrics import HexStatsLog
 from areal_hex_plugin.areal.plugin import ROLLOUT_ENGINES, TRAIN_ENGINES, load, register, swapped
 from areal_hex_plugin.areal.rewrite import apply_plan, uses_relay
 from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
+from areal_hex_plugin.areal.update_window import push_every
 from areal_hex_plugin.plan import HexPlan
 
 PLAN_FILE = "hex_plan.json"
@@ -54,6 +56,9 @@ class HexPPOTrainer(PPOTrainer):
         # The driver checks the live cluster first and passes the builder; otherwise it is checked here.
         self._make_scheduler = make_scheduler
         super().__init__(config, train_dataset, valid_dataset)
+        # After __init__: a resumed run pushes its weights inside it, whatever the window.
+        rollouts = [r for r in (self.rollout, self.eval_rollout) if r is not None]
+        push_every(plan.solver.window_steps, self.actor, rollouts)
         self.stats_logger = HexStatsLog(self.stats_logger, plan)
 
     def _train_engine_cls(self, backend: str) -> type | None:

@@ -45,11 +45,12 @@ class CostModel:
             self._rollout[key] = found
         return found
 
-    def staleness_sequences(self) -> int:
-        """Sequences the staleness bound lets upstream keep in flight: (eta + 1) consumer batches of rollouts,
-        each rollout holding its slot until its longest sample ends."""
+    def staleness_sequences(self, batches: int | None = None) -> int:
+        """Sequences the staleness bound lets upstream keep in flight: ``batches`` consumer batches of rollouts
+        (default eta + 1, weights pushed every step), each rollout holding its slot until its longest sample ends."""
         rl = self.workload.rl
-        prompts = (rl.max_head_offpolicyness + 1) * rl.consumer_batch_size
+        batches = rl.max_head_offpolicyness + 1 if batches is None else batches
+        prompts = batches * rl.consumer_batch_size
         return max(1, int(prompts * rl.n_samples / self._lengths.group_hold))
 
     def train(self, stages: tuple[TrainStage, ...]) -> TrainEstimate:

@@ -8,12 +8,13 @@ The space, within the evaluator's runtime caps (``scheduler/caps.py``), every pa
   largest dp and cuts TP degrees);
 - rollout: per pool, any replica shape as many times as its rollout GPUs hold, alone or with a second shape filling
   the GPUs it leaves (the search solves a knapsack per rebuild-time bound; fewer replicas are a smaller split);
-- samples split by largest remainder in proportion to replica speed, at each window of delta(eta) the search
-  tries (:func:`exhaustive`) or at one window (:func:`brute_force`).
+- samples split by largest remainder in proportion to replica speed, with every update window delta <= eta + 1
+  and in-flight caps the runtime offers (``scheduler/inflight.py``: the runtime's choices, no pruning).
 
 Reductions that are exact (no plan that could win is skipped), none of them the search's:
 - the weight sync depends on a layout only through the bytes each pool sends and on a fleet only through the
-  machines it occupies per pool: of the layouts (fleets) that agree on that, only the fastest is scored in full;
+  machines it occupies per pool: of the layouts (fleets) that agree on that, only the fastest (per window) is
+  scored in full;
 - a step is at least max(rollout, train): splits, layouts and fleets are visited best bound first, and those whose
   bound cannot beat the best plan found are counted, not scored.
 The space grows as a product over pools, so exhaustive mode takes clusters within :data:`LIMITS` only.
@@ -29,16 +30,10 @@ from areal_hex_plugin.costmodel import TrainStage
 from areal_hex_plugin.costmodel.weightsync import receiving_machines
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.scheduler.bound import relaxation
-from areal_hex_plugin.scheduler.evaluate import (
-    Evaluation,
-    Evaluator,
-    Fleet,
-    occupied,
-    replica_stages,
-    window_rollout_s,
-)
+from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator, Fleet, occupied
+from areal_hex_plugin.scheduler.inflight import Runtime, choose, replica_stages, runtimes, windows
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig, largest_remainder
-from areal_hex_plugin.scheduler.search import MAX_WINDOW_STEPS, SearchResult, first_window
+from areal_hex_plugin.scheduler.search import SearchResult
 from areal_hex_plugin.scheduler.split import all_splits
 from areal_hex_plugin.scheduler.train_search import TrainChoice, tp_degrees
 
@@ -93,7 +88,7 @@ def check_size(ev: Evaluator, limits: tuple[int, ...]) -> None:
 
 class BruteForce:
     """The brute force over one evaluator's cluster and caps; training layouts are enumerated once per machine
-    counts and kept across runs (budgets, windows, targets)."""
+    counts and kept across runs (budgets, targets)."""
 
     def __init__(self, ev: Evaluator) -> None:
         self.ev = ev
@@ -101,36 +96,24 @@ class BruteForce:
         self._relaxation = relaxation(ev)
 
     def exhaustive(
-        self, limits: tuple[int, ...], budget: float | None, eta: int, target: float | None = None
+        self, limits: tuple[int, ...], budget: float | None, target: float | None = None
     ) -> tuple[SearchResult, Enumerated]:
-        """The best plan over the space above at every window the two-phase search tries (delta(eta) doubling
-        up to MAX_WINDOW_STEPS): the fastest (then cheapest), or with ``target`` the cheapest reaching it."""
-        ev = self.ev
-        check_size(ev, limits)
-        best: Evaluation | None = None
-        done = Enumerated()
-        window = first_window(eta)
-        while True:
-            e, counted = self.run(limits, budget, window, target)
-            done += counted
-            if e is not None and (best is None or _key(ev, e, target) > _key(ev, best, target)):
-                best = e
-            if window >= MAX_WINDOW_STEPS:
-                break
-            window *= 2
-        status = "optimal" if best else "infeasible"
-        return SearchResult(best, status, done.scored, best.window if best else window), done
+        """The best plan over the space above: the fastest (then cheapest), or with ``target`` the cheapest
+        reaching it."""
+        check_size(self.ev, limits)
+        best, done = self.run(limits, budget, target)
+        return SearchResult(best, "optimal" if best else "infeasible", done.scored), done
 
     def run(
-        self, limits: tuple[int, ...], budget: float | None, window: int, target: float | None = None
+        self, limits: tuple[int, ...], budget: float | None, target: float | None = None
     ) -> tuple[Evaluation | None, Enumerated]:
-        """The best plan of the space above at ``window`` (the fastest, then the cheapest; with ``target`` the
-        cheapest reaching it, then the fastest), or None; and what was enumerated."""
+        """The best plan of the space above (the fastest, then the cheapest; with ``target`` the cheapest
+        reaching it, then the fastest), or None; and what was enumerated."""
         ev = self.ev
         splits = [
             s for s in all_splits(limits) if budget is None or s.cost_per_hour(ev.cluster) <= budget + 1e-9
         ]
-        fleets = {r: _fleets(ev, r, window) for r in {s.rollout for s in splits}}
+        fleets = {r: _fleets(ev, r) for r in {s.rollout for s in splits}}
         tokens = ev.tokens_per_step
 
         def bound(train_s: float, rollout_s: float, cost: float) -> tuple:
@@ -155,17 +138,18 @@ class BruteForce:
                 if best is not None and bound(train.step_time_s, fls[0][1], cost) <= best[0]:
                     break
                 senders = ev.cm.senders(train.stages)  # each stage sends its layers from its pool
-                for fleet, rollout_s in fls:
+                for options, rollout_s in fls:
                     if best is not None and bound(train.step_time_s, rollout_s, cost) <= best[0]:
                         break
                     scored += 1
-                    replicas = [(replica_stages(c), y) for c, y in fleet.groups]
+                    replicas = [(replica_stages(c), y) for c, y in options[0].groups]
                     sync_s = ev.cm.weight_sync(senders, replicas, strategy=ev.sync_strategy).seconds
-                    key = _objective(tokens / (sync_s + max(rollout_s, train.step_time_s)), cost, target)
+                    runtime = choose(options, train.step_time_s, sync_s)
+                    key = _objective(tokens / runtime.step_s(train.step_time_s, sync_s), cost, target)
                     if best is None or key > best[0]:
-                        best = (key, _evaluation(ev, window, train, fleet, rollout_s, sync_s))
+                        best = (key, _evaluation(ev, train, runtime, sync_s))
         counted = Enumerated(
-            windows=1,
+            windows=len(windows(ev.workload.rl.max_head_offpolicyness)),
             splits=len(splits),
             opened=opened,
             layouts=sum(self._layouts[t][1] for t in trains),
@@ -189,10 +173,6 @@ class BruteForce:
         return 1 / rate if rate > 0 else math.inf
 
 
-def _key(ev: Evaluator, e: Evaluation, target: float | None) -> tuple:
-    return _objective(e.tokens_per_s(ev.tokens_per_step), e.cost_per_hour, target)
-
-
 def _objective(rate: float, cost: float, target: float | None) -> tuple:
     """Larger is better: the fastest, then the cheapest; with ``target`` the cheapest reaching it, then the
     fastest."""
@@ -200,18 +180,19 @@ def _objective(rate: float, cost: float, target: float | None) -> tuple:
     return (rate >= target, cost, rate) if target is not None else (rate, cost)
 
 
-def _evaluation(ev, window, train: TrainChoice, fleet: Fleet, rollout_s, sync_s) -> Evaluation:
+def _evaluation(ev, train: TrainChoice, runtime: Runtime, sync_s: float) -> Evaluation:
     """The plan as the evaluator reports one: on the machines it occupies, at their price."""
     samples = ev.workload.rl.samples_per_step
+    fleet = Fleet(runtime.groups, True)
     split = occupied(ev.cluster, train, fleet)
     return Evaluation(
         split=split,
-        window=window,
+        window=runtime.window,
         cost_per_hour=split.cost_per_hour(ev.cluster),
         train=train,
         fleet=fleet,
         train_s=train.step_time_s,
-        rollout_s=rollout_s,
+        rollout_s=runtime.rollout_s,
         sync_s=sync_s,
         reward_s=ev.cm.reward_s(samples),
         shares=tuple(largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups])),
@@ -263,9 +244,10 @@ def _blocks(pool, gpus: int, max_pp: int) -> list[tuple[int, int, int]]:
     ]
 
 
-def _fleets(ev: Evaluator, counts: tuple[int, ...], window: int) -> tuple[list[tuple[Fleet, float]], int]:
-    """For each set of machines a fleet occupies (all the weight sync depends on), the fleet with the shortest
-    rollout time per step, shortest first; and how many fleets have a finite one."""
+def _fleets(ev: Evaluator, counts: tuple[int, ...]) -> tuple[list[tuple[list[Runtime], float]], int]:
+    """For each set of machines a fleet occupies (all the weight sync depends on), per update window the
+    runtime choice (fleet and caps) with the shortest rollout time per step, and the shortest of them; shortest
+    first; and how many fleets have a finite one."""
     if not any(counts):
         return [], 0
     options = []
@@ -274,22 +256,22 @@ def _fleets(ev: Evaluator, counts: tuple[int, ...], window: int) -> tuple[list[t
             options.append(_pool_fleets(ev, pool, n * pool.gpus_per_machine))
             if not options[-1]:
                 return [], 0
-    samples = ev.workload.rl.samples_per_step * window
-    mean = ev.workload.output_lengths.mean
     reward = ev.cm.reward_s(ev.workload.rl.samples_per_step)
-    fastest: dict[tuple, tuple[Fleet, float]] = {}
+    fastest: dict[tuple, dict[int, Runtime]] = {}
     finite = 0
     for groups in product(*options):
-        fleet = ev._within_staleness(Fleet(tuple(g for pool in groups for g in pool), True))
-        rollout_s = window_rollout_s(fleet, samples, mean, updates=window) / window + reward
-        if not math.isfinite(rollout_s):
+        fleet = tuple(g for pool in groups for g in pool)
+        choices = [r for r in runtimes(ev.cm, fleet, reward) if math.isfinite(r.rollout_s)]
+        if not choices:
             continue
         finite += 1
-        machines = receiving_machines(ev.cluster, [(replica_stages(c), y) for c, y in fleet.groups])
-        key = tuple(sorted(machines.items()))
-        if key not in fastest or rollout_s < fastest[key][1]:
-            fastest[key] = (fleet, rollout_s)
-    return sorted(fastest.values(), key=lambda x: x[1]), finite
+        machines = receiving_machines(ev.cluster, [(replica_stages(c), y) for c, y in fleet])
+        per_window = fastest.setdefault(tuple(sorted(machines.items())), {})
+        for r in choices:
+            if r.window not in per_window or r.rollout_s < per_window[r.window].rollout_s:
+                per_window[r.window] = r
+    out = [(list(v.values()), min(r.rollout_s for r in v.values())) for v in fastest.values()]
+    return sorted(out, key=lambda x: x[1]), finite
 
 
 def _pool_fleets(ev: Evaluator, pool, gpus: int) -> list[tuple[tuple[ReplicaConfig, int], ...]]:

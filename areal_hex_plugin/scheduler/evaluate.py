@@ -1,18 +1,26 @@
 """Score a split: phase 1a on its training machines, phase 1b on its rollout machines, then the step.
 
 The step follows the paper's metric: weight sync + max(rollout incl. reward, train), with C_T = train and
-C_I = rollout + reward + weight sync. Costs are averaged over a window of delta(eta) steps: the window's samples
-are split across replica groups by largest remainder and the busiest replica of each group sets the makespan,
-so short windows pay for integer sample counts and long ones approach the fluid optimum.
+C_I = rollout + reward + weight sync. Two runtime settings are decisions of every split (:mod:`inflight`): the
+window delta, the training steps per weight update of the rollout servers, and each replica's in-flight cap.
+Costs are averaged over the window: its samples are split across replica groups by largest remainder and the
+busiest replica of each group sets the makespan; the window pays one weight sync and one KV rebuild.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
 from areal_hex_plugin.scheduler.caps import PAPER, RuntimeCaps
+from areal_hex_plugin.scheduler.inflight import (
+    Runtime,
+    choose,
+    replica_stages,
+    runtimes,
+    window_rollout_s,
+)
 from areal_hex_plugin.scheduler.rollout_model import (
     ReplicaConfig,
     RolloutSolution,
@@ -41,13 +49,13 @@ class Fleet:
 @dataclass(frozen=True)
 class Evaluation:
     split: Split  # the machines its layouts occupy (those of the split scored, less any they leave empty)
-    window: int
+    window: int  # delta(eta): training steps per weight update of the rollout servers (the runtime runs it)
     cost_per_hour: float
     train: TrainChoice | None
-    fleet: Fleet
+    fleet: Fleet  # every replica at its chosen in-flight cap (``concurrency``)
     train_s: float  # C_T (inf when no training layout fits)
-    rollout_s: float  # generation + reward per step (inf without rollout)
-    sync_s: float
+    rollout_s: float  # generation + reward per step, with one KV rebuild per window (inf without rollout)
+    sync_s: float  # one weight update, paid once per window
     reward_s: float
     shares: tuple[int, ...] = ()  # samples per step of each fleet group
 
@@ -61,11 +69,11 @@ class Evaluation:
 
     @property
     def c_i(self) -> float:
-        return self.rollout_s + self.sync_s
+        return self.rollout_s + self.sync_s / self.window
 
     @property
     def step_s(self) -> float:
-        return self.sync_s + max(self.rollout_s, self.train_s)
+        return self.sync_s / self.window + max(self.rollout_s, self.train_s)
 
     def tokens_per_s(self, tokens_per_step: float) -> float:
         return tokens_per_step / self.step_s if self.feasible else 0.0
@@ -84,24 +92,21 @@ class Evaluator:
     _configs: dict[str, list[ReplicaConfig]] = field(default_factory=dict)
     _train: dict[tuple[int, ...], TrainChoice | None] = field(default_factory=dict)
     _pool_fleet: dict[tuple[str, int, float], RolloutSolution] = field(default_factory=dict)
-    _fleets: dict[tuple[tuple[int, ...], int], tuple[Fleet, float]] = field(default_factory=dict)
-    _seen: dict[tuple[Split, int], Evaluation] = field(default_factory=dict)
+    _fleets: dict[tuple[int, ...], list[tuple[Fleet, list[Runtime]]]] = field(default_factory=dict)
+    _seen: dict[Split, Evaluation] = field(default_factory=dict)
 
     @property
     def tokens_per_step(self) -> float:
         return self.workload.tokens_per_step
 
-    def scored_at(self, window: int) -> list[Evaluation]:
-        """Every split scored so far (at any window), scored at ``window``: phase 1 is memoised per machine
-        counts, so only the window-dependent parts are recomputed."""
-        splits = sorted({split for split, _ in self._seen})
-        return [self.evaluate(split, window) for split in splits]
+    def scored(self) -> list[Evaluation]:
+        """Every split scored so far, in split order."""
+        return [self._seen[split] for split in sorted(self._seen)]
 
-    def evaluate(self, split: Split, window: int) -> Evaluation:
-        key = (split, window)
-        if key not in self._seen:
-            self._seen[key] = self._evaluate(split, window)
-        return self._seen[key]
+    def evaluate(self, split: Split) -> Evaluation:
+        if split not in self._seen:
+            self._seen[split] = self._evaluate(split)
+        return self._seen[split]
 
     def train(self, counts: tuple[int, ...]) -> TrainChoice | None:
         if counts not in self._train:
@@ -115,51 +120,54 @@ class Evaluator:
             )
         return self._train[counts]
 
-    def fleet(self, counts: tuple[int, ...], window: int) -> Fleet:
-        """Phase 1b: the fleet of these rollout machines with the shortest rollout time per step."""
-        return self._fleet_and_makespan(counts, window)[0]
-
-    def _fleet_and_makespan(self, counts: tuple[int, ...], window: int) -> tuple[Fleet, float]:
-        """The fleet of :meth:`fleet` and its generation makespan over the window (memoised).
+    def fleets(self, counts: tuple[int, ...]) -> list[tuple[Fleet, list[Runtime]]]:
+        """Phase 1b: the candidate fleets of these rollout machines (every replica at its largest batch), each with
+        its runtime choices (:mod:`inflight`); memoised.
 
         Every replica also rebuilds its KV cache after each weight update, which the linear objective
         sum(y_psi * h_psi) cannot see. So each pool's program is solved once per bound on that rebuild time, with
-        only the shapes within the bound: first one bound for every pool, then each pool's own bound in turn while
-        that shortens the makespan (a pool may do best with fast-rebuilding shapes while another needs speed).
+        only the shapes within the bound: one bound for every pool, then each pool's own bound in turn while that
+        shortens the makespan of a step with an update (a pool may do best with fast-rebuilding shapes while another
+        needs speed). Every fleet of the first pass and the last of the second are candidates; the split's score
+        picks the candidate and its runtime together. The candidates do not depend on eta.
         """
-        key = (counts, window)
-        if key in self._fleets:
-            return self._fleets[key]
+        if counts in self._fleets:
+            return self._fleets[counts]
         pools = [(pool.name, n) for pool, n in zip(self.cluster.pools, counts, strict=True) if n]
         bounds = {name: sorted({c.recompute_s for c in self.replica_configs(name)}) for name, _ in pools}
-        samples = self.workload.rl.samples_per_step * window
+        samples = self.workload.rl.samples_per_step
+        mean = self.workload.output_lengths.mean
 
-        def scored(solutions: list[RolloutSolution]) -> tuple[float, Fleet] | None:
-            fleet = self._within_staleness(
-                Fleet(tuple(g for s in solutions for g in s.counts), all(s.optimal for s in solutions))
-            )
-            if not fleet.groups:
-                return None
-            return window_rollout_s(fleet, samples, self.workload.output_lengths.mean, updates=window), fleet
+        def fleet_of(solutions: list[RolloutSolution]) -> Fleet:
+            return Fleet(tuple(g for s in solutions for g in s.counts), all(s.optimal for s in solutions))
 
-        best: tuple[float, Fleet] | None = None
-        chosen: list[RolloutSolution] = []
+        def makespan(solutions: list[RolloutSolution]) -> float:
+            fleet = fleet_of(solutions)
+            return window_rollout_s(fleet.groups, samples, mean, updates=1) if fleet.groups else math.inf
+
+        candidates: list[Fleet] = []
+        best, chosen = math.inf, []
         for bound in sorted({b for v in bounds.values() for b in v}):
             solutions = [self.pool_fleet(name, n, bound) for name, n in pools]
-            trial = scored(solutions)
-            if trial is not None and (best is None or trial[0] < best[0]):
+            candidates.append(fleet_of(solutions))
+            trial = makespan(solutions)
+            if trial < best:
                 best, chosen = trial, solutions
-        improved = best is not None
+        improved = bool(chosen)
         while improved:
             improved = False
             for i, (name, n) in enumerate(pools):
                 for bound in bounds[name]:
                     solutions = [*chosen[:i], self.pool_fleet(name, n, bound), *chosen[i + 1 :]]
-                    trial = scored(solutions)
-                    if trial is not None and trial[0] < best[0] * (1 - 1e-12):
+                    trial = makespan(solutions)
+                    if trial < best * (1 - 1e-12):
                         best, chosen, improved = trial, solutions, True
-        self._fleets[key] = (best[1], best[0]) if best else (Fleet((), True), math.inf)
-        return self._fleets[key]
+        if chosen:
+            candidates.append(fleet_of(chosen))
+        reward_s = self.cm.reward_s(samples)
+        unique = {f: None for f in candidates if f.groups}
+        self._fleets[counts] = [(f, runtimes(self.cm, f.groups, reward_s)) for f in unique]
+        return self._fleets[counts]
 
     def replica_configs(self, pool_name: str) -> list[ReplicaConfig]:
         """Feasible replica shapes psi of a pool, dominated shapes removed (see :func:`prune_dominated`)."""
@@ -183,25 +191,6 @@ class Evaluator:
                 )
         return configs
 
-    def _within_staleness(self, fleet: Fleet) -> Fleet:
-        """``fleet`` with every replica's batch cut in proportion when together they would hold more sequences
-        than upstream's staleness bound admits ((eta + 1) consumer batches of rollouts)."""
-        cap = self.cm.staleness_sequences()
-        total = sum(c.concurrency * y for c, y in fleet.groups)
-        if total <= cap:
-            return fleet
-        groups = []
-        for c, y in fleet.groups:
-            estimate = self.cm.rollout(replica_stages(c), max_sequences=max(1, c.concurrency * cap // total))
-            throttled = replace(
-                c,
-                tokens_per_s=estimate.tokens_per_s,
-                concurrency=estimate.concurrency,
-                recompute_s=estimate.recompute_s,
-            )
-            groups.append((throttled, y))
-        return Fleet(tuple(groups), fleet.optimal)
-
     def pool_fleet(self, pool_name: str, machines: int, max_recompute_s: float = math.inf) -> RolloutSolution:
         """Phase 1b on ``machines`` rollout machines of one pool (replicas never span pools), using only shapes
         that rebuild their KV cache within ``max_recompute_s``."""
@@ -217,28 +206,34 @@ class Evaluator:
                 self._pool_fleet[key] = solve_rollout(configs, gpus)
         return self._pool_fleet[key]
 
-    def rollout_s(self, counts: tuple[int, ...], window: int) -> float:
-        """Rollout time per step (generation and the KV rebuild after each weight update over the window, plus
-        reward) of these rollout machines alone."""
-        fleet, makespan = self._fleet_and_makespan(counts, window)
-        if not fleet.groups:
-            return math.inf
-        return makespan / window + self.cm.reward_s(self.workload.rl.samples_per_step)
+    def rollout_s(self, counts: tuple[int, ...]) -> float:
+        """The shortest rollout time per step (generation, KV rebuilds, reward) of these rollout machines alone,
+        over the candidate fleets and their runtime choices: no split using them steps faster."""
+        return min((o.rollout_s for _, options in self.fleets(counts) for o in options), default=math.inf)
 
-    def _evaluate(self, split: Split, window: int) -> Evaluation:
+    def _evaluate(self, split: Split) -> Evaluation:
         train = self.train(split.train) if any(split.train) else None
-        fleet = self.fleet(split.rollout, window)
         samples = self.workload.rl.samples_per_step
         reward_s = self.cm.reward_s(samples)
         train_s = train.step_time_s if train else math.inf
-        rollout_s = self.rollout_s(split.rollout, window)
+        # Each training stage sends the layers it holds, from its own pool.
+        senders = self.cm.senders(train.stages) if train else None
+        chosen: tuple[float, Fleet, Runtime, float] | None = None
+        for fleet, options in self.fleets(split.rollout):
+            sync_s = 0.0
+            if senders is not None:
+                replicas = [(replica_stages(c), y) for c, y in fleet.groups]
+                sync_s = self.cm.weight_sync(senders, replicas, strategy=self.sync_strategy).seconds
+            runtime = choose(options, train_s, sync_s)
+            step = round(runtime.step_s(train_s, sync_s), 9)
+            if chosen is None or step < chosen[0]:
+                chosen = (step, Fleet(runtime.groups, fleet.optimal), runtime, sync_s)
+        if chosen is None:
+            fleet, window, rollout_s, sync_s = Fleet((), True), 1, math.inf, 0.0
+        else:
+            _, fleet, runtime, sync_s = chosen
+            window, rollout_s = runtime.window, runtime.rollout_s
         shares = tuple(largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups]))
-        sync_s = 0.0
-        if train and fleet.groups:
-            replicas = [(replica_stages(c), y) for c, y in fleet.groups]
-            # Each training stage sends the layers it holds, from its own pool.
-            senders = self.cm.senders(train.stages)
-            sync_s = self.cm.weight_sync(senders, replicas, strategy=self.sync_strategy).seconds
         if train and fleet.groups:
             split = occupied(self.cluster, train, fleet)
         return Evaluation(
@@ -249,7 +244,7 @@ class Evaluator:
             fleet=fleet,
             train_s=train_s,
             rollout_s=rollout_s,
-            sync_s=sync_s,
+            sync_s=sync_s if train else 0.0,
             reward_s=reward_s,
             shares=shares,
         )
@@ -263,24 +258,6 @@ def occupied(cluster: Cluster, train: TrainChoice, fleet: Fleet) -> Split:
     return Split(
         tuple(-(-train.estimate.gpus.get(p.name, 0) // p.gpus_per_machine) for p in cluster.pools),
         tuple(-(-rollout_gpus.get(p.name, 0) // p.gpus_per_machine) for p in cluster.pools),
-    )
-
-
-def replica_stages(config: ReplicaConfig) -> tuple[RolloutStage, ...]:
-    return tuple(RolloutStage(pool=config.pool, tp=config.tp) for _ in range(config.pp))
-
-
-def window_rollout_s(
-    fleet: Fleet, samples: int, mean_tokens: float, updates: int = 0, even: bool = False
-) -> float:
-    """Generation makespan of ``samples`` samples split by largest remainder in proportion to y_psi * h_psi
-    (``even``: to y_psi, the same number per replica), with each replica rebuilding its KV cache after each of
-    ``updates`` weight updates."""
-    weights = [y if even else c.tokens_per_s * y for c, y in fleet.groups]
-    parts = largest_remainder(samples, weights)
-    return max(
-        math.ceil(x / y) * mean_tokens / c.tokens_per_s + updates * c.recompute_s
-        for (c, y), x in zip(fleet.groups, parts, strict=True)
     )
 
 

@@ -13,8 +13,9 @@ from areal_hex_plugin.scheduler.bound import cost_bound, throughput_bound
 from areal_hex_plugin.scheduler.brute import BruteForce, Enumerated, check_size
 from areal_hex_plugin.scheduler.caps import RuntimeCaps, recipe_caps
 from areal_hex_plugin.scheduler.cpsat import clock
-from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator, window_rollout_s
+from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.scheduler.explain import binding_constraint, describe_binding, describe_role, pool_roles
+from areal_hex_plugin.scheduler.inflight import window_rollout_s
 from areal_hex_plugin.scheduler.placement import place
 from areal_hex_plugin.scheduler.search import SearchResult, two_phase
 from areal_hex_plugin.scheduler.train_search import tp_degrees
@@ -108,8 +109,8 @@ class Planner:
         """The best plan within ``limits`` and ``budget`` (with ``target``, exhaustive mode only: the cheapest
         reaching it)."""
         if self.brute is None:
-            return two_phase(self.ev, limits, budget, self.eta, deadline or self.deadline)
-        result, enumerated = self.brute.exhaustive(limits, budget, self.eta, target)
+            return two_phase(self.ev, limits, budget, deadline or self.deadline)
+        result, enumerated = self.brute.exhaustive(limits, budget, target)
         self.enumerated += enumerated
         if result.best is not None:
             self.found.append(result.best)
@@ -132,7 +133,7 @@ class Planner:
             warnings.append(
                 f"the cluster has one GPU type ({self.cluster.gpu_types[0]}): this is the best homogeneous plan"
             )
-        baselines, rivals = self._baselines(best, result.window)
+        baselines, rivals = self._baselines(best)
         chosen = self._preferred([best, *rivals])
         if chosen is not best:
             warnings.append(
@@ -147,7 +148,7 @@ class Planner:
                 f"training is the bottleneck (C_T {best.c_t:.1f}s > C_I {best.c_i:.1f}s): rollout will wait at the "
                 f"staleness bound (eta={self.eta}); the paper's schedule assumes C_I >= C_T"
             )
-        pareto = self._pareto(result.window) if self.request.pareto else []
+        pareto = self._pareto() if self.request.pareto else []
         solve_time = time.monotonic() - self.wall_start
         return self._plan(best, result, gap, solve_time, baselines, pareto, warnings)
 
@@ -186,11 +187,10 @@ class Planner:
             else:
                 lo = mid
         # Any split already scored that reaches the target more cheaply is as good an answer.
-        window = chosen.window
-        reaching = [e for e in self.ev.scored_at(window) if e.feasible and self.tokens_per_s(e) >= target]
+        reaching = [e for e in self.ev.scored() if e.feasible and self.tokens_per_s(e) >= target]
         best = min(reaching, key=lambda e: (round(e.cost_per_hour, 6), -self.tokens_per_s(e), e.split))
         status = "timeout" if clock() > self.main_deadline else chosen.status
-        return SearchResult(best, status, iterations, window)
+        return SearchResult(best, status, iterations)
 
     def _nothing_fits(self, result: SearchResult) -> HexError:
         if result.status == "timeout":
@@ -237,7 +237,7 @@ class Planner:
 
         return max(candidates, key=key)
 
-    def _baselines(self, best: Evaluation, window: int) -> tuple[dict[str, Baseline], list[Evaluation]]:
+    def _baselines(self, best: Evaluation) -> tuple[dict[str, Baseline], list[Evaluation]]:
         """The best plan on each GPU type alone within the objective's budget (else the chosen plan's cost),
         and their evaluations."""
         budget = self.objective.budget_per_hour or best.cost_per_hour
@@ -260,7 +260,7 @@ class Planner:
                 note = f"{why} on {machines} {gpu_type} machine(s) within ${budget:,.2f}/h"
                 baselines[name] = Baseline(0.0, 0.0, {}, note=note)
                 continue
-            e = result.best if self.brute else self.ev.evaluate(result.best.split, window)
+            e = result.best
             rivals.append(e)
             inventory = sum(
                 p.n_gpus * p.price_per_gpu_hour for p in self.cluster.pools if p.gpu_type == gpu_type
@@ -284,8 +284,8 @@ class Planner:
         window = e.window
         samples = self.workload.rl.samples_per_step * window
         mean = self.workload.output_lengths.mean
-        rollout = window_rollout_s(e.fleet, samples, mean, updates=window, even=True) / window + e.reward_s
-        return self.ev.tokens_per_step / (e.sync_s + max(rollout, e.train_s))
+        rollout = window_rollout_s(e.fleet.groups, samples, mean, updates=1, even=True) / window + e.reward_s
+        return self.ev.tokens_per_step / (e.sync_s / window + max(rollout, e.train_s))
 
     def _gpus_by_type(self, e: Evaluation) -> dict[str, int]:
         gpus: dict[str, int] = {}
@@ -294,14 +294,14 @@ class Planner:
                 gpus[pool.gpu_type] = gpus.get(pool.gpu_type, 0) + (t + r) * pool.gpus_per_machine
         return gpus
 
-    def _pareto(self, window: int) -> list[ParetoPoint]:
+    def _pareto(self) -> list[ParetoPoint]:
         """Cost vs tokens/s: the best plan at budget levels across the inventory, then its non-dominated set."""
         full = self.cluster.price_per_hour
         for level in range(1, PARETO_LEVELS):
             if clock() > self.deadline:
                 break
             self.search(self.limits, full * level / PARETO_LEVELS)
-        points = [e for e in [*self.ev.scored_at(window), *self.found] if e.feasible]
+        points = [e for e in [*self.ev.scored(), *self.found] if e.feasible]
         points.sort(key=lambda e: (e.cost_per_hour, -self.tokens_per_s(e), e.split))
         frontier: list[ParetoPoint] = []
         for e in points:
@@ -320,7 +320,7 @@ class Planner:
             step_time_s=round(best.step_s, 4),
             train_time_s=round(best.train_s, 4),
             rollout_time_s=round(best.rollout_s, 4),
-            weight_sync_s=round(best.sync_s, 4),
+            weight_sync_s=round(best.sync_s / best.window, 4),
             reward_s=round(best.reward_s, 4),
         )
         # Upstream counts rollouts (one prompt with its n_samples samples), each holding its slot until its
@@ -343,7 +343,7 @@ class Planner:
                 iterations=result.iterations,
                 gap=gap,
                 mode="exhaustive" if self.request.exhaustive else "two_phase",
-                window_steps=result.window,
+                window_steps=best.window,
                 enumerated=self.enumerated.describe() if self.brute else "",
             ),
             staleness=Staleness(self.eta, in_flight),

@@ -87,6 +87,18 @@ def _frontier(plan: HexPlan, stream: IO[str] | None) -> str:
     )
 
 
+def _runtime(plan: HexPlan) -> str:
+    """The runtime settings the plan chose under the staleness bound, and what they buy."""
+    st, window = plan.staleness, plan.solver.window_steps
+    every = "after every training step" if window == 1 else f"every {window} training steps"
+    sequences = sum(g.concurrency * g.count for g in plan.rollout.replicas)
+    return (
+        f"Runtime (eta={st.max_head_offpolicyness}): weights go to the rollout servers {every} (delta; each "
+        f"update pauses generation and rebuilds the in-flight KV cache), at most {st.max_concurrent_rollouts} "
+        f"rollouts in flight ({sequences} sequences decoding, each server at its planned batch)"
+    )
+
+
 def describe_plan(plan: HexPlan, stream: IO[str] | None = None) -> str:
     """The console view: chosen layout, predicted step, baselines, the Pareto frontier when computed, binding
     constraint, why each pool's role. ``stream`` is where it will be printed (a terminal gets rich styling)."""
@@ -122,11 +134,11 @@ def describe_plan(plan: HexPlan, stream: IO[str] | None = None) -> str:
             "every GPU at its type's training MFU or best rollout tokens/s per GPU)"
         )
     out.append(
-        f"Solver: {s.mode}, {s.status} after {s.iterations} iterations in {s.solve_time_s:.2f}s, {gap}; "
-        f"costs averaged over a {s.window_steps}-step window (eta={plan.staleness.max_head_offpolicyness})"
+        f"Solver: {s.mode}, {s.status} after {s.iterations} iterations in {s.solve_time_s:.2f}s, {gap}"
     )
     if s.enumerated:
         out.append(f"Exhaustive: {s.enumerated}")
+    out.append(_runtime(plan))
     out += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(out)
 

@@ -1,6 +1,6 @@
 """The two-phase loop (Algorithm 1) over splits within machine limits and a budget.
 
-Two-phase, at a window of delta steps:
+Two-phase:
 1. bisection on training's compute share gamma (start at 1: all compute to training); each gamma gives an
    Eq. (3) split (phase 2, partition_model), which phase 1 scores (C_T, C_I); if C_T < C_I training gets less
    compute, else more; it stops once max(C_T, C_I) has been stable for K iterations;
@@ -9,8 +9,8 @@ Two-phase, at a window of delta steps:
    and with training confined to each single pool (weight sync across slow links and pipelines over slow
    cross-type links make the landscape rugged); Eq. (3) splits on a coarse gamma grid join the starts;
 3. a local search (one machine moved, else two moves in one or two pools) from the best distinct starts.
-The window delta(eta) then doubles until the best step time stops moving, and the cheapest split within
-THROUGHPUT_TIE of the best is returned. Exhaustive mode (``scheduler/brute.py``) shares none of this.
+The cheapest split within THROUGHPUT_TIE of the best is returned. Every split is scored with its own update
+window delta(eta) and in-flight caps (``inflight``). Exhaustive mode (``scheduler/brute.py``) shares none of this.
 """
 
 from __future__ import annotations
@@ -24,9 +24,6 @@ from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.scheduler.partition_model import PartitionRequest, solve_partition
 from areal_hex_plugin.scheduler.split import Split
 
-# The window grows by doubling up to this many steps, and stops once the step time moves less than this.
-MAX_WINDOW_STEPS = 64
-WINDOW_TOLERANCE = 0.005
 # Throughputs closer than this (relative) count as a tie, settled by cost.
 THROUGHPUT_TIE = 1e-3
 # Starts of the local search (the best distinct splits reached so far): more where few pools keep it cheap.
@@ -45,12 +42,6 @@ class SearchResult:
     best: Evaluation | None
     status: str  # converged | optimal | timeout | infeasible
     iterations: int
-    window: int
-
-
-def first_window(eta: int) -> int:
-    """delta(eta)'s starting value: the eta + 1 steps over which rollouts may run ahead of training."""
-    return max(1, eta + 1)
 
 
 def better(a: Evaluation | None, b: Evaluation, tokens_per_step: float) -> Evaluation:
@@ -69,12 +60,12 @@ def better(a: Evaluation | None, b: Evaluation, tokens_per_step: float) -> Evalu
 def cheapest_near(
     ev: Evaluator, best: Evaluation, limits: tuple[int, ...], budget: float | None
 ) -> Evaluation:
-    """The cheapest scored split within THROUGHPUT_TIE of the best one (at its window, limits and budget), so a
+    """The cheapest scored split within THROUGHPUT_TIE of the best one (within its limits and budget), so a
     plan never rents machines for a gain the cost model cannot resolve."""
     floor = (1 - THROUGHPUT_TIE) * best.tokens_per_s(ev.tokens_per_step)
     near = [
         e
-        for e in ev.scored_at(best.window)
+        for e in ev.scored()
         if e.feasible
         and e.tokens_per_s(ev.tokens_per_step) >= floor
         and all(t + r <= m for t, r, m in zip(e.split.train, e.split.rollout, limits, strict=True))
@@ -83,56 +74,51 @@ def cheapest_near(
     return min(near, key=lambda e: (round(e.cost_per_hour, 6), -e.tokens_per_s(ev.tokens_per_step), e.split))
 
 
-def two_phase(
-    ev: Evaluator, limits: tuple[int, ...], budget: float | None, eta: int, deadline: float
-) -> SearchResult:
-    def search(window: int) -> SearchResult:
-        result = _bisect(ev, limits, budget, window, deadline)
-        start, iterations = _alternate(ev, result.best, limits, budget, window, deadline)
-        starts = [start]
-        # Diversification: the same alternation restricted to each subset of pools (weight sync and slow
-        # cross-type links make the landscape rugged; a plan on fewer types can be several moves away).
-        for subset in pool_subsets(limits):
-            if clock() > deadline:
-                break
-            sub_limits = tuple(m if i in subset else 0 for i, m in enumerate(limits))
-            start, n = _alternate(ev, None, sub_limits, budget, window, deadline)
-            starts.append(start)
-            iterations += n
-        # Eq. (3) splits on a coarse gamma grid: the bisection visits few shares, and pipelines that need
-        # several types to fit in memory are invisible to single-pool rate tables.
-        cache: dict[tuple[float, float], Split | None] = {}
-        eps = _machine_share(ev, limits) / 2
-        for gamma in GAMMA_GRID:
-            if clock() > deadline:
-                break
-            split = _partition(ev, limits, budget, gamma, eps, cache, deadline)
-            if split is not None and ev.evaluate(split, window).feasible:
-                starts.append(ev.evaluate(split, window))
-        # The rate tables add training rates across pools, which a pipeline over slow cross-type links does not
-        # reach: also alternate with training confined to each single pool.
-        for pool in (i for i, m in enumerate(limits) if m):
-            if clock() > deadline:
-                break
-            start, n = _alternate(ev, None, limits, budget, window, deadline, frozenset((pool,)))
-            starts.append(start)
-            iterations += n
-        found = sorted(
-            {e.split: e for e in starts if e is not None}.values(),
-            key=lambda e: -e.tokens_per_s(ev.tokens_per_step),
-        )
-        best = None
-        few = sum(1 for m in limits if m) <= FEW_POOLS
-        for start in found[: REFINED_STARTS_FEW_POOLS if few else REFINED_STARTS]:
-            best = better(best, _refine(ev, start, limits, budget, window, deadline), ev.tokens_per_step)
-        if best is None:
-            return result
-        timed_out = result.status == "timeout" or clock() > deadline
-        return SearchResult(
-            best, "timeout" if timed_out else "converged", result.iterations + iterations, window
-        )
-
-    return _grow_window(ev, limits, budget, eta, deadline, search)
+def two_phase(ev: Evaluator, limits: tuple[int, ...], budget: float | None, deadline: float) -> SearchResult:
+    result = _bisect(ev, limits, budget, deadline)
+    start, iterations = _alternate(ev, result.best, limits, budget, deadline)
+    starts = [start]
+    # Diversification: the same alternation restricted to each subset of pools (weight sync and slow
+    # cross-type links make the landscape rugged; a plan on fewer types can be several moves away).
+    for subset in pool_subsets(limits):
+        if clock() > deadline:
+            break
+        sub_limits = tuple(m if i in subset else 0 for i, m in enumerate(limits))
+        start, n = _alternate(ev, None, sub_limits, budget, deadline)
+        starts.append(start)
+        iterations += n
+    # Eq. (3) splits on a coarse gamma grid: the bisection visits few shares, and pipelines that need
+    # several types to fit in memory are invisible to single-pool rate tables.
+    cache: dict[tuple[float, float], Split | None] = {}
+    eps = _machine_share(ev, limits) / 2
+    for gamma in GAMMA_GRID:
+        if clock() > deadline:
+            break
+        split = _partition(ev, limits, budget, gamma, eps, cache, deadline)
+        if split is not None and ev.evaluate(split).feasible:
+            starts.append(ev.evaluate(split))
+    # The rate tables add training rates across pools, which a pipeline over slow cross-type links does not
+    # reach: also alternate with training confined to each single pool.
+    for pool in (i for i, m in enumerate(limits) if m):
+        if clock() > deadline:
+            break
+        start, n = _alternate(ev, None, limits, budget, deadline, frozenset((pool,)))
+        starts.append(start)
+        iterations += n
+    found = sorted(
+        {e.split: e for e in starts if e is not None}.values(),
+        key=lambda e: -e.tokens_per_s(ev.tokens_per_step),
+    )
+    best = None
+    few = sum(1 for m in limits if m) <= FEW_POOLS
+    for start in found[: REFINED_STARTS_FEW_POOLS if few else REFINED_STARTS]:
+        best = better(best, _refine(ev, start, limits, budget, deadline), ev.tokens_per_step)
+    timed_out = result.status == "timeout" or clock() > deadline
+    iterations += result.iterations
+    if best is None:
+        return SearchResult(None, "timeout" if timed_out else "infeasible", iterations)
+    status = "timeout" if timed_out else "converged"
+    return SearchResult(cheapest_near(ev, best, limits, budget), status, iterations)
 
 
 def pool_subsets(limits: tuple[int, ...]) -> list[frozenset[int]]:
@@ -142,39 +128,7 @@ def pool_subsets(limits: tuple[int, ...]) -> list[frozenset[int]]:
     return [frozenset(c) for k in sizes for c in combinations(pools, k)]
 
 
-def _grow_window(
-    ev: Evaluator, limits: tuple[int, ...], budget: float | None, eta: int, deadline: float, search
-) -> SearchResult:
-    """Run ``search`` at delta = delta0(eta), doubling delta until the best step time is stable."""
-    window = first_window(eta)
-    best: Evaluation | None = None
-    iterations = 0
-    status = "infeasible"
-    while True:
-        result = search(window)
-        iterations += result.iterations
-        status = result.status
-        if result.best is not None:
-            carried = ev.evaluate(best.split, window) if best is not None else None
-            best = better(carried, result.best, ev.tokens_per_step)
-        if best is None or status == "timeout" or clock() > deadline or window >= MAX_WINDOW_STEPS:
-            break
-        wider = ev.evaluate(best.split, window * 2)
-        window *= 2
-        stable = abs(wider.step_s - best.step_s) <= WINDOW_TOLERANCE * best.step_s
-        best = wider
-        if stable:
-            break
-    if clock() > deadline:
-        status = "timeout"
-    if best is None:
-        return SearchResult(None, status if status == "timeout" else "infeasible", iterations, window)
-    return SearchResult(cheapest_near(ev, best, limits, budget), status, iterations, window)
-
-
-def _bisect(
-    ev: Evaluator, limits: tuple[int, ...], budget: float | None, window: int, deadline: float
-) -> SearchResult:
+def _bisect(ev: Evaluator, limits: tuple[int, ...], budget: float | None, deadline: float) -> SearchResult:
     q, r, gamma = 0.0, 1.0, 1.0
     history: list[float] = []
     best: Evaluation | None = None
@@ -184,12 +138,12 @@ def _bisect(
     stable = ev.solver.stable_iterations
     while iterations < MAX_ITERATIONS:
         if iterations and clock() > deadline:
-            return SearchResult(best, "timeout", iterations, window)
+            return SearchResult(best, "timeout", iterations)
         iterations += 1
         split = _partition(ev, limits, budget, gamma, eps, cache, deadline)
         if split is None:
             break
-        e = ev.evaluate(split, window)
+        e = ev.evaluate(split)
         best = better(best, e, ev.tokens_per_step) if e.feasible else best
         if e.c_t < e.c_i:
             r = gamma
@@ -199,7 +153,7 @@ def _bisect(
         history.append(round(max(e.c_t, e.c_i), 9))
         if len(history) >= stable and len(set(history[-stable:])) == 1:
             break
-    return SearchResult(best, "converged", iterations, window)
+    return SearchResult(best, "converged", iterations)
 
 
 def _machine_share(ev: Evaluator, limits: tuple[int, ...]) -> float:
@@ -228,7 +182,6 @@ def _alternate(
     start: Evaluation | None,
     limits: tuple[int, ...],
     budget: float | None,
-    window: int,
     deadline: float,
     train_pools: frozenset[int] | None = None,
 ) -> tuple[Evaluation | None, int]:
@@ -251,7 +204,7 @@ def _alternate(
         if split is None or split in seen:
             break
         seen.add(split)
-        e = ev.evaluate(split, window)
+        e = ev.evaluate(split)
         if e.feasible:
             best = better(best, e, ev.tokens_per_step)
         current = split
@@ -299,25 +252,24 @@ def _refine(
     start: Evaluation,
     limits: tuple[int, ...],
     budget: float | None,
-    window: int,
     deadline: float,
 ) -> Evaluation:
     """Local search from the best split: the best single-pool move while one helps, else the best two-pool move."""
     best = start
     while clock() < deadline:
-        step = _best_move(ev, best, best.split.neighbours(limits), budget, window, deadline)
+        step = _best_move(ev, best, best.split.neighbours(limits), budget, deadline)
         if step is None:
             # Whole-pool moves in pairs only where few pools keep the pair neighbourhood small.
             few = sum(1 for m in limits if m) <= FEW_POOLS
             pairs = best.split.pair_neighbours(limits, whole=few)
-            step = _best_move(ev, best, pairs, budget, window, deadline)
+            step = _best_move(ev, best, pairs, budget, deadline)
         if step is None:
             break
         best = step
     return best
 
 
-def _best_move(ev: Evaluator, current: Evaluation, splits, budget, window, deadline) -> Evaluation | None:
+def _best_move(ev: Evaluator, current: Evaluation, splits, budget, deadline) -> Evaluation | None:
     best = current
     for split in splits:
         if clock() > deadline:
@@ -327,9 +279,9 @@ def _best_move(ev: Evaluator, current: Evaluation, splits, budget, window, deadl
         if budget is not None and split.cost_per_hour(ev.cluster) > budget + 1e-9:
             continue
         # The step is at least the rollout time: skip the training search where that alone cannot win.
-        if ev.tokens_per_step / ev.rollout_s(split.rollout, window) < best.tokens_per_s(ev.tokens_per_step):
+        if ev.tokens_per_step / ev.rollout_s(split.rollout) < best.tokens_per_s(ev.tokens_per_step):
             continue
-        e = ev.evaluate(split, window)
+        e = ev.evaluate(split)
         if e.feasible:
             best = better(best, e, ev.tokens_per_step)
     return None if best is current else best

@@ -15,7 +15,10 @@ What is modelled, following upstream AReaL 1.0.4 (``PPOTrainer.train``, ``Rollou
 - the trainer takes the ``batch`` earliest-created accepted rollouts (``WorkflowExecutor.wait_results`` sorts
   by creation time), trains, then pauses generation and submission for the weight update; in-flight sequences
   are interrupted (SGLang aborts them), and on resume their KV caches (prompt + generated tokens) are
-  recomputed before they continue under the new version (their head version is unchanged).
+  recomputed before they continue under the new version (their head version is unchanged);
+- with ``update_interval`` k > 1 (the plan's window, which the driver runs) weights go out after every k-th step
+  only; the other steps end without a pause, and admission counts the servers' weights version, which lags the
+  trainer by up to k - 1 steps (``HexPPOTrainer`` sets upstream's rollout version the same way).
 """
 
 from __future__ import annotations
@@ -129,7 +132,9 @@ class _Loop:
         self.admission = AdmissionControl(
             spec.max_concurrent_rollouts, spec.consumer_batch or spec.batch, spec.max_staleness
         )
-        self.version = 0
+        self.version = 0  # the trainer's
+        self.weights = 0  # the rollout servers' (admission counts this one)
+        self.updates = 0
         # Rollouts, by id: samples not yet scored, when the last was scored, head version, tokens.
         self.remaining: list[int] = []
         self.scored_at: list[float] = []
@@ -187,7 +192,7 @@ class _Loop:
         lengths = self.rng.choices(spec.lengths, k=spec.n_samples)
         self.remaining.append(spec.n_samples)
         self.scored_at.append(0.0)
-        self.head_version.append(self.version)
+        self.head_version.append(self.weights)
         self.tokens.append(sum(lengths) + spec.n_samples * spec.prompt_tokens)
         self.admission.on_submitted()
         replica = self.pick_replica()
@@ -253,7 +258,7 @@ class _Loop:
     def admit(self) -> None:
         if self.syncing:
             return
-        for _ in range(self.admission.capacity(self.version)):
+        for _ in range(self.admission.capacity(self.weights)):
             self.submit()
 
     # -- trainer side -----------------------------------------------------------------------------------------
@@ -278,6 +283,11 @@ class _Loop:
 
     def train_done(self) -> None:
         self.training = False
+        if (self.version + 1) % self.spec.update_interval:
+            self.end_step(sync_s=0.0)  # no weight update after this step
+            self.admit()
+            self.start_training()
+            return
         self.syncing = True
         self.sync_started = self.now
         for replica in self.replicas:
@@ -290,22 +300,27 @@ class _Loop:
         self.record_trainer(self.now, self.now + self.spec.sync_s, "sync")
         self.push(self.now + self.spec.sync_s, _SYNC_DONE)
 
-    def sync_done(self) -> None:
-        spec = self.spec
-        self.syncing = False
+    def end_step(self, sync_s: float) -> None:
         self.version += 1
         self.steps.append(
             StepRecord(
                 start_s=self.step_start,
                 rollout_wait_s=self.batch_ready_at - self.step_start,
-                train_s=spec.train_s,
-                sync_s=spec.sync_s,
+                train_s=self.spec.train_s,
+                sync_s=sync_s,
                 tokens=self.batch_tokens,
             )
         )
         for lag, samples in self.batch_lags.items():
             self.staleness[lag] = self.staleness.get(lag, 0) + samples
         self.step_start = self.now
+
+    def sync_done(self) -> None:
+        spec = self.spec
+        self.syncing = False
+        self.end_step(spec.sync_s)
+        self.weights = self.version
+        self.updates += 1
         for replica in self.replicas:
             replica.time = self.now
             replica.paused = False
@@ -346,11 +361,12 @@ class _Loop:
                     self.on_sequence_end(replica)
             elif kind == _ACCEPT:
                 self.accept(a)
-            elif kind == _TRAIN_DONE:
-                self.train_done()
             else:
-                self.sync_done()
-                if len(self.steps) == warmup:
+                if kind == _TRAIN_DONE:
+                    self.train_done()
+                else:
+                    self.sync_done()
+                if warmup and snapshot is None and len(self.steps) == warmup:
                     window_start = self.now
                     snapshot = self.lane_busy()
         end = self.now
@@ -365,7 +381,7 @@ class _Loop:
             pools=self.pool_usage(busy, end - window_start, len(self.steps) - warmup),
             staleness=self.staleness,
             interrupted=self.interrupted,
-            recompute_s_per_update=self.recompute_s / len(self.replicas) / max(1, len(self.steps)),
+            recompute_s_per_update=self.recompute_s / len(self.replicas) / max(1, self.updates),
             routed={lane.name: n for lane, n in zip(self.spec.lanes, self.routed, strict=True)},
             events=self.events,
             timeline=self.timeline(),
@@ -374,10 +390,10 @@ class _Loop:
     def stalled(self) -> HexError:
         """Nothing runs and nothing may start: the staleness window holds fewer rollouts than a batch."""
         spec = self.spec
-        window = (spec.max_staleness + self.version + 1) * (spec.consumer_batch or spec.batch)
+        window = (spec.max_staleness + self.weights + 1) * (spec.consumer_batch or spec.batch)
         return HexError(
             "rollout.consumer_batch_size",
-            f"admission stops at {window} rollouts by version {self.version}, but a training step needs "
+            f"admission stops at {window} rollouts by version {self.weights}, but a training step needs "
             f"{spec.batch} more than the {self.admission.accepted - len(self.ready)} consumed so far: "
             "upstream would wait forever",
             "set rollout.consumer_batch_size to train_dataset.batch_size, or raise max_head_offpolicyness",
@@ -391,6 +407,7 @@ class _Loop:
 
     def pool_usage(self, lane_busy: list[float], window_s: float, window_steps: int) -> dict[str, PoolUsage]:
         spec = self.spec
+        synced = sum(s.sync_s for s in self.steps[len(self.steps) - window_steps :]) if window_steps else 0.0
         gpus: dict[str, int] = dict(spec.train_gpus)
         for pool, n in spec.rollout_gpus.items():
             gpus[pool] = gpus.get(pool, 0) + n
@@ -404,9 +421,9 @@ class _Loop:
             )
             rollout_gpus = spec.rollout_gpus.get(pool, 0)
             train = train_gpus * spec.train_s * window_steps
-            sync = n * spec.sync_s * window_steps
+            sync = n * synced
             idle = max(0.0, n * window_s - train - rollout - sync)
-            rollout_idle = max(0.0, rollout_gpus * (window_s - spec.sync_s * window_steps) - rollout)
+            rollout_idle = max(0.0, rollout_gpus * (window_s - synced) - rollout)
             usage[pool] = PoolUsage(n, train, rollout, sync, idle, rollout_gpus, rollout_idle)
         return usage
 

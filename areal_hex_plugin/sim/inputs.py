@@ -69,6 +69,7 @@ def sim_spec(recipe, plan: HexPlan) -> SimSpec:
         train_gpus=train_gpus,
         reward_s_per_sample=workload.reward_cpu_s_per_sample,
         reward_workers=workload.reward_cpus,
+        update_interval=plan.solver.window_steps,
     )
 
 

@@ -24,7 +24,8 @@ from areal_hex_plugin.costmodel import CostModel, recipe_calibration
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.caps import recipe_caps
-from areal_hex_plugin.scheduler.evaluate import Evaluator, Fleet, replica_stages, window_rollout_s
+from areal_hex_plugin.scheduler.evaluate import Evaluator
+from areal_hex_plugin.scheduler.inflight import replica_stages, window_rollout_s
 from areal_hex_plugin.scheduler.rollout_model import solve_rollout
 from areal_hex_plugin.scheduler.train_search import search_train
 from areal_hex_plugin.sim.engine import simulate
@@ -105,11 +106,10 @@ def even_split(recipe: Recipe) -> dict[str, float]:
         fleet = max((solve_rollout([c], half) for c in configs), key=lambda f: f.tokens_per_s)
     else:
         fleet = solve_rollout(configs, half)
-    groups = Fleet(tuple(fleet.counts), fleet.optimal)
     samples = recipe.workload.rl.samples_per_step
-    rollout = window_rollout_s(groups, samples, recipe.workload.output_lengths.mean, updates=1)
+    rollout = window_rollout_s(fleet.counts, samples, recipe.workload.output_lengths.mean, updates=1)
     rollout += cm.reward_s(samples)
-    replicas = [(replica_stages(c), y) for c, y in groups.groups]
+    replicas = [(replica_stages(c), y) for c, y in fleet.counts]
     sync = cm.weight_sync(cm.senders(train.stages), replicas, "broadcast").seconds
     step = sync + max(rollout, train.step_time_s)
     return {

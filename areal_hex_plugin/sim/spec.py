@@ -45,7 +45,7 @@ class SimSpec:
     ``batch`` rollouts (prompts) per training step, each of ``n_samples`` sequences of ``prompt_tokens`` plus a
     length drawn from ``lengths``. Admission follows upstream's staleness manager with ``max_staleness`` (eta)
     and ``max_concurrent_rollouts``. A step trains for ``train_s`` on ``train_gpus`` (GPUs per pool), then
-    pauses generation for the ``sync_s`` weight update. Rewards take ``reward_s_per_sample`` each on
+    pauses generation for the ``sync_s`` weight update (after every ``update_interval``-th step only). Rewards take ``reward_s_per_sample`` each on
     ``reward_workers`` parallel workers once a rollout's samples are all generated.
     """
 
@@ -65,6 +65,7 @@ class SimSpec:
     kv_recompute: bool = (
         True  # interrupted sequences re-prefill their KV cache (upstream aborts and resubmits)
     )
+    update_interval: int = 1  # training steps per weight update (the plan's solver.window_steps)
 
     @property
     def rollout_gpus(self) -> dict[str, int]:

@@ -5,7 +5,16 @@ from __future__ import annotations
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
 
-PRICES = {"H800-PCIe": 5.28, "H20": 1.85, "A100-80GB": 2.26, "L40S": 1.08, "H100": 6.0, "H200": 7.5}
+PRICES = {
+    "H800-PCIe": 5.28,
+    "H20": 1.85,
+    "A100-80GB": 2.26,
+    "L40S": 1.08,
+    "H100": 6.0,
+    "H200": 7.5,
+    "B200": 9.0,
+    "A800": 2.26,
+}
 
 
 def recipe_with_pools(pools: list[tuple[str, int, int]], model: str = "1.5b", *extra: str):

@@ -29,7 +29,7 @@ CASES = [
 def test_two_phase_is_within_one_percent_of_the_brute_force(pools, model, budget):
     planner = Planner(recipe_with_pools(pools, model), PlanRequest(budget_per_hour=budget, caps=PAPER))
     result = planner.search(planner.limits, budget)
-    brute, _ = BruteForce(planner.ev).run(planner.limits, budget, result.window)
+    brute, _ = BruteForce(planner.ev).run(planner.limits, budget)
     assert brute is not None and brute.feasible
     assert budget is None or brute.cost_per_hour <= budget + 1e-9
     assert planner.tokens_per_s(result.best) >= 0.99 * planner.tokens_per_s(brute)
@@ -72,14 +72,15 @@ def test_the_bounds_skip_no_better_plan():
     """Branch and bound against scoring every (split, layout, fleet) of the brute force's space."""
     planner = Planner(recipe_with_pools([("H100", 2, 2), ("L40S", 2, 2)], "1.5b"), PlanRequest(caps=PAPER))
     brute = BruteForce(planner.ev)
-    best, counted = brute.run(planner.limits, None, 4)
+    best, counted = brute.run(planner.limits, None)
     rates = []
     for split in all_splits(planner.limits):
         for train in brute._train_layouts(split.train)[0]:
             senders = planner.cm.senders(train.stages)
-            for fleet, rollout_s in _fleets(planner.ev, split.rollout, 4)[0]:
-                replicas = [(replica_stages(c), y) for c, y in fleet.groups]
+            for options, _ in _fleets(planner.ev, split.rollout)[0]:
+                replicas = [(replica_stages(c), y) for c, y in options[0].groups]
                 sync = planner.cm.weight_sync(senders, replicas, strategy=planner.ev.sync_strategy).seconds
-                rates.append(planner.ev.tokens_per_step / (sync + max(rollout_s, train.step_time_s)))
+                steps = [o.step_s(train.step_time_s, sync) for o in options]
+                rates.append(planner.ev.tokens_per_step / min(steps))
     assert planner.tokens_per_s(best) == pytest.approx(max(rates), rel=1e-9)
     assert counted.scored < len(rates)

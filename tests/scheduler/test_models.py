@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_hex_plugin.scheduler.balance_model import BalanceRequest, solve_balance
-from areal_hex_plugin.scheduler.evaluate import Fleet, prune_dominated, window_rollout_s
+from areal_hex_plugin.scheduler.evaluate import prune_dominated
+from areal_hex_plugin.scheduler.inflight import window_rollout_s
 from areal_hex_plugin.scheduler.partition_model import PartitionRequest, solve_partition
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig, largest_remainder, solve_rollout
 from areal_hex_plugin.scheduler.split import Split, all_splits, count_splits
@@ -181,7 +182,7 @@ def test_window_makespan_proportional_beats_even_split():
         ReplicaConfig("a", 1, 1, 300.0, 8, recompute_s=2.0),
         ReplicaConfig("b", 1, 1, 100.0, 8, recompute_s=1.0),
     )
-    fleet = Fleet(((fast, 2), (slow, 2)), optimal=True)
+    fleet = ((fast, 2), (slow, 2))
     # Proportional: 600 of 800 samples to the fast pair (300 each), 200 to the slow pair (100 each).
     assert window_rollout_s(fleet, 800, 10.0, updates=3) == pytest.approx(
         max(300 * 10 / 300 + 6, 100 * 10 / 100 + 3)

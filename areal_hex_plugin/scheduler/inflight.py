@@ -1,0 +1,112 @@
+"""The rollout side's runtime decisions under the staleness bound eta: the update window and the in-flight caps.
+
+Upstream pushes new weights to the rollout servers after every training step: generation pauses for the weight
+sync, and every in-flight request is aborted and resubmitted, so each replica prefills its whole in-flight context
+again (``RolloutEstimate.recompute_s``). Pushing every delta steps instead (the window delta(eta), which the
+driver runs) pays both once per delta steps. The price is staleness: upstream admits a rollout only while
+(eta + v + 1) consumer batches cover it, v the version of the rollout servers' weights, which lags the trainer by
+up to delta - 1 steps; so at most eta + 2 - delta batches may run ahead of the trainer, and delta <= eta + 1.
+The in-flight cap of each replica (its decode batch; upstream's ``max_concurrent_rollouts`` over all of them)
+trades decode speed (larger batches) against the KV cache rebuilt after each update (proportional to the batch),
+and together the caps fit the sequences the staleness bound admits.
+
+Both are chosen per split, exactly over every window 1 .. eta + 1 and the caps ``CAP_FRACTIONS`` of each
+replica's largest batch (cut in proportion to the sequences of every batch count the window admits). A larger
+eta only adds choices, so no split scores worse with a larger eta.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from areal_hex_plugin.costmodel import CostModel, RolloutStage
+from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig, largest_remainder
+
+# In-flight caps tried, as fractions of each replica's largest batch (KV capacity, CUDA-graph limit).
+CAP_FRACTIONS = (1.0, 0.75, 0.5, 0.375, 0.25, 0.125, 0.0625)
+
+Groups = tuple[tuple[ReplicaConfig, int], ...]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """One choice of the runtime settings for a fleet."""
+
+    window: int  # delta: training steps per weight update of the rollout servers
+    groups: Groups  # the replicas, each config at its chosen in-flight cap (``concurrency``)
+    rollout_s: float  # per step: generation and one KV rebuild over the window, plus reward
+
+    def step_s(self, train_s: float, sync_s: float) -> float:
+        """The step with one weight sync of ``sync_s`` per window."""
+        return sync_s / self.window + max(self.rollout_s, train_s)
+
+
+def windows(eta: int) -> range:
+    """The update windows the staleness bound eta allows: at least one batch may run ahead at every version."""
+    return range(1, eta + 2)
+
+
+def replica_stages(config: ReplicaConfig) -> tuple[RolloutStage, ...]:
+    return tuple(RolloutStage(pool=config.pool, tp=config.tp) for _ in range(config.pp))
+
+
+def capped(cm: CostModel, groups: Groups, fraction: float, sequences: int) -> Groups:
+    """Every replica at ``fraction`` of its batch, all cut in proportion to hold at most ``sequences``."""
+    caps = [max(1, int(c.concurrency * fraction)) for c, _ in groups]
+    total = sum(cap * y for cap, (_, y) in zip(caps, groups, strict=True))
+    if total > sequences:
+        caps = [max(1, cap * sequences // total) for cap in caps]
+    out = []
+    for cap, (c, y) in zip(caps, groups, strict=True):
+        if cap < c.concurrency:
+            estimate = cm.rollout(replica_stages(c), max_sequences=cap)
+            c = replace(
+                c,
+                tokens_per_s=estimate.tokens_per_s,
+                concurrency=estimate.concurrency,
+                recompute_s=estimate.recompute_s,
+            )
+        out.append((c, y))
+    return tuple(out)
+
+
+def window_rollout_s(
+    groups: Groups, samples: int, mean_tokens: float, updates: int = 0, even: bool = False
+) -> float:
+    """Generation makespan of ``samples`` samples split by largest remainder in proportion to y_psi * h_psi
+    (``even``: to y_psi, the same number per replica), with each replica rebuilding its KV cache after each of
+    ``updates`` weight updates."""
+    weights = [y if even else c.tokens_per_s * y for c, y in groups]
+    parts = largest_remainder(samples, weights)
+    return max(
+        math.ceil(x / y) * mean_tokens / c.tokens_per_s + updates * c.recompute_s
+        for (c, y), x in zip(groups, parts, strict=True)
+    )
+
+
+def runtimes(cm: CostModel, groups: Groups, reward_s: float) -> list[Runtime]:
+    """Every (window, caps) choice the staleness bound allows for this fleet, with its rollout time per step:
+    per window, the caps of each fraction, cut to hold at most m batches' sequences for every m the window
+    admits (so the choices at eta are among those at eta + 1)."""
+    rl = cm.workload.rl
+    mean = cm.workload.output_lengths.mean
+    out = []
+    for window in windows(rl.max_head_offpolicyness):
+        seen: set[Groups] = set()
+        for batches in range(1, rl.max_head_offpolicyness + 3 - window):
+            sequences = cm.staleness_sequences(batches)
+            for fraction in CAP_FRACTIONS:
+                fleet = capped(cm, groups, fraction, sequences)
+                if fleet in seen:
+                    continue
+                seen.add(fleet)
+                samples = rl.samples_per_step * window
+                rollout = window_rollout_s(fleet, samples, mean, updates=1) / window + reward_s
+                out.append(Runtime(window, fleet, rollout))
+    return out
+
+
+def choose(options: list[Runtime], train_s: float, sync_s: float) -> Runtime:
+    """The choice with the shortest step; ties go to the shorter window (fresher weights), then larger caps."""
+    return min(options, key=lambda o: round(o.step_s(train_s, sync_s), 9))
