@@ -31,7 +31,7 @@ from areal_hex_plugin.costmodel.weightsync import receiving_machines
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.scheduler.bound import relaxation
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator, Fleet, occupied
-from areal_hex_plugin.scheduler.inflight import Runtime, choose, replica_stages, runtimes, windows
+from areal_hex_plugin.scheduler.inflight import Runtime, choose, replica_stages, windows
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig, largest_remainder
 from areal_hex_plugin.scheduler.search import SearchResult
 from areal_hex_plugin.scheduler.split import all_splits
@@ -261,7 +261,7 @@ def _fleets(ev: Evaluator, counts: tuple[int, ...]) -> tuple[list[tuple[list[Run
     finite = 0
     for groups in product(*options):
         fleet = tuple(g for pool in groups for g in pool)
-        choices = [r for r in runtimes(ev.cm, fleet, reward) if math.isfinite(r.rollout_s)]
+        choices = [r for r in ev.inflight.runtimes(fleet, reward) if math.isfinite(r.rollout_s)]
         if not choices:
             continue
         finite += 1

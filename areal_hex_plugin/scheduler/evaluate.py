@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import product
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
 from areal_hex_plugin.scheduler.caps import PAPER, RuntimeCaps
 from areal_hex_plugin.scheduler.inflight import (
+    InFlight,
     Runtime,
     choose,
     replica_stages,
-    runtimes,
+    rollout_floor,
     window_rollout_s,
 )
 from areal_hex_plugin.scheduler.rollout_model import (
@@ -32,6 +34,11 @@ from areal_hex_plugin.scheduler.train_search import TrainChoice, search_train
 from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.config import SolverConfig
 from areal_hex_plugin.specs.workload import WorkloadSpec
+
+# Candidate fleets of a split's rollout machines: every combination of the pools' fleets up to this many, else
+# this many of one bound for every pool (by makespan) and a descent over each pool's bounds.
+ALL_COMBINATIONS = 16
+CANDIDATES = 3
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,9 @@ class Evaluator:
     _fleets: dict[tuple[int, ...], list[tuple[Fleet, list[Runtime]]]] = field(default_factory=dict)
     _seen: dict[Split, Evaluation] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.inflight = InFlight(self.cm)
+
     @property
     def tokens_per_step(self) -> float:
         return self.workload.tokens_per_step
@@ -126,33 +136,55 @@ class Evaluator:
 
         Every replica also rebuilds its KV cache after each weight update, which the linear objective
         sum(y_psi * h_psi) cannot see. So each pool's program is solved once per bound on that rebuild time, with
-        only the shapes within the bound: one bound for every pool, then each pool's own bound in turn while that
-        shortens the makespan of a step with an update (a pool may do best with fast-rebuilding shapes while another
-        needs speed). Every fleet of the first pass and the last of the second are candidates; the split's score
-        picks the candidate and its runtime together. The candidates do not depend on eta.
+        only the shapes within the bound (a pool may do best with fast-rebuilding shapes while another needs
+        speed). The candidates are every combination of the pools' fleets where there are at most ALL_COMBINATIONS,
+        else those of :meth:`_descent_candidates`; the split's score picks the candidate and its runtime together.
+        The candidates do not depend on eta.
         """
         if counts in self._fleets:
             return self._fleets[counts]
         pools = [(pool.name, n) for pool, n in zip(self.cluster.pools, counts, strict=True) if n]
         bounds = {name: sorted({c.recompute_s for c in self.replica_configs(name)}) for name, _ in pools}
+        # Each pool's distinct fleets over its bounds: where their combinations are few, all are candidates.
+        per_pool = [
+            list(
+                {
+                    self.pool_fleet(name, n, b).counts: self.pool_fleet(name, n, b) for b in bounds[name]
+                }.values()
+            )
+            for name, n in pools
+        ]
+        if math.prod(len(p) for p in per_pool) <= ALL_COMBINATIONS:
+            candidates = [_fleet_of(list(c)) for c in product(*per_pool)]
+        else:
+            candidates = self._descent_candidates(pools, bounds)
+        reward_s = self.cm.reward_s(self.workload.rl.samples_per_step)
+        unique = {f: None for f in candidates if f.groups}
+        self._fleets[counts] = [(f, self.inflight.runtimes(f.groups, reward_s)) for f in unique]
+        return self._fleets[counts]
+
+    def _descent_candidates(
+        self, pools: list[tuple[str, int]], bounds: dict[str, list[float]]
+    ) -> list[Fleet]:
+        """The CANDIDATES fleets of one bound for every pool with the shortest makespan of a step with an update
+        (at the replicas' largest batches), and the fleet that each pool's own bound in turn reaches from the best
+        of them while that shortens the makespan."""
         samples = self.workload.rl.samples_per_step
         mean = self.workload.output_lengths.mean
 
-        def fleet_of(solutions: list[RolloutSolution]) -> Fleet:
-            return Fleet(tuple(g for s in solutions for g in s.counts), all(s.optimal for s in solutions))
-
         def makespan(solutions: list[RolloutSolution]) -> float:
-            fleet = fleet_of(solutions)
+            fleet = _fleet_of(solutions)
             return window_rollout_s(fleet.groups, samples, mean, updates=1) if fleet.groups else math.inf
 
-        candidates: list[Fleet] = []
+        first: list[tuple[float, int, Fleet]] = []
         best, chosen = math.inf, []
-        for bound in sorted({b for v in bounds.values() for b in v}):
+        for i, bound in enumerate(sorted({b for v in bounds.values() for b in v})):
             solutions = [self.pool_fleet(name, n, bound) for name, n in pools]
-            candidates.append(fleet_of(solutions))
             trial = makespan(solutions)
+            first.append((trial, i, _fleet_of(solutions)))
             if trial < best:
                 best, chosen = trial, solutions
+        candidates = [f for _, _, f in sorted(first, key=lambda x: x[:2])[:CANDIDATES]]
         improved = bool(chosen)
         while improved:
             improved = False
@@ -163,11 +195,8 @@ class Evaluator:
                     if trial < best * (1 - 1e-12):
                         best, chosen, improved = trial, solutions, True
         if chosen:
-            candidates.append(fleet_of(chosen))
-        reward_s = self.cm.reward_s(samples)
-        unique = {f: None for f in candidates if f.groups}
-        self._fleets[counts] = [(f, runtimes(self.cm, f.groups, reward_s)) for f in unique]
-        return self._fleets[counts]
+            candidates.append(_fleet_of(chosen))
+        return candidates
 
     def replica_configs(self, pool_name: str) -> list[ReplicaConfig]:
         """Feasible replica shapes psi of a pool, dominated shapes removed (see :func:`prune_dominated`)."""
@@ -206,10 +235,21 @@ class Evaluator:
                 self._pool_fleet[key] = solve_rollout(configs, gpus)
         return self._pool_fleet[key]
 
-    def rollout_s(self, counts: tuple[int, ...]) -> float:
-        """The shortest rollout time per step (generation, KV rebuilds, reward) of these rollout machines alone,
-        over the candidate fleets and their runtime choices: no split using them steps faster."""
-        return min((o.rollout_s for _, options in self.fleets(counts) for o in options), default=math.inf)
+    def rollout_floor(self, counts: tuple[int, ...]) -> float:
+        """No split with these rollout machines has a shorter rollout time per step (:func:`rollout_floor`, at
+        the fastest fleet phase 1b builds on them)."""
+        speed = sum(
+            self.pool_fleet(p.name, n).tokens_per_s
+            for p, n in zip(self.cluster.pools, counts, strict=True)
+            if n
+        )
+        rl = self.workload.rl
+        return rollout_floor(
+            speed,
+            rl.samples_per_step,
+            self.workload.output_lengths.mean,
+            self.cm.reward_s(rl.samples_per_step),
+        )
 
     def _evaluate(self, split: Split) -> Evaluation:
         train = self.train(split.train) if any(split.train) else None
@@ -248,6 +288,10 @@ class Evaluator:
             reward_s=reward_s,
             shares=shares,
         )
+
+
+def _fleet_of(solutions: list[RolloutSolution]) -> Fleet:
+    return Fleet(tuple(g for s in solutions for g in s.counts), all(s.optimal for s in solutions))
 
 
 def occupied(cluster: Cluster, train: TrainChoice, fleet: Fleet) -> Split:

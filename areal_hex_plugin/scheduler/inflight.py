@@ -13,6 +13,9 @@ and together the caps fit the sequences the staleness bound admits.
 Both are chosen per split, exactly over every window 1 .. eta + 1 and the caps ``CAP_FRACTIONS`` of each
 replica's largest batch (cut in proportion to the sequences of every batch count the window admits). A larger
 eta only adds choices, so no split scores worse with a larger eta.
+
+A fleet's rollout time per step is at least ``rollout_floor``: its samples at the replicas' full speed (a cap
+only slows a replica), without the integer shares, the KV rebuilds or the weight sync.
 """
 
 from __future__ import annotations
@@ -51,26 +54,6 @@ def replica_stages(config: ReplicaConfig) -> tuple[RolloutStage, ...]:
     return tuple(RolloutStage(pool=config.pool, tp=config.tp) for _ in range(config.pp))
 
 
-def capped(cm: CostModel, groups: Groups, fraction: float, sequences: int) -> Groups:
-    """Every replica at ``fraction`` of its batch, all cut in proportion to hold at most ``sequences``."""
-    caps = [max(1, int(c.concurrency * fraction)) for c, _ in groups]
-    total = sum(cap * y for cap, (_, y) in zip(caps, groups, strict=True))
-    if total > sequences:
-        caps = [max(1, cap * sequences // total) for cap in caps]
-    out = []
-    for cap, (c, y) in zip(caps, groups, strict=True):
-        if cap < c.concurrency:
-            estimate = cm.rollout(replica_stages(c), max_sequences=cap)
-            c = replace(
-                c,
-                tokens_per_s=estimate.tokens_per_s,
-                concurrency=estimate.concurrency,
-                recompute_s=estimate.recompute_s,
-            )
-        out.append((c, y))
-    return tuple(out)
-
-
 def window_rollout_s(
     groups: Groups, samples: int, mean_tokens: float, updates: int = 0, even: bool = False
 ) -> float:
@@ -85,26 +68,65 @@ def window_rollout_s(
     )
 
 
-def runtimes(cm: CostModel, groups: Groups, reward_s: float) -> list[Runtime]:
-    """Every (window, caps) choice the staleness bound allows for this fleet, with its rollout time per step:
-    per window, the caps of each fraction, cut to hold at most m batches' sequences for every m the window
-    admits (so the choices at eta are among those at eta + 1)."""
-    rl = cm.workload.rl
-    mean = cm.workload.output_lengths.mean
-    out = []
-    for window in windows(rl.max_head_offpolicyness):
-        seen: set[Groups] = set()
-        for batches in range(1, rl.max_head_offpolicyness + 3 - window):
-            sequences = cm.staleness_sequences(batches)
-            for fraction in CAP_FRACTIONS:
-                fleet = capped(cm, groups, fraction, sequences)
-                if fleet in seen:
-                    continue
-                seen.add(fleet)
-                samples = rl.samples_per_step * window
+class InFlight:
+    """The runtime choices of fleets on one cost model (replica speeds at each cap memoised)."""
+
+    def __init__(self, cm: CostModel) -> None:
+        self.cm = cm
+        self._throttled: dict[tuple[ReplicaConfig, int], ReplicaConfig] = {}
+
+    def throttled(self, config: ReplicaConfig, cap: int) -> ReplicaConfig:
+        """``config`` with at most ``cap`` sequences in flight."""
+        if cap >= config.concurrency:
+            return config
+        key = (config, cap)
+        found = self._throttled.get(key)
+        if found is None:
+            estimate = self.cm.rollout(replica_stages(config), max_sequences=cap)
+            found = replace(
+                config,
+                tokens_per_s=estimate.tokens_per_s,
+                concurrency=estimate.concurrency,
+                recompute_s=estimate.recompute_s,
+            )
+            self._throttled[key] = found
+        return found
+
+    def capped(self, groups: Groups, fraction: float, sequences: int) -> Groups:
+        """Every replica at ``fraction`` of its batch, all cut in proportion to hold at most ``sequences``."""
+        caps = [max(1, int(c.concurrency * fraction)) for c, _ in groups]
+        total = sum(cap * y for cap, (_, y) in zip(caps, groups, strict=True))
+        if total > sequences:
+            caps = [max(1, cap * sequences // total) for cap in caps]
+        return tuple((self.throttled(c, cap), y) for cap, (c, y) in zip(caps, groups, strict=True))
+
+    def runtimes(self, groups: Groups, reward_s: float) -> list[Runtime]:
+        """Per update window the staleness bound allows, the caps with the shortest rollout time per step (for a
+        given window the step only grows with it): the caps of each fraction, cut to hold at most m batches'
+        sequences for every m the window admits, so the choices at eta are among those at eta + 1."""
+        rl = self.cm.workload.rl
+        eta, mean = rl.max_head_offpolicyness, self.cm.workload.output_lengths.mean
+        # Caps cut to m batches, for m = 1 .. eta + 1, largest m and caps first (ties keep larger caps).
+        by_batches: list[list[Groups]] = []
+        for batches in range(eta + 1, 0, -1):
+            sequences = self.cm.staleness_sequences(batches)
+            by_batches.append(list(dict.fromkeys(self.capped(groups, f, sequences) for f in CAP_FRACTIONS)))
+        out = []
+        for window in windows(eta):
+            samples = rl.samples_per_step * window
+            best: tuple[float, Groups] | None = None
+            # The window admits up to eta + 2 - window batches.
+            for fleet in dict.fromkeys(f for fleets in by_batches[window - 1 :] for f in fleets):
                 rollout = window_rollout_s(fleet, samples, mean, updates=1) / window + reward_s
-                out.append(Runtime(window, fleet, rollout))
-    return out
+                if best is None or rollout < best[0]:
+                    best = (rollout, fleet)
+            out.append(Runtime(window, best[1], best[0]))
+        return out
+
+
+def rollout_floor(tokens_per_s: float, samples: int, mean_tokens: float, reward_s: float) -> float:
+    """No runtime choice of a fleet generating at most ``tokens_per_s`` has a shorter rollout time per step."""
+    return samples * mean_tokens / tokens_per_s + reward_s if tokens_per_s > 0 else math.inf
 
 
 def choose(options: list[Runtime], train_s: float, sync_s: float) -> Runtime:

@@ -279,7 +279,7 @@ def _best_move(ev: Evaluator, current: Evaluation, splits, budget, deadline) -> 
         if budget is not None and split.cost_per_hour(ev.cluster) > budget + 1e-9:
             continue
         # The step is at least the rollout time: skip the training search where that alone cannot win.
-        if ev.tokens_per_step / ev.rollout_s(split.rollout) < best.tokens_per_s(ev.tokens_per_step):
+        if ev.tokens_per_step / ev.rollout_floor(split.rollout) < best.tokens_per_s(ev.tokens_per_step):
             continue
         e = ev.evaluate(split)
         if e.feasible:
