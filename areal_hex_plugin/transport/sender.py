@@ -5,9 +5,12 @@ A version may come in parts from several senders (each FSDP rank, each Megatron 
 share, so no one NIC carries the model to every pool): :class:`RelaySender` is part 0 and the coordinator (it alone
 holds the control channels: prepare, verify, commit), each other part is a :class:`PartSender` that opens its own
 data links to every pool's relay in the coordinator's sessions (:meth:`RelaySender.assignment`) and hands back a
-:class:`PartSummary`; the coordinator waits for every part's buckets on every replica and verifies each part's
-digest and the version's. A failure that would need another sender's part again (a corrupt bucket of it, a re-route)
-abandons the version: no replica switches, and the next version routes around the dead replica.
+:class:`PartSummary`; the coordinator waits for every part's buckets on every replica (:meth:`RelaySender.settle`)
+and verifies each part's digest and the version's. What another sender must send again (a bucket of its part that
+failed its checksum, every bucket after a pool was re-routed to a new session) comes back from ``settle`` as a
+repair plan for :meth:`PartSender.repair`, round after round until nothing is missing. A relay that another
+sender's data link cannot reach counts as failed, as one this process's own link cannot reach (re-routed under
+``on_failure: reroute``).
 
 The commit has one deadline for all replicas, asked at once. A replica that has not answered by then is in doubt:
 it is sent an ``abort`` (a node that finds an abort queued behind a commit withdraws the commit) and asked for its
@@ -171,12 +174,12 @@ class _Control:
 
 @dataclass
 class PartSummary:
-    """What one sender sent of a version: ``buckets`` as [index, bucket digest, nbytes], and the first failure of
-    its data links ('' when none)."""
+    """What one sender sent of a version: ``buckets`` as [index, bucket digest, nbytes], and the pools whose relay
+    its data link could not reach or lost in the last round (pool -> error)."""
 
     part: int
     buckets: list[list[Any]] = field(default_factory=list)
-    failed: str = ""
+    failed: dict[str, str] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -247,6 +250,14 @@ def _header(session: str, version: int, bucket: Bucket, copy: int) -> Message:
 
 
 @dataclass
+class _Repair:
+    """What the other parts must send one pool again: everything (a new session), or these bucket copies."""
+
+    all: bool = False
+    resend: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
 class _PoolState:
     route: PoolRoute
     alive: list[Endpoint]
@@ -291,6 +302,8 @@ class RelaySender:
         self._failed: dict[str, str] = {}
         self._buckets: dict[int, Bucket] = {}  # this part's, by version-wide index
         self._remote: list[PartSummary] = []
+        # What other parts must send again, per pool: every bucket (a new session) or some copies.
+        self._repairs: dict[str, _Repair] = {}
         self._version = -1
         self._update = ""
         self._key = b""
@@ -352,15 +365,49 @@ class RelaySender:
         """This process's own part (part 0) so far."""
         return PartSummary(0, [[i, b.digest(self._key), b.nbytes] for i, b in self._buckets.items()])
 
+    def settle(self, parts: Iterable[PartSummary] = ()) -> dict[str, Any] | None:
+        """Wait until every live replica holds every bucket of every part (``parts``: the summaries of parts 1
+        and up), re-sending this part's own; returns what the other parts must send again (for
+        :meth:`PartSender.repair`), or None when nothing is missing. Raises (after aborting everywhere) when the
+        version cannot be completed."""
+        try:
+            self._remote = self._check_parts(list(parts))
+            self._repairs = {}
+            for summary in self._remote:
+                for pool, error in summary.failed.items():
+                    state = self._pools[pool]
+                    reason = f"data link from the sender of part {summary.part} to relay broke ({error})"
+                    self._reroute(state, state.alive[0], reason)
+            self._await_buckets()
+        except BaseException:
+            self.abort()
+            raise
+        if not self._repairs:
+            return None
+        pools = {}
+        for name, repair in self._repairs.items():
+            state = self._pools[name]
+            pools[name] = {
+                "session": state.session,
+                "relay": str(state.alive[0]),
+                "all": repair.all,
+                "resend": sorted(repair.resend.items()),
+            }
+        return {"pools": pools}
+
     def finish(self, commit: bool = True, parts: Iterable[PartSummary] = ()) -> UpdateReport:
         """Wait until every live replica holds every bucket of every part (``parts``: the summaries of parts 1
-        and up), verify digests, then commit (unless told not to)."""
+        and up, after :meth:`settle` needs no repair), verify digests, then commit (unless told not to)."""
         report = self._report
         assert report is not None, "begin() first"
         report.mark("queued", self._began)
+        if self.settle(parts) is not None:
+            self.abort()
+            raise TransportError(
+                f"weight update to version {self._version}: other parts must be sent again, so finish "
+                f"after settle() returns None (their senders repair what it returns)"
+            )
         try:
-            self._remote = self._check_parts(list(parts))
-            self._await_buckets()
             report.mark("received", self._began)
             summaries = [self.summary(), *self._remote]
             report.digest = version_digest(
@@ -596,8 +643,8 @@ class RelaySender:
         if sorted(by_part) != list(range(1, self._parts)):
             self._abandon(f"parts {sorted(by_part)} reported, expected 1 to {self._parts - 1}")
         for part, summary in sorted(by_part.items()):
-            if summary.failed:
-                self._abandon(f"the sender of part {part} failed: {summary.failed}")
+            if set(summary.failed) - set(self._pools):
+                self._abandon(f"part {part} names pools {sorted(summary.failed)} the route does not have")
             indices = [index for index, _, _ in summary.buckets]
             if indices != [bucket_index(part, self._parts, i) for i in range(len(indices))]:
                 self._abandon(
@@ -618,9 +665,16 @@ class RelaySender:
     def _indices(self) -> list[int]:
         return [*self._buckets, *(index for summary in self._remote for index, _, _ in summary.buckets)]
 
+    def _awaited(self, state: _PoolState) -> list[int]:
+        """The buckets this pool waits for now (not those another part must send again first)."""
+        repair = self._repairs.get(state.route.name)
+        if repair is None:
+            return self._indices()
+        return [i for i in self._indices() if i in self._buckets or not (repair.all or i in repair.resend)]
+
     def _pool_done(self, state: _PoolState) -> bool:
         alive = set(state.alive)
-        return all(alive <= state.acked.get(index, set()) for index in self._indices())
+        return all(alive <= state.acked.get(index, set()) for index in self._awaited(state))
 
     def _await_buckets(self) -> None:
         last_progress = time.monotonic()
@@ -656,10 +710,10 @@ class RelaySender:
         if message["error"]:  # the replica cannot take the bucket at all (e.g. its stage directory is full)
             self._reroute(state, endpoint, message["error"])
             return
-        if index not in self._buckets:
-            self._abandon(f"bucket {index} (part {index % self._parts}) failed its checksum at {endpoint}")
-        # Corruption upstream of a node reaches every node after it: re-send once per copy, not per NACK.
-        if copy != state.copies.get(index) or endpoint in state.acked.get(index, set()):
+        # Corruption upstream of a node reaches every node after it: re-send once per copy, not per NACK (another
+        # part's bucket went out as copy 0).
+        latest = state.copies.get(index, -1 if index in self._buckets else 0)
+        if copy != latest or endpoint in state.acked.get(index, set()):
             return
         if copy >= self.config.max_resends:
             # The first replica of the chain without a good copy sits behind the bad link.
@@ -671,11 +725,13 @@ class RelaySender:
         logger.warning(
             "pool %s: bucket %d failed its checksum at %s; re-sending", state.route.name, index, endpoint
         )
-        self._enqueue(state, self._buckets[index])
+        if index in self._buckets:
+            self._enqueue(state, self._buckets[index])
+        else:  # its part's sender sends the next copy in the repair round
+            state.copies[index] = copy + 1
+            self._repairs.setdefault(state.route.name, _Repair()).resend[index] = copy + 1
 
     def _reroute(self, state: _PoolState, endpoint: Endpoint, reason: str) -> None:
-        if self._parts > 1:  # the new chain would need every part again
-            self._abandon(f"pool {state.route.name!r} replica {endpoint}: {reason}")
         for control in self._live_controls(state):
             if control.endpoint != endpoint:
                 control.request(Kind.ABORT, session=state.session)
@@ -685,11 +741,13 @@ class RelaySender:
         self._report.reroutes += 1
         for bucket in self._buckets.values():
             self._enqueue(state, bucket)
+        if self._parts > 1:  # the other parts send every bucket again, into the new session
+            self._repairs[state.route.name] = _Repair(all=True)
 
     def _fail_laggard(self) -> None:
         for state in self._pools.values():
             for endpoint in list(state.alive):
-                if not all(endpoint in state.acked.get(index, set()) for index in self._indices()):
+                if not all(endpoint in state.acked.get(index, set()) for index in self._awaited(state)):
                     self._reroute(state, endpoint, f"no progress within {self.config.timeout_s:.0f} s")
                     break
 
@@ -720,61 +778,93 @@ class PartSender:
     """One more sender of a version (part ``part`` of the coordinator's ``assignment``): pushes its own buckets
     to every pool's relay in the coordinator's sessions; the coordinator sees the acknowledgements and verifies.
     ``send_bucket`` for each of its buckets, then ``finish()`` for the :class:`PartSummary` to hand to the
-    coordinator, and ``close()`` once the coordinator has verified (the links stay up until then)."""
+    coordinator, ``repair(plan)`` for each plan the coordinator's ``settle`` returns, and ``close()`` once the
+    coordinator has verified (the links and buckets stay until then)."""
 
     def __init__(self, assignment: dict[str, Any], part: int, token: bytes | None = None) -> None:
         self.part, self.parts = part, assignment["parts"]
         if not 0 < part < self.parts:
             raise HexError("hex.relay", f"part {part} of {self.parts}", "parts 1 and up send with PartSender")
-        token = token if token is not None else load_token()
+        self._token = token if token is not None else load_token()
         self.version, self.chunk_bytes = assignment["version"], assignment["chunk_bytes"]
-        self._key = content_key(token, assignment["update"])
+        self._backend, self._timeout_s = assignment["backend"], assignment["timeout_s"]
+        self._key = content_key(self._token, assignment["update"])
         self._device = current_device()
         self._events: queue.Queue = queue.Queue()
         self._sessions: dict[str, str] = {}
         self._pushes: dict[str, _PoolPush] = {}
-        self._summary = PartSummary(part)
+        self._buckets: dict[int, Bucket] = {}
+        self._sent: list[list[Any]] = []  # [index, bucket digest, nbytes] of each bucket
+        self._failed: dict[str, str] = {}  # this round's
         for name, pool in assignment["pools"].items():
-            relay = Endpoint.parse(pool["relay"])
-            try:
-                channel, link = connect_data_link(
-                    relay.host,
-                    relay.port,
-                    token,
-                    pool["session"],
-                    assignment["backend"],
-                    assignment["timeout_s"],
-                    self._device,
-                )
-            except TransportError as error:
-                self._summary.failed = self._summary.failed or f"data link to relay {relay} failed ({error})"
-                continue
-            self._sessions[name] = pool["session"]
-            self._pushes[name] = _PoolPush(channel, link, relay, name, self._events)
+            self._link(name, pool)
+
+    def _link(self, name: str, pool: dict[str, str]) -> None:
+        """(Re)open the data link to pool ``name``'s relay in its session; a failure goes into the summary."""
+        if name in self._pushes:
+            self._pushes.pop(name).close()
+        relay = Endpoint.parse(pool["relay"])
+        try:
+            channel, link = connect_data_link(
+                relay.host,
+                relay.port,
+                self._token,
+                pool["session"],
+                self._backend,
+                self._timeout_s,
+                self._device,
+            )
+        except TransportError as error:
+            self._failed.setdefault(name, f"cannot open it: {error}")
+            return
+        self._sessions[name] = pool["session"]
+        self._pushes[name] = _PoolPush(channel, link, relay, name, self._events)
+
+    def _push(self, name: str, bucket: Bucket, copy: int) -> None:
+        if name in self._pushes:
+            header = _header(self._sessions[name], self.version, bucket, copy)
+            self._pushes[name].work.put((header, bucket, self.chunk_bytes))
 
     def send_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        index = bucket_index(self.part, self.parts, len(self._summary.buckets))
+        index = bucket_index(self.part, self.parts, len(self._sent))
         pin = self._device.type == "cuda"
 
         def ready(bucket: Bucket) -> None:  # the bytes go out while they are packed and hashed
-            for name, push in self._pushes.items():
-                push.work.put(
-                    (_header(self._sessions[name], self.version, bucket, 0), bucket, self.chunk_bytes)
-                )
+            self._buckets[bucket.index] = bucket
+            for name in self._pushes:
+                self._push(name, bucket, 0)
 
         bucket = pack(index, named_tensors, self._key, self.chunk_bytes, pin, ready)
-        self._summary.buckets.append([index, bucket.digest(self._key), bucket.nbytes])
+        self._sent.append([index, bucket.digest(self._key), bucket.nbytes])
 
     def finish(self) -> PartSummary:
-        """Once every bucket went out: what was sent, and the first broken link if one broke."""
+        """Once every bucket went out: what was sent, and this round's broken links."""
         for push in self._pushes.values():
             push.flush()
         while not self._events.empty():
-            _, relay, message = self._events.get_nowait()
-            self._summary.failed = self._summary.failed or f"{relay}: {_error(message)}"
-        return self._summary
+            name, _, message = self._events.get_nowait()
+            self._failed.setdefault(name, _error(message))
+        for name in self._failed:  # a broken link sends nothing more; the repair opens a new one
+            push = self._pushes.pop(name, None)
+            if push is not None:
+                push.close()
+        failed, self._failed = self._failed, {}
+        return PartSummary(self.part, list(self._sent), failed)
+
+    def repair(self, plan: dict[str, Any]) -> PartSummary:
+        """Send again what the coordinator's ``settle`` asks of this part: every bucket into a pool's new
+        session, or the next copy of buckets that failed their checksum; then :meth:`finish`."""
+        for name, pool in plan["pools"].items():
+            if pool["all"]:
+                self._link(name, pool)
+                for bucket in self._buckets.values():
+                    self._push(name, bucket, 0)
+            for index, copy in pool["resend"]:
+                if index in self._buckets:
+                    self._push(name, self._buckets[index], copy)
+        return self.finish()
 
     def close(self) -> None:
         for push in self._pushes.values():
             push.close()
-        self._pushes = {}
+        self._pushes, self._buckets = {}, {}

@@ -5,8 +5,8 @@ Rank 0 holds the :class:`RelaySender` (the control channels; part 0). For a vers
 broadcasts the sessions (:meth:`RelaySender.assignment`) over the engine's CPU group; every other sending rank
 opens a :class:`PartSender` and pushes the buckets it owns to each pool's relay over its own NIC. After the
 engine's loop the parts' summaries are gathered to rank 0, which waits for every replica to hold every part and
-verifies (the replicas stage, still serving the old version); the outcome is broadcast, so every rank raises
-together. The commit is the controller's second call (``hex_commit``), answered by rank 0.
+verifies (the replicas stage, still serving the old version); what another part must send again after a re-route
+or a bad checksum goes back to its rank in repair rounds. The outcome is broadcast, so every rank raises together. The commit is the controller's second call (``hex_commit``), answered by rank 0.
 
 Which ranks send and which part each sends is the engine's: FSDP ranks each own a share of the gathered tensors
 (``fsdp_adapter.py``), Megatron's pipeline heads send the layers of their stage (``areal/megatron_actor.py``).
@@ -120,27 +120,39 @@ class RelayTrainSide:
         self._hex_part.send_bucket(named_tensors)
 
     def hex_finish(self) -> None:
-        """Every rank: hand this rank's part summary to rank 0, which waits for every part on every replica and
-        verifies; raises on every rank if that failed (then no replica switches)."""
+        """Every rank: hand this rank's part summary to rank 0, which waits for every part on every replica; what
+        a part must send again (``RelaySender.settle``) goes back to every rank and is sent, round after round;
+        then rank 0 verifies. Raises on every rank if that failed (then no replica switches)."""
         part = self._hex_part
         summary = part.finish() if isinstance(part, PartSender) else None
-        summaries = _gather(self.cpu_group, summary)
-        failure: Exception | None = None
-        if dist.get_rank() == 0:
-            try:
-                report = self._hex_sender.finish(commit=False, parts=[s for s in summaries if s is not None])
-                self._hex_report = _report_fields(report, [self._hex_sender.summary(), *summaries])
-            except Exception as error:  # noqa: BLE001 - raised on every rank after the broadcast
-                failure = error
-        outcome = [None if failure is None else f"{type(failure).__name__}: {failure}"]
-        dist.broadcast_object_list(outcome, src=0, group=self.cpu_group)
-        if isinstance(part, PartSender):
-            part.close()
-        self._hex_part = None
-        if failure is not None:
-            raise failure
-        if outcome[0] is not None:
-            raise TransportError(f"hex transport: the weight update failed on rank 0 ({outcome[0]})")
+        try:
+            while True:
+                summaries = [s for s in _gather(self.cpu_group, summary) if s is not None]
+                failure, plan = None, None
+                if dist.get_rank() == 0:
+                    try:
+                        plan = self._hex_sender.settle(summaries)
+                        if plan is None:
+                            report = self._hex_sender.finish(commit=False, parts=summaries)
+                            self._hex_report = _report_fields(
+                                report, [self._hex_sender.summary(), *summaries]
+                            )
+                    except Exception as error:  # noqa: BLE001 - raised on every rank after the broadcast
+                        failure = error
+                outcome = [None if failure is None else f"{type(failure).__name__}: {failure}", plan]
+                dist.broadcast_object_list(outcome, src=0, group=self.cpu_group)
+                if failure is not None:
+                    raise failure
+                if outcome[0] is not None:
+                    raise TransportError(f"hex transport: the weight update failed on rank 0 ({outcome[0]})")
+                if outcome[1] is None:
+                    return
+                if isinstance(part, PartSender):
+                    summary = part.repair(outcome[1])
+        finally:
+            if isinstance(part, PartSender):
+                part.close()
+            self._hex_part = None
 
     def _hex_begin_coordinator(self, version: int) -> Exception | None:
         if self._hex_sender is None:

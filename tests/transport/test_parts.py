@@ -1,8 +1,12 @@
 """A version in parts from several senders (as every FSDP rank or pipeline stage sends its own share): each
-sender's bytes go over its own link, the replicas assemble the parts bit-exactly, and a part that is missing,
-corrupt or misreported is never committed."""
+sender's bytes go over its own link, the replicas assemble the parts bit-exactly, a part corrupted on its link or
+a replica lost mid-version is repaired by the parts' own senders, and a part that is missing or misreported is
+never committed."""
 
 from __future__ import annotations
+
+import os
+import signal
 
 import pytest
 import torch
@@ -47,12 +51,14 @@ class _Senders:
         self.coordinator = RelaySender(route, config, token=TOKEN, parts=PARTS)
         self.parts: list[PartSender] = []
 
-    def begin(self, version: int) -> None:
+    def begin(self, version: int, tokens: dict[int, bytes] | None = None) -> None:
+        """``tokens``: a part whose sender holds another token than the replicas."""
         self.coordinator.begin(version)
         assignment = self.coordinator.assignment()
         for part in range(1, PARTS):
             pools = {"h20": {**assignment["pools"]["h20"], "relay": str(self.proxies[part].endpoint)}}
-            self.parts.append(PartSender({**assignment, "pools": pools}, part, token=TOKEN))
+            token = (tokens or {}).get(part, TOKEN)
+            self.parts.append(PartSender({**assignment, "pools": pools}, part, token=token))
 
     def send(self, shares) -> list:
         for bucket in shares[0]:
@@ -61,6 +67,12 @@ class _Senders:
             for bucket in buckets:
                 sender.send_bucket(bucket)
         return [sender.finish() for sender in self.parts]
+
+    def complete(self, summaries) -> object:
+        """Repair rounds (as the train side runs them) until nothing is missing, then verify and commit."""
+        while (plan := self.coordinator.settle(summaries)) is not None:
+            summaries = [sender.repair(plan) for sender in self.parts]
+        return self.coordinator.finish(parts=summaries)
 
     def close(self) -> None:
         for sender in self.parts:
@@ -77,7 +89,7 @@ def test_each_sender_carries_its_share_and_the_replicas_assemble_the_whole(tmp_p
         senders = _Senders([r.endpoint for r in replicas])
         try:
             senders.begin(1)
-            report = senders.coordinator.finish(parts=senders.send(_shares(model_state)))
+            report = senders.complete(senders.send(_shares(model_state)))
         finally:
             senders.close()
         for replica in replicas:
@@ -90,24 +102,23 @@ def test_each_sender_carries_its_share_and_the_replicas_assemble_the_whole(tmp_p
     assert model_bytes < sum(wire) < 1.1 * model_bytes
 
 
-def _refused(tmp_path, model_state, tamper, corrupt_at: int | None = None) -> tuple[str, list]:
-    """Version 1 whole, then version 2 with ``tamper(summaries)`` applied (and part 1's link flipping the byte at
-    ``corrupt_at``): the error and the replicas' versions."""
+def _refused(tmp_path, model_state, tamper, tokens: dict[int, bytes] | None = None) -> tuple[str, list]:
+    """Version 1 whole, then version 2 with ``tamper(summaries)`` applied (and the parts' ``tokens``): the error
+    and the replicas' versions."""
     with ReplicaFleet(tmp_path) as fleet:
         replicas = fleet.start([1, 1])
         senders = _Senders([r.endpoint for r in replicas], timeout_s=2.0)
         try:
             senders.begin(1)
-            senders.coordinator.finish(parts=senders.send(_shares(model_state)))
+            senders.complete(senders.send(_shares(model_state)))
             for sender in senders.parts:
                 sender.close()
             senders.parts = []
-            senders.proxies[1].corrupt_at = corrupt_at
             second = {name: tensor + 1 for name, tensor in model_state.items()}
-            senders.begin(2)
+            senders.begin(2, tokens)
             summaries = tamper(senders.send(_shares(second)))
             with pytest.raises(TransportError) as failure:
-                senders.coordinator.finish(parts=summaries)
+                senders.complete(summaries)
         finally:
             senders.close()
         held = [replica.committed()["version"] for replica in replicas]
@@ -116,14 +127,11 @@ def _refused(tmp_path, model_state, tamper, corrupt_at: int | None = None) -> tu
     return str(failure.value), held
 
 
-def test_a_part_that_never_arrives_refuses_the_commit(tmp_path, model_state):
-    def one_bucket_more(summaries):
-        last, digest, nbytes = summaries[1].buckets[-1]
-        summaries[1].buckets.append([last + PARTS, digest, nbytes])  # announced, never sent
-        return summaries
-
-    error, held = _refused(tmp_path, model_state, one_bucket_more)
-    assert "no progress" in error and "no replica committed version 2" in error and held == [1, 1]
+def test_a_part_whose_sender_reaches_no_replica_refuses_the_commit(tmp_path, model_state):
+    error, held = _refused(
+        tmp_path, model_state, lambda summaries: summaries, {2: b"another-token-0123456789"}
+    )
+    assert "data link from the sender of part 2" in error and "no replica left" in error and held == [1, 1]
 
 
 def test_a_part_missing_from_the_summaries_refuses_the_commit(tmp_path, model_state):
@@ -131,9 +139,36 @@ def test_a_part_missing_from_the_summaries_refuses_the_commit(tmp_path, model_st
     assert "parts [1] reported, expected 1 to 2" in error and held == [1, 1]
 
 
-def test_a_part_corrupted_on_its_link_refuses_the_commit(tmp_path, model_state):
-    error, held = _refused(tmp_path, model_state, lambda summaries: summaries, corrupt_at=200_000)
-    assert "(part 1) failed its checksum" in error and held == [1, 1]
+def test_a_part_corrupted_on_its_link_is_sent_again_by_its_sender(tmp_path, model_state):
+    with ReplicaFleet(tmp_path) as fleet:
+        replicas = fleet.start([1, 1])
+        senders = _Senders([r.endpoint for r in replicas])
+        senders.proxies[1].corrupt_at = 200_000  # once, in part 1's stream
+        try:
+            senders.begin(1)
+            report = senders.complete(senders.send(_shares(model_state)))
+        finally:
+            senders.close()
+        for replica in replicas:
+            _assert_holds(replica, model_state, 1)
+    assert senders.proxies[1].corrupted == 1 and report.resent_buckets == 1 and report.failed == {}
+
+
+def test_a_replica_lost_mid_version_is_routed_around_and_every_part_sent_again(tmp_path, model_state):
+    with ReplicaFleet(tmp_path) as fleet:
+        replicas = fleet.start([1, 1, 1])
+        senders = _Senders([r.endpoint for r in replicas])
+        try:
+            senders.begin(1)
+            summaries = senders.send(_shares(model_state))
+            os.kill(replicas[1].process.pid, signal.SIGKILL)
+            report = senders.complete(summaries)
+        finally:
+            senders.close()
+        for replica in (replicas[0], replicas[2]):
+            _assert_holds(replica, model_state, 1)
+    assert report.committed == [str(senders.proxies[0].endpoint), str(replicas[2].endpoint)]
+    assert list(report.failed) == [str(replicas[1].endpoint)] and report.reroutes >= 1
 
 
 def test_the_replicas_refuse_a_part_whose_digest_is_not_what_arrived(tmp_path, model_state):
