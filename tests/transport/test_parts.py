@@ -43,11 +43,11 @@ class _Senders:
     """The coordinator (part 0, through one proxy) and PartSenders 1.. (each through its own proxy to the
     relay), so the bytes each sender puts on the wire are counted apart."""
 
-    def __init__(self, fleet_endpoints, timeout_s: float = 5.0) -> None:
+    def __init__(self, fleet_endpoints) -> None:
         relay, *rest = fleet_endpoints
         self.proxies = [Proxy(relay) for _ in range(PARTS)]
         route = Route([PoolRoute("h20", [self.proxies[0].endpoint, *rest], 1.5, 5.0)])
-        config = SenderConfig(backend="tcp", chunk_bytes=64 << 10, timeout_s=timeout_s)
+        config = SenderConfig(backend="tcp", chunk_bytes=64 << 10, timeout_s=10.0)
         self.coordinator = RelaySender(route, config, token=TOKEN, parts=PARTS)
         self.parts: list[PartSender] = []
 
@@ -107,7 +107,7 @@ def _refused(tmp_path, model_state, tamper, tokens: dict[int, bytes] | None = No
     and the replicas' versions."""
     with ReplicaFleet(tmp_path) as fleet:
         replicas = fleet.start([1, 1])
-        senders = _Senders([r.endpoint for r in replicas], timeout_s=2.0)
+        senders = _Senders([r.endpoint for r in replicas])
         try:
             senders.begin(1)
             senders.complete(senders.send(_shares(model_state)))
