@@ -97,6 +97,14 @@ def check_transport(config) -> None:
             f"is {mode!r}, but hex.transport=relay sends weights in place of upstream's xccl buckets",
             "set actor.weight_update_mode=xccl, or hex.transport=upstream to keep upstream's own path",
         )
+    megatron = config.actor.megatron
+    if megatron.bridge_type == "megatron-bridge" and megatron.use_bridge_for_update_weights:
+        raise HexError(
+            "actor.megatron.use_bridge_for_update_weights",
+            "is true: megatron-bridge's export hands every pipeline stage the whole model, and the relay sends "
+            "each stage's own layers",
+            "set it to false (upstream's convert_to_hf path, its default), or hex.transport=upstream",
+        )
     from areal_hex_plugin.transport.wire import load_token
 
     load_token()

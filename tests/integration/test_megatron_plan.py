@@ -16,7 +16,7 @@ from areal.api.alloc_mode import ModelAllocation  # noqa: E402
 from areal_hex_plugin.areal.config import load_hex_config  # noqa: E402
 from areal_hex_plugin.areal.megatron_layout import layer_stage, planned_layers, stage_layout  # noqa: E402
 from areal_hex_plugin.areal.rewrite import apply_plan  # noqa: E402
-from areal_hex_plugin.errors import UpstreamLimit  # noqa: E402
+from areal_hex_plugin.errors import HexError, UpstreamLimit  # noqa: E402
 from areal_hex_plugin.plan import GpuAssignment, Machine, TrainPlan, TrainStage  # noqa: E402
 from tests.integration.plans import two_type_plan  # noqa: E402
 
@@ -97,6 +97,22 @@ def test_relay_with_a_megatron_actor_sends_from_every_stage(tmp_path: Path) -> N
     assert len(rewrite.placement.for_role("actor")) == 4
     path = plugin.HEX_TRAIN_ENGINES["relay", "megatron"]
     assert path == "areal_hex_plugin.areal.megatron_actor.HexMegatronRelayActor"
+
+
+def test_relay_refuses_the_bridge_export_that_gives_every_stage_the_whole_model(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from areal_hex_plugin.driver import check_transport
+
+    monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", "test-token-0123456789abcdef")
+
+    config = _config(tmp_path, "actor.backend=megatron:d2p2t1", "hex.transport=relay")
+    check_transport(config)  # upstream's default: the convert_to_hf path, each stage its own layers
+    config.actor.megatron.bridge_type = "megatron-bridge"
+    config.actor.megatron.use_bridge_for_update_weights = True
+    with pytest.raises(HexError, match="every pipeline stage the whole model") as err:
+        check_transport(config)
+    assert err.value.field == "actor.megatron.use_bridge_for_update_weights"
 
 
 def test_hf_names_go_to_the_stage_that_holds_their_layer() -> None:

@@ -52,18 +52,18 @@ def run_rank(rank: int, world: int, port: int, model_dir: str, server: str, rout
     actor.destroy()
 
 
-def _corrupt_every_bucket() -> None:
-    """This process's buckets change after their digests were taken (a byte flipped on the way out)."""
-    from areal_hex_plugin.transport import sender
+def _corrupt_every_chunk() -> None:
+    """This process's data links flip the first byte of every chunk they send (after its digest was taken)."""
+    from areal_hex_plugin.transport import links
 
-    packed = sender.pack
+    send = links.TorchLink.send
 
-    def pack(*args, **kwargs):
-        bucket = packed(*args, **kwargs)
-        bucket.data[0] ^= 0xFF
-        return bucket
+    def corrupted(self, chunk):
+        bad = chunk.clone()
+        bad[0] ^= 0xFF
+        send(self, bad)
 
-    sender.pack = pack
+    links.TorchLink.send = corrupted
 
 
 def run_rank_expecting_failure(
@@ -80,7 +80,7 @@ def run_rank_expecting_failure(
     that catches it would) until every rank has written, so a rank stuck in a collective is not freed by it.
     ``corrupt``: this rank's part is corrupted after its digests were taken."""
     if corrupt:
-        _corrupt_every_bucket()
+        _corrupt_every_chunk()
     actor, rollout, meta = _actor(rank, world, port, model_dir, server, route)
     try:
         actor.update_weights(meta.with_version(3))
