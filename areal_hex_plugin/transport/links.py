@@ -10,8 +10,11 @@ the rendezvous. Payload bytes from the group are used only after their keyed chu
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import threading
+from collections import deque
+from collections.abc import Iterator
 from typing import Protocol
 
 import torch
@@ -26,9 +29,11 @@ _TAG = 7
 
 
 class DataLink(Protocol):
-    def send(self, chunk: torch.Tensor) -> None: ...
+    def send(self, chunk: torch.Tensor) -> None:
+        """Hand ``chunk`` over (it may still be in flight; it must not change until :meth:`close`)."""
 
-    def recv_into(self, chunk: torch.Tensor) -> None: ...
+    def receive(self, pieces: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+        """Fill the pieces in order, yielding each one as soon as its bytes are in it."""
 
     def close(self) -> None: ...
 
@@ -62,50 +67,108 @@ class SocketLink:
     def send(self, chunk: torch.Tensor) -> None:
         self.channel.send_bytes(memoryview(chunk.numpy()))
 
-    def recv_into(self, chunk: torch.Tensor) -> None:
-        self.channel.recv_into(memoryview(chunk.numpy()))
+    def receive(self, pieces: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+        for piece in pieces:
+            self.channel.recv_into(memoryview(piece.numpy()))
+            yield piece
 
     def close(self) -> None:
         """The channel belongs to the caller."""
 
 
 class TorchLink:
-    """Payload through a two-rank gloo or NCCL group (rank 0 sends, rank 1 receives)."""
+    """Payload through a two-rank gloo or NCCL group (rank 0 sends, rank 1 receives).
 
-    def __init__(self, group: dist.ProcessGroup, rank: int, device: torch.device) -> None:
+    Staged (always on a GPU; ``staged`` forces it on the CPU, for tests): chunks pass through two device buffers
+    used in turn, and the host copies run on a stream of the link's own, so a sender copies chunk k+1 to the device
+    while chunk k is on the wire, and a receiver has chunk k+1's transfer posted while it copies chunk k to the
+    host. Otherwise (gloo on the CPU) the group reads and writes the chunks themselves.
+    """
+
+    def __init__(
+        self, group: dist.ProcessGroup, rank: int, device: torch.device, staged: bool = False
+    ) -> None:
         self.group, self.rank, self.device = group, rank, device
-        self._staging: torch.Tensor | None = None
+        self.staged = staged or device.type == "cuda"  # NCCL moves device memory only
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._buffers: list[torch.Tensor | None] = [None, None]
+        # The send in flight from each buffer, with its source chunk (kept alive until the copy is done).
+        self._sends: list[tuple[dist.Work, torch.Tensor] | None] = [None, None]
+        self._turn = 0
 
-    def _on_device(self, nbytes: int) -> torch.Tensor:
-        if self._staging is None or self._staging.numel() < nbytes:
-            self._staging = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        return self._staging[:nbytes]
+    def _on_stream(self) -> contextlib.AbstractContextManager:
+        if self._stream is None:
+            return contextlib.nullcontext()
+        torch.cuda.set_device(self.device)  # this thread's device (threads have their own)
+        return torch.cuda.stream(self._stream)
+
+    def _buffer(self, slot: int, nbytes: int) -> torch.Tensor:
+        buffer = self._buffers[slot]
+        if buffer is None or buffer.numel() < nbytes:
+            buffer = self._buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return buffer[:nbytes]
+
+    def _settle(self, slot: int) -> None:
+        """Order what comes next on the link's stream after the send from buffer ``slot`` (on the CPU: wait)."""
+        pending, self._sends[slot] = self._sends[slot], None
+        if pending is not None:
+            pending[0].wait()
 
     def send(self, chunk: torch.Tensor) -> None:
-        payload = chunk
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)  # this thread's device
-            payload = self._on_device(chunk.numel())
-            payload.copy_(chunk, non_blocking=chunk.is_pinned())
-        self.group.send([payload], 1 - self.rank, _TAG).wait()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # the staging buffer is refilled by the next chunk
+        if not self.staged:
+            self.group.send([chunk], 1 - self.rank, _TAG).wait()
+            return
+        slot, self._turn = self._turn, 1 - self._turn
+        with self._on_stream():
+            self._settle(slot)  # its last send has left the buffer before the buffer is refilled
+            buffer = self._buffer(slot, chunk.numel())
+            buffer.copy_(chunk, non_blocking=chunk.is_pinned())
+            self._sends[slot] = (self.group.send([buffer], 1 - self.rank, _TAG), chunk)
 
-    def recv_into(self, chunk: torch.Tensor) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        target = chunk if self.device.type == "cpu" else self._on_device(chunk.numel())
-        self.group.recv([target], 1 - self.rank, _TAG).wait()
-        if target is not chunk:
-            chunk.copy_(target)
+    def receive(self, pieces: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+        if not self.staged:
+            for piece in pieces:
+                self.group.recv([piece], 1 - self.rank, _TAG).wait()
+                yield piece
+            return
+        posted: deque[tuple[dist.Work, torch.Tensor, torch.Tensor]] = deque()
+
+        def post(index: int) -> None:  # the buffer's previous piece was copied out before its turn came again
+            buffer = self._buffer(index % 2, pieces[index].numel())
+            with self._on_stream():
+                posted.append((self.group.recv([buffer], 1 - self.rank, _TAG), buffer, pieces[index]))
+
+        if pieces:
+            post(0)
+        for index in range(len(pieces)):
+            if index + 1 < len(pieces):
+                post(index + 1)  # its transfer runs while this piece is copied to the host
+            work, buffer, piece = posted.popleft()
+            with self._on_stream():
+                work.wait()
+                piece.copy_(buffer)
+            if self._stream is not None:
+                self._stream.synchronize()
+            yield piece
+
+    def flush(self) -> None:
+        """Wait until every chunk handed to :meth:`send` has left this side."""
+        for slot in (0, 1):
+            with self._on_stream():
+                self._settle(slot)
+        if self._stream is not None:
+            self._stream.synchronize()
 
     def close(self) -> None:
-        """Shut the group down and free its staging buffer (a new link is opened per version)."""
+        """Finish what is in flight, shut the group down and free the buffers (a new link is opened per version)."""
         group, self.group = self.group, None
         # Not dist.destroy_process_group: the group was built directly, not registered with the default world.
         if group is not None:
-            group.shutdown()
-        self._staging = None
+            try:
+                self.flush()
+            finally:
+                group.shutdown()
+        self._buffers, self._sends = [None, None], [None, None]
 
 
 class _ServedStore(dist.Store):
@@ -185,8 +248,9 @@ def _first_transfer(link: TorchLink) -> None:
     probe = torch.zeros(1, dtype=torch.uint8)
     if link.rank == 0:
         link.send(probe)
+        link.flush()
     else:
-        link.recv_into(probe)
+        list(link.receive([probe]))
 
 
 def open_sending_link(channel: Channel, backend: str, timeout_s: float, device: torch.device) -> DataLink:

@@ -526,9 +526,8 @@ class ReceiverNode:
         ok, chunks = False, []
         try:  # a bucket that does not arrive whole and verified is not kept
             hashed = []
-            for chunk_index, offset in enumerate(range(0, nbytes, step)):
-                piece = data[offset : offset + step]
-                link.recv_into(piece)
+            pieces = [data[offset : offset + step] for offset in range(0, nbytes, step)]
+            for chunk_index, piece in enumerate(link.receive(pieces)):
                 if forwarder is not None:
                     forwarder.queue.put(("chunk", piece))
                 hashed.append(hash_chunk(session.key, index, chunk_index, piece))

@@ -5,6 +5,11 @@
 * ``nccl``: the real NCCL code path. The trainer holds a bf16 state dict on cuda:0 and sends it over NCCL pair
   groups to a relay chain of receivers on cuda:1.. (NCCL refuses two ranks of one group on the same GPU, so this
   needs at least 2 GPUs; with 3 or more the receivers form two pools).
+* ``nccl_link`` (2+ GPUs): one NCCL data link between cuda:0 and cuda:1, opened as the nodes open it (rendezvous
+  over an authenticated channel): host-to-host throughput of its double-buffered path (pinned host memory on
+  the sending side as the sender packs it, pageable memory on the receiving side as a relay stages it; each
+  chunk's host copy overlaps the next chunk's transfer on the link's own CUDA stream) next to the same group's
+  device-to-device throughput, which bounds it; bytes checked.
 * ``gloo`` and ``tcp``: the same transfer from GPU-resident tensors (bucket packing copies device to host), which
   also runs on a single GPU.
 
@@ -19,6 +24,7 @@ import json
 import multiprocessing as mp
 import os
 import secrets
+import socket
 import sys
 import time
 from pathlib import Path
@@ -27,9 +33,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from areal_hex_plugin.transport.links import open_receiving_link, open_sending_link  # noqa: E402
 from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode  # noqa: E402
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route  # noqa: E402
 from areal_hex_plugin.transport.sender import RelaySender, SenderConfig  # noqa: E402
+from areal_hex_plugin.transport.wire import Channel  # noqa: E402
 
 
 def _sha(named_tensors) -> str:
@@ -109,6 +117,73 @@ def _run(backend: str, devices: list[int | None], state, reference: str, token: 
             process.join()
 
 
+def _link_end(rank: int, ports, results, chunks: int, chunk_bytes: int) -> None:
+    """One end of an NCCL data link on cuda:<rank>; rank 0 sends, rank 1 receives and reports."""
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    if rank == 1:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            ports.put(listener.getsockname()[1])
+            channel = Channel(listener.accept()[0], b"k" * 32, client=False)
+        link = open_receiving_link(channel, 120.0, device)
+    else:
+        channel = Channel(
+            socket.create_connection(("127.0.0.1", ports.get(timeout=120))), b"k" * 32, client=True
+        )
+        link = open_sending_link(channel, "nccl", 120.0, device)
+    torch.manual_seed(1)
+    data = torch.randint(0, 256, (chunks * chunk_bytes,), dtype=torch.uint8)
+    # The sender's host memory is pinned as it packs buckets on a GPU machine; a relay's staged file is pageable.
+    data = data.pin_memory() if rank == 0 else torch.zeros_like(data)
+    pieces = [data[i * chunk_bytes : (i + 1) * chunk_bytes] for i in range(chunks)]
+    on_device = torch.empty(chunk_bytes, dtype=torch.uint8, device=device)
+    timings = {}
+    for mode in ("device_to_device", "host_to_host"):
+        torch.cuda.synchronize(device)
+        began = time.perf_counter()
+        if mode == "device_to_device":
+            for _ in range(chunks):
+                op = link.group.send if rank == 0 else link.group.recv
+                op([on_device], 1 - rank, 7).wait()
+            torch.cuda.synchronize(device)
+        elif rank == 0:
+            for piece in pieces:
+                link.send(piece)
+            link.flush()
+        else:
+            for _ in link.receive(pieces):
+                pass
+        timings[mode] = time.perf_counter() - began
+    if rank == 1:
+        torch.manual_seed(1)
+        expected = torch.randint(0, 256, (chunks * chunk_bytes,), dtype=torch.uint8)
+        results.put((timings, torch.equal(data, expected)))
+    link.close()
+    channel.close()
+
+
+def _nccl_link(gigabytes: float) -> dict:
+    chunk_bytes = 64 << 20
+    chunks = max(4, int(gigabytes * 1e9 // chunk_bytes))
+    context = mp.get_context("spawn")
+    ports, results = context.Queue(), context.Queue()
+    ends = [
+        context.Process(target=_link_end, args=(rank, ports, results, chunks, chunk_bytes), daemon=True)
+        for rank in (1, 0)
+    ]
+    for end in ends:
+        end.start()
+    try:
+        timings, exact = results.get(timeout=300)
+    finally:
+        for end in ends:
+            end.join(timeout=30)
+            end.kill()
+    nbytes = chunks * chunk_bytes
+    speeds = {f"{mode}_gb_per_s": round(nbytes / seconds / 1e9, 2) for mode, seconds in timings.items()}
+    return {"bytes": nbytes, "chunk_bytes": chunk_bytes, **speeds, "bit_exact": exact}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -127,8 +202,12 @@ def main() -> int:
     result = {"gpus": gpus, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
     if gpus >= 2:
         result["nccl"] = _run("nccl", list(range(1, gpus)), state, reference, token)
+        result["nccl_link"] = _nccl_link(args.gb)
     else:
-        result["nccl"] = {"skipped": "needs at least 2 GPUs: NCCL refuses two ranks of one group on one GPU"}
+        for check in ("nccl", "nccl_link"):
+            result[check] = {
+                "skipped": "needs at least 2 GPUs: NCCL refuses two ranks of one group on one GPU"
+            }
     for backend in ("gloo", "tcp"):
         result[backend] = _run(backend, [None, None, None], state, reference, token)
     ok = all(entry.get("bit_exact", True) for entry in result.values() if isinstance(entry, dict))

@@ -8,7 +8,7 @@ import threading
 
 import torch
 
-from areal_hex_plugin.transport.links import DataLink, open_receiving_link, open_sending_link
+from areal_hex_plugin.transport.links import DataLink, TorchLink, open_receiving_link, open_sending_link
 from areal_hex_plugin.transport.wire import Channel
 
 _CPU = torch.device("cpu")
@@ -38,7 +38,7 @@ def _transfer(sending: DataLink, receiving: DataLink) -> None:
         torch.arange(4096, dtype=torch.int32).view(torch.uint8),
         torch.empty(16384, dtype=torch.uint8),
     )
-    receiver = threading.Thread(target=receiving.recv_into, args=(got,))
+    receiver = threading.Thread(target=lambda: list(receiving.receive([got])))
     receiver.start()
     sending.send(chunk)
     receiver.join()
@@ -57,3 +57,56 @@ def test_closed_gloo_links_hold_no_sockets_even_while_referenced():
     before = _open_fds()
     kept = [one_version() for _ in range(4)]  # e.g. a report or a forwarder still holding its link
     assert len(kept) == 4 and _open_fds() <= before
+
+
+class _Recorded:
+    """A real gloo group that notes each send and recv as it is posted."""
+
+    def __init__(self, group, log: list[str]) -> None:
+        self.group, self.log = group, log
+
+    def send(self, tensors, peer, tag):
+        self.log.append(f"send {tensors[0].numel()}")
+        return self.group.send(tensors, peer, tag)
+
+    def recv(self, tensors, peer, tag):
+        self.log.append(f"recv {tensors[0].numel()}")
+        return self.group.recv(tensors, peer, tag)
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
+
+def test_staged_link_posts_the_next_transfer_before_handing_out_a_chunk():
+    """The double-buffered path a GPU link takes, run on the CPU over a real gloo pair: bytes exact across chunk
+    sizes that grow and shrink (the buffers are reused in turn), and chunk k+1's receive is posted before chunk k
+    is handed to the caller."""
+    sending, receiving, upstream, downstream = _gloo_pair()
+    log: list[str] = []
+    ends = [
+        TorchLink(_Recorded(link.group, log), link.rank, _CPU, staged=True) for link in (sending, receiving)
+    ]
+    sizes = [100, 4096, 4096, 7, 8192, 4096]
+    chunks = [torch.randint(0, 256, (n,), dtype=torch.uint8) for n in sizes]
+    got = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+
+    def receive() -> None:
+        for index, piece in enumerate(ends[1].receive(got)):
+            assert piece is got[index]
+            log.append(f"got {index}")
+
+    receiver = threading.Thread(target=receive)
+    receiver.start()
+    for chunk in chunks:
+        ends[0].send(chunk)
+    ends[0].flush()
+    receiver.join(20)
+    try:
+        assert all(torch.equal(a, b) for a, b in zip(got, chunks, strict=True))
+        received = [entry for entry in log if not entry.startswith("send")]
+        posted = [at for at, entry in enumerate(received) if entry.startswith("recv")]
+        assert [received[at] for at in posted] == [f"recv {n}" for n in sizes]
+        assert all(posted[k + 1] < received.index(f"got {k}") for k in range(len(sizes) - 1))
+    finally:
+        for end in (*ends, upstream, downstream):
+            end.close()
