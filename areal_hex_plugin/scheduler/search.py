@@ -33,6 +33,8 @@ FEW_POOLS = 3
 # Training compute shares whose Eq. (3) splits also start the local search.
 GAMMA_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 MAX_POOLS_FOR_ALL_SUBSETS = 6
+# The local search's first stride is at most this share (1/STRIDE_SHARE) of the largest pool.
+STRIDE_SHARE = 8
 # A safety cap on bisection iterations (gamma's interval is below 1e-9 long before it).
 MAX_ITERATIONS = 200
 
@@ -254,10 +256,16 @@ def _refine(
     budget: float | None,
     deadline: float,
 ) -> Evaluation:
-    """Local search from the best split: the best single-pool move while one helps, else the best two-pool move."""
+    """Local search from the best split: the best single-pool move while one helps, else the best two-pool move.
+    In pools of many machines single moves first shift ``stride`` machines, halving while none helps (a pattern
+    search: a plan a hundred machines away is a few moves away)."""
     best = start
+    stride = _first_stride(limits)
     while clock() < deadline:
-        step = _best_move(ev, best, best.split.neighbours(limits), budget, deadline)
+        step = _best_move(ev, best, best.split.neighbours(limits, stride), budget, deadline)
+        if step is None and stride > 1:
+            stride //= 2
+            continue
         if step is None:
             # Whole-pool moves in pairs only where few pools keep the pair neighbourhood small.
             few = sum(1 for m in limits if m) <= FEW_POOLS
@@ -267,6 +275,14 @@ def _refine(
             break
         best = step
     return best
+
+
+def _first_stride(limits: tuple[int, ...]) -> int:
+    """The largest power of two at most 1/STRIDE_SHARE of the largest pool (1 for pools under 2 * STRIDE_SHARE)."""
+    stride = 1
+    while stride * 2 * STRIDE_SHARE <= max(limits):
+        stride *= 2
+    return stride
 
 
 def _best_move(ev: Evaluator, current: Evaluation, splits, budget, deadline) -> Evaluation | None:

@@ -24,11 +24,11 @@ class Split:
             for t, r, p in zip(self.train, self.rollout, cluster.pools, strict=True)
         )
 
-    def neighbours(self, limits: tuple[int, ...]) -> Iterator[Split]:
-        """Splits one move away inside a pool: a machine changes role (train, rollout, idle), or the pool's
-        machines swap roles, turn to one role or are rented; and the mirror split (every pool swaps roles)."""
+    def neighbours(self, limits: tuple[int, ...], stride: int = 1) -> Iterator[Split]:
+        """Splits one move away inside a pool: ``stride`` machines change role (train, rollout, idle), or the
+        pool's machines swap roles, turn to one role or are rented; and the mirror split (every pool swaps roles)."""
         for i in range(len(limits)):
-            yield from self._moved(i, limits)
+            yield from self._moved(i, limits, stride=stride)
         mirror = Split(self.rollout, self.train)
         if mirror != self:
             yield mirror
@@ -45,11 +45,13 @@ class Split:
                             seen.add(second)
                             yield second
 
-    def _moved(self, i: int, limits: tuple[int, ...], whole_pool: bool = True) -> Iterator[Split]:
-        """One machine of pool i changes role, or the whole pool does (swaps roles, all of it turns to one role, or
-        its idle machines go to training, to rollout or half to each)."""
-        t, r = self.train[i], self.rollout[i]
-        steps = [(t + dt, r + dr) for dt, dr in ((-1, 1), (1, -1), (1, 0), (0, 1), (-1, 0), (0, -1))]
+    def _moved(
+        self, i: int, limits: tuple[int, ...], whole_pool: bool = True, stride: int = 1
+    ) -> Iterator[Split]:
+        """``stride`` machines of pool i change role, or the whole pool does (swaps roles, all of it turns to one
+        role, or its idle machines go to training, to rollout or half to each)."""
+        t, r, k = self.train[i], self.rollout[i], stride
+        steps = [(t + dt, r + dr) for dt, dr in ((-k, k), (k, -k), (k, 0), (0, k), (-k, 0), (0, -k))]
         idle = limits[i] - t - r
         whole = [
             (r, t),

@@ -13,6 +13,7 @@ from areal_hex_plugin.scheduler.evaluate import prune_dominated
 from areal_hex_plugin.scheduler.inflight import window_rollout_s
 from areal_hex_plugin.scheduler.partition_model import PartitionRequest, solve_partition
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig, largest_remainder, solve_rollout
+from areal_hex_plugin.scheduler.search import _first_stride
 from areal_hex_plugin.scheduler.split import Split, all_splits, count_splits
 from areal_hex_plugin.scheduler.train_search import tp_degrees
 from tests.scheduler.helpers import recipe_with_pools
@@ -175,6 +176,18 @@ def test_split_space_and_moves():
     for n in [*start.neighbours(limits), *start.pair_neighbours(limits)]:
         assert all(t + r <= m for t, r, m in zip(n.train, n.rollout, limits, strict=True))
         assert min(n.train + n.rollout) >= 0 and n != start
+
+
+def test_large_pools_move_by_strides_first():
+    """The review's 10,240-GPU plan stopped 27 H100 and 53 H200 machines short of a better one: single-machine
+    moves need dozens of steps there, so the local search first moves a stride of machines."""
+    limits = (160, 160)
+    start = Split((0, 100), (50, 0))
+    moved = set(start.neighbours(limits, stride=16))
+    assert Split((16, 100), (34, 0)) in moved and Split((0, 84), (50, 16)) in moved
+    assert Split((1, 100), (50, 0)) not in moved
+    assert all(t + r <= m for n in moved for t, r, m in zip(n.train, n.rollout, limits, strict=True))
+    assert _first_stride((160, 3)) == 16 and _first_stride((15, 4)) == 1
 
 
 def test_window_makespan_proportional_beats_even_split():
