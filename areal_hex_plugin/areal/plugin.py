@@ -12,8 +12,9 @@ It fills the tables below, each item only if missing, once per process (a module
   calls that method itself with ``patches/0002``; without it, ``_init_rollout`` swaps the engine class in for the
   call (:func:`swapped`).
 - ``TRAIN_ENGINES``: (``hex.transport``, actor backend) -> train engine class; ``HexPPOTrainer`` builds the actor
-  with it. ``patches/0003``'s transport registry would take a ``WeightTransport`` object; the relay is not
-  written against that interface yet, so nothing is registered there.
+  with it. With ``patches/0003`` the relay also goes into upstream's weight-transport registry as ``hex_relay``
+  (``transport/registry.py``), so upstream's own trainer and FSDP actor run it with
+  ``actor.weight_update_mode: hex_relay``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def register() -> None:
         for key, path in items.items():
             table.setdefault(key, path)
     _register_upstream_schedulers()
+    _register_upstream_transport()
 
 
 def _register_upstream_schedulers() -> None:
@@ -72,6 +74,22 @@ def _register_upstream_schedulers() -> None:
     for name, path in SCHEDULERS.items():
         if plugins.get_scheduler(name) is None:
             plugins.register_scheduler(name, functools.partial(_build, path))
+
+
+def _register_upstream_transport() -> None:
+    """The relay into upstream's weight-transport registry, where the installed AReaL has one (``patches/0003``)."""
+    import importlib.util
+
+    if importlib.util.find_spec("areal.api.weight_transport") is None:
+        return
+    from areal.api import weight_transport
+
+    from areal_hex_plugin.transport.registry import NAME, RelayWeightTransport
+
+    try:
+        weight_transport.get_weight_transport(NAME)
+    except ValueError:  # not registered yet
+        weight_transport.register_weight_transport(NAME, RelayWeightTransport())
 
 
 def _build(path: str, **kwargs: Any) -> Any:

@@ -34,6 +34,7 @@ _EXPORTS = {
     "HexPPOActorController": "controller_adapter",
     "TransportSettings": "controller_adapter",
     "TransportPool": "controller_adapter",
+    "RelayWeightTransport": "registry",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -62,7 +62,7 @@ class HexPPOActorController(PPOActorController):
                 "hex transport: call configure_hex_transport(settings) before the first update"
             )
         if getattr(self, "_hex_route", None) is None:
-            self._hex_route = self._start_receivers()
+            self._hex_route = start_receivers(self.rollout, self.hex_settings)
             self._custom_function_call(
                 "hex_configure_transport", self._hex_route.to_dict(), self.hex_settings.sender
             )
@@ -74,55 +74,63 @@ class HexPPOActorController(PPOActorController):
         self._check(self._custom_function_call("hex_commit"))  # every verified replica switches over
 
     def _check(self, report: dict[str, Any] | None) -> None:
-        if report is None:
-            raise TransportError("hex transport: the train workers sent nothing")
-        self.hex_last_report = report
-        total = self._hex_route.replica_count
-        committed = len(report["committed"])
-        logger.info(
-            f"weights v{report['version']}: {report['bytes'] / 1e9:.2f} GB to {committed}/{total} replicas in "
-            f"{report['seconds']:.2f} s (re-sent {report['resent_buckets']}, re-routed {report['reroutes']}; "
-            f"{len(report['part_bytes'])} parts, digest {report['digest']}, update {report['update']})"
-        )
-        if committed < self.hex_settings.min_committed_fraction * total:
-            raise TransportError(
-                f"hex transport: only {committed} of {total} replicas committed version {report['version']}; "
-                f"failed: {report['failed']}"
-            )
-
-    def _call_receivers(self, method: str, **kwargs: Any) -> list[Any]:
-        """Call ``method`` on every rollout engine through upstream's generic engine RPC, in rank order."""
-        rollout = self.rollout
-
-        async def call_all() -> list[Any]:
-            return await asyncio.gather(
-                *[
-                    rollout.scheduler.async_call_engine(
-                        worker.id, method, engine_name=rollout._engine_name(rank), **kwargs
-                    )
-                    for rank, worker in enumerate(rollout.workers)
-                ]
-            )
-
-        return run_async_task(call_all)
+        if report is not None:
+            self.hex_last_report = report
+        check_report(report, self._hex_route.replica_count, self.hex_settings.min_committed_fraction)
 
     def stop_receivers(self) -> None:
         """Stop every replica's receiver and remove its staged weights (teardown, before the rollout goes)."""
         if getattr(self, "_hex_route", None) is not None:
-            self._call_receivers("hex_stop_receiver")
+            call_receivers(self.rollout, "hex_stop_receiver")
             self._hex_route = None
 
-    def _start_receivers(self) -> Route:
-        settings = self.hex_settings
-        endpoints = [
-            Endpoint.parse(text) for text in self._call_receivers("hex_start_receiver", **settings.receiver)
-        ]
-        pools = settings.pools or [TransportPool("rollout", list(range(len(endpoints))), 1.5, 5.0)]
-        return Route(
-            [
-                PoolRoute(
-                    pool.name, [endpoints[i] for i in pool.workers], pool.cross_gb_per_s, pool.intra_gb_per_s
+
+def check_report(report: dict[str, Any] | None, replicas: int, min_committed_fraction: float) -> None:
+    """Log a committed version's report; refuse it when fewer than ``min_committed_fraction`` of the route's
+    ``replicas`` committed (the rest keep serving their old version)."""
+    if report is None:
+        raise TransportError("hex transport: the train workers sent nothing")
+    committed = len(report["committed"])
+    logger.info(
+        f"weights v{report['version']}: {report['bytes'] / 1e9:.2f} GB to {committed}/{replicas} replicas in "
+        f"{report['seconds']:.2f} s (re-sent {report['resent_buckets']}, re-routed {report['reroutes']}; "
+        f"{len(report['part_bytes'])} parts, digest {report['digest']}, update {report['update']})"
+    )
+    if committed < min_committed_fraction * replicas:
+        raise TransportError(
+            f"hex transport: only {committed} of {replicas} replicas committed version {report['version']}; "
+            f"failed: {report['failed']}"
+        )
+
+
+def call_receivers(rollout, method: str, **kwargs: Any) -> list[Any]:
+    """Call ``method`` on every engine of a rollout controller through upstream's generic engine RPC, in rank
+    order."""
+
+    async def call_all() -> list[Any]:
+        return await asyncio.gather(
+            *[
+                rollout.scheduler.async_call_engine(
+                    worker.id, method, engine_name=rollout._engine_name(rank), **kwargs
                 )
-                for pool in pools
+                for rank, worker in enumerate(rollout.workers)
             ]
         )
+
+    return run_async_task(call_all)
+
+
+def start_receivers(rollout, settings: TransportSettings) -> Route:
+    """Start every rollout engine's receiver; the route through them, pool by pool."""
+    endpoints = [
+        Endpoint.parse(text) for text in call_receivers(rollout, "hex_start_receiver", **settings.receiver)
+    ]
+    pools = settings.pools or [TransportPool("rollout", list(range(len(endpoints))), 1.5, 5.0)]
+    return Route(
+        [
+            PoolRoute(
+                pool.name, [endpoints[i] for i in pool.workers], pool.cross_gb_per_s, pool.intra_gb_per_s
+            )
+            for pool in pools
+        ]
+    )

@@ -35,20 +35,67 @@ class Owners:
         return part
 
 
+def fsdp_parts() -> int:
+    """How many parts an FSDP version has: one per sending rank."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    return -(-world // sender_stride(world))
+
+
+def fsdp_part_index() -> int | None:
+    """The part this FSDP rank sends, None when it sends none."""
+    import torch.distributed as dist
+
+    rank, stride = dist.get_rank(), sender_stride(dist.get_world_size())
+    return rank // stride if rank % stride == 0 else None
+
+
+def send_version(engine, side: RelayTrainSide, meta) -> None:
+    """Upstream's loop (pause, gather every tensor, resume) on an FSDP ``engine``, each rank sending the tensors it
+    owns through ``side`` (the engine itself for :class:`HexFSDPPPOActor`; ``registry.EngineRelay`` for upstream's
+    own actor)."""
+    import torch.distributed as dist
+    from areal.infra.platforms import current_platform
+
+    if engine.config.use_lora:
+        raise NotImplementedError("hex.transport=relay sends full weights; LoRA needs hex.transport=upstream")
+    side.hex_begin(meta.version if meta.version is not None else engine.get_version() + 1)
+    main_rank = dist.get_rank() == 0
+    if main_rank:
+        engine.rollout_engine.pause_generation()
+    dist.barrier(group=engine.cpu_group)
+    mine, owners = side.hex_part_index(), Owners(side.hex_parts())
+    limit = meta.weight_chunked_mem_mb << 20
+    bucket, size = [], 0
+    for name, param in engine._get_model_name_parameters(meta):
+        tensor = engine._get_full_tensor(param)  # a collective: every rank gathers every tensor
+        if owners.owner(tensor.numel()) != mine:
+            continue
+        tensor = engine._cast_to_compute_dtype(tensor)
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > limit:
+            side.hex_send(bucket)
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        side.hex_send(bucket)
+    dist.barrier(group=engine.cpu_group)
+    if main_rank:
+        engine.rollout_engine.continue_generation()
+    current_platform.synchronize()
+    side.hex_finish()
+
+
 class HexFSDPPPOActor(RelayTrainSide, FSDPPPOActor):
     """Keep ``weight_update_mode: xccl`` in the recipe; the controller configures the route before updates."""
 
     def hex_parts(self) -> int:
-        import torch.distributed as dist
-
-        world = dist.get_world_size()
-        return -(-world // sender_stride(world))
+        return fsdp_parts()
 
     def hex_part_index(self) -> int | None:
-        import torch.distributed as dist
-
-        rank, stride = dist.get_rank(), sender_stride(dist.get_world_size())
-        return rank // stride if rank % stride == 0 else None
+        return fsdp_part_index()
 
     # -- upstream seams ----------------------------------------------------------------------------------
 
@@ -60,37 +107,4 @@ class HexFSDPPPOActor(RelayTrainSide, FSDPPPOActor):
         self.weight_update_master_port = 0
 
     def _update_weights_from_distributed(self, meta) -> None:
-        """Upstream's loop (pause, gather every tensor, resume) with each rank sending the tensors it owns."""
-        import torch.distributed as dist
-        from areal.infra.platforms import current_platform
-
-        if self.config.use_lora:
-            raise NotImplementedError(
-                "hex.transport=relay sends full weights; LoRA needs hex.transport=upstream"
-            )
-        self.hex_begin(meta.version if meta.version is not None else self.get_version() + 1)
-        main_rank = dist.get_rank() == 0
-        if main_rank:
-            self.rollout_engine.pause_generation()
-        dist.barrier(group=self.cpu_group)
-        mine, owners = self.hex_part_index(), Owners(self.hex_parts())
-        limit = meta.weight_chunked_mem_mb << 20
-        bucket, size = [], 0
-        for name, param in self._get_model_name_parameters(meta):
-            tensor = self._get_full_tensor(param)  # a collective: every rank gathers every tensor
-            if owners.owner(tensor.numel()) != mine:
-                continue
-            tensor = self._cast_to_compute_dtype(tensor)
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > limit:
-                self.hex_send(bucket)
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-        if bucket:
-            self.hex_send(bucket)
-        dist.barrier(group=self.cpu_group)
-        if main_rank:
-            self.rollout_engine.continue_generation()
-        current_platform.synchronize()
-        self.hex_finish()
+        send_version(self, self, meta)

@@ -93,3 +93,39 @@ def run_rank_expecting_failure(
         time.sleep(0.2)
     rollout.destroy()
     actor.destroy()
+
+
+def run_registry_rank(rank: int, world: int, port: int, model_dir: str, server: str, options: dict) -> None:
+    """One rank of upstream's own FSDP actor (no plugin subclass) under ``weight_update_mode: hex_relay``, in an
+    AReaL with ``patches/`` applied: upstream's engine finds the relay in its transport registry, where the
+    plugin's entry point put it (this process never calls ``register()``)."""
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
+    )
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from areal.api.cli_args import InferenceEngineConfig, OptimizerConfig, PPOActorConfig
+    from areal.api.io_struct import FinetuneSpec, WeightUpdateMeta
+    from areal.engine.fsdp_engine import FSDPPPOActor
+    from areal.engine.sglang_remote import RemoteSGLangEngine
+
+    config = PPOActorConfig(
+        experiment_name="hex",
+        trial_name="registry",
+        path=model_dir,
+        dtype="bfloat16",
+        attn_impl="sdpa",
+        optimizer=OptimizerConfig(),
+        backend=f"fsdp:d{world}",
+    )
+    actor = FSDPPPOActor(config)
+    actor.create_process_group()
+    actor.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=8, train_batch_size=8))
+    rollout = RemoteSGLangEngine(
+        InferenceEngineConfig(experiment_name="hex", trial_name="registry", pause_grace_period=0)
+    )
+    rollout.initialize(addr=server, train_data_parallel_size=1)
+    meta = WeightUpdateMeta(type="hex_relay", weight_chunked_mem_mb=1, transport_options=options)
+    actor.connect_engine(rollout, meta)
+    actor.update_weights(meta.with_version(3))
+    rollout.destroy()
+    actor.destroy()
