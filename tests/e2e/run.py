@@ -133,28 +133,49 @@ def overrides(folder: Path, scheduler: str) -> list[str]:
 
 
 def two_layout_plan(folder: Path, scheduler: str) -> Path:
-    """The recipe's plan with a user's hand edit, saved for ``hex.plan_path``: the planner gives the small pool's
-    machine two tp1 replicas; the edit makes them one tp2 replica that keeps the group's share and its sequences
-    in flight. The driver checks the edited plan as it checks any saved one, before anything starts."""
+    """A plan laid out by hand, as a user may edit a saved one, for ``hex.plan_path`` (the driver checks it as it
+    checks any saved plan, before anything starts): FSDP dp2 on big-0 and big-1, a tp1 server on big-2 and a tp2
+    server on small-0's two GPUs, each with the cost model's speed for its layout and a share in proportion to it,
+    the small server's batch capped at 4, weights pushed after every step. The planner's plan for the recipe gives
+    the rest (objective, predictions, staleness settings)."""
+    from areal_hex_plugin.costmodel import CostModel, RolloutStage, recipe_calibration
     from areal_hex_plugin.plan import HexPlan
     from areal_hex_plugin.scheduler import plan_recipe
     from areal_hex_plugin.specs.recipe import load_recipe
 
-    plan = plan_recipe(load_recipe(RECIPE, overrides(folder, scheduler), base_dir=REPO)).to_dict()
-    (index,) = [i for i, g in enumerate(plan["rollout"]["replicas"]) if g["pool"] == "small"]
-    group = plan["rollout"]["replicas"][index]
-    assert (group["tp"], group["pp"], group["count"]) == (1, 1, 2), (
-        group
-    )  # the planner's choice, edited below
-    group.update(
-        tp=2,
-        count=1,
-        concurrency=2 * group["concurrency"],
-        tokens_per_s=round(2 * group["tokens_per_s"], 3),
+    recipe = load_recipe(RECIPE, overrides(folder, scheduler), base_dir=REPO)
+    plan = plan_recipe(recipe).to_dict()
+    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    groups = []
+    for pool, gpu_type, tp, cap in (("big", "CPU-BIG", 1, None), ("small", "CPU-SMALL", 2, 4)):
+        estimate = cm.rollout((RolloutStage(pool=pool, tp=tp),))
+        groups.append(
+            {"pool": pool, "gpu_type": gpu_type, "tp": tp, "pp": 1, "count": 1,
+             "tokens_per_s": round(estimate.tokens_per_s, 3), "concurrency": cap or estimate.concurrency}
+        )  # fmt: skip
+    samples = recipe.workload.rl.samples_per_step
+    total = sum(g["tokens_per_s"] for g in groups)
+    for g in groups:
+        g["share"] = round(g["tokens_per_s"] / total, 6)
+    groups[0]["samples_per_step"] = round(samples * groups[0]["share"])
+    groups[1]["samples_per_step"] = samples - groups[0]["samples_per_step"]
+    train = {"gpu": 0, "role": "train", "stage": 0, "tp_rank": 0}
+    serve = {"gpu": 0, "role": "rollout", "stage": 0, "instance": 0, "tp_rank": 0}
+    plan["train"].update(
+        gpus={"CPU-BIG": 2},
+        stages=[
+            {"pool": "big", "gpu_type": "CPU-BIG", "dp": 2, "tp": 1, "layers": 2, "hosts": ["big-0", "big-1"]}
+        ],
     )
-    (machine,) = [m for m in plan["machines"] if m["pool"] == "small"]
-    for rank, gpu in enumerate(machine["gpus"]):
-        gpu.update(role="rollout", group=index, instance=0, tp_rank=rank, stage=0)
+    plan["rollout"] = {"gpus": {"CPU-BIG": 1, "CPU-SMALL": 2}, "replicas": groups}
+    plan["machines"] = [
+        {"pool": "big", "host": "big-0", "gpu_type": "CPU-BIG", "role": "train", "gpus": [{**train, "dp_rank": 0}]},
+        {"pool": "big", "host": "big-1", "gpu_type": "CPU-BIG", "role": "train", "gpus": [{**train, "dp_rank": 1}]},
+        {"pool": "big", "host": "big-2", "gpu_type": "CPU-BIG", "role": "rollout", "gpus": [{**serve, "group": 0}]},
+        {"pool": "small", "host": "small-0", "gpu_type": "CPU-SMALL", "role": "rollout",
+         "gpus": [{**serve, "group": 1}, {**serve, "gpu": 1, "group": 1, "tp_rank": 1}]},
+    ]  # fmt: skip
+    plan["solver"]["window_steps"] = 1
     return HexPlan.from_dict(plan).save(folder / "two-layouts.json")
 
 

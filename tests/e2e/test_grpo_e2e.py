@@ -4,7 +4,7 @@ upstream's loop under hex_local and under hex_ray (a local Ray cluster with fake
 Upstream's FSDP PPO actor trains on 2 gloo ranks, upstream's RLVR workflow scores with upstream's GSM8K reward,
 every weight update goes through the relay transport over TCP into the rollout servers (the SGLang stand-in,
 the one stand-in in the loop), two replica groups on two fake GPU types take the plan's shares, and wandb logs
-offline. Both runs follow a saved plan edited by hand (``hex.plan_path``, ``run.two_layout_plan``): a tp1 server on
+offline. Both runs follow a plan laid out by hand (``hex.plan_path``, ``run.two_layout_plan``): a tp1 server on
 CPU-BIG, one tp2 server on CPU-SMALL's two GPUs. Each run is checked for: the plan run is the plan given, each
 server started with its group's layout, GPUs and flags, every step done, every server on the trainer's version
 with the trainer's weights after every update (by the relay's digest of what the trainer sent), planned shares

@@ -8,16 +8,19 @@ import time
 from pathlib import Path
 
 
-def _actor(rank: int, world: int, port: int, model_dir: str, server: str, route: dict):
+def _engines(rank: int, world: int, port: int, model_dir: str, server: str, actor_cls=None):
+    """This rank's upstream FSDP actor (``actor_cls``, by default the plugin's HexFSDPPPOActor), initialised,
+    and a rollout engine on ``server``."""
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
     )
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from areal.api.cli_args import InferenceEngineConfig, OptimizerConfig, PPOActorConfig
-    from areal.api.io_struct import FinetuneSpec, WeightUpdateMeta
+    from areal.api.io_struct import FinetuneSpec
     from areal.engine.sglang_remote import RemoteSGLangEngine
 
-    from areal_hex_plugin.transport import HexFSDPPPOActor
+    if actor_cls is None:
+        from areal_hex_plugin.transport import HexFSDPPPOActor as actor_cls
 
     config = PPOActorConfig(
         experiment_name="hex",
@@ -28,13 +31,20 @@ def _actor(rank: int, world: int, port: int, model_dir: str, server: str, route:
         optimizer=OptimizerConfig(),
         backend=f"fsdp:d{world}",
     )
-    actor = HexFSDPPPOActor(config)
+    actor = actor_cls(config)
     actor.create_process_group()
     actor.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=8, train_batch_size=8))
     rollout = RemoteSGLangEngine(
         InferenceEngineConfig(experiment_name="hex", trial_name="fsdp", pause_grace_period=0)
     )
     rollout.initialize(addr=server, train_data_parallel_size=1)
+    return actor, rollout
+
+
+def _actor(rank: int, world: int, port: int, model_dir: str, server: str, route: dict):
+    from areal.api.io_struct import WeightUpdateMeta
+
+    actor, rollout = _engines(rank, world, port, model_dir, server)
     meta = WeightUpdateMeta(type="xccl", weight_chunked_mem_mb=1)
     actor.connect_engine(rollout, meta)
     actor.hex_configure_transport(route, {"backend": "gloo", "timeout_s": 30.0})
@@ -99,31 +109,10 @@ def run_registry_rank(rank: int, world: int, port: int, model_dir: str, server: 
     """One rank of upstream's own FSDP actor (no plugin subclass) under ``weight_update_mode: hex_relay``, in an
     AReaL with ``patches/`` applied: upstream's engine finds the relay in its transport registry, where the
     plugin's entry point put it (this process never calls ``register()``)."""
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
-    )
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from areal.api.cli_args import InferenceEngineConfig, OptimizerConfig, PPOActorConfig
-    from areal.api.io_struct import FinetuneSpec, WeightUpdateMeta
+    from areal.api.io_struct import WeightUpdateMeta
     from areal.engine.fsdp_engine import FSDPPPOActor
-    from areal.engine.sglang_remote import RemoteSGLangEngine
 
-    config = PPOActorConfig(
-        experiment_name="hex",
-        trial_name="registry",
-        path=model_dir,
-        dtype="bfloat16",
-        attn_impl="sdpa",
-        optimizer=OptimizerConfig(),
-        backend=f"fsdp:d{world}",
-    )
-    actor = FSDPPPOActor(config)
-    actor.create_process_group()
-    actor.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=8, train_batch_size=8))
-    rollout = RemoteSGLangEngine(
-        InferenceEngineConfig(experiment_name="hex", trial_name="registry", pause_grace_period=0)
-    )
-    rollout.initialize(addr=server, train_data_parallel_size=1)
+    actor, rollout = _engines(rank, world, port, model_dir, server, FSDPPPOActor)
     meta = WeightUpdateMeta(type="hex_relay", weight_chunked_mem_mb=1, transport_options=options)
     actor.connect_engine(rollout, meta)
     actor.update_weights(meta.with_version(3))

@@ -39,10 +39,8 @@ def _save_model(path) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
-def test_fsdp_actor_updates_a_rollout_replica(tmp_path, monkeypatch):
-    monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN.decode())
-    expected = _save_model(tmp_path / "model")
-
+def replica(tmp_path) -> tuple[SGLangStandIn, ReceiverEngine, Endpoint]:
+    """An SGLang stand-in with TP 2 and a receiving rollout engine on it: the server, the engine, its endpoint."""
     server = SGLangStandIn(tp_size=2)
     engine = ReceiverEngine(
         InferenceEngineConfig(experiment_name="hex", trial_name="t", pause_grace_period=0)
@@ -51,6 +49,22 @@ def test_fsdp_actor_updates_a_rollout_replica(tmp_path, monkeypatch):
     endpoint = Endpoint.parse(
         engine.hex_start_receiver(bind_host="127.0.0.1", stage_dir=str(tmp_path / "stage"))
     )
+    return server, engine, endpoint
+
+
+def assert_server_holds(server: SGLangStandIn, expected: dict[str, torch.Tensor]) -> None:
+    """Bit-exact: the server's TP 2 shards join into every expected tensor."""
+    assert set(server.model.shards[0]) == set(expected)
+    for name, full in expected.items():
+        dim = shard_dim(name)
+        shards = [server.model.shards[rank][name] for rank in range(2)]
+        assert torch.equal(torch.cat(shards, dim) if dim is not None else shards[0], full), name
+
+
+def test_fsdp_actor_updates_a_rollout_replica(tmp_path, monkeypatch):
+    monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN.decode())
+    expected = _save_model(tmp_path / "model")
+    server, engine, endpoint = replica(tmp_path)
     route = Route([PoolRoute("h20", [endpoint], 1.5, 5.0)]).to_dict()
     context = mp.get_context("spawn")
     port, out = _free_port(), tmp_path / "report.json"
@@ -81,11 +95,7 @@ def test_fsdp_actor_updates_a_rollout_replica(tmp_path, monkeypatch):
     assert engine.get_version() == 3
     # The trainer's own pause/resume around the stream, then the replica's atomic commit.
     assert server.events == ["pause", "continue", "pause", "load v3", "continue"]
-    assert set(server.model.shards[0]) == set(expected)
-    for name, full in expected.items():
-        dim = shard_dim(name)
-        shards = [server.model.shards[rank][name] for rank in range(2)]
-        assert torch.equal(torch.cat(shards, dim) if dim is not None else shards[0], full), name
+    assert_server_holds(server, expected)
 
 
 def test_every_rank_fails_together_when_rank_0_cannot_begin(tmp_path, monkeypatch):

@@ -10,18 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("areal")
 
-from areal.api.cli_args import InferenceEngineConfig  # noqa: E402
-
-from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route  # noqa: E402
-from areal_hex_plugin.transport.sinks import shard_dim  # noqa: E402
+from areal_hex_plugin.transport.route import PoolRoute, Route  # noqa: E402
 from tests.transport.harness import TOKEN  # noqa: E402
-from tests.transport.receiver_engine import ReceiverEngine  # noqa: E402
-from tests.transport.sglang_standin import SGLangStandIn  # noqa: E402
-from tests.transport.test_fsdp_actor import _free_port, _save_model  # noqa: E402
+from tests.transport.test_fsdp_actor import _free_port, _save_model, assert_server_holds, replica  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -36,14 +30,7 @@ def test_upstream_fsdp_actor_runs_the_relay_from_the_registry(tmp_path: Path, mo
     areal_root.mkdir()
     assert all(ok for _, ok, _ in check_patches.apply_all(areal_root))
     expected = _save_model(tmp_path / "model")
-    server = SGLangStandIn(tp_size=2)
-    engine = ReceiverEngine(
-        InferenceEngineConfig(experiment_name="hex", trial_name="t", pause_grace_period=0)
-    )
-    engine.initialize(addr=server.address, train_data_parallel_size=1)
-    endpoint = Endpoint.parse(
-        engine.hex_start_receiver(bind_host="127.0.0.1", stage_dir=str(tmp_path / "stage"))
-    )
+    server, engine, endpoint = replica(tmp_path)
     # What RelayWeightTransport.build_meta puts in the meta for the train workers.
     options = {
         "route": Route([PoolRoute("h20", [endpoint], 1.5, 5.0)]).to_dict(),
@@ -82,8 +69,4 @@ def test_upstream_fsdp_actor_runs_the_relay_from_the_registry(tmp_path: Path, mo
     assert "Loading plugin hex" in "".join(logs)  # found through the entry point, in the workers
     assert "weights v3:" in logs[0] and "2 parts" in logs[0]  # rank 0 committed and checked the report
     assert engine.get_version() == 3
-    assert set(server.model.shards[0]) == set(expected)
-    for name, full in expected.items():
-        dim = shard_dim(name)
-        shards = [server.model.shards[rank][name] for rank in range(2)]
-        assert torch.equal(torch.cat(shards, dim) if dim is not None else shards[0], full), name
+    assert_server_holds(server, expected)
