@@ -16,7 +16,8 @@ shares none of the search's pruning), each choosing its update window and in-fli
 plan fits is replaced by the next draw (``summary.clusters_redrawn``), and ``summary`` gives the share within 1%
 and within 3%.
 Everything is seeded; the clusters are written as recipe overrides of ``recipes/paper/*.yaml`` so they go
-through the same reader as a user's recipe. Limits are CPU seconds of the planner (hex.solver.time_limit_s).
+through the same reader as a user's recipe. Limits are work (hex.solver.time_limit_s, counted as
+``scheduler/cpsat.py`` says: about CPU seconds here); ``solve_time_s`` is wall time, ``cpu_s`` CPU time.
 """
 
 from __future__ import annotations

@@ -28,6 +28,11 @@ class CostModel:
         self._train: dict[tuple[TrainStage, ...], TrainEstimate] = {}
         self._sync: dict[tuple, WeightSyncEstimate] = {}
 
+    @property
+    def estimates(self) -> int:
+        """Estimates computed so far (not those answered from the memo)."""
+        return len(self._rollout) + len(self._train) + len(self._sync)
+
     def prompts_to_fill(self, sequences: int) -> int:
         """Rollouts upstream must admit (``max_concurrent_rollouts``) to keep ``sequences`` decoding: each holds
         its slot until the longest of its ``n_samples`` samples ends, while its finished samples free their KV."""

@@ -15,6 +15,7 @@ from itertools import product
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
 from areal_hex_plugin.scheduler.caps import PAPER, RuntimeCaps
+from areal_hex_plugin.scheduler.cpsat import charge
 from areal_hex_plugin.scheduler.inflight import (
     InFlight,
     Runtime,
@@ -35,6 +36,8 @@ from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.config import SolverConfig
 from areal_hex_plugin.specs.workload import WorkloadSpec
 
+# Work charged per cost-model estimate computed (the search's clock, scheduler/cpsat.py).
+ESTIMATE_WORK = 3e-4
 # Candidate fleets of a split's rollout machines: every combination of the pools' fleets up to this many, else
 # this many of one bound for every pool (by makespan) and a descent over each pool's bounds.
 ALL_COMBINATIONS = 16
@@ -104,6 +107,12 @@ class Evaluator:
 
     def __post_init__(self) -> None:
         self.inflight = InFlight(self.cm)
+        self._charged = self.cm.estimates
+
+    def _charge(self) -> None:
+        """Count the cost-model estimates computed since the last charge on the search's clock."""
+        charge((self.cm.estimates - self._charged) * ESTIMATE_WORK)
+        self._charged = self.cm.estimates
 
     @property
     def tokens_per_step(self) -> float:
@@ -116,6 +125,7 @@ class Evaluator:
     def evaluate(self, split: Split) -> Evaluation:
         if split not in self._seen:
             self._seen[split] = self._evaluate(split)
+            self._charge()
         return self._seen[split]
 
     def train(self, counts: tuple[int, ...]) -> TrainChoice | None:
@@ -128,6 +138,7 @@ class Evaluator:
             self._train[counts] = (
                 search_train(self.cm, self.cluster, gpus, stages, equal_stages=equal) if gpus else None
             )
+            self._charge()
         return self._train[counts]
 
     def fleets(self, counts: tuple[int, ...]) -> list[tuple[Fleet, list[Runtime]]]:
@@ -161,6 +172,7 @@ class Evaluator:
         reward_s = self.cm.reward_s(self.workload.rl.samples_per_step)
         unique = {f: None for f in candidates if f.groups}
         self._fleets[counts] = [(f, self.inflight.runtimes(f.groups, reward_s)) for f in unique]
+        self._charge()
         return self._fleets[counts]
 
     def _descent_candidates(

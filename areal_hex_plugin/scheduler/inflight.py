@@ -24,10 +24,14 @@ import math
 from dataclasses import dataclass, replace
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
+from areal_hex_plugin.scheduler.cpsat import charge
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig, largest_remainder
 
 # In-flight caps tried, as fractions of each replica's largest batch (KV capacity, CUDA-graph limit).
 CAP_FRACTIONS = (1.0, 0.75, 0.5, 0.375, 0.25, 0.125, 0.0625)
+
+# Work charged per (window, caps) choice scored (the search's clock, scheduler/cpsat.py).
+SCORE_WORK = 2e-5
 
 Groups = tuple[tuple[ReplicaConfig, int], ...]
 
@@ -116,7 +120,9 @@ class InFlight:
             samples = rl.samples_per_step * window
             best: tuple[float, Groups] | None = None
             # The window admits up to eta + 2 - window batches.
-            for fleet in dict.fromkeys(f for fleets in by_batches[window - 1 :] for f in fleets):
+            admitted = dict.fromkeys(f for fleets in by_batches[window - 1 :] for f in fleets)
+            charge(len(admitted) * SCORE_WORK)
+            for fleet in admitted:
                 rollout = window_rollout_s(fleet, samples, mean, updates=1) / window + reward_s
                 if best is None or rollout < best[0]:
                     best = (rollout, fleet)

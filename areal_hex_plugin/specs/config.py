@@ -136,7 +136,8 @@ class ObjectiveConfig:
 class SolverConfig:
     time_limit_s: float = spec(
         60.0,
-        "time limit of the whole search, in CPU seconds of the planner (a busy machine gets the same plan)",
+        "work limit of the whole search, in about CPU seconds of a 2020s core (counted work, not time: any "
+        "machine, fast, slow or busy, gets the same plan)",
         SECONDS,
     )
     num_workers: int = spec(2, "CP-SAT search workers", between(1, 256))
