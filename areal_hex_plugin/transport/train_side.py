@@ -19,19 +19,21 @@ from typing import Any
 
 import torch.distributed as dist
 
+from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.transport.route import Route
 from areal_hex_plugin.transport.sender import PartSender, PartSummary, RelaySender, SenderConfig
-from areal_hex_plugin.transport.wire import TransportError
+from areal_hex_plugin.transport.wire import TransportError, load_token
 
 
-def source_host(route: Route) -> str:
-    """The address this machine reaches the route's replicas from (what their nodes see as its peer address)."""
-    endpoint = route.pools[0].replicas[0]
-    with socket.socket(
-        socket.AF_INET6 if ":" in endpoint.host else socket.AF_INET, socket.SOCK_DGRAM
-    ) as probe:
-        probe.connect((endpoint.host, endpoint.port))  # UDP: picks the route, sends nothing
-        return probe.getsockname()[0]
+def source_hosts(route: Route) -> set[str]:
+    """The addresses this machine reaches each pool's replicas from (what their nodes see as its peer address)."""
+    hosts = set()
+    for endpoint in (replica for pool in route.pools for replica in pool.replicas):
+        family = socket.AF_INET6 if ":" in endpoint.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((endpoint.host, endpoint.port))  # UDP: picks the route, sends nothing
+            hosts.add(probe.getsockname()[0])
+    return hosts
 
 
 class RelayTrainSide:
@@ -65,15 +67,22 @@ class RelayTrainSide:
         """(Re)build the coordinator on rank 0 from a route of rollout receivers (``Route.to_dict`` form); every
         rank takes part (the other senders' addresses are gathered for the relays' allow-lists)."""
         parsed = Route.from_dict(route)
-        mine = None
+        mine, problem = set(), ""
         if self.hex_part_index() not in (None, 0):
-            mine = source_host(parsed)
-        hosts = _gather(self.cpu_group, mine)
+            try:  # refused here, on rank 0 for all: a sender that fails alone would leave the others waiting
+                load_token()
+                mine = source_hosts(parsed)
+            except (HexError, OSError) as error:
+                problem = f"rank {dist.get_rank()}: {error}"
+        gathered = _gather(self.cpu_group, (mine, problem))
         if dist.get_rank() != 0:
             return
+        problems = [problem for _, problem in gathered if problem]
+        if problems:
+            raise TransportError(f"hex transport: a sending rank cannot send ({'; '.join(problems)})")
         if self._hex_sender is not None:
             self._hex_sender.close()
-        senders = ["", *(host for host in hosts if host is not None)]
+        senders = ["", *set().union(*(hosts for hosts, _ in gathered))]
         self._hex_sender = RelaySender(
             parsed, SenderConfig(**options), parts=self.hex_parts(), sender_hosts=senders
         )

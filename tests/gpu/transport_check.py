@@ -12,6 +12,8 @@
   device-to-device throughput, which bounds it; bytes checked.
 * ``gloo`` and ``tcp``: the same transfer from GPU-resident tensors (bucket packing copies device to host), which
   also runs on a single GPU.
+* ``gloo_2_senders`` (and ``nccl_2_senders`` on 2+ GPUs): the version in two parts, as two training ranks send it
+  (the coordinating ``RelaySender`` and a ``PartSender``, each packing its own GPU-resident buckets).
 
 Each receiver hashes what it committed; ``bit_exact`` compares with the trainer's hash. Prints and writes JSON.
 """
@@ -36,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from areal_hex_plugin.transport.links import open_receiving_link, open_sending_link  # noqa: E402
 from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode  # noqa: E402
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route  # noqa: E402
-from areal_hex_plugin.transport.sender import RelaySender, SenderConfig  # noqa: E402
+from areal_hex_plugin.transport.sender import PartSender, RelaySender, SenderConfig  # noqa: E402
 from areal_hex_plugin.transport.wire import Channel  # noqa: E402
 
 
@@ -74,7 +76,25 @@ def _state(gigabytes: float) -> dict[str, torch.Tensor]:
     }
 
 
-def _run(backend: str, devices: list[int | None], state, reference: str, token: str) -> dict:
+def _send(sender: RelaySender, version: int, buckets: list, parts: int):
+    """One version, from ``parts`` senders in this process (bucket i from part i % parts), repairs included."""
+    if parts == 1:
+        return sender.send_version(version, buckets)
+    sender.begin(version)
+    others = [PartSender(sender.assignment(), part) for part in range(1, parts)]
+    for i, bucket in enumerate(buckets):
+        (sender if i % parts == 0 else others[i % parts - 1]).send_bucket(bucket)
+    summaries = [other.finish() for other in others]
+    while (plan := sender.settle(summaries)) is not None:
+        summaries = [other.repair(plan) for other in others]
+    try:
+        return sender.finish(parts=summaries)
+    finally:
+        for other in others:
+            other.close()
+
+
+def _run(backend: str, devices: list[int | None], state, reference: str, token: str, parts: int = 1) -> dict:
     context = mp.get_context("spawn")
     ready, results = context.Queue(), context.Queue()
     labels = [f"r{i}" for i in range(len(devices))]
@@ -93,17 +113,17 @@ def _run(backend: str, devices: list[int | None], state, reference: str, token: 
             pools.append(PoolRoute("b", endpoints[half:], 1.5, 5.0))
         items = list(state.items())
         buckets = [items[i : i + 8] for i in range(0, len(items), 8)]
-        sender = RelaySender(
-            Route(pools), SenderConfig(backend=backend, timeout_s=120.0, chunk_bytes=64 << 20)
-        )
+        config = SenderConfig(backend=backend, timeout_s=120.0, chunk_bytes=64 << 20)
+        sender = RelaySender(Route(pools), config, parts=parts)
         runs = []
         for version in (1, 2):
-            report = sender.send_version(version, buckets)
+            report = _send(sender, version, buckets, parts)
             runs.append({"seconds": round(report.seconds, 3), "phases": report.phases})
         sender.close()
         hashes = [results.get(timeout=120) for _ in range(2 * len(processes))]
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         return {
+            "senders": parts,
             "receivers": len(processes),
             "pools": len(pools),
             "bytes": nbytes,
@@ -203,13 +223,15 @@ def main() -> int:
     if gpus >= 2:
         result["nccl"] = _run("nccl", list(range(1, gpus)), state, reference, token)
         result["nccl_link"] = _nccl_link(args.gb)
+        result["nccl_2_senders"] = _run("nccl", list(range(1, gpus)), state, reference, token, parts=2)
     else:
-        for check in ("nccl", "nccl_link"):
+        for check in ("nccl", "nccl_link", "nccl_2_senders"):
             result[check] = {
                 "skipped": "needs at least 2 GPUs: NCCL refuses two ranks of one group on one GPU"
             }
     for backend in ("gloo", "tcp"):
         result[backend] = _run(backend, [None, None, None], state, reference, token)
+    result["gloo_2_senders"] = _run("gloo", [None, None, None], state, reference, token, parts=2)
     ok = all(entry.get("bit_exact", True) for entry in result.values() if isinstance(entry, dict))
     result["ok"] = ok
     text = json.dumps(result, indent=2)

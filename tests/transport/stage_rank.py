@@ -71,3 +71,19 @@ def run_stage(rank: int, layers: tuple[int, ...], port: int, route: dict, out: s
     if head._hex_sender is not None:
         head._hex_sender.close()
     dist.destroy_process_group()
+
+
+def run_configure(rank: int, world: int, port: int, route: dict, out: str, tokenless: int) -> None:
+    """Configure the transport as stage ``rank`` (rank ``tokenless`` without the token); write the outcome."""
+    if rank != tokenless:
+        os.environ["AREAL_HEX_TRANSPORT_TOKEN"] = "test-token-0123456789abcdef"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    head = StageHead(world)
+    try:
+        head.hex_configure_transport(route, {"backend": "tcp"})
+        outcome = "configured"
+    except Exception as failure:  # noqa: BLE001 - the outcome is what the test checks
+        outcome = f"{type(failure).__name__}: {failure}"
+    Path(f"{out}.{rank}").write_text(outcome)
+    dist.barrier()
+    dist.destroy_process_group()

@@ -11,9 +11,9 @@ import socket
 
 import pytest
 
-from areal_hex_plugin.transport.route import PoolRoute, Route
+from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
 from tests.transport.harness import ReplicaFleet, small_qwen2_state_dict
-from tests.transport.stage_rank import run_stage, stage_tensors
+from tests.transport.stage_rank import run_configure, run_stage, stage_tensors
 from tests.transport.test_relay_transfer import _assert_holds
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -76,3 +76,24 @@ def test_a_stage_that_cannot_reach_the_pool_fails_the_version_everywhere(tmp_pat
     assert "no replica left in the pool" in error
     assert all("the weight update failed on rank 0" in outcome["error"] for outcome in outcomes[1:])
     assert held == [-1, -1]
+
+
+def test_a_stage_without_the_token_is_refused_when_the_route_is_configured(tmp_path, monkeypatch):
+    monkeypatch.delenv("AREAL_HEX_TRANSPORT_TOKEN", raising=False)  # the spawned stages set their own
+    route = Route([PoolRoute("h20", [Endpoint("127.0.0.1", _free_port())], 1.5, 5.0)]).to_dict()
+    context = mp.get_context("spawn")
+    port, out = _free_port(), tmp_path / "configured"
+    stages = [context.Process(target=run_configure, args=(r, 2, port, route, str(out), 1)) for r in range(2)]
+    try:
+        for process in stages:
+            process.start()
+        for process in stages:
+            process.join(timeout=120)
+        assert [process.exitcode for process in stages] == [0, 0]
+    finally:
+        for process in stages:
+            if process.is_alive():
+                process.kill()
+    first, second = ((tmp_path / f"configured.{rank}").read_text() for rank in range(2))
+    assert first.startswith("TransportError: hex transport: a sending rank cannot send (rank 1: ")
+    assert "AREAL_HEX_TRANSPORT_TOKEN" in first and second == "configured"
