@@ -53,6 +53,11 @@ class RelayWeightTransport:
     def build_meta(self, trainer) -> Any:
         from areal.api.io_struct import WeightUpdateMeta
 
+        return WeightUpdateMeta(type=NAME, transport_options=self.meta_options(trainer))
+
+    def meta_options(self, trainer) -> dict[str, Any]:
+        """What the train workers need: the route through every rollout server's receiver (started now), the
+        sender's options and the commit threshold."""
         from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
         from areal_hex_plugin.transport.controller_adapter import start_receivers
 
@@ -64,13 +69,12 @@ class RelayWeightTransport:
             )
         settings = transport_settings(placement, cluster_of(trainer.config), trainer.config.hex.relay)
         route = start_receivers(trainer.rollout, settings)
-        options = {
+        return {
             "route": route.to_dict(),
             "sender": settings.sender,
             "replicas": route.replica_count,
             "min_committed_fraction": settings.min_committed_fraction,
         }
-        return WeightUpdateMeta(type=NAME, transport_options=options)
 
     def connect(self, train_engine, rollout_engine, meta) -> None:
         from areal.engine.fsdp_engine import FSDPEngine

@@ -39,13 +39,19 @@ def _save_model(path) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
-def replica(tmp_path) -> tuple[SGLangStandIn, ReceiverEngine, Endpoint]:
-    """An SGLang stand-in with TP 2 and a receiving rollout engine on it: the server, the engine, its endpoint."""
+def serving_engine() -> tuple[SGLangStandIn, ReceiverEngine]:
+    """An SGLang stand-in with TP 2 and a rollout engine with the receiver methods on it."""
     server = SGLangStandIn(tp_size=2)
     engine = ReceiverEngine(
         InferenceEngineConfig(experiment_name="hex", trial_name="t", pause_grace_period=0)
     )
     engine.initialize(addr=server.address, train_data_parallel_size=1)
+    return server, engine
+
+
+def replica(tmp_path) -> tuple[SGLangStandIn, ReceiverEngine, Endpoint]:
+    """:func:`serving_engine` with its receiver started: the server, the engine, its endpoint."""
+    server, engine = serving_engine()
     endpoint = Endpoint.parse(
         engine.hex_start_receiver(bind_host="127.0.0.1", stage_dir=str(tmp_path / "stage"))
     )
