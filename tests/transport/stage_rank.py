@@ -43,10 +43,12 @@ def _unreachable(*args, **kwargs):
     raise TransportError("no route to the pool from this stage's machine")
 
 
-def run_stage(rank: int, layers: tuple[int, ...], port: int, route: dict, out: str, cut_off: int) -> None:
-    """Send version 1 of the seed-5 Qwen2 as stage ``rank``; write the outcome (rank 0 also the report).
-    ``cut_off``: the stage whose data links cannot be opened (-1: none)."""
-    from tests.transport.harness import small_qwen2_state_dict
+def run_stage(
+    rank: int, layers: tuple[int, ...], port: int, route: dict, model: str, out: str, cut_off: int
+) -> None:
+    """Send version 1 of the state dict saved at ``model`` as stage ``rank``; write the outcome (rank 0 also the
+    report). ``cut_off``: the stage whose data links cannot be opened (-1: none)."""
+    import torch
 
     os.environ["AREAL_HEX_TRANSPORT_TOKEN"] = "test-token-0123456789abcdef"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=len(layers))
@@ -56,7 +58,7 @@ def run_stage(rank: int, layers: tuple[int, ...], port: int, route: dict, out: s
         sender.connect_data_link = _unreachable
     head = StageHead(len(layers))
     head.hex_configure_transport(route, {"backend": "gloo", "timeout_s": 20.0, "chunk_bytes": 64 << 10})
-    mine = stage_tensors(small_qwen2_state_dict(seed=5, layers=sum(layers)), layers, rank)
+    mine = stage_tensors(torch.load(model), layers, rank)
     try:
         head.hex_begin(1)
         for start in range(0, len(mine), 3):

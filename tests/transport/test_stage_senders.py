@@ -10,6 +10,7 @@ import multiprocessing as mp
 import socket
 
 import pytest
+import torch
 
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
 from tests.transport.harness import ReplicaFleet, small_qwen2_state_dict
@@ -27,11 +28,12 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _run(tmp_path, route: dict, cut_off: int = -1) -> list[dict]:
+def _run(tmp_path, route: dict, state: dict, cut_off: int = -1) -> list[dict]:
     context = mp.get_context("spawn")
-    port, out = _free_port(), tmp_path / "outcome"
+    port, out, model = _free_port(), tmp_path / "outcome", tmp_path / "model.pt"
+    torch.save(state, model)
     stages = [
-        context.Process(target=run_stage, args=(rank, LAYERS, port, route, str(out), cut_off))
+        context.Process(target=run_stage, args=(rank, LAYERS, port, route, str(model), str(out), cut_off))
         for rank in range(len(LAYERS))
     ]
     try:
@@ -52,7 +54,7 @@ def test_every_stage_sends_its_layers_and_the_replicas_hold_the_whole_model(tmp_
     with ReplicaFleet(tmp_path) as fleet:
         replicas = fleet.start([1, 2])
         route = Route([PoolRoute("h20", [r.endpoint for r in replicas], 1.5, 5.0)]).to_dict()
-        outcomes = _run(tmp_path, route)
+        outcomes = _run(tmp_path, route, state)
         for replica in replicas:
             _assert_holds(replica, state, 1)
     assert [outcome["error"] for outcome in outcomes] == ["", "", ""]
@@ -69,7 +71,7 @@ def test_a_stage_that_cannot_reach_the_pool_fails_the_version_everywhere(tmp_pat
     with ReplicaFleet(tmp_path) as fleet:
         replicas = fleet.start([1, 1])
         route = Route([PoolRoute("h20", [r.endpoint for r in replicas], 1.5, 5.0)]).to_dict()
-        outcomes = _run(tmp_path, route, cut_off=2)
+        outcomes = _run(tmp_path, route, small_qwen2_state_dict(seed=5, layers=sum(LAYERS)), cut_off=2)
         held = [replica.committed()["version"] for replica in replicas]
     error = outcomes[0]["error"]
     assert "data link from the sender of part 2" in error and "no route to the pool" in error
