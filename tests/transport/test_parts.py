@@ -183,3 +183,49 @@ def test_the_replicas_refuse_a_part_whose_digest_is_not_what_arrived(tmp_path, m
 def test_bucket_indices_name_their_part():
     assert [bucket_index(1, PARTS, i) % PARTS for i in range(4)] == [1] * 4
     assert len({bucket_index(p, PARTS, i) for p in range(PARTS) for i in range(5)}) == PARTS * 5
+
+
+def test_each_part_has_one_data_link_that_carries_only_that_parts_buckets():
+    from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode
+    from areal_hex_plugin.transport.sinks import MemorySink
+    from tests.transport.attacks import TokenHolder
+
+    receiver = ReceiverNode(MemorySink(), ReceiverConfig(timeout_s=5.0), token=TOKEN)
+    endpoint, session = receiver.start(), "a" * 16
+    control = TokenHolder(endpoint, TOKEN)
+    prepare = {"session": session, "update": "0" * 64, "version": 1, "upstream": [""], "parts": 2}
+    assert control.ask({"kind": "prepare", **prepare})["t"] == "ready"
+    manifest = [["w", "uint8", [4096], 0, 4096]]
+    header = {
+        "session": session,
+        "version": 1,
+        "copy": 0,
+        "nbytes": 4096,
+        "chunk": 4096,
+        "manifest": manifest,
+    }
+    links = []
+
+    def link(*indices: int) -> TokenHolder:
+        """A data link sending a whole bucket (bad digests: never staged) for each index but the last."""
+        data = TokenHolder(endpoint, TOKEN, role="data", session=session)
+        links.append(data)
+        data.send({"kind": "link", "backend": "tcp"})
+        for n, index in enumerate(indices):
+            data.send({"kind": "bucket", "index": index, **header})
+            if n < len(indices) - 1:
+                data.sock.sendall(bytes(4096))
+                data.send({"kind": "digests", "session": session, "version": 1, "index": index, "copy": 0,
+                           "chunks": ["0" * 64]})  # fmt: skip
+        return data
+
+    try:
+        first = link(0)  # holds part 0's lane while its payload is awaited
+        assert link(2).closed_by_peer(within_s=2.0)  # part 0 again, on a second link
+        assert link(1, 0).closed_by_peer(within_s=2.0)  # part 1's link sends a bucket of part 0
+        assert not first.closed_by_peer(within_s=0.5)
+    finally:
+        for data in links:
+            data.close()
+        control.close()
+        receiver.stop()
