@@ -12,7 +12,14 @@ what this machine carries). The trainer moves the state dict of a randomly initi
   no commit;
 * ``hex``: :class:`RelaySender` over gloo links (rendezvous over the authenticated channel), relay chain per pool,
   keyed digests per chunk, bucket and version, verify, commit. ``hex_s`` is the whole update as the trainer sees it:
-  sender set-up, every bucket, verification and the commit on every replica.
+  the version's set-up (sessions and data links along every chain), every bucket, verification and the commit on
+  every replica. One sender serves all versions of a replica count, as the FSDP actor keeps one per route, so its
+  control connections are opened once (in the first repeat).
+
+The bound is the model's bytes over the cross-pool rate: each pool's relay must take the whole model through its
+pool's shaped link (``tbf`` counts frame bytes, so TCP/IP headers put even a perfect transfer about 4% above it).
+``replica_cpu_s`` is the CPU time a replica spends per update: with more replicas than cores (this machine), that,
+not the links, is what stretches an update past the bound.
 
 Each is timed ``--repeats`` times per replica count and the median kept. Every replica hashes what it holds
 afterwards (outside the timing) and the hash must equal the trainer's.
