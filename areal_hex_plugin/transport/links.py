@@ -115,10 +115,11 @@ class TorchLink:
             pending[0].wait()
 
     def send(self, chunk: torch.Tensor) -> None:
-        if not self.staged:
-            self.group.send([chunk], 1 - self.rank, _TAG).wait()
-            return
         slot, self._turn = self._turn, 1 - self._turn
+        if not self.staged:  # the group reads the chunk itself; the next one is queued while it goes out
+            self._settle(slot)
+            self._sends[slot] = (self.group.send([chunk], 1 - self.rank, _TAG), chunk)
+            return
         with self._on_stream():
             self._settle(slot)  # its last send has left the buffer before the buffer is refilled
             buffer = self._buffer(slot, chunk.numel())
@@ -126,10 +127,15 @@ class TorchLink:
             self._sends[slot] = (self.group.send([buffer], 1 - self.rank, _TAG), chunk)
 
     def receive(self, pieces: list[torch.Tensor]) -> Iterator[torch.Tensor]:
-        if not self.staged:
-            for piece in pieces:
-                self.group.recv([piece], 1 - self.rank, _TAG).wait()
-                yield piece
+        if not self.staged:  # each piece's receive is posted before the one before it is handed out
+            waiting: deque[tuple[dist.Work, torch.Tensor]] = deque()
+            for piece in [*pieces, None]:
+                if piece is not None:
+                    waiting.append((self.group.recv([piece], 1 - self.rank, _TAG), piece))
+                if len(waiting) == 2 or (piece is None and waiting):
+                    work, done = waiting.popleft()
+                    work.wait()
+                    yield done
             return
         posted: deque[tuple[dist.Work, torch.Tensor, torch.Tensor]] = deque()
 
@@ -160,14 +166,12 @@ class TorchLink:
             self._stream.synchronize()
 
     def close(self) -> None:
-        """Finish what is in flight, shut the group down and free the buffers (a new link is opened per version)."""
+        """Shut the group down (what is still in flight is dropped: links close once every replica acknowledged
+        every bucket, or when the version is given up) and free the buffers (a new link is opened per version)."""
         group, self.group = self.group, None
         # Not dist.destroy_process_group: the group was built directly, not registered with the default world.
         if group is not None:
-            try:
-                self.flush()
-            finally:
-                group.shutdown()
+            group.shutdown()
         self._buffers, self._sends = [None, None], [None, None]
 
 

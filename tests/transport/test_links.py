@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 
+import pytest
 import torch
 
 from areal_hex_plugin.transport.links import DataLink, TorchLink, open_receiving_link, open_sending_link
@@ -77,15 +78,14 @@ class _Recorded:
         self.group.shutdown()
 
 
-def test_staged_link_posts_the_next_transfer_before_handing_out_a_chunk():
-    """The double-buffered path a GPU link takes, run on the CPU over a real gloo pair: bytes exact across chunk
-    sizes that grow and shrink (the buffers are reused in turn), and chunk k+1's receive is posted before chunk k
-    is handed to the caller."""
+@pytest.mark.parametrize("staged", [True, False])
+def test_link_posts_the_next_transfer_before_handing_out_a_chunk(staged):
+    """Over a real gloo pair, the direct path (gloo on the CPU) and the double-buffered one a GPU link takes
+    (``staged``): bytes exact across chunk sizes that grow and shrink (buffers are reused in turn), and chunk k+1's
+    receive is posted before chunk k is handed to the caller."""
     sending, receiving, upstream, downstream = _gloo_pair()
     log: list[str] = []
-    ends = [
-        TorchLink(_Recorded(link.group, log), link.rank, _CPU, staged=True) for link in (sending, receiving)
-    ]
+    ends = [TorchLink(_Recorded(link.group, log), link.rank, _CPU, staged) for link in (sending, receiving)]
     sizes = [100, 4096, 4096, 7, 8192, 4096]
     chunks = [torch.randint(0, 256, (n,), dtype=torch.uint8) for n in sizes]
     got = [torch.empty(n, dtype=torch.uint8) for n in sizes]
