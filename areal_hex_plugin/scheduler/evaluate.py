@@ -104,6 +104,8 @@ class Evaluator:
     _pool_fleet: dict[tuple[str, int, float], RolloutSolution] = field(default_factory=dict)
     _fleets: dict[tuple[int, ...], list[tuple[Fleet, list[Runtime]]]] = field(default_factory=dict)
     _seen: dict[Split, Evaluation] = field(default_factory=dict)
+    # Per-pool rate curves of the search's rate tables ((pool, kind, limit) -> count -> rate), once per solve.
+    curves: dict[tuple[int, str, int], dict[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.inflight = InFlight(self.cm)

@@ -214,34 +214,45 @@ def _alternate(
 
 
 def _rates(ev: Evaluator, split: Split | None, limits: tuple[int, ...], train_pools: frozenset[int] | None):
-    """Per pool, tables of training steps/s (pool alone) and rollout steps/s by machine count, measured by
-    phase 1 on a geometric grid of counts plus the split's own counts, as never-decreasing step functions."""
-    generated = ev.workload.rl.samples_per_step * ev.workload.output_lengths.mean
-    n_pools = len(limits)
+    """Per pool, tables of training steps/s (pool alone) and rollout steps/s by machine count: the pool's rate
+    curves (:func:`_curve`, measured once per solve) plus the split's own counts, as never-decreasing step
+    functions."""
     train_tables, rollout_tables = [], []
-    for i, (pool, limit) in enumerate(zip(ev.cluster.pools, limits, strict=True)):
-
-        def train_rate(n: int, i: int = i) -> float:
-            choice = ev.train(tuple(n if j == i else 0 for j in range(n_pools)))
-            return 1 / choice.step_time_s if choice else 0.0
-
-        def rollout_rate(n: int, name: str = pool.name) -> float:
-            return ev.pool_fleet(name, n).tokens_per_s / generated
-
+    for i, limit in enumerate(limits):
         if train_pools is None or i in train_pools:
-            train_tables.append(_table(train_rate, limit, split.train[i] if split else 0))
+            train_tables.append(_table(ev, i, "train", limit, split.train[i] if split else 0))
         else:
             train_tables.append((0.0,) * (limit + 1))
-        rollout_tables.append(_table(rollout_rate, limit, split.rollout[i] if split else 0))
+        rollout_tables.append(_table(ev, i, "rollout", limit, split.rollout[i] if split else 0))
     return tuple(train_tables), tuple(rollout_tables)
 
 
-def _table(rate, limit: int, current: int) -> tuple[float, ...]:
-    grid, n = {limit, current}, 1
-    while n < limit:
-        grid.update((n, n + n // 2))
-        n *= 2
-    measured = {m: rate(m) for m in sorted(grid) if 0 < m <= limit}
+def _rate(ev: Evaluator, i: int, kind: str, n: int) -> float:
+    """Phase 1 on n machines of pool i alone: training steps/s, or the steps' worth of rollouts per second."""
+    if kind == "train":
+        choice = ev.train(tuple(n if j == i else 0 for j in range(len(ev.cluster.pools))))
+        return 1 / choice.step_time_s if choice else 0.0
+    generated = ev.workload.rl.samples_per_step * ev.workload.output_lengths.mean
+    return ev.pool_fleet(ev.cluster.pools[i].name, n).tokens_per_s / generated
+
+
+def _curve(ev: Evaluator, i: int, kind: str, limit: int) -> dict[int, float]:
+    """Pool i's rate on a geometric grid of machine counts up to ``limit`` (1, 2, 3, 4, 6, 8, 12, ...), measured
+    once per solve (memoised on the evaluator)."""
+    key = (i, kind, limit)
+    if key not in ev.curves:
+        grid, n = {limit}, 1
+        while n < limit:
+            grid.update((n, n + n // 2))
+            n *= 2
+        ev.curves[key] = {m: _rate(ev, i, kind, m) for m in sorted(grid) if 0 < m <= limit}
+    return ev.curves[key]
+
+
+def _table(ev: Evaluator, i: int, kind: str, limit: int, current: int) -> tuple[float, ...]:
+    measured = _curve(ev, i, kind, limit)
+    if 0 < current <= limit and current not in measured:
+        measured = {**measured, current: _rate(ev, i, kind, current)}
     table, best = [0.0], 0.0
     for m in range(1, limit + 1):
         best = max(best, measured.get(m, 0.0))
