@@ -70,6 +70,9 @@ class TrainStage:
     tp: int = spec(help="tensor-parallel degree", range=_TP)
     layers: int = spec(help="transformer layers this stage holds", range=_LAYERS)
     hosts: list[str] = spec(help="the machines of this stage")
+    hybrid: bool = spec(
+        False, "FSDP hybrid sharding: state sharded within each machine, replicated across them"
+    )
 
 
 @dataclass(frozen=True)

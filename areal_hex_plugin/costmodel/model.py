@@ -26,6 +26,7 @@ class CostModel:
         self._lengths = length_stats(workload.output_lengths, workload.rl.n_samples)
         self._rollout: dict[tuple[tuple[RolloutStage, ...], int | None], RolloutEstimate] = {}
         self._train: dict[tuple[TrainStage, ...], TrainEstimate] = {}
+        self._train_stages: dict = {}  # stage costs shared by the layouts (costmodel/train.py)
         self._sync: dict[tuple, WeightSyncEstimate] = {}
 
     @property
@@ -63,7 +64,9 @@ class CostModel:
         stages = tuple(stages)
         found = self._train.get(stages)
         if found is None:
-            found = estimate_train(self.cluster, self.workload, self.calibration, stages)
+            found = estimate_train(
+                self.cluster, self.workload, self.calibration, stages, memo=self._train_stages
+            )
             self._train[stages] = found
         return found
 

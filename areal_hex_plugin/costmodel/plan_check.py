@@ -33,7 +33,7 @@ def plan_estimates(
                 "re-plan the recipe (areal-hex plan RECIPE --json PLAN), or edit the group to a layout that runs",
             )
         rollout.append(estimate)
-    train = cm.train(tuple(TrainStage(pool=s.pool, dp=s.dp, tp=s.tp) for s in plan.train.stages))
+    train = cm.train(tuple(TrainStage(s.pool, s.dp, s.tp, s.hybrid) for s in plan.train.stages))
     if not train.feasible:
         raise HexError(
             f"{source}.train", f"does not run on this recipe: {train.reason}", "re-plan the recipe"

@@ -1,6 +1,7 @@
 """Training-step model (Metis-style): per-stage FLOPs at a per-type MFU, TP/DP/PP communication, FSDP memory.
 
-Each pipeline stage is ``dp x tp`` GPUs of one pool; layers go to stages in proportion to stage compute. A step
+Each pipeline stage is ``dp x tp`` GPUs of one pool; layers go to stages in proportion to stage compute, then move
+between stages while the step gets faster (Megatron runs the plan's layer count per stage). A step
 trains on ``workload.tokens_per_step`` tokens the way areal 1.0.4's ``RLTrainer`` runs it
 (``trainer/rl_trainer.py``): one forward-only pass for the proximal log-probs when
 ``actor.should_compute_prox_logp()`` (``recompute_logprob``, or the decoupled loss; ``rl.forward_passes``, plus
@@ -11,8 +12,10 @@ inside the backward. Micro-batches hold at most ``actor.mb_spec.max_tokens_per_m
 gets one of its own; unset, a minibatch is one micro-batch). FSDP gathers bf16 parameters
 twice and reduce-scatters fp32 gradients per micro-batch (upstream shards over one dp mesh, across machines too);
 a pipeline runs on Megatron, whose distributed optimizer reduce-scatters gradients and all-gathers parameters once
-per optimizer step. That traffic overlaps compute, so a stage takes the larger of the two. Pipelines add the 1F1B
-bubble; their dp replicas hand activations over in parallel, one link per machine. Every step also pays the
+per optimizer step. FSDP with ``hybrid`` (the paper's space only) shards within each machine and all-reduces the
+gradient shards across machines once per optimizer step. That traffic overlaps compute, so a stage takes the
+larger of the two. Pipelines add the 1F1B bubble; their dp replicas hand activations over in parallel, one link
+per machine. Every step also pays the
 types' ``train_fixed_s`` (work that does not scale with the model: batch gathering and packing, advantages).
 """
 
@@ -27,7 +30,6 @@ from areal_hex_plugin.costmodel.memory import (
     GB,
     USABLE_HBM_FRACTION,
     megatron_state_bytes,
-    split_layers,
     stage_params,
     train_activation_bytes,
     train_state_bytes,
@@ -39,6 +41,8 @@ from areal_hex_plugin.specs.workload import WorkloadSpec
 # fp32 master weights + Adam moments read and written, bf16 weights written: bytes moved per parameter by the
 # optimizer step (bandwidth-bound).
 OPTIMIZER_BYTES_PER_PARAM = 40
+# A stage's times and memory are affine in its layer count from this many layers on (FSDP gathers up to two).
+AFFINE_FROM = 2
 
 
 @dataclass(frozen=True, order=True)
@@ -48,6 +52,9 @@ class TrainStage:
     pool: str
     dp: int
     tp: int
+    # FSDP hybrid sharding: the state sharded within each machine, replicated across machines (the paper's space;
+    # upstream 1.0.4's FSDP engine shards over all dp ranks, see scheduler/caps.py).
+    hybrid: bool = False
 
     @property
     def n_gpus(self) -> int:
@@ -90,7 +97,28 @@ def _check(cluster: Cluster, workload: WorkloadSpec, stages: tuple[TrainStage, .
     for s in stages:
         if s.dp < 1 or s.tp < 1:
             return f"dp and tp must be at least 1, got dp={s.dp} tp={s.tp}"
-    return layout_problem(cluster, workload.model, [(s.pool, s.tp, s.n_gpus) for s in stages], "trainer")
+    problem = layout_problem(cluster, workload.model, [(s.pool, s.tp, s.n_gpus) for s in stages], "trainer")
+    for s in stages if not problem else ():
+        machine = cluster.pool(s.pool).gpus_per_machine
+        if s.hybrid and len(stages) > 1:
+            return "hybrid sharding is FSDP's; a pipeline runs on Megatron"
+        if s.hybrid and (s.n_gpus % machine or s.n_gpus < 2 * machine):
+            return (
+                f"hybrid sharding shards within each machine and replicates across machines: dp x tp = "
+                f"{s.n_gpus} must fill two or more {s.pool} machines of {machine} GPUs"
+            )
+    return problem
+
+
+@dataclass(frozen=True)
+class _StageCost:
+    time: float  # seconds per step: max(compute + TP traffic, DP traffic) + optimizer
+    work: float  # compute + TP traffic (what repeats per micro-batch in the pipeline)
+    memory_gb: float
+    parts: tuple[
+        float, float, float, float, float
+    ]  # compute, tp_comm, dp_comm, optimizer seconds; GB per GPU
+    microbatch_tokens: float
 
 
 def estimate_train(
@@ -99,10 +127,15 @@ def estimate_train(
     calibration: Calibration,
     stages: tuple[TrainStage, ...],
     check_memory: bool = True,
+    layers: tuple[int, ...] | None = None,
+    memo: dict | None = None,
 ) -> TrainEstimate:
     """One layout's step time, memory and breakdown, or ``feasible=False`` with the reason (never raises).
 
-    ``check_memory=False`` times a layout whatever its memory estimate (calibration against a step that ran).
+    ``layers``: the decoder layers of each stage (None: the split of :func:`_best_split`, which a pipeline
+    runs as planned: the plugin hands Megatron one layer count per stage). ``check_memory=False`` times a
+    layout whatever its memory estimate (calibration against a step that ran). ``memo``: stage costs kept
+    across calls with the same cluster, workload and calibration (``CostModel``'s).
     """
     gpus: dict[str, int] = {}
     for s in stages:
@@ -110,125 +143,246 @@ def estimate_train(
     problem = _check(cluster, workload, stages)
     if problem:
         return _infeasible(problem, gpus)
-    model, rl = workload.model, workload.rl
-    pools = [cluster.pool(s.pool) for s in stages]
-    effs = [calibration.for_gpu(p.gpu_type) for p in pools]
-    power = tuple(s.n_gpus * p.gpu.flops * e.train_mfu for s, p, e in zip(stages, pools, effs, strict=True))
-    layers = split_layers(model.layers, power)
-    assert layers is not None
-    params = stage_params(model, layers)
-    pp = len(stages)
-
-    tokens = workload.tokens_per_step
-    longest = workload.prompt_tokens + rl.max_new_tokens
-    # Token-weighted mean attended context of a packed causal sequence: E[s^2] / 2E[s].
-    seq_mean = workload.mean_sequence_tokens
-    seq_sq = workload.output_lengths.mean_square + 2 * workload.prompt_tokens * workload.output_lengths.mean
-    attended = (seq_sq + workload.prompt_tokens**2) / (2 * seq_mean)
-    q_dim = model.heads * model.dim_per_head
-    minibatches = max(1, rl.ppo_n_minibatches)
-    forward_passes = rl.forward_passes
-    recompute = int(rl.gradient_checkpointing)
-
-    # Pipelines run on Megatron (FSDP has no pipeline parallelism); one stage is upstream's FSDP.
-    megatron = pp > 1
-    memory: list[float] = []
-    parts = {"compute": 0.0, "tp_comm": 0.0, "dp_comm": 0.0, "pp_comm": 0.0, "optimizer": 0.0}
-    stage_times: list[float] = []
-    mb_sizes: list[float] = []
-    works: list[float] = []  # per stage: the per-micro-batch work of the whole step (compute and TP traffic)
-    micro_per_minibatch = 1
-    for i, (s, pool, eff, n, p) in enumerate(zip(stages, pools, effs, layers, params, strict=True)):
-        last = i == pp - 1
-        dense = n * model.params_per_layer + (model.vocab * model.hidden if last else 0)
-        attn_fwd = 4 * attended * q_dim * n  # per token
-        fwd = 2 * dense + attn_fwd
-        # Forward, backward (2x), recompute under checkpointing; plus forward-only log-prob passes.
-        flops = tokens * ((3 + recompute) * fwd + forward_passes * fwd)
-        compute = flops / (s.n_gpus * pool.gpu.flops * eff.train_mfu)
-
-        tp_comm = 0.0
-        if s.tp > 1:
-            link = gpu_link(pool, calibration)
-            # 2 all-reduces per layer forward, 2 backward, 2 recompute; per extra forward pass 2.
-            per_token = (
-                (4 + 2 * recompute + 2 * forward_passes) * n * model.hidden * 2 * 2 * (s.tp - 1) / s.tp
-            )
-            tp_comm = tokens / s.dp * per_token / link
-
-        mb_tokens = _microbatch_tokens(rl.max_tokens_per_mb, longest, tokens / minibatches / s.dp)
-        mb_sizes.append(mb_tokens)
-        # Micro-batches per DP rank per optimizer step (each runs FSDP's gathers once).
-        micro = max(1, math.ceil(tokens / minibatches / (s.dp * mb_tokens)))
-        micro_per_minibatch = max(micro_per_minibatch, micro)
-        dp_comm = 0.0
-        if s.dp > 1:
-            spans = s.n_gpus > pool.gpus_per_machine
-            if spans:
-                # Every TP slice's ring crosses the machine's NIC once: the whole stage's bytes per collective.
-                bw, volume = network(cluster, pool.name, pool.name), p
-            else:
-                bw = gpu_link(pool, calibration)
-                volume = p / s.tp * (s.dp - 1) / s.dp
-            if megatron:
-                # Distributed optimizer: one fp32 gradient reduce-scatter and one bf16 parameter all-gather
-                # per optimizer step; parameters stay whole on each rank between steps.
-                dp_comm = minibatches * volume * (4 + 2) / bw
-            else:
-                # FSDP (upstream's 1-D dp mesh): two bf16 all-gathers and one fp32 reduce-scatter per
-                # micro-batch, one all-gather per micro-batch of each forward-only pass.
-                per_micro = volume * (2 * 2 + 4) / bw
-                per_forward = volume * 2 / bw
-                dp_comm = minibatches * micro * (per_micro + forward_passes * per_forward)
-
-        optimizer = (
-            minibatches
-            * p
-            / s.n_gpus
-            * OPTIMIZER_BYTES_PER_PARAM
-            / (pool.gpu.hbm_bytes_per_s * eff.hbm_fraction)
+    step = _Step(cluster, workload, calibration, stages, memo)
+    if layers is None:
+        layers = step.best_split(check_memory)
+    elif len(layers) != len(stages) or sum(layers) != workload.model.layers or min(layers) < 1:
+        return _infeasible(
+            f"layers {list(layers)} do not split {workload.model.layers} over the stages", gpus
         )
-        stage_time = max(compute + tp_comm, dp_comm) + optimizer
-        stage_times.append(stage_time)
-        works.append(compute + tp_comm)
-        if stage_time > (max(stage_times[:-1]) if i else 0.0):
-            parts.update(compute=compute, tp_comm=tp_comm, dp_comm=dp_comm, optimizer=optimizer)
-
-        state = (megatron_state_bytes if megatron else train_state_bytes)(p, model, n, s.dp, s.tp)
-        in_flight = min(pp - i, micro) if pp > 1 else 1  # 1F1B keeps up to pp - i micro-batches' checkpoints
-        acts = train_activation_bytes(model, n, mb_tokens, s.tp, last, rl.gradient_checkpointing)
-        acts += (in_flight - 1) * mb_tokens * model.hidden * 2 * n
-        memory.append((state + acts) / GB)
-
-    pp_comm = 0.0
-    for i in range(pp - 1):
-        same_machine = stages[i].n_gpus + stages[i + 1].n_gpus <= pools[i].gpus_per_machine
-        link = between_stages(cluster, calibration, pools[i], pools[i + 1], same_machine)
-        if not same_machine:
-            # The dp pipeline replicas hand off in parallel, over every machine the narrower stage spans.
-            link *= min(_machines(stages[j], pools[j]) for j in (i, i + 1))
-        # bf16 activations forward and their gradients backward, plus the forward-only passes' activations.
-        volume = tokens * model.hidden * 2 * (2 + forward_passes)
-        pp_comm = max(pp_comm, volume / link)
-    slowest = max(stage_times)
-    # 1F1B flushes once per optimizer step: pp - 1 micro-batch slots of the slowest stage's per-micro-batch
-    # work idle per minibatch (once-per-step traffic and the optimizer do not repeat per micro-batch).
-    bubble = max(works) * (pp - 1) / micro_per_minibatch
-    fixed = max(e.train_fixed_s for e in effs)
-    step = max(slowest + bubble, pp_comm) + fixed
-    parts.update(pp_comm=pp_comm, bubble=bubble, fixed=fixed)
-
-    for i, (pool, mem) in enumerate(zip(pools, memory, strict=True)):
+    costs = step.stage_costs(layers)
+    time, parts = step.step_time(costs)
+    memory = tuple(c.memory_gb for c in costs)
+    model, pp = workload.model, len(stages)
+    for i, (pool, mem) in enumerate(zip(step.pools, memory, strict=True)):
         usable = USABLE_HBM_FRACTION * pool.gpu.hbm_gb
         if check_memory and mem > usable:
             s = stages[i]
             where = f"stage {i} of PP{pp}" if pp > 1 else "the trainer"
             return _infeasible(
                 f"{model.name} training, {where} (dp={s.dp}, tp={s.tp}, {layers[i]} layers) on {pool.gpu_type}: "
-                f"needs {mem:.1f} GB per GPU (state and {int(mb_sizes[i]) // 1024}k-token micro-batch activations), "
-                f"{usable:.1f} GB usable",
+                f"needs {mem:.1f} GB per GPU (state and {int(costs[i].microbatch_tokens) // 1024}k-token "
+                f"micro-batch activations), {usable:.1f} GB usable",
                 gpus,
                 layers,
                 memory,
             )
-    return TrainEstimate(True, "", step, tokens / step, gpus, layers, tuple(memory), parts)
+    return TrainEstimate(True, "", time, workload.tokens_per_step / time, gpus, tuple(layers), memory, parts)
+
+
+class _Step:
+    """The step of one layout as a function of its layer split: per-stage costs, then the pipeline."""
+
+    def __init__(self, cluster, workload, calibration, stages: tuple[TrainStage, ...], memo=None) -> None:
+        self.cluster, self.workload, self.calibration, self.stages = cluster, workload, calibration, stages
+        self.pools = [cluster.pool(s.pool) for s in stages]
+        self.effs = [calibration.for_gpu(p.gpu_type) for p in self.pools]
+        model, rl = workload.model, workload.rl
+        self.tokens = workload.tokens_per_step
+        # Token-weighted mean attended context of a packed causal sequence: E[s^2] / 2E[s].
+        seq_sq = (
+            workload.output_lengths.mean_square + 2 * workload.prompt_tokens * workload.output_lengths.mean
+        )
+        self.attended = (seq_sq + workload.prompt_tokens**2) / (2 * workload.mean_sequence_tokens)
+        self.minibatches = max(1, rl.ppo_n_minibatches)
+        longest = workload.prompt_tokens + rl.max_new_tokens
+        self.mb_tokens = [
+            _microbatch_tokens(rl.max_tokens_per_mb, longest, self.tokens / self.minibatches / s.dp)
+            for s in stages
+        ]
+        # Micro-batches per DP rank per optimizer step (each runs FSDP's gathers once).
+        self.micro = [
+            max(1, math.ceil(self.tokens / self.minibatches / (s.dp * mb)))
+            for s, mb in zip(stages, self.mb_tokens, strict=True)
+        ]
+        self.pp_comm = self._pp_comm(model)
+        # A stage's cost depends on the stage, its position, the depth and its layers (the rest is the workload's).
+        self._memo: dict[tuple, _StageCost] = {} if memo is None else memo
+        self._local: dict[tuple[int, int], _StageCost] = {}  # (position, layers): this layout's
+        self._one_layer = stage_params(model, (1,) * len(stages))
+        self._per_layer = model.params_per_layer
+        # 1F1B flushes once per optimizer step: pp - 1 micro-batch slots of the slowest stage's per-micro-batch
+        # work idle per minibatch (once-per-step traffic and the optimizer do not repeat per micro-batch).
+        self._bubble = (len(stages) - 1) / max(self.micro)
+        self._fixed = max(e.train_fixed_s for e in self.effs)
+
+    def _pp_comm(self, model) -> float:
+        stages, pools, out = self.stages, self.pools, 0.0
+        for i in range(len(stages) - 1):
+            same_machine = stages[i].n_gpus + stages[i + 1].n_gpus <= pools[i].gpus_per_machine
+            link = between_stages(self.cluster, self.calibration, pools[i], pools[i + 1], same_machine)
+            if not same_machine:
+                # The dp pipeline replicas hand off in parallel, over every machine the narrower stage spans.
+                link *= min(_machines(stages[j], pools[j]) for j in (i, i + 1))
+            # bf16 activations forward and their gradients backward, plus the forward-only passes' activations.
+            volume = self.tokens * model.hidden * 2 * (2 + self.workload.rl.forward_passes)
+            out = max(out, volume / link)
+        return out
+
+    def stage_costs(self, layers: tuple[int, ...]) -> list[_StageCost]:
+        return [self._cost(i, n) for i, n in enumerate(layers)]
+
+    def _cost(self, i: int, n: int) -> _StageCost:
+        found = self._local.get((i, n))
+        if found is None:
+            key = (self.stages[i], i, len(self.stages), n)
+            found = self._memo.get(key)
+            if found is None:
+                found = self._memo[key] = self._new_cost(i, n)
+            self._local[i, n] = found
+        return found
+
+    def _new_cost(self, i: int, n: int) -> _StageCost:
+        if n <= AFFINE_FROM + 1:
+            # stage_params is linear in each stage's layer count: its value at one layer, plus n - 1.
+            parts = self._stage(i, n, self._one_layer[i] + (n - 1) * self._per_layer)
+        else:
+            # Every part is affine in the layer count from AFFINE_FROM layers on.
+            a, b = self._cost(i, AFFINE_FROM).parts, self._cost(i, AFFINE_FROM + 1).parts
+            parts = tuple(x + (n - AFFINE_FROM) * (y - x) for x, y in zip(a, b, strict=True))
+        compute, tp_comm, dp_comm, optimizer, memory_gb = parts
+        return _StageCost(
+            time=max(compute + tp_comm, dp_comm) + optimizer,
+            work=compute + tp_comm,
+            memory_gb=memory_gb,
+            parts=parts,
+            microbatch_tokens=self.mb_tokens[i],
+        )
+
+    def _stage(self, i: int, n: int, p: int) -> tuple[float, float, float, float, float]:
+        """Stage i holding n layers (p parameters): compute, TP traffic, DP traffic and optimizer seconds per
+        step, and GB per GPU."""
+        model, rl = self.workload.model, self.workload.rl
+        s, pool, eff = self.stages[i], self.pools[i], self.effs[i]
+        pp = len(self.stages)
+        last = i == pp - 1
+        recompute = int(rl.gradient_checkpointing)
+        forward_passes = rl.forward_passes
+        dense = n * model.params_per_layer + (model.vocab * model.hidden if last else 0)
+        attn_fwd = 4 * self.attended * model.heads * model.dim_per_head * n  # per token
+        fwd = 2 * dense + attn_fwd
+        # Forward, backward (2x), recompute under checkpointing; plus forward-only log-prob passes.
+        flops = self.tokens * ((3 + recompute) * fwd + forward_passes * fwd)
+        compute = flops / (s.n_gpus * pool.gpu.flops * eff.train_mfu)
+
+        tp_comm = 0.0
+        if s.tp > 1:
+            link = gpu_link(pool, self.calibration)
+            # 2 all-reduces per layer forward, 2 backward, 2 recompute; per extra forward pass 2.
+            per_token = (
+                (4 + 2 * recompute + 2 * forward_passes) * n * model.hidden * 2 * 2 * (s.tp - 1) / s.tp
+            )
+            tp_comm = self.tokens / s.dp * per_token / link
+
+        micro, minibatches = self.micro[i], self.minibatches
+        megatron = pp > 1  # pipelines run on Megatron (FSDP has no pipeline parallelism)
+        shard = (
+            pool.gpus_per_machine // s.tp if s.hybrid else s.dp
+        )  # ranks one copy of the state is sharded over
+        dp_comm = 0.0
+        if s.dp > 1:
+            if s.n_gpus > pool.gpus_per_machine and not s.hybrid:
+                # Every TP slice's ring crosses the machine's NIC once: the whole stage's bytes per collective.
+                bw, volume = network(self.cluster, pool.name, pool.name), p
+            else:
+                bw = gpu_link(pool, self.calibration)
+                volume = p / s.tp * (shard - 1) / shard
+            if megatron:
+                # Distributed optimizer: one fp32 gradient reduce-scatter and one bf16 parameter all-gather
+                # per optimizer step; parameters stay whole on each rank between steps.
+                dp_comm = minibatches * volume * (4 + 2) / bw
+            else:
+                # FSDP: two bf16 all-gathers and one fp32 reduce-scatter per micro-batch, one all-gather per
+                # micro-batch of each forward-only pass, over the shard group (upstream: all dp ranks).
+                per_micro = volume * (2 * 2 + 4) / bw
+                per_forward = volume * 2 / bw
+                dp_comm = minibatches * micro * (per_micro + forward_passes * per_forward)
+            if s.hybrid:
+                # FSDP2 HSDP with the all-reduce deferred to the last micro-batch (set_requires_all_reduce):
+                # once per optimizer step, each machine's fp32 gradient shards all-reduced across the replicas.
+                replicas = s.n_gpus // pool.gpus_per_machine
+                network_bw = network(self.cluster, pool.name, pool.name)
+                dp_comm += minibatches * 2 * (replicas - 1) / replicas * p * 4 / network_bw
+
+        # Every rank steps the optimizer on its shard of the state.
+        optimizer = (
+            minibatches
+            * p
+            / (shard * s.tp)
+            * OPTIMIZER_BYTES_PER_PARAM
+            / (pool.gpu.hbm_bytes_per_s * eff.hbm_fraction)
+        )
+        state = (megatron_state_bytes if megatron else train_state_bytes)(p, model, n, shard, s.tp)
+        mb_tokens = self.mb_tokens[i]
+        in_flight = min(pp - i, micro) if pp > 1 else 1  # 1F1B keeps up to pp - i micro-batches' checkpoints
+        acts = train_activation_bytes(model, n, mb_tokens, s.tp, last, rl.gradient_checkpointing)
+        acts += (in_flight - 1) * mb_tokens * model.hidden * 2 * n
+        return compute, tp_comm, dp_comm, optimizer, (state + acts) / GB
+
+    def _step_s(self, costs: list[_StageCost]) -> float:
+        return (
+            max(max(c.time for c in costs) + max(c.work for c in costs) * self._bubble, self.pp_comm)
+            + self._fixed
+        )
+
+    def step_time(self, costs: list[_StageCost]) -> tuple[float, dict[str, float]]:
+        slowest = max(range(len(costs)), key=lambda i: costs[i].time)
+        bubble = max(c.work for c in costs) * self._bubble
+        fixed = self._fixed
+        step = self._step_s(costs)
+        compute, tp_comm, dp_comm, optimizer, _ = costs[slowest].parts
+        parts = {
+            "compute": compute,
+            "tp_comm": tp_comm,
+            "dp_comm": dp_comm,
+            "optimizer": optimizer,
+            "pp_comm": self.pp_comm,
+            "bubble": bubble,
+            "fixed": fixed,
+        }
+        return step, parts
+
+    def best_split(self, check_memory: bool) -> tuple[int, ...]:
+        """Layers per stage: where the stages' times would be equal, then one layer moved at a time from a
+        slowest (or overflowing) stage to another while that lowers the memory overflow, then the step, then the
+        slower stages' times. Stages of one GPU type may differ: the last one also computes the LM head."""
+        pp, total = len(self.stages), self.workload.model.layers
+        if pp == 1:
+            return (total,)
+        usable = [USABLE_HBM_FRACTION * p.gpu.hbm_gb if check_memory else math.inf for p in self.pools]
+        # Start where every stage's time, taken as affine in its layers, is equal (at least one layer each).
+        slope = [self._cost(i, 3).time - self._cost(i, 2).time for i in range(pp)]
+        if min(slope) <= 0:
+            layers = [1] * pp
+            layers[-1] += total - pp
+        else:
+            base = [self._cost(i, 2).time - 2 * b for i, b in enumerate(slope)]
+            level = (total + sum(a / b for a, b in zip(base, slope, strict=True))) / sum(1 / b for b in slope)
+            share = [max(1.0, (level - a) / b) for a, b in zip(base, slope, strict=True)]
+            layers = [int(x) for x in share]
+            while sum(layers) > total:
+                layers[max(range(pp), key=lambda i: layers[i])] -= 1
+            for i in sorted(range(pp), key=lambda i: layers[i] - share[i])[: total - sum(layers)]:
+                layers[i] += 1
+
+        def key(split: tuple[int, ...]) -> tuple:
+            costs = self.stage_costs(split)
+            over = sum(max(0.0, c.memory_gb - u) for c, u in zip(costs, usable, strict=True))
+            return (round(over, 9), self._step_s(costs), sorted((c.time for c in costs), reverse=True))
+
+        split = tuple(layers)
+        best = key(split)
+        while True:
+            costs = self.stage_costs(split)
+            slowest = max(c.time for c in costs)
+            sources = [a for a, c in enumerate(costs) if c.time == slowest or c.memory_gb > usable[a]]
+            trials = [
+                tuple(n + (j == b) - (j == a) for j, n in enumerate(split))
+                for a in sources
+                for b in range(pp)
+                if a != b and split[a] > 1
+            ]
+            scored = min(((key(t), t) for t in trials), default=None)
+            if scored is None or scored[0] >= best:
+                return split
+            best, split = scored

@@ -5,7 +5,8 @@ The space, within the evaluator's runtime caps (``scheduler/caps.py``), every pa
 - every machine split (train, rollout, idle per pool) within the budget;
 - training: the split's training pools in every order, each a block of k identical (dp, tp) stages, every k within
   the stage limit, every TP degree inside a machine and every dp that fits (the search fixes the order, takes the
-  largest dp and cuts TP degrees);
+  largest dp and cuts TP degrees); one stage may also be FSDP hybrid-sharded over whole machines, where the caps
+  allow it; the cost model splits the layers (its split is checked against every composition in the tests);
 - rollout: per pool, any replica shape as many times as its rollout GPUs hold, alone or with a second shape filling
   the GPUs it leaves (the search solves a knapsack per rebuild-time bound; fewer replicas are a smaller split);
 - samples split by largest remainder in proportion to replica speed, with every update window delta <= eta + 1
@@ -208,21 +209,21 @@ def _layouts(ev: Evaluator, counts: tuple[int, ...]) -> tuple[list[TrainChoice],
     max_pp = caps.train_stages(ev.solver.max_pp_stages)
     pools = [p for p, n in zip(ev.cluster.pools, counts, strict=True) if n]
     gpus = {p.name: n * p.gpus_per_machine for p, n in zip(ev.cluster.pools, counts, strict=True) if n}
-    blocks = {p.name: _blocks(p, gpus[p.name], max_pp) for p in pools}
+    blocks = {p.name: _blocks(p, gpus[p.name], max_pp, caps.train_hybrid_sharding) for p in pools}
     fastest: dict[tuple[tuple[str, float], ...], TrainChoice] = {}
     feasible = 0
     for size in range(1, (len(pools) if caps.train_mixed_types else 1) + 1):
         for order in permutations(pools, size):
             for choice in product(*(blocks[p.name] for p in order)):
-                if sum(k for k, _, _ in choice) > max_pp:
-                    continue
-                if caps.train_equal_stages and len({(dp, tp) for _, dp, tp in choice}) > 1:
-                    continue
                 stages = tuple(
-                    TrainStage(p.name, dp, tp)
-                    for p, (k, dp, tp) in zip(order, choice, strict=True)
+                    TrainStage(p.name, dp, tp, hybrid)
+                    for p, (k, dp, tp, hybrid) in zip(order, choice, strict=True)
                     for _ in range(k)
                 )
+                if len(stages) > max_pp or (len(stages) > 1 and any(s.hybrid for s in stages)):
+                    continue
+                if caps.train_equal_stages and len({(s.dp, s.tp) for s in stages}) > 1:
+                    continue
                 estimate = ev.cm.train(stages)
                 if not estimate.feasible:
                     continue
@@ -234,14 +235,23 @@ def _layouts(ev: Evaluator, counts: tuple[int, ...]) -> tuple[list[TrainChoice],
     return sorted(fastest.values(), key=lambda c: c.step_time_s), feasible
 
 
-def _blocks(pool, gpus: int, max_pp: int) -> list[tuple[int, int, int]]:
-    """(k stages, dp, tp) blocks of one pool within its GPUs."""
-    return [
-        (k, dp, tp)
+def _blocks(pool, gpus: int, max_pp: int, hybrid: bool) -> list[tuple[int, int, int, bool]]:
+    """(k stages, dp, tp, hybrid) blocks of one pool within its GPUs; hybrid ones over two or more whole
+    machines."""
+    machine = pool.gpus_per_machine
+    plain = [
+        (k, dp, tp, False)
         for k in range(1, max_pp + 1)
-        for tp in tp_degrees(pool.gpus_per_machine)
+        for tp in tp_degrees(machine)
         for dp in range(1, gpus // (k * tp) + 1)
     ]
+    whole = [
+        (1, m * machine // tp, tp, True)
+        for tp in tp_degrees(machine)
+        for m in range(2, gpus // machine + 1)
+        if hybrid
+    ]
+    return plain + whole
 
 
 def _fleets(ev: Evaluator, counts: tuple[int, ...]) -> tuple[list[tuple[list[Runtime], float]], int]:

@@ -5,7 +5,10 @@ replica shapes in ``evaluate``), and ``areal/placement.py`` checks a plan agains
 ``areal-hex plan`` shows is the plan the driver runs. :data:`PAPER` is the paper's unconstrained space.
 
 Upstream AReaL 1.0.4, as the plugin drives it:
-- FSDP trains one pipeline stage on one GPU type (``fsdp:dXtY``);
+- FSDP trains one pipeline stage on one GPU type (``fsdp:dXtY``), sharded over all its dp ranks: upstream's
+  ``parallelize_model`` (``engine/fsdp_utils/parallel.py``) hands ``fully_shard`` the one flattened ``dp_sp`` mesh
+  and no replicate dimension, and no setting changes that, so hybrid sharding (shard within a machine, replicate
+  across machines) is the paper space's only;
 - Megatron trains ``pp`` stages with one dp and one tp for all of them (``megatron:dXpZtY``); the plugin gives
   each stage its own GPU type and layer count;
 - every rollout server is one upstream worker on ``tp*pp`` GPUs of one machine, each with its own layout;
@@ -36,6 +39,7 @@ class RuntimeCaps:
     max_train_stages: int | None = None
     train_mixed_types: bool = True  # pipeline stages on different GPU types
     train_equal_stages: bool = False  # every stage has the same dp and tp
+    train_hybrid_sharding: bool = True  # FSDP sharded within each machine and replicated across machines
     # A rollout server's tp*pp GPUs sit in one machine, packed exactly.
     rollout_server_in_machine: bool = False
     one_rollout_layout: bool = False  # every rollout server has the same (tp, pp)
@@ -111,6 +115,7 @@ def caps_for(
         max_train_stages=1 if fsdp else None,
         train_mixed_types=not fsdp,
         train_equal_stages=True,
+        train_hybrid_sharding=False,
         rollout_server_in_machine=True,
         one_rollout_layout=path == "xccl",
         # Upstream's Megatron xccl path needs train pp = rollout pp when rollout pp > 1: servers keep pp 1.
@@ -145,6 +150,12 @@ def unmet(plan, caps: RuntimeCaps) -> dict[str, str]:
         shown = ", ".join(f"dp{s.dp} tp{s.tp}" for s in stages)
         out["training stage layouts"] = (
             f"stages differ in dp or tp ({shown}); {caps.name} gives all one dp and tp"
+        )
+    if not caps.train_hybrid_sharding and any(s.hybrid for s in stages):
+        out["hybrid sharding"] = (
+            "the plan shards training state within each machine and replicates it across machines; upstream "
+            "areal 1.0.4's FSDP engine shards over all dp ranks (one dp mesh, fsdp_utils/parallel.py), with no "
+            "setting for a replicate dimension"
         )
     groups = plan.rollout.replicas
     machine_gpus = {m.pool: len(m.gpus) for m in plan.machines}

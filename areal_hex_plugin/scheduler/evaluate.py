@@ -138,7 +138,16 @@ class Evaluator:
             stages = self.caps.train_stages(self.solver.max_pp_stages)
             equal = self.caps.train_equal_stages and stages > 1
             self._train[counts] = (
-                search_train(self.cm, self.cluster, gpus, stages, equal_stages=equal) if gpus else None
+                search_train(
+                    self.cm,
+                    self.cluster,
+                    gpus,
+                    stages,
+                    equal_stages=equal,
+                    hybrid=self.caps.train_hybrid_sharding,
+                )
+                if gpus
+                else None
             )
             self._charge()
         return self._train[counts]

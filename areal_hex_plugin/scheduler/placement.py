@@ -60,7 +60,9 @@ def _place_train(cluster: Cluster, e: Evaluation, hosts: dict[str, list[str]], s
                 used_hosts.append(host)
         next_gpu[pool.name] = start + stage.dp * stage.tp
         gpus_by_type[pool.gpu_type] = gpus_by_type.get(pool.gpu_type, 0) + stage.dp * stage.tp
-        stages.append(TrainStage(pool.name, pool.gpu_type, stage.dp, stage.tp, layers[k], used_hosts))
+        stages.append(
+            TrainStage(pool.name, pool.gpu_type, stage.dp, stage.tp, layers[k], used_hosts, stage.hybrid)
+        )
     memory = max(e.train.estimate.memory_gb_per_gpu, default=0.0)
     return TrainPlan(gpus=gpus_by_type, stages=stages, memory_gb_per_gpu=round(memory, 3))
 

@@ -26,7 +26,8 @@ def _layout_rows(plan: HexPlan) -> list[list[str]]:
     rows = []
     for k, s in enumerate(plan.train.stages):
         rows.append(
-            ["train", s.pool, s.gpu_type, f"stage {k}: dp{s.dp} x tp{s.tp}", s.dp * s.tp, f"{s.layers} layers",
+            ["train", s.pool, s.gpu_type, f"stage {k}: dp{s.dp} x tp{s.tp}{' hybrid' if s.hybrid else ''}",
+             s.dp * s.tp, f"{s.layers} layers",
              compress_hosts(s.hosts)]
         )  # fmt: skip
     for index, g in enumerate(plan.rollout.replicas):

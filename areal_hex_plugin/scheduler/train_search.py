@@ -5,6 +5,9 @@ are split across stages in proportion to stage compute (the cost model does the 
 
 Pruning:
 - symmetry (exact): the stages of one pool are identical (dp, tp) and contiguous, pools appear in a fixed order;
+  the cost model splits the layers, so stages of one pool may hold different layer counts;
+- hybrid sharding (FSDP shards within each machine and replicates across machines) only for one stage on all of a
+  pool's training machines, where the runtime allows it;
 - dominance: a stage of given (k stages, tp) takes the largest dp its pool's GPUs allow (exact while more data
   parallelism never slows a stage down);
 - memory (exact): layouts whose GPUs together cannot hold the sharded training state are skipped unscored, and
@@ -52,6 +55,7 @@ class _PoolOption:
     k: int  # pipeline stages on this pool
     tp: int
     dp: int
+    hybrid: bool = False
 
 
 def tp_degrees(gpus_per_machine: int) -> list[int]:
@@ -67,18 +71,20 @@ def tp_degrees(gpus_per_machine: int) -> list[int]:
     return degrees
 
 
-def _options(pool: Pool, gpus: int, max_pp: int) -> list[_PoolOption]:
+def _options(pool: Pool, gpus: int, max_pp: int, hybrid: bool = False) -> list[_PoolOption]:
     options = []
     for k in range(1, max_pp + 1):
         for tp in tp_degrees(pool.gpus_per_machine):
             dp = gpus // (k * tp)
             if dp >= 1:
                 options.append(_PoolOption(pool.name, k, tp, dp))
+            if hybrid and k == 1 and gpus >= 2 * pool.gpus_per_machine:
+                options.append(_PoolOption(pool.name, 1, tp, dp, hybrid=True))
     return options
 
 
 def _stages(combo: tuple[_PoolOption, ...]) -> tuple[TrainStage, ...]:
-    return tuple(TrainStage(pool=o.pool, dp=o.dp, tp=o.tp) for o in combo for _ in range(o.k))
+    return tuple(TrainStage(o.pool, o.dp, o.tp, o.hybrid) for o in combo for _ in range(o.k))
 
 
 def _combinations(per_pool: list[list[_PoolOption]], max_pp: int) -> Iterator[tuple[_PoolOption, ...]]:
@@ -140,14 +146,16 @@ def search_train(
     max_pp: int,
     exhaustive: bool = False,
     equal_stages: bool = False,
+    hybrid: bool = False,
 ) -> TrainChoice | None:
     """The fastest feasible training layout on ``gpus`` (pool name -> GPUs), or None if nothing fits.
 
-    ``equal_stages``: only layouts whose stages share one dp and tp (a runtime cap, see ``scheduler/caps.py``).
+    ``equal_stages``: only layouts whose stages share one dp and tp; ``hybrid``: FSDP hybrid sharding is allowed
+    (runtime caps, see ``scheduler/caps.py``).
     """
     # Faster GPUs first: the pipeline order is fixed (symmetry), the first stage on the strongest type.
     pools = sorted((cluster.pool(name) for name in gpus), key=lambda p: (-p.gpu.tflops_bf16, p.name))
-    full_options = [_options(p, gpus[p.name], max_pp) for p in pools]
+    full_options = [_options(p, gpus[p.name], max_pp, hybrid and len(gpus) == 1) for p in pools]
     pruned = (
         not exhaustive
         and not equal_stages

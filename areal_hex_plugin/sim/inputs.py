@@ -48,7 +48,9 @@ def sim_spec(recipe, plan: HexPlan) -> SimSpec:
             )
         )
         replicas.append((stages, group.count))
-    train_stages = tuple(TrainStage(pool=s.pool, dp=s.dp, tp=s.tp) for s in plan.train.stages)
+    train_stages = tuple(
+        TrainStage(pool=s.pool, dp=s.dp, tp=s.tp, hybrid=s.hybrid) for s in plan.train.stages
+    )
     train_gpus: dict[str, int] = {}
     for s in train_stages:
         train_gpus[s.pool] = train_gpus.get(s.pool, 0) + s.n_gpus

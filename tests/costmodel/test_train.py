@@ -7,6 +7,8 @@ import math
 import pytest
 
 from areal_hex_plugin.costmodel import TrainStage
+from areal_hex_plugin.costmodel.memory import stage_params
+from areal_hex_plugin.costmodel.train import _Step, estimate_train
 from tests.costmodel.helpers import cost_model
 
 PAPER_7B = "paper/7b.yaml"
@@ -49,12 +51,17 @@ def test_fsdp_across_machines_pays_for_the_slow_network():
 
 def test_layers_follow_stage_compute_and_pipeline_adds_a_bubble():
     cm = cost_model(PAPER_7B)
-    est = cm.train((TrainStage("h800", 8, 1), TrainStage("h20", 8, 1)))
+    stages = (TrainStage("h800", 8, 1), TrainStage("h20", 8, 1))
+    est = cm.train(stages)
     assert est.feasible and sum(est.layers) == 28
     # Layers in proportion to stage compute: 8 x 756 x train_mfu(H800) vs 8 x 148 x train_mfu(H20).
     cal = cm.calibration
     h800, h20 = 756 * cal.for_gpu("H800-PCIe").train_mfu, 148 * cal.for_gpu("H20").train_mfu
-    assert est.layers[0] == pytest.approx(28 * h800 / (h800 + h20), abs=1)
+    proportional = round(28 * h800 / (h800 + h20))
+    # The last stage also computes the LM head: it gets no more than its share of the decoder layers.
+    assert est.layers[0] >= proportional
+    even = estimate_train(cm.cluster, cm.workload, cal, stages, layers=(proportional, 28 - proportional))
+    assert est.step_time_s <= even.step_time_s
     assert est.breakdown["bubble"] > 0 and est.breakdown["pp_comm"] > 0
 
 
@@ -70,3 +77,57 @@ def test_layers_follow_stage_compute_and_pipeline_adds_a_bubble():
 def test_impossible_layouts_are_infeasible_not_errors(stages, words):
     est = cost_model(PAPER_7B).train(stages)
     assert not est.feasible and words in est.reason
+
+
+@pytest.mark.parametrize(
+    "stages",
+    [
+        (TrainStage("h800", 8, 1), TrainStage("h800", 8, 1)),
+        (TrainStage("h800", 4, 2), TrainStage("h20", 8, 1), TrainStage("h20", 8, 1)),
+        (TrainStage("h20", 4, 1), TrainStage("h800", 8, 1), TrainStage("h800", 8, 1)),
+    ],
+)
+def test_the_layer_split_is_the_best_of_every_split(stages):
+    """Uneven stages (Megatron runs the plan's layer count per stage): no composition of the layers is faster."""
+    cm = cost_model(PAPER_7B)
+    chosen = cm.train(stages)
+    every = [
+        estimate_train(cm.cluster, cm.workload, cm.calibration, stages, layers=split)
+        for split in _compositions(cm.workload.model.layers, len(stages))
+    ]
+    fastest = min(e.step_time_s for e in every if e.feasible)
+    assert chosen.feasible and chosen.step_time_s == pytest.approx(fastest, rel=1e-12)
+
+
+def test_stages_of_one_type_differ_to_absorb_the_lm_head():
+    cm = cost_model(PAPER_7B)
+    stages = (TrainStage("h800", 8, 1), TrainStage("h800", 8, 1))
+    est = cm.train(stages)
+    assert est.layers[0] > est.layers[1]  # the last stage also computes the LM head
+    even = estimate_train(cm.cluster, cm.workload, cm.calibration, stages, layers=(14, 14))
+    assert est.step_time_s < even.step_time_s
+
+
+def _compositions(total: int, parts: int):
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(1, total - parts + 2):
+        for rest in _compositions(total - first, parts - 1):
+            yield (first, *rest)
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_stage_costs_are_affine_in_the_layers_as_the_split_assumes(hybrid):
+    cm = cost_model(PAPER_7B)
+    stages = (
+        ((TrainStage("h800", 16, 1, hybrid=True),),)
+        if hybrid
+        else ((TrainStage("h800", 8, 1), TrainStage("h20", 16, 2), TrainStage("h20", 8, 1)),)
+    )[0]
+    step = _Step(cm.cluster, cm.workload, cm.calibration, stages)
+    for i in range(len(stages)):
+        for n in range(1, 25):
+            layers = tuple(n if j == i else 1 for j in range(len(stages)))
+            direct = step._stage(i, n, stage_params(cm.workload.model, layers)[i])
+            assert step._cost(i, n).parts == pytest.approx(direct, rel=1e-9)

@@ -84,3 +84,11 @@ def test_the_bounds_skip_no_better_plan():
                 rates.append(planner.ev.tokens_per_step / min(steps))
     assert planner.tokens_per_s(best) == pytest.approx(max(rates), rel=1e-9)
     assert counted.scored < len(rates)
+
+
+def test_the_brute_force_covers_hybrid_sharding_where_the_caps_allow_it():
+    recipe = recipe_with_pools([("H800-PCIe", 8, 2), ("H20", 8, 1)], "7b")
+    paper = BruteForce(Planner(recipe, PlanRequest(caps=PAPER)).ev)._train_layouts((2, 0))[0]
+    fsdp = BruteForce(Planner(recipe, PlanRequest()).ev)._train_layouts((2, 0))[0]
+    assert any(s.hybrid for c in paper for s in c.stages)
+    assert not any(s.hybrid for c in fsdp for s in c.stages) and all(len(c.stages) == 1 for c in fsdp)

@@ -42,6 +42,16 @@ def test_the_paper_space_is_wider_and_its_plan_names_what_fsdp_lacks(plans) -> N
     assert len(paper.train.stages) > 1 and "training stages" in unmet(paper, recipe_caps(recipe))
 
 
+def test_hybrid_sharding_is_the_paper_spaces_only_with_the_reason(plans) -> None:
+    recipe, fsdp, _, megatron = plans
+    stage = dataclasses.replace(fsdp.train.stages[0], hybrid=True)
+    hybrid = dataclasses.replace(fsdp, train=dataclasses.replace(fsdp.train, stages=[stage]))
+    reason = unmet(hybrid, recipe_caps(recipe))["hybrid sharding"]
+    assert "one dp mesh" in reason and "replicate" in reason
+    assert unmet(hybrid, PAPER) == {}
+    assert not any(s.hybrid for s in (*fsdp.train.stages, *megatron.train.stages))
+
+
 def test_megatron_stages_share_dp_and_tp(plans) -> None:
     recipe, _, _, megatron = plans
     assert len({(s.dp, s.tp) for s in megatron.train.stages}) == 1
