@@ -10,17 +10,20 @@ from ortools.sat.python import cp_model
 # Work one solve may do, in CP-SAT's deterministic time units (about a second of one core): a solve stops on
 # this, not on the machine's load, so the same recipe gets the same plan on a busy machine and an idle one.
 DETERMINISTIC_LIMIT = 1.0
+# Wall seconds after which a solve stops whatever its work: a backstop, never reached by a healthy solve.
+WALL_BACKSTOP_S = 600.0
 
 
 def solve_model(
-    model: cp_model.CpModel, time_limit_s: float, num_workers: int, seed: int
+    model: cp_model.CpModel, work_limit: float, num_workers: int, seed: int
 ) -> tuple[cp_model.CpSolver, int]:
-    """Solve with explicit settings: fixed seed and worker count, a
-    deterministic work limit, and a wall-clock limit as a backstop."""
+    """Solve with explicit settings: fixed seed and worker count (one worker is deterministic; CP-SAT's parallel
+    workers race), at most ``work_limit`` (the search's work left, at most DETERMINISTIC_LIMIT) of deterministic
+    time, and a wall-clock limit only as a backstop far beyond it; the work done goes on the search's clock."""
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = num_workers
-    solver.parameters.max_deterministic_time = DETERMINISTIC_LIMIT
-    solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
+    solver.parameters.max_deterministic_time = max(0.01, min(DETERMINISTIC_LIMIT, work_limit))
+    solver.parameters.max_time_in_seconds = WALL_BACKSTOP_S
     solver.parameters.random_seed = seed
     status = solver.solve(model)
     charge(solver.deterministic_time)
