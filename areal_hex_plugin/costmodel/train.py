@@ -342,6 +342,14 @@ class _Step:
         }
         return step, parts
 
+    def _room(self, i: int, usable: float, total: int) -> int:
+        """The most layers (up to ``total``) stage i holds within ``usable`` GB per GPU; 0 if not one."""
+        lo, hi = 0, total
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self._cost(i, mid).memory_gb <= usable else (lo, mid - 1)
+        return lo
+
     def best_split(self, check_memory: bool) -> tuple[int, ...]:
         """Layers per stage: where the stages' times would be equal, then one layer moved at a time from a
         slowest (or overflowing) stage to another while that lowers the memory overflow, then the step, then the
@@ -364,6 +372,16 @@ class _Step:
                 layers[max(range(pp), key=lambda i: layers[i])] -= 1
             for i in sorted(range(pp), key=lambda i: layers[i] - share[i])[: total - sum(layers)]:
                 layers[i] += 1
+
+        # Within memory: the most layers each stage holds (memory grows with layers); none fits, no split helps.
+        room = [self._room(i, usable[i], total) for i in range(pp)]
+        if sum(room) < total or min(room) < 1:
+            return tuple(layers)
+        for i in range(pp):
+            while layers[i] > room[i]:
+                layers[i] -= 1
+                takers = [j for j in range(pp) if layers[j] < room[j]]
+                layers[min(takers, key=lambda j: self._cost(j, layers[j] + 1).time)] += 1
 
         def key(split: tuple[int, ...]) -> tuple:
             costs = self.stage_costs(split)

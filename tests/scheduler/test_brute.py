@@ -8,7 +8,7 @@ from areal_hex_plugin.cli import main
 from areal_hex_plugin.scheduler import evaluate
 from areal_hex_plugin.scheduler import planner as planner_module
 from areal_hex_plugin.scheduler.brute import BruteForce, _fleets
-from areal_hex_plugin.scheduler.caps import PAPER, recipe_caps, unmet
+from areal_hex_plugin.scheduler.caps import PAPER, caps_for, recipe_caps, unmet
 from areal_hex_plugin.scheduler.evaluate import replica_stages
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.split import all_splits
@@ -92,3 +92,13 @@ def test_the_brute_force_covers_hybrid_sharding_where_the_caps_allow_it():
     fsdp = BruteForce(Planner(recipe, PlanRequest()).ev)._train_layouts((2, 0))[0]
     assert any(s.hybrid for c in paper for s in c.stages)
     assert not any(s.hybrid for c in fsdp for s in c.stages) and all(len(c.stages) == 1 for c in fsdp)
+
+
+def test_exhaustive_megatron_plans_keep_one_dp_and_tp_and_run():
+    recipe = recipe_with_pools([("H800-PCIe", 4, 2), ("H20", 4, 2)], "7b")
+    caps = caps_for("megatron", "upstream", "disk")
+    plan = plan_recipe(recipe, PlanRequest(exhaustive=True, caps=caps))
+    assert plan.solver.mode == "exhaustive" and unmet(plan, caps) == {}
+    assert len({(s.dp, s.tp) for s in plan.train.stages}) == 1 and not any(
+        s.hybrid for s in plan.train.stages
+    )
