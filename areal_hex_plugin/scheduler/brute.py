@@ -16,8 +16,9 @@ Reductions that are exact (no plan that could win is skipped), none of them the 
 - the weight sync depends on a layout only through the bytes each pool sends and on a fleet only through the
   machines it occupies per pool: of the layouts (fleets) that agree on that, only the fastest (per window) is
   scored in full;
-- a step is at least max(rollout, train): splits, layouts and fleets are visited best bound first, and those whose
-  bound cannot beat the best plan found are counted, not scored.
+- a step is at least max(rollout, train), and training at least its FLOPs at every GPU's training MFU until a
+  split's layouts are enumerated: splits, layouts and fleets are visited best bound first, and those whose bound
+  cannot beat the best plan found are counted, not scored.
 The space grows as a product over pools, so exhaustive mode takes clusters within :data:`LIMITS` only.
 """
 
