@@ -21,12 +21,10 @@ from __future__ import annotations
 import errno
 import logging
 import queue
-import shutil
 import socket
 import tempfile
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -47,6 +45,7 @@ from areal_hex_plugin.transport.buckets import version_digest as digest_of_versi
 from areal_hex_plugin.transport.links import DataLink, connect_data_link, current_device, open_receiving_link
 from areal_hex_plugin.transport.protocol import Kind, Message, ProtocolError, digests_after, make
 from areal_hex_plugin.transport.route import Endpoint
+from areal_hex_plugin.transport.scratch import OwnedDir
 from areal_hex_plugin.transport.stage import StagedVersion, remove_version, spill
 from areal_hex_plugin.transport.wire import Channel, authenticate_as_server, load_token, resolve_hosts
 
@@ -72,10 +71,11 @@ class ReceiverConfig:
     timeout_s: float = 30.0
     # Host names or addresses allowed to connect at all; empty: the route's own peers (see the module doc).
     allowed_hosts: list[str] = field(default_factory=list)
-    # Node-local directory the version is staged in; None: a private one under /dev/shm (else the temp dir).
+    # Node-local directory under which the node stages versions, in a dir of its own; None: /dev/shm (else the
+    # temp dir).
     stage_dir: str | None = None
-    # Node-local disk directory the last committed version moves to once loaded (what a failed load rolls back
-    # to), so a commit holds only the new version in memory; None: it stays in the stage dir.
+    # Node-local disk directory under which the last committed version moves once loaded (what a failed load rolls
+    # back to), so a commit holds only the new version in memory; None: it stays in the stage dir.
     rollback_dir: str | None = None
     max_handshakes: int = 32
     handshake_timeout_s: float = 5.0
@@ -154,20 +154,15 @@ class ReceiverNode:
         self._handshakes = threading.BoundedSemaphore(self.config.max_handshakes)
         self._listener: socket.socket | None = None
         self._stopping = threading.Event()
-        self._private_root = self.config.stage_dir is None
+        # Stage and rollback dirs of the node's own, gone with it (or with its process: see scratch.py).
         shm = Path("/dev/shm")
-        self.stage_root = (
-            Path(tempfile.mkdtemp(prefix="areal-hex-", dir=shm if shm.is_dir() else None))
-            if self._private_root
-            else Path(self.config.stage_dir)
-        )
-        if self._private_root:  # also when the process ends without stop()
-            weakref.finalize(self, shutil.rmtree, self.stage_root, True)
+        stage_parent = self.config.stage_dir or (shm if shm.is_dir() else tempfile.gettempdir())
+        self._scratch = [OwnedDir(Path(stage_parent))]
+        self.stage_root = self._scratch[0].path
         self.rollback_root: Path | None = None
         if self.config.rollback_dir is not None:
-            Path(self.config.rollback_dir).mkdir(parents=True, exist_ok=True)
-            self.rollback_root = Path(tempfile.mkdtemp(prefix="areal-hex-", dir=self.config.rollback_dir))
-            weakref.finalize(self, shutil.rmtree, self.rollback_root, True)
+            self._scratch.append(OwnedDir(Path(self.config.rollback_dir)))
+            self.rollback_root = self._scratch[-1].path
         # Frees the version before the last committed one and spills the last committed one to disk.
         self._keeper: threading.Thread | None = None
 
@@ -188,10 +183,8 @@ class ReceiverNode:
             control.close()
         self._end_session()
         self._settle()
-        if self._private_root:
-            shutil.rmtree(self.stage_root, ignore_errors=True)
-        if self.rollback_root is not None:
-            shutil.rmtree(self.rollback_root, ignore_errors=True)
+        for scratch in self._scratch:
+            scratch.remove()
 
     def _accept_loop(self) -> None:
         """Accept until stopped; running out of descriptors or memory backs off and keeps serving."""

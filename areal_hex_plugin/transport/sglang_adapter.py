@@ -114,13 +114,12 @@ class RelayReceiverMixin:
 
             if bind_host is None and bind_interface is not None:
                 bind_host = interface_address(bind_interface)
-            self._hex_stage_dir = Path(stage_dir) / f"{bind_host or gethostip()}-{id(self):x}"
             config = ReceiverConfig(
                 bind_host or gethostip(),
                 port,
                 timeout_s,
                 list(allowed_hosts or []),
-                str(self._hex_stage_dir),
+                stage_dir,
                 rollback_dir=rollback_dir,
             )
             self._hex_node = ReceiverNode(SGLangDiskSink(self, model_path), config)
@@ -132,8 +131,7 @@ class RelayReceiverMixin:
         return {"version": node.version if node else -1, "digest": node.digest if node else ""}
 
     def hex_stop_receiver(self) -> None:
-        """Stop the receiver and remove this engine's stage directory (call on teardown)."""
+        """Stop the receiver, which removes its stage and rollback directories (call on teardown)."""
         if self._hex_node is not None:
             self._hex_node.stop()
             self._hex_node = None
-            shutil.rmtree(self._hex_stage_dir, ignore_errors=True)
