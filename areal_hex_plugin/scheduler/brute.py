@@ -151,7 +151,7 @@ class BruteForce:
                     if best is None or key > best[0]:
                         best = (key, _evaluation(ev, train, runtime, sync_s))
         counted = Enumerated(
-            windows=len(windows(ev.workload.rl.max_head_offpolicyness)),
+            windows=len(windows(ev.workload.rl.max_head_offpolicyness, ev.workload.rl.max_update_window)),
             splits=len(splits),
             opened=opened,
             layouts=sum(self._layouts[t][1] for t in trains),

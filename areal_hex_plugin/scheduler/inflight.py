@@ -49,9 +49,10 @@ class Runtime:
         return sync_s / self.window + max(self.rollout_s, train_s)
 
 
-def windows(eta: int) -> range:
-    """The update windows the staleness bound eta allows: at least one batch may run ahead at every version."""
-    return range(1, eta + 2)
+def windows(eta: int, most: int = 0) -> range:
+    """The update windows the staleness bound eta allows (at least one batch may run ahead at every version), at
+    most ``most`` (0: no other limit)."""
+    return range(1, min(eta + 1, most or eta + 1) + 1)
 
 
 def replica_stages(config: ReplicaConfig) -> tuple[RolloutStage, ...]:
@@ -116,7 +117,7 @@ class InFlight:
             sequences = self.cm.staleness_sequences(batches)
             by_batches.append(list(dict.fromkeys(self.capped(groups, f, sequences) for f in CAP_FRACTIONS)))
         out = []
-        for window in windows(eta):
+        for window in windows(eta, rl.max_update_window):
             samples = rl.samples_per_step * window
             best: tuple[float, Groups] | None = None
             # The window admits up to eta + 2 - window batches.

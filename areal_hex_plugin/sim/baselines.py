@@ -4,7 +4,7 @@ AReaL is planned the way the paper ran it: one GPU type, rented by the GPU up to
 weight transport (``hex.transport: upstream``), the budget the cluster costs. The measured rollout phase is the
 time rollout takes to deliver a step's batch: on a train-bound cluster that includes waiting at the staleness
 bound (the paper's H20 phases are equal), so it compares with ``max(rollout, train)``; the plan's own rollout
-time is kept beside it.
+time is kept beside it. AReaL pushes weights every step, and so does the plan here (``max_update_window`` 1).
 """
 
 from __future__ import annotations
@@ -26,10 +26,16 @@ def with_calibration(recipe, calibration: Calibration, gpu_types: list[str]):
 
 
 def homogeneous(recipe, gpu_type: str, gpus: int):
-    """``recipe`` on ``gpus`` GPUs of ``gpu_type`` alone, run with upstream's weight transport (AReaL)."""
+    """``recipe`` on ``gpus`` GPUs of ``gpu_type`` alone, run as AReaL runs it: upstream's weight transport, an
+    update every step."""
     cluster = rent(recipe.cluster, {gpu_type: gpus})
+    solver = dataclasses.replace(recipe.hex.solver, max_update_window=1)
+    rl = dataclasses.replace(recipe.workload.rl, max_update_window=1)
     return dataclasses.replace(
-        recipe, cluster=cluster, hex=dataclasses.replace(recipe.hex, transport="upstream")
+        recipe,
+        cluster=cluster,
+        hex=dataclasses.replace(recipe.hex, transport="upstream", solver=solver),
+        workload=dataclasses.replace(recipe.workload, rl=rl),
     )
 
 

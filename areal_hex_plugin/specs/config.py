@@ -155,6 +155,12 @@ class SolverConfig:
         "most pipeline stages of the training layout (at most MAX_TRAIN_LAYOUTS with the pools)",
         between(1, 16),
     )
+    max_update_window: int = spec(
+        0,
+        "most training steps per weight update of the rollout servers (delta); 0: as many as the staleness bound "
+        "allows (rollout.max_head_offpolicyness + 1); 1: every step, as upstream AReaL",
+        between(0, 1_000),
+    )
     rollout_layout: list[int] = spec(
         help="[tp, pp]: every rollout replica uses this layout; empty: free",
         range=between(1, 72),

@@ -138,7 +138,7 @@ def _upstream_values(config: dict) -> dict[str, Any]:
     return values
 
 
-def _rl_settings(up: dict[str, Any], config: dict) -> RLSettings:
+def _rl_settings(up: dict[str, Any], config: dict, max_update_window: int) -> RLSettings:
     samples = up["train_dataset.batch_size"] * up["gconfig.n_samples"]
     if samples > MAX_SAMPLES_PER_STEP:
         raise HexError(
@@ -163,6 +163,7 @@ def _rl_settings(up: dict[str, Any], config: dict) -> RLSettings:
         gradient_checkpointing=up["actor.gradient_checkpointing"],
         max_tokens_per_mb=up["actor.mb_spec.max_tokens_per_mb"],
         mem_fraction_static=up["sglang.mem_fraction_static"],
+        max_update_window=max_update_window,
     )
 
 
@@ -255,7 +256,7 @@ def load_recipe(
     hex_cfg: HexConfig = typed.build(HexConfig, config["hex"], "hex")
     _check_knobs(hex_cfg)
     upstream = _upstream_values(config)
-    rl = _rl_settings(upstream, config)
+    rl = _rl_settings(upstream, config, hex_cfg.solver.max_update_window)
     catalog = build_catalog({name: vars(fig) for name, fig in hex_cfg.gpu_catalog.items()})
     cluster = build_cluster(hex_cfg.cluster, catalog)
     build_calibration(hex_cfg.calibration, catalog, folder)  # refuse bad factors or profiles up front

@@ -168,6 +168,7 @@ class RLSettings:
     gradient_checkpointing: bool = False  # actor.gradient_checkpointing: one more forward in the backward
     max_tokens_per_mb: int | None = None  # actor.mb_spec.max_tokens_per_mb (None: one micro-batch)
     mem_fraction_static: float = 0.9  # sglang.mem_fraction_static: weights + KV pool share of GPU memory
+    max_update_window: int = 0  # hex.solver.max_update_window (0: as the staleness bound allows)
 
     @property
     def samples_per_step(self) -> int:

@@ -45,6 +45,13 @@ def test_the_window_and_the_caps_change_the_step_and_the_plan_takes_the_best(pap
     assert any(g.concurrency < largest[(g.tp, g.pp)] for g in plan.rollout.replicas)
 
 
+def test_max_update_window_bounds_the_window_the_plan_chooses():
+    recipe = load_recipe(REPO / "recipes" / "paper" / "7b.yaml", ["+hex.solver.max_update_window=1"])
+    planner = Planner(recipe, PlanRequest())
+    assert list(windows(planner.eta, recipe.workload.rl.max_update_window)) == [1]
+    assert planner.solve().solver.window_steps == 1
+
+
 def test_the_plan_writes_the_caps_it_chose_within_the_staleness_bound(paper_7b):
     planner, plan = paper_7b
     sequences = sum(g.concurrency * g.count for g in plan.rollout.replicas)
