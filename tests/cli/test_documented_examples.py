@@ -37,6 +37,8 @@ PLACEHOLDERS = {
     "A": "127.0.0.1:1",
     "ray|slurm|local": "local",
 }
+# --exhaustive refuses clusters above the brute force's size limit, which every paper and mix recipe exceeds.
+EXHAUSTIVE_RECIPE = "recipes/ci/tiny.yaml"
 AFTER_FLAG = {"--budget": "130", "--target-tokens-per-s": "20000", "--steps": "3"}
 NEEDS_HARDWARE = ("inventory", "profile")
 
@@ -73,6 +75,8 @@ def _argv(command: str, tmp: Path) -> list[str]:
         if token == "|":  # a shell pipe: areal-hex's part ends here
             break
         value = AFTER_FLAG.get(argv[-1]) if argv else None
+        if token == "RECIPE" and "--exhaustive" in command:
+            value = EXHAUSTIVE_RECIPE
         argv.append(value or PLACEHOLDERS.get(token, token).format(tmp=tmp))
     return argv
 
