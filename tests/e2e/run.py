@@ -234,12 +234,15 @@ def kill_marked(mark: str) -> None:
             os.kill(int(entry.split()[0]), signal.SIGKILL)
 
 
-def processes_left(mark: str, wait_s: float) -> list[str]:
-    """The processes still marked after up to ``wait_s`` seconds (a stopped process takes a moment to go)."""
+def processes_left(mark: str, wait_s: float, named: tuple[str, ...] = ()) -> list[str]:
+    """The processes still marked (those whose command line names one of ``named``, if given) after up to
+    ``wait_s`` seconds: a stopped process takes a moment to go, a killed Ray actor a few."""
     deadline = time.monotonic() + wait_s
-    while (left := processes_with(mark)) and time.monotonic() < deadline:
+    while True:
+        left = [p for p in processes_with(mark) if not named or any(n in p for n in named)]
+        if not left or time.monotonic() >= deadline:
+            return left
         time.sleep(1)
-    return left
 
 
 def processes_with(mark: str) -> list[str]:

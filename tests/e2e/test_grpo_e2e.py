@@ -29,7 +29,6 @@ from tests.e2e.run import (
     environment,
     new_mark,
     processes_left,
-    processes_with,
     run_driver,
     two_layout_plan,
 )  # noqa: E402
@@ -181,7 +180,7 @@ def test_grpo_under_hex_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         # Every worker of the run (Ray actor) and every server is gone; only Ray's own daemons and idle worker
         # pool (all carrying the mark) stay until the cluster shuts down.
         workers = ("RayRPCServer", "sglang_server", "rpc_server")
-        assert [p for p in processes_with(mark) if any(w in p for w in workers)] == []
+        assert processes_left(mark, wait_s=30, named=workers) == []
     finally:
         cluster.shutdown()
     assert processes_left(mark, wait_s=30) == []

@@ -113,6 +113,11 @@ def test_relay_without_a_token_exits_2_before_any_worker(tmp_path: Path, monkeyp
     assert not list(tmp_path.rglob("*.log"))
 
 
+def _retile(group: dict, tp: int) -> None:
+    """The replica group on the same GPUs as tp-way servers without pipeline stages."""
+    group.update(count=group["count"] * group["tp"] * group["pp"] // tp, tp=tp, pp=1)
+
+
 @pytest.mark.parametrize(
     ("edit", "field"),
     [
@@ -125,7 +130,7 @@ def test_relay_without_a_token_exits_2_before_any_worker(tmp_path: Path, monkeyp
             "plan.staleness.max_head_offpolicyness",
         ),
         # Hand edits the cost model refuses, as the planner would never build them: 1.5B has 12 heads.
-        (lambda p: p["rollout"]["replicas"][0].update(tp=8, count=5), "plan.rollout.replicas[0]"),
+        (lambda p: _retile(p["rollout"]["replicas"][0], tp=8), "plan.rollout.replicas[0]"),
         (lambda p: p["train"]["stages"][0].update(tp=8, dp=1), "plan.train"),
     ],
     ids=["gpu-999", "layers-1000", "ghost-host", "ghost-pool", "staleness", "rollout-tp8", "train-tp8"],
