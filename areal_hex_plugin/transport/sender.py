@@ -186,6 +186,9 @@ class PartSummary:
         return sum(nbytes for _, _, nbytes in self.buckets)
 
 
+LINK_LOSS_GRACE_S = 0.5
+
+
 def _lost(error: str) -> Message:
     """A local stand-in for an answer that never came (id -1 matches every request)."""
     return Message(Kind.ERROR, {"error": error, "id": -1, "lost": True})
@@ -221,6 +224,9 @@ class _PoolPush:
                 self.channel.send(digests_after(header, bucket.chunks))  # hashed while the bytes went out
             except Exception as error:  # noqa: BLE001 - reported as a failure of the relay
                 self.broken = True
+                # A relay that refuses a bucket (e.g. a full stage dir) says why on the control channel, then
+                # ends this link: let its reason reach the events first, as the one worth reporting.
+                time.sleep(LINK_LOSS_GRACE_S)
                 self.events.put((self.pool, self.relay, _lost(f"data link to relay broke ({error})")))
 
     def flush(self) -> None:
