@@ -111,17 +111,14 @@ class RelayTrainSide:
         if dist.get_rank() == 0:
             failure = self._hex_begin_coordinator(version)
             assignment = None if failure else self._hex_sender.assignment()
-        outcome = [None if failure is None else f"{type(failure).__name__}: {failure}", assignment]
-        dist.broadcast_object_list(outcome, src=0, group=self.cpu_group)
-        if failure is not None:
-            raise failure
-        if outcome[0] is not None:
-            raise TransportError(f"hex transport: rank 0 could not begin the weight update ({outcome[0]})")
+        assignment = _from_rank0(
+            self.cpu_group, failure, assignment, "rank 0 could not begin the weight update"
+        )
         part = self.hex_part_index()
         if part == 0:
             self._hex_part = self._hex_sender
         elif part is not None:
-            self._hex_part = PartSender(outcome[1], part)
+            self._hex_part = PartSender(assignment, part)
 
     def hex_send(self, named_tensors) -> None:
         """A bucket of this rank's part (packing copies it to host memory, so the caller may reuse its buffers)."""
@@ -148,16 +145,11 @@ class RelayTrainSide:
                             )
                     except Exception as error:  # noqa: BLE001 - raised on every rank after the broadcast
                         failure = error
-                outcome = [None if failure is None else f"{type(failure).__name__}: {failure}", plan]
-                dist.broadcast_object_list(outcome, src=0, group=self.cpu_group)
-                if failure is not None:
-                    raise failure
-                if outcome[0] is not None:
-                    raise TransportError(f"hex transport: the weight update failed on rank 0 ({outcome[0]})")
-                if outcome[1] is None:
+                plan = _from_rank0(self.cpu_group, failure, plan, "the weight update failed on rank 0")
+                if plan is None:
                     return
                 if isinstance(part, PartSender):
-                    summary = part.repair(outcome[1])
+                    summary = part.repair(plan)
         finally:
             if isinstance(part, PartSender):
                 part.close()
@@ -195,3 +187,14 @@ def _report_fields(report, summaries: list[PartSummary | None]) -> dict[str, Any
         "resent_buckets": report.resent_buckets,
         "reroutes": report.reroutes,
     }
+
+
+def _from_rank0(group, failure: Exception | None, value: Any, what: str) -> Any:
+    """Rank 0's ``value`` on every rank, or its ``failure`` raised on every rank (as itself on rank 0)."""
+    outcome = [None if failure is None else f"{type(failure).__name__}: {failure}", value]
+    dist.broadcast_object_list(outcome, src=0, group=group)
+    if failure is not None:
+        raise failure
+    if outcome[0] is not None:
+        raise TransportError(f"hex transport: {what} ({outcome[0]})")
+    return outcome[1]
