@@ -18,15 +18,10 @@ ENGINE_CONTEXT_BYTES = 1e9
 GB = 1e9
 
 
-def min_rollout_gpus(model: ModelShape, gpu: GpuSpec) -> int:
-    """Fewest GPUs of one type whose memory holds the bf16 weights with room left for a KV cache."""
-    # Weights may take at most half of the usable memory so that a useful KV cache fits beside them.
-    return max(1, math.ceil(model.weight_bytes() / (0.5 * USABLE_HBM_FRACTION * gpu.hbm_bytes)))
-
-
-def min_train_gpus(model: ModelShape, gpu: GpuSpec) -> int:
-    """Fewest GPUs of one type whose memory holds the sharded training state (activations not counted)."""
-    return max(1, math.ceil(model.params * TRAIN_BYTES_PER_PARAM / (USABLE_HBM_FRACTION * gpu.hbm_bytes)))
+def min_rollout_gpus(model: ModelShape, gpu: GpuSpec, mem_fraction_static: float) -> int:
+    """Fewest GPUs of one type whose share for SGLang (``sglang.mem_fraction_static``) holds the bf16 weights: a
+    lower bound (the KV cache of the longest sequence needs room too, see ``costmodel/rollout.py``)."""
+    return max(1, math.ceil(model.weight_bytes() / (mem_fraction_static * gpu.hbm_bytes)))
 
 
 def split_layers(total: int, weights: tuple[float, ...]) -> tuple[int, ...] | None:

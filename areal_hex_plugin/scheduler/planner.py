@@ -200,16 +200,31 @@ class Planner:
                 "raise hex.solver.time_limit_s",
             )
         if self.objective.kind == "budget":
+            field = (
+                "--budget" if self.request.budget_per_hour is not None else "hex.objective.budget_per_hour"
+            )
+            problem = f"no trainer plus rollout split fits in ${self.objective.budget_per_hour:g}/h"
+            cheapest = self._cheapest_plan()
+            if cheapest is None:
+                return HexError(field, problem, "raise the budget or add cheaper machines")
+            cents = math.ceil(round(cheapest.cost_per_hour * 100, 6)) / 100
+            used = ", ".join(f"{n} {gpu}" for gpu, n in self._gpus_by_type(cheapest).items())
             return HexError(
-                "--budget" if self.request.budget_per_hour is not None else "hex.objective.budget_per_hour",
-                f"no trainer plus rollout split fits in ${self.objective.budget_per_hour:g}/h",
-                "raise the budget or add cheaper machines",
+                field,
+                f"{problem}; the cheapest plan found costs ${cents:.2f}/h ({used} GPUs)",
+                f"raise the budget to {cents:.2f} or more, or add cheaper machines",
             )
         return HexError(
             "hex.cluster",
             f"no split of this inventory into trainer and rollout machines fits {self.workload.model.name}",
             "add machines or GPUs with more memory, or choose a smaller model",
         )
+
+    def _cheapest_plan(self) -> Evaluation | None:
+        """The cheapest plan the search finds on the whole inventory (the cheapest reaching any throughput), or
+        None when none fits at any price."""
+        full = self.search(self.limits, None, self.deadline)
+        return self._cheapest_reaching(0.0, full).best if full.best is not None else None
 
     def _gap(self, best: Evaluation) -> float | None:
         """How far ``best`` may be from the optimum, proven by the relaxation of ``scheduler/bound.py``: on

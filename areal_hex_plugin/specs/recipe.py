@@ -11,7 +11,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from areal_hex_plugin.costmodel.calibration import build_calibration
-from areal_hex_plugin.costmodel.memory import min_rollout_gpus, min_train_gpus
+from areal_hex_plugin.costmodel.memory import TRAIN_BYTES_PER_PARAM, USABLE_HBM_FRACTION, min_rollout_gpus
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs import typed
 from areal_hex_plugin.specs.catalog import GpuCatalog, build_catalog
@@ -216,27 +216,61 @@ def _check_knobs(hex_cfg: HexConfig) -> None:
 
 
 def cheapest_deployment(cluster: Cluster, workload: WorkloadSpec) -> tuple[float, str] | None:
-    """The cheapest whole-machine split into one rollout replica and one trainer, or None if nothing fits."""
+    """A lower bound on the $/h of any plan, with the machines that reach it; None when no plan can fit.
+
+    A plan needs training machines whose GPUs together hold the sharded training state (whatever the layout:
+    every layout shards or replicates all of it, pipelines over several GPU types included) and rollout machines
+    of one pool holding a replica's weights (:func:`min_rollout_gpus`). Activations and the KV cache are not
+    counted, so the cheapest plan the planner finds may cost more (it says so when a budget is too low)."""
     model = workload.model
+    state = model.params * TRAIN_BYTES_PER_PARAM
     best: tuple[float, str] | None = None
     for rp in cluster.pools:
-        r_machines = math.ceil(min_rollout_gpus(model, rp.gpu) / rp.gpus_per_machine)
-        for tp in cluster.pools:
-            t_machines = math.ceil(min_train_gpus(model, tp.gpu) / tp.gpus_per_machine)
-            fits = (
-                r_machines + t_machines <= rp.machines
-                if rp is tp
-                else (r_machines <= rp.machines and t_machines <= tp.machines)
-            )
-            if not fits:
-                continue
-            cost = r_machines * rp.price_per_machine_hour + t_machines * tp.price_per_machine_hour
-            what = (
-                f"{t_machines} {tp.name} machine(s) training + {r_machines} {rp.name} machine(s) generating"
-            )
-            if best is None or cost < best[0]:
-                best = (cost, what)
+        r_machines = math.ceil(
+            min_rollout_gpus(model, rp.gpu, workload.rl.mem_fraction_static) / rp.gpus_per_machine
+        )
+        if r_machines > rp.machines:
+            continue
+        left = {p.name: p.machines - (r_machines if p is rp else 0) for p in cluster.pools}
+        trainer = _cheapest_trainer(cluster, left, state)
+        if trainer is None:
+            continue
+        cost = trainer[0] + r_machines * rp.price_per_machine_hour
+        if best is None or cost < best[0]:
+            shown = " + ".join(f"{n} {name}" for name, n in trainer[1].items())
+            best = (cost, f"{shown} machine(s) training + {r_machines} {rp.name} machine(s) generating")
     return best
+
+
+def _cheapest_trainer(
+    cluster: Cluster, machines: dict[str, int], state_bytes: float
+) -> tuple[float, dict[str, int]] | None:
+    """The cheapest machines (at most ``machines`` per pool) whose usable memory holds ``state_bytes``: exact, a
+    depth-first search over pools by price per byte, cut where even the cheapest bytes left cannot beat the best."""
+    pools = sorted(
+        (p for p in cluster.pools if machines[p.name] > 0),
+        key=lambda p: p.price_per_machine_hour / p.gpu.hbm_bytes / p.gpus_per_machine,
+    )
+    room = [USABLE_HBM_FRACTION * p.gpu.hbm_bytes * p.gpus_per_machine for p in pools]
+    best: list = [math.inf, {}]
+
+    def go(i: int, need: float, cost: float, chosen: dict[str, int]) -> None:
+        if need <= 0:
+            if cost < best[0]:
+                best[:] = [cost, dict(chosen)]
+            return
+        if i == len(pools) or cost + need * pools[i].price_per_machine_hour / room[i] >= best[0]:
+            return
+        for n in range(min(machines[pools[i].name], math.ceil(need / room[i])), -1, -1):
+            go(
+                i + 1,
+                need - n * room[i],
+                cost + n * pools[i].price_per_machine_hour,
+                {**chosen, pools[i].name: n} if n else chosen,
+            )
+
+    go(0, state_bytes, 0.0, {})
+    return (best[0], best[1]) if math.isfinite(best[0]) else None
 
 
 def load_recipe(
@@ -291,7 +325,8 @@ def load_recipe(
     if budget is not None and budget < cheapest[0]:
         raise HexError(
             "hex.objective.budget_per_hour",
-            f"${budget:g}/h is below the cheapest deployment that fits, ${cheapest[0]:.2f}/h ({cheapest[1]})",
+            f"${budget:g}/h is below ${cheapest[0]:.2f}/h, the least any plan costs ({cheapest[1]}: the "
+            "training state and a replica's weights alone need that much memory)",
             f"raise the budget to at least {cheapest[0]:.2f}, or add cheaper machines",
         )
     return Recipe(file, config, hex_cfg, upstream, catalog, cluster, workload)
