@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cache
 
 from areal_hex_plugin.costmodel.calibration import Calibration
 from areal_hex_plugin.costmodel.links import between_stages, gpu_link, network
@@ -170,6 +171,12 @@ def estimate_train(
     return TrainEstimate(True, "", time, workload.tokens_per_step / time, gpus, tuple(layers), memory, parts)
 
 
+@cache
+def _one_layer_params(model, pp: int) -> tuple[int, ...]:
+    """Parameters each of ``pp`` stages holds with one layer each (``stage_params`` is affine in the layers)."""
+    return stage_params(model, (1,) * pp)
+
+
 class _Step:
     """The step of one layout as a function of its layer split: per-stage costs, then the pipeline."""
 
@@ -196,10 +203,13 @@ class _Step:
             for s, mb in zip(stages, self.mb_tokens, strict=True)
         ]
         self.pp_comm = self._pp_comm(model)
-        # A stage's cost depends on the stage, its position, the depth and its layers (the rest is the workload's).
-        self._memo: dict[tuple, _StageCost] = {} if memo is None else memo
-        self._local: dict[tuple[int, int], _StageCost] = {}  # (position, layers): this layout's
-        self._one_layer = stage_params(model, (1,) * len(stages))
+        # A stage's cost depends on the stage, its position, the depth and its layers (the rest is the workload's):
+        # per stage, its costs by layer count, shared with every layout holding that stage there.
+        memo = {} if memo is None else memo
+        self._costs: list[dict[int, _StageCost]] = [
+            memo.setdefault((s, i, len(stages)), {}) for i, s in enumerate(stages)
+        ]
+        self._one_layer = _one_layer_params(model, len(stages))
         self._per_layer = model.params_per_layer
         # 1F1B flushes once per optimizer step: pp - 1 micro-batch slots of the slowest stage's per-micro-batch
         # work idle per minibatch (once-per-step traffic and the optimizer do not repeat per micro-batch).
@@ -208,14 +218,14 @@ class _Step:
 
     def _pp_comm(self, model) -> float:
         stages, pools, out = self.stages, self.pools, 0.0
+        # bf16 activations forward and their gradients backward, plus the forward-only passes' activations.
+        volume = self.tokens * model.hidden * 2 * (2 + self.workload.rl.forward_passes)
         for i in range(len(stages) - 1):
             same_machine = stages[i].n_gpus + stages[i + 1].n_gpus <= pools[i].gpus_per_machine
             link = between_stages(self.cluster, self.calibration, pools[i], pools[i + 1], same_machine)
             if not same_machine:
                 # The dp pipeline replicas hand off in parallel, over every machine the narrower stage spans.
                 link *= min(_machines(stages[j], pools[j]) for j in (i, i + 1))
-            # bf16 activations forward and their gradients backward, plus the forward-only passes' activations.
-            volume = self.tokens * model.hidden * 2 * (2 + self.workload.rl.forward_passes)
             out = max(out, volume / link)
         return out
 
@@ -223,13 +233,9 @@ class _Step:
         return [self._cost(i, n) for i, n in enumerate(layers)]
 
     def _cost(self, i: int, n: int) -> _StageCost:
-        found = self._local.get((i, n))
+        found = self._costs[i].get(n)
         if found is None:
-            key = (self.stages[i], i, len(self.stages), n)
-            found = self._memo.get(key)
-            if found is None:
-                found = self._memo[key] = self._new_cost(i, n)
-            self._local[i, n] = found
+            found = self._costs[i][n] = self._new_cost(i, n)
         return found
 
     def _new_cost(self, i: int, n: int) -> _StageCost:
@@ -343,12 +349,21 @@ class _Step:
         return step, parts
 
     def _room(self, i: int, usable: float, total: int) -> int:
-        """The most layers (up to ``total``) stage i holds within ``usable`` GB per GPU; 0 if not one."""
-        lo, hi = 0, total
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if self._cost(i, mid).memory_gb <= usable else (lo, mid - 1)
-        return lo
+        """The most layers (up to ``total``) stage i holds within ``usable`` GB per GPU; 0 if not one. Memory grows
+        with layers and is affine from AFFINE_FROM layers on: read off the line, then checked on the stage's own
+        costs (the largest count that fits, exactly as a search over every count would find)."""
+        edge = AFFINE_FROM + 1
+        if total <= edge or self._cost(i, edge).memory_gb > usable:
+            return max(
+                (n for n in range(1, min(total, edge) + 1) if self._cost(i, n).memory_gb <= usable), default=0
+            )
+        a, b = self._cost(i, AFFINE_FROM).memory_gb, self._cost(i, edge).memory_gb
+        n = total if b <= a else max(edge, min(total, AFFINE_FROM + int((usable - a) / (b - a))))
+        while n < total and self._cost(i, n + 1).memory_gb <= usable:
+            n += 1
+        while self._cost(i, n).memory_gb > usable:
+            n -= 1
+        return n
 
     def best_split(self, check_memory: bool) -> tuple[int, ...]:
         """Layers per stage: where the stages' times would be equal, then one layer moved at a time from a

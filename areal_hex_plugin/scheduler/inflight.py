@@ -111,17 +111,21 @@ class InFlight:
         sequences for every m the window admits, so the choices at eta are among those at eta + 1."""
         rl = self.cm.workload.rl
         eta, mean = rl.max_head_offpolicyness, self.cm.workload.output_lengths.mean
-        # Caps cut to m batches, for m = 1 .. eta + 1, largest m and caps first (ties keep larger caps).
-        by_batches: list[list[Groups]] = []
+        # Caps cut to m batches, for m = 1 .. eta + 1, largest m and caps first (ties keep larger caps); each
+        # distinct fleet numbered once (hashing fleets is most of this method's time).
+        ids: dict[Groups, int] = {}
+        by_batches: list[list[int]] = []
         for batches in range(eta + 1, 0, -1):
             sequences = self.cm.staleness_sequences(batches)
-            by_batches.append(list(dict.fromkeys(self.capped(groups, f, sequences) for f in CAP_FRACTIONS)))
+            capped = (self.capped(groups, f, sequences) for f in CAP_FRACTIONS)
+            by_batches.append(list(dict.fromkeys(ids.setdefault(c, len(ids)) for c in capped)))
+        fleets = list(ids)
         out = []
         for window in windows(eta, rl.max_update_window):
             samples = rl.samples_per_step * window
             best: tuple[float, Groups] | None = None
             # The window admits up to eta + 2 - window batches.
-            admitted = dict.fromkeys(f for fleets in by_batches[window - 1 :] for f in fleets)
+            admitted = [fleets[k] for k in dict.fromkeys(k for ks in by_batches[window - 1 :] for k in ks)]
             charge(len(admitted) * SCORE_WORK)
             for fleet in admitted:
                 rollout = window_rollout_s(fleet, samples, mean, updates=1) / window + reward_s

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from areal_hex_plugin.errors import HexError
@@ -33,7 +34,7 @@ class ModelShape:
         """Elements of K (or V) per token per layer: GQA-aware."""
         return self.kv_heads * self.dim_per_head
 
-    @property
+    @cached_property  # read per stage cost by the training search: computed once per shape
     def params_per_layer(self) -> int:
         q = self.heads * self.dim_per_head
         attn = self.hidden * q + 2 * self.hidden * self.kv_width + q * self.hidden
@@ -45,7 +46,7 @@ class ModelShape:
     def embedding_params(self) -> int:
         return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
 
-    @property
+    @cached_property
     def params(self) -> int:
         return self.layers * self.params_per_layer + self.embedding_params + self.hidden
 
