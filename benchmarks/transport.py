@@ -14,10 +14,16 @@ what this machine carries). The trainer moves the state dict of a randomly initi
   keyed digests per chunk, bucket and version, verify, commit. ``hex_s`` is the whole update as the trainer sees it:
   the version's set-up (sessions and data links along every chain), every bucket, verification and the commit on
   every replica. One sender serves all versions of a replica count, as the FSDP actor keeps one per route, so its
-  control connections are opened once (in the first repeat).
+  control connections and data links are opened once (in the first repeat) and kept;
+* ``hex`` with ``S`` senders (``--senders``, at ``--senders-replicas`` per pool): the version in S parts, as S
+  training ranks send it, each from a namespace of its own with its own links into each pool at the cross-pool
+  rate (its own NIC): the coordinator (:class:`RelaySender`, part 0) and S-1 :class:`PartSender` processes, each
+  packing and sending the buckets it owns (bucket i is part i mod S's), repair rounds as the train side runs them,
+  verify and commit. Its bound: every relay takes the whole model, through S links at once, and forwards it at
+  the intra-pool rate.
 
-The bound is the model's bytes over the cross-pool rate: each pool's relay must take the whole model through its
-pool's shaped link (``tbf`` counts frame bytes, so TCP/IP headers put even a perfect transfer about 4% above it).
+The bound (one sender) is the model's bytes over the cross-pool rate: each pool's relay must take the whole model
+through its pool's shaped link (``tbf`` counts frame bytes, so TCP/IP headers put even a perfect transfer about 4% above it).
 ``replica_cpu_s`` is the CPU time a replica spends per update: with more replicas than cores (this machine), that,
 not the links, is what stretches an update past the bound.
 
@@ -52,6 +58,11 @@ NAIVE_STORE_PORT = 29600
 
 def _address(pool: int, replica: int | None) -> str:
     return f"10.77.{pool + 1}.{254 if replica is None else replica + 1}"
+
+
+def _sender_address(pool: int, part: int) -> str:
+    """Where the sender of part ``part`` (1 and up) reaches pool ``pool`` from."""
+    return f"10.77.{pool + 1}.{250 - part}"
 
 
 # -- workers (run inside a namespace) ----------------------------------------------------------------------
@@ -141,28 +152,27 @@ def trainer_worker(args: argparse.Namespace) -> None:
             if sender is not None:
                 sender.close()
             config = SenderConfig(backend="gloo", timeout_s=60.0, chunk_bytes=args.chunk_kb << 10)
-            sender = RelaySender(Route.from_dict(command["route"]), config)
+            route, parts = Route.from_dict(command["route"]), command["parts"]
+            sender = RelaySender(route, config, parts=parts, sender_hosts=["", *command["hosts"]])
             _answer({})
-        elif command["t"] == "hex":
-            buckets, current, size = [], [], 0
-            for name, tensor in items:
-                if current and size + tensor.numel() * tensor.element_size() > args.bucket_mb << 20:
-                    buckets.append(current)
-                    current, size = [], 0
-                current.append((name, tensor))
-                size += tensor.numel() * tensor.element_size()
-            buckets.append(current)
+        elif command["t"] == "hex":  # one sender: the whole version
             began = time.perf_counter()
-            report = sender.send_version(command["version"], buckets)
-            seconds = time.perf_counter() - began
-            _answer(
-                {
-                    "seconds": seconds,
-                    "phases": report.phases,
-                    "committed": len(report.committed),
-                    "failed": report.failed,
-                }
-            )
+            report = sender.send_version(command["version"], _buckets(items, args.bucket_mb))
+            _answer(_outcome(report, time.perf_counter() - began))
+        elif (
+            command["t"] == "begin"
+        ):  # part 0 of a version in parts: the other parts' senders get the assignment
+            began = time.perf_counter()
+            sender.begin(command["version"])
+            _answer({"assignment": sender.assignment()})
+            for bucket in _buckets(items, args.bucket_mb)[:: sender.assignment()["parts"]]:
+                sender.send_bucket(bucket)
+        elif command["t"] == "settle":
+            plan = sender.settle(_summaries(command["summaries"]))
+            _answer({"plan": plan})
+        elif command["t"] == "finish":
+            report = sender.finish(parts=_summaries(command["summaries"]))
+            _answer(_outcome(report, time.perf_counter() - began))
         elif command["t"] == "naive":
             group, _store = _naive_group(
                 _address(0, None), 0, command["world"], command["prefix"], command["port"]
@@ -178,6 +188,72 @@ def trainer_worker(args: argparse.Namespace) -> None:
             if sender is not None:
                 sender.close()
             return
+
+
+def part_worker(args: argparse.Namespace) -> None:
+    """A training rank that sends part ``--part`` of every version (its own buckets, over its own links)."""
+    from areal_hex_plugin.transport.sender import PartSender
+
+    items = list(_model_state(args.hidden, args.layers, args.vocab).items())
+    sender = None
+    _answer({})
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["t"] == "cpu":
+            _answer({"cpu_s": _cpu_s()})
+        elif (
+            command["t"] == "begin"
+        ):  # kept from version to version, with its links, as the train side keeps it
+            assignment = command["assignment"]
+            if sender is None or sender.parts != assignment["parts"]:
+                if sender is not None:
+                    sender.close()
+                sender = PartSender(assignment, args.part)
+            else:
+                sender.begin(assignment)
+            for bucket in _buckets(items, args.bucket_mb)[args.part :: assignment["parts"]]:
+                sender.send_bucket(bucket)
+            _answer(_summary(sender.finish()))
+        elif command["t"] == "repair":
+            _answer(_summary(sender.repair(command["plan"])))
+        elif command["t"] == "release":
+            sender.release()
+            _answer({})
+        else:
+            break
+    if sender is not None:
+        sender.close()
+
+
+def _buckets(items: list, bucket_mb: int) -> list[list]:
+    buckets, current, size = [], [], 0
+    for name, tensor in items:
+        if current and size + tensor.numel() * tensor.element_size() > bucket_mb << 20:
+            buckets.append(current)
+            current, size = [], 0
+        current.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+    buckets.append(current)
+    return buckets
+
+
+def _summary(summary) -> dict:
+    return {"part": summary.part, "buckets": summary.buckets, "failed": summary.failed}
+
+
+def _summaries(plain: list[dict]) -> list:
+    from areal_hex_plugin.transport.sender import PartSummary
+
+    return [PartSummary(**summary) for summary in plain]
+
+
+def _outcome(report, seconds: float) -> dict:
+    return {
+        "seconds": seconds,
+        "phases": report.phases,
+        "committed": len(report.committed),
+        "failed": report.failed,
+    }
 
 
 def _cpu_s() -> float:
@@ -241,9 +317,11 @@ def replica_worker(args: argparse.Namespace) -> None:
 class Testbed:
     """Namespaces, veths, bridges and qdiscs for one trainer and ``pools`` x ``per_pool`` replicas."""
 
-    def __init__(self, pools: int, per_pool: int, cross_mb_per_s: float, intra_mb_per_s: float) -> None:
+    def __init__(
+        self, pools: int, per_pool: int, cross_mb_per_s: float, intra_mb_per_s: float, senders: int = 1
+    ) -> None:
         self.tag = f"{os.getpid() % 10000:04d}"
-        self.pools, self.per_pool = pools, per_pool
+        self.pools, self.per_pool, self.senders = pools, per_pool, senders
         self.cross, self.intra = cross_mb_per_s, intra_mb_per_s
         self.namespaces: list[str] = []
         self.root_links: list[str] = []
@@ -252,6 +330,9 @@ class Testbed:
         if pool is None:
             return f"hxb{self.tag}-trainer"
         return f"hxb{self.tag}-p{pool}" + ("-bridge" if bridge else f"-r{replica}")
+
+    def sender_ns(self, part: int) -> str:
+        return f"hxb{self.tag}-s{part}"
 
     def _ip(self, *argv: str) -> None:
         subprocess.run(["ip", *argv], check=True, capture_output=True, text=True)
@@ -304,6 +385,15 @@ class Testbed:
                     self._ip("-n", name, "addr", "add", f"{_address(pool, replica)}/24", "dev", "eth0")
                     self._ip("-n", name, "route", "add", "default", "via", _address(pool, None))
                     self._shape(name, "eth0", self.intra)
+            for part in range(1, self.senders):  # another training rank: its own links into every pool
+                name = self.sender_ns(part)
+                self._netns(name)
+                for pool in range(self.pools):
+                    self._veth(name, f"to{pool}", self.ns(pool, bridge=True), f"s{part}p{pool}")
+                    self._ip(
+                        "-n", name, "addr", "add", f"{_sender_address(pool, part)}/24", "dev", f"to{pool}"
+                    )
+                    self._shape(name, f"to{pool}", self.cross)
         except BaseException:
             self.__exit__()
             raise
@@ -350,13 +440,14 @@ class Worker:
 
 
 def _run(args: argparse.Namespace, workdir: Path) -> dict:
-    pools, per_pool_max = 2, max(args.replicas)
+    pools, per_pool_max = 2, max(args.replicas + ([args.senders_replicas] if args.senders else []))
+    most_senders = max(args.senders, default=1)
     env = dict(
         os.environ, AREAL_HEX_TRANSPORT_TOKEN=secrets.token_hex(16), PYTHONPATH=str(Path(__file__).parents[1])
     )
     model_argv = ["--hidden", str(args.hidden), "--layers", str(args.layers), "--vocab", str(args.vocab)]
     workers: list[Worker] = []
-    with Testbed(pools, per_pool_max, args.cross_mb_per_s, args.intra_mb_per_s) as bed:
+    with Testbed(pools, per_pool_max, args.cross_mb_per_s, args.intra_mb_per_s, most_senders) as bed:
         try:
             trainer_argv = ["--worker", "trainer", *model_argv, "--bucket-mb", str(args.bucket_mb)]
             trainer = Worker(
@@ -370,23 +461,41 @@ def _run(args: argparse.Namespace, workdir: Path) -> dict:
                     log = workdir / f"replica-{pool}-{replica}.log"
                     replicas[pool, replica] = Worker(bed.ns(pool, replica), argv, env, log)
                     workers.append(replicas[pool, replica])
+            parts = []
+            for part in range(1, most_senders):
+                argv = [
+                    "--worker",
+                    "part",
+                    "--part",
+                    str(part),
+                    *model_argv,
+                    "--bucket-mb",
+                    str(args.bucket_mb),
+                ]
+                parts.append(Worker(bed.sender_ns(part), argv, env, workdir / f"part-{part}.log"))
+                workers.append(parts[-1])
             model = trainer.read()
-            for worker in replicas.values():
+            for worker in [*replicas.values(), *parts]:
                 worker.read()
-            runs = []
+            runs, sender_runs = [], []
             for per_pool in args.replicas:
                 runs.append(_one_config(args, trainer, replicas, model, pools, per_pool))
                 if args.json:  # what is measured so far survives the time limit
-                    args.json.write_text(json.dumps(_summarise(args, model, runs), indent=2) + "\n")
+                    args.json.write_text(json.dumps(_summarise(args, model, runs, []), indent=2) + "\n")
+            for senders in args.senders:
+                used = [replicas[pool, r] for pool in range(pools) for r in range(args.senders_replicas)]
+                sender_runs.append(_senders_config(args, trainer, parts[: senders - 1], used, model, pools))
+                if args.json:
+                    summary = _summarise(args, model, runs, sender_runs)
+                    args.json.write_text(json.dumps(summary, indent=2) + "\n")
         finally:
             for worker in workers:
                 worker.stop()
-    return _summarise(args, model, runs)
+    return _summarise(args, model, runs, sender_runs)
 
 
-def _one_config(args, trainer: Worker, replicas: dict, model: dict, pools: int, per_pool: int) -> dict:
-    used = [replicas[pool, replica] for pool in range(pools) for replica in range(per_pool)]
-    route = {
+def _route(args, pools: int, per_pool: int) -> dict:
+    return {
         "pools": [
             {
                 "name": f"pool{pool}",
@@ -397,7 +506,63 @@ def _one_config(args, trainer: Worker, replicas: dict, model: dict, pools: int, 
             for pool in range(pools)
         ]
     }
-    trainer.send({"t": "route", "route": route})
+
+
+def _senders_config(args, trainer: Worker, parts: list[Worker], used: list[Worker], model: dict, pools: int):
+    """The version in ``len(parts) + 1`` parts, each part's sender in its own namespace (its own links)."""
+    senders, per_pool = len(parts) + 1, args.senders_replicas
+    hosts = [_sender_address(pool, part) for part in range(1, senders) for pool in range(pools)]
+    trainer.send({"t": "route", "route": _route(args, pools, per_pool), "parts": senders, "hosts": hosts})
+    trainer.read()
+    cpu_before = _cpu([*used, trainer, *parts])
+    hex_runs, first = [], 10000 + senders * 100
+    for attempt in range(args.repeats):
+        trainer.send({"t": "begin", "version": first + attempt})
+        assignment = trainer.read()["assignment"]
+        for part in parts:
+            part.send({"t": "begin", "assignment": assignment})
+        summaries = [part.read() for part in parts]
+        while True:  # repair rounds, as the train side runs them
+            trainer.send({"t": "settle", "summaries": summaries})
+            plan = trainer.read()["plan"]
+            if plan is None:
+                break
+            for part in parts:
+                part.send({"t": "repair", "plan": plan})
+            summaries = [part.read() for part in parts]
+        trainer.send({"t": "finish", "summaries": summaries})
+        hex_runs.append(trainer.read())
+        for part in parts:
+            part.send({"t": "release"})
+            part.read()
+    cpu_s = _cpu([*used, trainer, *parts]) - cpu_before
+    exact = True
+    for worker in used:
+        worker.send({"t": "hash"})
+        answer = worker.read()
+        exact &= answer["sha"] == model["sha"] and answer["version"] == first + args.repeats - 1
+    hex_s = statistics.median(run["seconds"] for run in hex_runs)
+    # Every relay takes the whole model through the senders' links at once, then forwards it in its pool.
+    bound_s = model["nbytes"] / 1e6 / (senders * args.cross_mb_per_s)
+    if per_pool > 1:
+        bound_s = max(bound_s, model["nbytes"] / 1e6 / args.intra_mb_per_s)
+    return {
+        "senders": senders,
+        "replicas_per_pool": per_pool,
+        "hex_s": round(hex_s, 3),
+        "hex_runs_s": [round(run["seconds"], 3) for run in hex_runs],
+        "hex_phases_s": hex_runs[-1]["phases"],
+        "bound_s": round(bound_s, 3),
+        "hex_over_bound": round(hex_s / bound_s, 3),
+        "bit_exact": bool(exact),
+        "cpu_s_per_update": round(cpu_s / args.repeats, 3),
+        "hex_failed_replicas": sum(len(run["failed"]) for run in hex_runs),
+    }
+
+
+def _one_config(args, trainer: Worker, replicas: dict, model: dict, pools: int, per_pool: int) -> dict:
+    used = [replicas[pool, replica] for pool in range(pools) for replica in range(per_pool)]
+    trainer.send({"t": "route", "route": _route(args, pools, per_pool), "parts": 1, "hosts": []})
     trainer.read()
     cpu_before = _cpu(used)
     hex_runs = []
@@ -463,7 +628,7 @@ def _cpu(workers: list[Worker]) -> float:
     return sum(worker.read()["cpu_s"] for worker in workers)
 
 
-def _summarise(args, model: dict, runs: list[dict]) -> dict:
+def _summarise(args, model: dict, runs: list[dict], sender_runs: list[dict]) -> dict:
     headline = next((run for run in runs if run["replicas_per_pool"] == 3), runs[-1])
     ratios = [run["hex_over_bound"] for run in runs]
     return {
@@ -484,6 +649,13 @@ def _summarise(args, model: dict, runs: list[dict]) -> dict:
             str(run["replicas_per_pool"]): {key: run[key] for key in ("hex_s", "naive_s", "bound_s")}
             for run in runs
         },
+        "by_senders": {
+            str(run["senders"]): {
+                key: run[key]
+                for key in ("hex_s", "bound_s", "hex_over_bound", "replicas_per_pool", "bit_exact")
+            }
+            for run in sender_runs
+        },
         "targets": {
             "hex_within_1.2x_bound_at_1_to_6_per_pool": all(
                 run["hex_over_bound"] <= 1.2 for run in runs if run["replicas_per_pool"] <= 6
@@ -491,6 +663,7 @@ def _summarise(args, model: dict, runs: list[dict]) -> dict:
             "ratio_to_bound_spread": round(max(ratios) - min(ratios), 3),
         },
         "runs": runs,
+        "sender_runs": sender_runs,
     }
 
 
@@ -500,6 +673,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write the result here (also printed)")
     parser.add_argument("--replicas", type=lambda s: [int(x) for x in s.split(",")], default=[1, 3, 6, 10])
+    parser.add_argument(
+        "--senders",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=[2, 4],
+        help="numbers of training ranks that each send their part of a version ('' for none)",
+    )
+    parser.add_argument("--senders-replicas", type=int, default=3, help="replicas per pool for --senders")
     parser.add_argument("--cross-mb-per-s", type=float, default=30.0)
     parser.add_argument("--intra-mb-per-s", type=float, default=100.0)
     parser.add_argument("--hidden", type=int, default=768)
@@ -511,14 +691,18 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=3, help="transfers of each kind per configuration (median)"
     )
     parser.add_argument("--max-seconds", type=int, default=900, help="hard limit for the whole run")
-    parser.add_argument("--worker", choices=["trainer", "replica"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["trainer", "replica", "part"], help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--part", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker == "trainer":
         trainer_worker(args)
         return 0
     if args.worker == "replica":
         replica_worker(args)
+        return 0
+    if args.worker == "part":
+        part_worker(args)
         return 0
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
         print("needs root and iproute2 (ip, tc) for network namespaces; nothing was run", file=sys.stderr)

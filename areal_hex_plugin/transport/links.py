@@ -82,7 +82,10 @@ class TorchLink:
     Staged (always on a GPU; ``staged`` forces it on the CPU, for tests): chunks pass through two device buffers
     used in turn, and the host copies run on a stream of the link's own, so a sender copies chunk k+1 to the device
     while chunk k is on the wire, and a receiver has chunk k+1's transfer posted while it copies chunk k to the
-    host. Otherwise (gloo on the CPU) the group reads and writes the chunks themselves.
+    host. A receiver copies each chunk off the device into one of two pinned host buffers (where CUDA is; plain
+    host memory otherwise), asynchronously at full bus speed, then on to the piece (a relay's stage file, which
+    cannot be pinned); the buffers live as long as the link, which is kept from version to version.
+    Otherwise (gloo on the CPU) the group reads and writes the chunks themselves.
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class TorchLink:
         self.staged = staged or device.type == "cuda"  # NCCL moves device memory only
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._buffers: list[torch.Tensor | None] = [None, None]
+        self._host: list[torch.Tensor | None] = [None, None]  # a receiver's pinned staging
         # The send in flight from each buffer, with its source chunk (kept alive until the copy is done).
         self._sends: list[tuple[dist.Work, torch.Tensor] | None] = [None, None]
         self._turn = 0
@@ -106,6 +110,14 @@ class TorchLink:
         buffer = self._buffers[slot]
         if buffer is None or buffer.numel() < nbytes:
             buffer = self._buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return buffer[:nbytes]
+
+    def _host_buffer(self, slot: int, nbytes: int) -> torch.Tensor:
+        """Host staging for a device buffer: pinned where CUDA is (pinning is slow: done once per size)."""
+        buffer = self._host[slot]
+        if buffer is None or buffer.numel() < nbytes:
+            pin = self._stream is not None
+            buffer = self._host[slot] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
         return buffer[:nbytes]
 
     def _settle(self, slot: int) -> None:
@@ -137,25 +149,27 @@ class TorchLink:
                     work.wait()
                     yield done
             return
-        posted: deque[tuple[dist.Work, torch.Tensor, torch.Tensor]] = deque()
+        posted: deque[tuple[dist.Work, torch.Tensor]] = deque()
 
         def post(index: int) -> None:  # the buffer's previous piece was copied out before its turn came again
             buffer = self._buffer(index % 2, pieces[index].numel())
             with self._on_stream():
-                posted.append((self.group.recv([buffer], 1 - self.rank, _TAG), buffer, pieces[index]))
+                posted.append((self.group.recv([buffer], 1 - self.rank, _TAG), buffer))
 
         if pieces:
             post(0)
         for index in range(len(pieces)):
             if index + 1 < len(pieces):
                 post(index + 1)  # its transfer runs while this piece is copied to the host
-            work, buffer, piece = posted.popleft()
+            work, buffer = posted.popleft()
+            host = self._host_buffer(index % 2, buffer.numel())
             with self._on_stream():
                 work.wait()
-                piece.copy_(buffer)
+                host.copy_(buffer, non_blocking=host.is_pinned())
             if self._stream is not None:
                 self._stream.synchronize()
-            yield piece
+            pieces[index].copy_(host)
+            yield pieces[index]
 
     def flush(self) -> None:
         """Wait until every chunk handed to :meth:`send` has left this side."""
@@ -167,12 +181,12 @@ class TorchLink:
 
     def close(self) -> None:
         """Shut the group down (what is still in flight is dropped: links close once every replica acknowledged
-        every bucket, or when the version is given up) and free the buffers (a new link is opened per version)."""
+        every bucket, or when the version is given up, or its peer or route changed) and free the buffers."""
         group, self.group = self.group, None
         # Not dist.destroy_process_group: the group was built directly, not registered with the default world.
         if group is not None:
             group.shutdown()
-        self._buffers, self._sends = [None, None], [None, None]
+        self._buffers, self._host, self._sends = [None, None], [None, None], [None, None]
 
 
 class _ServedStore(dist.Store):

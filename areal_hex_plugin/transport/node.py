@@ -2,14 +2,20 @@
 
 One node runs next to each inference replica. It serves two kinds of authenticated channels: the sender's one
 *control* channel (prepare, connect, end, commit, abort, status; the node acknowledges every bucket on it) and a
-*data* channel per part of the version from its upstream neighbour (at the relay: from each sender) for the
-current session. A version may come in parts from several senders (every training rank or pipeline stage sends its
+*data* channel per part of the version from its upstream neighbour (at the relay: from each sender). A version may come in parts from several senders (every training rank or pipeline stage sends its
 own share); each part travels down the chain in its own lane (one data link per part and hop), so parts never
 interleave on a link. Each chunk is forwarded downstream as soon as
 it arrives (the chain is pipelined) and hashed on the hashing pool meanwhile; a bucket counts as received only when
 every keyed chunk digest matches, and the version reaches the sink only on a ``commit`` of the same session whose
 ``end`` this node verified: every part complete, each part's digest and the version's matching, no tensor in two
 buckets. Until the sink confirms the load, the last committed version stays.
+
+Data links are kept from version to version while the sender's control channel stays: a committed session hands
+its links to the downstream neighbour on to the next one, which reuses them when it names the same neighbour and
+backend and every link is idle and open (otherwise they are closed and new ones opened); an incoming data link
+serves every session whose upstream its peer is, each frame still authenticated with the connection's own key and
+each chunk with the version's content key. A link that breaks, or carries a bucket of another session than the
+node's, is closed, never reused.
 
 Who may connect: the ``allowed_hosts`` (names resolved), or by default the route's own peers, i.e. while a
 control channel is open only its host and the upstream neighbour the sender named for the session. Handshakes are
@@ -92,14 +98,20 @@ class _Session:
     digests: dict[int, str] = field(default_factory=dict)
     # One forwarder per part (lane) to the downstream neighbour; empty at the tail.
     forwarders: list[_Forwarder] = field(default_factory=list)
+    # The downstream neighbour and backend of the forwarders.
+    downstream: tuple[str, str] = ("", "")
     # The data connection that carries each lane here (a second one for a lane is refused).
     lanes: dict[int, object] = field(default_factory=dict)
     verified: str = ""
 
     def close_forwarders(self) -> None:
         forwarders, self.forwarders = self.forwarders, []
-        for forwarder in forwarders:  # tearing a link down can take a while; nobody waits for it
-            threading.Thread(target=forwarder.close, daemon=True).start()
+        _close_all(forwarders)
+
+
+def _close_all(forwarders: list[_Forwarder]) -> None:
+    for forwarder in forwarders:  # tearing a link down can take a while; nobody waits for it
+        threading.Thread(target=forwarder.close, daemon=True).start()
 
 
 class _Forwarder:
@@ -114,17 +126,25 @@ class _Forwarder:
 
     def _run(self) -> None:
         while (item := self.queue.get()) is not None:
-            if self.broken:
-                continue
-            kind, payload = item
             try:
-                if kind == "frame":
-                    self.channel.send(payload)
-                else:
-                    self.link.send(payload)
-            except Exception as error:  # noqa: BLE001 - any failure of the downstream link is reported
-                self.broken = True
-                self.report(make(Kind.FORWARD_FAILED, peer=self.peer, error=str(error)[:2000]))
+                if not self.broken:
+                    self._forward(*item)
+            finally:
+                self.queue.task_done()
+
+    def _forward(self, kind: str, payload: Any) -> None:
+        try:
+            if kind == "frame":
+                self.channel.send(payload)
+            else:
+                self.link.send(payload)
+        except Exception as error:  # noqa: BLE001 - any failure of the downstream link is reported
+            self.broken = True
+            self.report(make(Kind.FORWARD_FAILED, peer=self.peer, error=str(error)[:2000]))
+
+    def reusable(self) -> bool:
+        """Idle (everything queued went out), never broken, and the neighbour has not closed the link."""
+        return not self.broken and self.queue.unfinished_tasks == 0 and not self.channel.peer_closed()
 
     def close(self) -> None:
         self.queue.put(None)
@@ -149,6 +169,10 @@ class ReceiverNode:
         self._allowed = resolve_hosts(self.config.allowed_hosts) if self.config.allowed_hosts else None
         self._lock = threading.Lock()
         self._session: _Session | None = None
+        # The last committed session's forwarders, for the next session to reuse (see the module doc).
+        self._kept: tuple[tuple[str, str], list[_Forwarder]] | None = None
+        # Open incoming data channels (they outlive sessions; stop() closes them).
+        self._data: set[Channel] = set()
         self._last_committed: Path | None = None
         self._control: Channel | None = None
         self._handshakes = threading.BoundedSemaphore(self.config.max_handshakes)
@@ -181,7 +205,12 @@ class ReceiverNode:
         control, self._control = self._control, None
         if control is not None:
             control.close()
-        self._end_session()
+        with self._lock:
+            self._end_session()
+            self._drop_kept()
+            data, self._data = self._data, set()
+        for channel in data:
+            channel.close()
         self._settle()
         for scratch in self._scratch:
             scratch.remove()
@@ -266,8 +295,9 @@ class ReceiverNode:
         """One control channel at a time; a closed one (its sender went) is replaced."""
         for _ in range(20):
             with self._lock:
-                if self._control is None or _closed(self._control.sock):
+                if self._control is None or self._control.peer_closed():
                     self._control = channel
+                    self._drop_kept()  # links are kept for one sender's control channel only
                     return True
             time.sleep(0.05)
         return False
@@ -301,6 +331,7 @@ class ReceiverNode:
                 if self._control is channel:
                     self._control = None
                     self._end_session()
+                    self._drop_kept()
 
     def _handle(self, message: Message) -> Message:
         handler = {
@@ -331,6 +362,11 @@ class ReceiverNode:
             session.close_forwarders()
             session.stage.remove()
 
+    def _drop_kept(self) -> None:
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            _close_all(kept[1])
+
     def _on_prepare(self, message: Message) -> Message:
         """Start a new session: drop whatever was staged and the old downstream link."""
         if message["version"] <= self.version:
@@ -359,8 +395,19 @@ class ReceiverNode:
         session = self._current(message)
         if isinstance(session, str):
             return make(Kind.ERROR, id=0, error=session)
-        downstream = message["downstream"]
+        downstream, backend = message["downstream"], message["backend"]
         session.close_forwarders()
+        with self._lock:
+            kept, self._kept = self._kept, None
+        if kept is not None:
+            if (
+                kept[0] == (downstream, backend)
+                and len(kept[1]) == session.parts
+                and all(forwarder.reusable() for forwarder in kept[1])
+            ):
+                session.downstream, session.forwarders = kept
+                return make(Kind.CONNECTED, id=0)
+            _close_all(kept[1])
         forwarders = []
         try:
             endpoint = Endpoint.parse(downstream)
@@ -370,7 +417,7 @@ class ReceiverNode:
                     endpoint.port,
                     self.token,
                     session.id,
-                    message["backend"],
+                    backend,
                     self.config.timeout_s,
                     self.device,
                 )
@@ -379,7 +426,7 @@ class ReceiverNode:
             for forwarder in forwarders:
                 threading.Thread(target=forwarder.close, daemon=True).start()
             return make(Kind.DOWNSTREAM_FAILED, id=0, peer=downstream, error=str(error)[:2000])
-        session.forwarders = forwarders
+        session.downstream, session.forwarders = (downstream, backend), forwarders
         return make(Kind.CONNECTED, id=0)
 
     def _on_end(self, message: Message) -> Message:
@@ -415,9 +462,13 @@ class ReceiverNode:
             return make(Kind.ERROR, id=0, error=session)
         if not session.verified or session.verified != message["digest"]:
             return make(Kind.ERROR, id=0, error="commit of a version this session did not verify")
-        with self._lock:
+        with (
+            self._lock
+        ):  # every replica holds every bucket: the links are idle, and kept for the next version
             self._session = None
-            session.close_forwarders()
+            self._drop_kept()
+            self._kept = (session.downstream, session.forwarders)
+            session.forwarders = []
         self._settle()  # the last committed version is wherever a failed load must find it
         try:
             self.sink.load(session.version, session.stage)
@@ -465,33 +516,58 @@ class ReceiverNode:
     # -- data ---------------------------------------------------------------------------------------------
 
     def _serve_data(self, channel: Channel, session_id: str) -> None:
+        """Serve an incoming data link, for this session and the next ones (until it breaks or falls behind)."""
         session = self._session
         if session is None or session.id != session_id:
             return
         channel.settimeout(self.config.timeout_s)
         link = open_receiving_link(channel, self.config.timeout_s, self.device)
-        lane: int | None = None
+        with self._lock:
+            if self._stopping.is_set():
+                link.close()
+                return
+            self._data.add(channel)
+        lane: tuple[_Session, int] | None = None  # the session and part this link carries now
         try:
-            while self._session is session:
+            while True:
+                channel.settimeout(None)  # idle between versions; a closed peer, or stop(), ends the wait
                 header = channel.recv({Kind.BUCKET})
-                if header["session"] != session.id or header["version"] != session.version:
-                    return
-                if lane is None:
-                    lane = header["index"] % session.parts
-                    with self._lock:
-                        if session.lanes.setdefault(lane, channel) is not channel:
-                            lane = None
-                            raise ProtocolError("a second data connection for one part")
-                elif header["index"] % session.parts != lane:
+                channel.settimeout(self.config.timeout_s)
+                session = self._session
+                if session is None or (header["session"], header["version"]) != (session.id, session.version):
+                    return  # a link that is behind (or ahead of) the node's session is not kept
+                if lane is None or lane[0] is not session:
+                    self._release_lane(lane, channel)
+                    lane = (session, self._claim_lane(session, channel, header["index"]))
+                elif header["index"] % session.parts != lane[1]:
                     raise ProtocolError(
-                        f"bucket {header['index']} is not of part {lane}, which this link carries"
+                        f"bucket {header['index']} is not of part {lane[1]}, which this link carries"
                     )
                 self._receive_bucket(session, header, channel, link)
         finally:
-            if lane is not None:
-                with self._lock:
-                    session.lanes.pop(lane, None)
+            self._release_lane(lane, channel)
+            with self._lock:
+                self._data.discard(channel)
             link.close()
+
+    def _claim_lane(self, session: _Session, channel: Channel, index: int) -> int:
+        """The part this link carries in ``session`` (its first bucket's); refused to a peer that is not the
+        session's upstream (a link kept from an earlier route), and for a part another link carries."""
+        if not self._peer_allowed(channel.peer_host):
+            raise ProtocolError(
+                f"{channel.peer_host} is not upstream of this replica in session {session.id}"
+            )
+        lane = index % session.parts
+        with self._lock:
+            if session.lanes.setdefault(lane, channel) is not channel:
+                raise ProtocolError("a second data connection for one part")
+        return lane
+
+    def _release_lane(self, lane: tuple[_Session, int] | None, channel: Channel) -> None:
+        if lane is not None:
+            with self._lock:
+                if lane[0].lanes.get(lane[1]) is channel:
+                    del lane[0].lanes[lane[1]]
 
     def _receive_bucket(self, session: _Session, header: Message, channel: Channel, link: DataLink) -> None:
         """The bytes chunk by chunk (each forwarded and hashed as it lands), then the chunk digests to check."""
@@ -579,13 +655,3 @@ def _check_parts(
 
 def _with_id(reply: Message, request: Message) -> Message:
     return make(reply.kind, **{**reply.fields, "id": request["id"]})
-
-
-def _closed(sock: socket.socket) -> bool:
-    """True when the peer has closed ``sock`` (EOF waiting) or it is gone."""
-    try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True

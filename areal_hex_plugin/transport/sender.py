@@ -210,24 +210,37 @@ class _PoolPush:
 
     def _run(self) -> None:
         while (item := self.work.get()) is not None:
-            if isinstance(item, threading.Event):  # flush(): everything before it is handed over
-                item.set()
-                continue
-            if self.broken:
-                continue
-            header, bucket, step = item
             try:
-                self.channel.send(header)
-                for offset in range(0, bucket.nbytes, step):
-                    bucket.wait_filled(min(offset + step, bucket.nbytes))  # sent as it is packed
-                    self.link.send(bucket.data[offset : offset + step])
-                self.channel.send(digests_after(header, bucket.chunks))  # hashed while the bytes went out
-            except Exception as error:  # noqa: BLE001 - reported as a failure of the relay
-                self.broken = True
-                # A relay that refuses a bucket (e.g. a full stage dir) says why on the control channel, then
-                # ends this link: let its reason reach the events first, as the one worth reporting.
-                time.sleep(LINK_LOSS_GRACE_S)
-                self.events.put((self.pool, self.relay, _lost(f"data link to relay broke ({error})")))
+                if isinstance(item, threading.Event):  # flush(): everything before it is handed over
+                    item.set()
+                elif not self.broken:
+                    self._send(*item)
+            finally:
+                self.work.task_done()
+
+    def _send(self, header: Message, bucket: Bucket, step: int) -> None:
+        try:
+            self.channel.send(header)
+            for offset in range(0, bucket.nbytes, step):
+                bucket.wait_filled(min(offset + step, bucket.nbytes))  # sent as it is packed
+                self.link.send(bucket.data[offset : offset + step])
+            self.channel.send(digests_after(header, bucket.chunks))  # hashed while the bytes went out
+        except Exception as error:  # noqa: BLE001 - reported as a failure of the relay
+            self.broken = True
+            # A relay that refuses a bucket (e.g. a full stage dir) says why on the control channel, then
+            # ends this link: let its reason reach the events first, as the one worth reporting.
+            time.sleep(LINK_LOSS_GRACE_S)
+            self.events.put((self.pool, self.relay, _lost(f"data link to relay broke ({error})")))
+
+    def reusable(self, relay: Endpoint) -> bool:
+        """For the next version to ``relay``: the same relay, everything queued went out, never broken, and the
+        relay has not closed the link (a broken one is never reused: a new one is opened)."""
+        return (
+            relay == self.relay
+            and not self.broken
+            and self.work.unfinished_tasks == 0
+            and not self.channel.peer_closed()
+        )
 
     def flush(self) -> None:
         """Wait until every queued bucket went out (or the link broke: each send has the link's timeout)."""
@@ -338,7 +351,7 @@ class RelaySender:
         for state in self._pools.values():
             # Replicas that failed an earlier version are tried again: a recovered one gets this version whole.
             state.alive = list(state.route.replicas)
-            self._prepare(state)
+            self._prepare(state, keep_link=True)
         self._report.mark("prepared", self._began)
 
     def send_bucket(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -540,6 +553,8 @@ class RelaySender:
         logger.warning("pool %s: replica %s failed: %s", state.route.name, endpoint, reason)
         state.alive.remove(endpoint)
         self._failed[str(endpoint)] = reason
+        if state.push is not None and state.push.relay == endpoint:
+            self._stop_push(state)
         control = state.controls.pop(endpoint, None)
         if control is not None:
             control.close()
@@ -557,10 +572,13 @@ class RelaySender:
                 f"{reason} ({left}); no replica committed version {self._version}, all keep their previous one"
             )
 
-    def _prepare(self, state: _PoolState) -> None:
-        """(Re)build the pool's chain: tail first, so every node finds its downstream ready."""
+    def _prepare(self, state: _PoolState, keep_link: bool = False) -> None:
+        """(Re)build the pool's chain: tail first, so every node finds its downstream ready. With ``keep_link``
+        (a new version, not a re-route) the data link to the relay stays if it can be reused."""
         while True:
-            self._stop_push(state)
+            if not (keep_link and state.push is not None and state.push.reusable(state.alive[0])):
+                self._stop_push(state)
+            keep_link = False
             state.session, state.acked, state.copies = secrets.token_hex(8), {}, {}
             failed = self._prepare_chain(state)
             if failed is None:
@@ -619,6 +637,8 @@ class RelaySender:
                     return Endpoint.parse(reply["peer"]), reply["error"]
                 if reply.kind != expected:
                     return endpoint, _error(reply)
+        if state.push is not None:  # kept from the last version: the relay serves it in the new session too
+            return None
         relay = chain[0]
         try:
             channel, link = connect_data_link(
@@ -784,26 +804,49 @@ class PartSender:
     """One more sender of a version (part ``part`` of the coordinator's ``assignment``): pushes its own buckets
     to every pool's relay in the coordinator's sessions; the coordinator sees the acknowledgements and verifies.
     ``send_bucket`` for each of its buckets, then ``finish()`` for the :class:`PartSummary` to hand to the
-    coordinator, ``repair(plan)`` for each plan the coordinator's ``settle`` returns, and ``close()`` once the
-    coordinator has verified (the links and buckets stay until then)."""
+    coordinator, ``repair(plan)`` for each plan the coordinator's ``settle`` returns, and ``release()`` once the
+    coordinator has verified (the buckets stay until then). ``begin(assignment)`` starts the next version on the
+    same data links where they can be reused (same relay, idle, unbroken); ``close()`` ends them."""
 
     def __init__(self, assignment: dict[str, Any], part: int, token: bytes | None = None) -> None:
         self.part, self.parts = part, assignment["parts"]
         if not 0 < part < self.parts:
             raise HexError("hex.relay", f"part {part} of {self.parts}", "parts 1 and up send with PartSender")
         self._token = token if token is not None else load_token()
-        self.version, self.chunk_bytes = assignment["version"], assignment["chunk_bytes"]
-        self._backend, self._timeout_s = assignment["backend"], assignment["timeout_s"]
-        self._key = content_key(self._token, assignment["update"])
         self._device = current_device()
         self._events: queue.Queue = queue.Queue()
         self._sessions: dict[str, str] = {}
         self._pushes: dict[str, _PoolPush] = {}
+        self._failed: dict[str, str] = {}  # this round's
+        self._backend = ""
+        self.begin(assignment)
+
+    def begin(self, assignment: dict[str, Any]) -> None:
+        """Take part in the coordinator's next version (of the same number of parts)."""
+        if assignment["parts"] != self.parts:
+            raise HexError(
+                "hex.relay",
+                f"{assignment['parts']} parts, this sender was made for {self.parts}",
+                "make a new one",
+            )
+        if assignment["backend"] != self._backend:
+            self.close()
+        self.version, self.chunk_bytes = assignment["version"], assignment["chunk_bytes"]
+        self._backend, self._timeout_s = assignment["backend"], assignment["timeout_s"]
+        self._key = content_key(self._token, assignment["update"])
         self._buckets: dict[int, Bucket] = {}
         self._sent: list[list[Any]] = []  # [index, bucket digest, nbytes] of each bucket
-        self._failed: dict[str, str] = {}  # this round's
+        self._failed = {}
+        while not self._events.empty():  # a kept link's last version is over
+            self._events.get_nowait()
+        for name in set(self._pushes) - set(assignment["pools"]):
+            self._pushes.pop(name).close()
         for name, pool in assignment["pools"].items():
-            self._link(name, pool)
+            push = self._pushes.get(name)
+            if push is not None and push.reusable(Endpoint.parse(pool["relay"])):
+                self._sessions[name] = pool["session"]
+            else:
+                self._link(name, pool)
 
     def _link(self, name: str, pool: dict[str, str]) -> None:
         """(Re)open the data link to pool ``name``'s relay in its session; a failure goes into the summary."""
@@ -869,6 +912,10 @@ class PartSender:
                 if index in self._buckets:
                     self._push(name, self._buckets[index], copy)
         return self.finish()
+
+    def release(self) -> None:
+        """The version is verified: free its buckets; the links stay for the next :meth:`begin`."""
+        self._buckets = {}
 
     def close(self) -> None:
         for push in self._pushes.values():

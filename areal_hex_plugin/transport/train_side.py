@@ -41,6 +41,8 @@ class RelayTrainSide:
 
     _hex_sender: RelaySender | None = None
     _hex_part: RelaySender | PartSender | None = None
+    # This rank's PartSender, kept with its data links from version to version.
+    _hex_part_sender: PartSender | None = None
     _hex_report: dict[str, Any] | None = None
 
     @classmethod
@@ -67,6 +69,7 @@ class RelayTrainSide:
         """(Re)build the coordinator on rank 0 from a route of rollout receivers (``Route.to_dict`` form); every
         rank takes part (the other senders' addresses are gathered for the relays' allow-lists)."""
         parsed = Route.from_dict(route)
+        self._hex_close_part_sender()  # its links go to the old route's relays
         mine, problem = set(), ""
         if self.hex_part_index() not in (None, 0):
             try:  # refused here, on rank 0 for all: a sender that fails alone would leave the others waiting
@@ -118,7 +121,13 @@ class RelayTrainSide:
         if part == 0:
             self._hex_part = self._hex_sender
         elif part is not None:
-            self._hex_part = PartSender(assignment, part)
+            kept = self._hex_part_sender
+            if kept is not None and kept.part == part and kept.parts == assignment["parts"]:
+                kept.begin(assignment)
+            else:
+                self._hex_close_part_sender()
+                self._hex_part_sender = PartSender(assignment, part)
+            self._hex_part = self._hex_part_sender
 
     def hex_send(self, named_tensors) -> None:
         """A bucket of this rank's part (packing copies it to host memory, so the caller may reuse its buffers)."""
@@ -131,6 +140,7 @@ class RelayTrainSide:
         then rank 0 verifies. Raises on every rank if that failed (then no replica switches)."""
         part = self._hex_part
         summary = part.finish() if isinstance(part, PartSender) else None
+        verified = False
         try:
             while True:
                 summaries = [s for s in _gather(self.cpu_group, summary) if s is not None]
@@ -147,13 +157,21 @@ class RelayTrainSide:
                         failure = error
                 plan = _from_rank0(self.cpu_group, failure, plan, "the weight update failed on rank 0")
                 if plan is None:
+                    verified = True
                     return
                 if isinstance(part, PartSender):
                     summary = part.repair(plan)
         finally:
             if isinstance(part, PartSender):
-                part.close()
+                part.release()  # its buckets; the links stay for the next version unless this one failed
+                if not verified:
+                    self._hex_close_part_sender()
             self._hex_part = None
+
+    def _hex_close_part_sender(self) -> None:
+        if self._hex_part_sender is not None:
+            self._hex_part_sender.close()
+            self._hex_part_sender = None
 
     def _hex_begin_coordinator(self, version: int) -> Exception | None:
         if self._hex_sender is None:

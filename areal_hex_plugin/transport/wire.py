@@ -118,6 +118,16 @@ class Channel:
             raise ProtocolError(f"frame is not JSON ({error})") from None
         return parse(decoded, expect)
 
+    def peer_closed(self) -> bool:
+        """True when the peer has closed the connection (its end-of-stream or a reset is waiting) or it is gone;
+        bytes waiting unread do not count."""
+        try:  # select first: with a timeout set, Python waits that long for a byte whatever the flags say
+            return (
+                bool(select.select([self.sock], [], [], 0)[0]) and self.sock.recv(1, socket.MSG_PEEK) == b""
+            )
+        except (OSError, ValueError):  # reset, or closed here (no descriptor)
+            return True
+
     def readable(self) -> bool:
         """True when bytes are waiting (a frame that already arrived)."""
         return bool(select.select([self.sock], [], [], 0)[0])

@@ -17,7 +17,8 @@
 # The checks, in order (default timeouts add up to 540 s; with the probes (30 s + 2 x 5 s) and 5 s to kill each
 # check that ignores its stop signal, 10 minutes at most):
 #   transport (HEX_GPU_TIMEOUT_TRANSPORT, 60 s): tests/gpu/transport_check.py. The relay weight transport moves a
-#       bf16 state dict held on the GPU to relay receivers bit-exactly over tcp and gloo, and over nccl on 2+ GPUs.
+#       bf16 state dict held on the GPU to relay receivers bit-exactly over tcp and gloo, and over nccl on 2+ GPUs
+#       (there also: the receiving side stages through pinned host buffers, reused by the next version's transfer).
 #   profile (HEX_GPU_TIMEOUT_PROFILE, 180 s): tests/gpu/profile_check.py. `areal-hex profile` times a real SGLang
 #       engine (the pinned sglang) and upstream's real FSDP PPO step on this GPU type with the 1.5B recipe's shape
 #       (random weights, nothing downloaded) and fits efficiency factors inside sane ranges.

@@ -7,9 +7,11 @@
   needs at least 2 GPUs; with 3 or more the receivers form two pools).
 * ``nccl_link`` (2+ GPUs): one NCCL data link between cuda:0 and cuda:1, opened as the nodes open it (rendezvous
   over an authenticated channel): host-to-host throughput of its double-buffered path (pinned host memory on
-  the sending side as the sender packs it, pageable memory on the receiving side as a relay stages it; each
-  chunk's host copy overlaps the next chunk's transfer on the link's own CUDA stream) next to the same group's
-  device-to-device throughput, which bounds it; bytes checked.
+  the sending side as the sender packs it, pageable memory on the receiving side as a relay stages it, reached
+  through the link's own pinned staging buffers; each chunk's host copy overlaps the next chunk's transfer on the
+  link's own CUDA stream) next to the same group's device-to-device throughput, which bounds it; bytes checked.
+  The host-to-host transfer runs twice, as two versions over a kept link: ``pinned_staging`` is true when the
+  receiver's staging buffers are pinned and the second transfer reused them.
 * ``gloo`` and ``tcp``: the same transfer from GPU-resident tensors (bucket packing copies device to host), which
   also runs on a single GPU.
 * ``gloo_2_senders`` (and ``nccl_2_senders`` on 2+ GPUs): the version in two parts, as two training ranks send it
@@ -157,8 +159,8 @@ def _link_end(rank: int, ports, results, chunks: int, chunk_bytes: int) -> None:
     data = data.pin_memory() if rank == 0 else torch.zeros_like(data)
     pieces = [data[i * chunk_bytes : (i + 1) * chunk_bytes] for i in range(chunks)]
     on_device = torch.empty(chunk_bytes, dtype=torch.uint8, device=device)
-    timings = {}
-    for mode in ("device_to_device", "host_to_host"):
+    timings, staging = {}, []
+    for mode in ("device_to_device", "host_to_host", "host_to_host_again"):
         torch.cuda.synchronize(device)
         began = time.perf_counter()
         if mode == "device_to_device":
@@ -173,11 +175,13 @@ def _link_end(rank: int, ports, results, chunks: int, chunk_bytes: int) -> None:
         else:
             for _ in link.receive(pieces):
                 pass
+            staging.append([(buffer.data_ptr(), buffer.is_pinned()) for buffer in link._host])
         timings[mode] = time.perf_counter() - began
     if rank == 1:
         torch.manual_seed(1)
         expected = torch.randint(0, 256, (chunks * chunk_bytes,), dtype=torch.uint8)
-        results.put((timings, torch.equal(data, expected)))
+        pinned = staging[0] == staging[1] and all(is_pinned for _, is_pinned in staging[0])
+        results.put((timings, torch.equal(data, expected), pinned))
     link.close()
     channel.close()
 
@@ -194,14 +198,20 @@ def _nccl_link(gigabytes: float) -> dict:
     for end in ends:
         end.start()
     try:
-        timings, exact = results.get(timeout=300)
+        timings, exact, pinned = results.get(timeout=300)
     finally:
         for end in ends:
             end.join(timeout=30)
             end.kill()
     nbytes = chunks * chunk_bytes
     speeds = {f"{mode}_gb_per_s": round(nbytes / seconds / 1e9, 2) for mode, seconds in timings.items()}
-    return {"bytes": nbytes, "chunk_bytes": chunk_bytes, **speeds, "bit_exact": exact}
+    return {
+        "bytes": nbytes,
+        "chunk_bytes": chunk_bytes,
+        **speeds,
+        "bit_exact": exact,
+        "pinned_staging": pinned,
+    }
 
 
 def main() -> int:
@@ -232,7 +242,11 @@ def main() -> int:
     for backend in ("gloo", "tcp"):
         result[backend] = _run(backend, [None, None, None], state, reference, token)
     result["gloo_2_senders"] = _run("gloo", [None, None, None], state, reference, token, parts=2)
-    ok = all(entry.get("bit_exact", True) for entry in result.values() if isinstance(entry, dict))
+    ok = all(
+        entry.get("bit_exact", True) and entry.get("pinned_staging", True)
+        for entry in result.values()
+        if isinstance(entry, dict)
+    )
     result["ok"] = ok
     text = json.dumps(result, indent=2)
     print(text)

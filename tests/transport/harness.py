@@ -157,7 +157,8 @@ class ReplicaFleet:
 
 class Proxy:
     """Forwards TCP to ``target``; can throttle the forward direction, flip one byte at ``corrupt_at``, or go
-    silent (a dead link that never closes) once a connection has forwarded ``stall_after`` bytes."""
+    silent (a dead link that never closes) once a connection has forwarded ``stall_after`` bytes. ``connections``
+    lists every accepted connection as (client side, target side), in order; :meth:`cut` breaks one."""
 
     def __init__(
         self,
@@ -175,6 +176,7 @@ class Proxy:
         self.corrupted = 0
         self.forwarded = 0  # bytes towards ``target``, all connections together
         self.stalled = threading.Event()
+        self.connections: list[tuple[socket.socket, socket.socket]] = []
         self._closed = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.endpoint = Endpoint("127.0.0.1", self._listener.getsockname()[1])
@@ -187,6 +189,7 @@ class Proxy:
             except OSError:
                 return
             server = socket.create_connection((self.target.host, self.target.port))
+            self.connections.append((client, server))
             threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
 
@@ -220,6 +223,12 @@ class Proxy:
                 with contextlib.suppress(OSError):
                     end.shutdown(socket.SHUT_RDWR)
                 end.close()
+
+    def cut(self, index: int) -> None:
+        """Break connection ``index`` both ways, as a failed link does (each end sees it closed)."""
+        for end in self.connections[index]:
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         self._closed.set()

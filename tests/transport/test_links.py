@@ -110,3 +110,31 @@ def test_link_posts_the_next_transfer_before_handing_out_a_chunk(staged):
     finally:
         for end in (*ends, upstream, downstream):
             end.close()
+
+
+def test_a_staged_receiver_reuses_its_host_staging_from_one_version_to_the_next():
+    """The receiving side copies each chunk off the device through two host buffers (pinned where CUDA is), kept
+    with the link: a later version of chunks no larger reuses them, a larger chunk grows them; bytes exact."""
+    sending, receiving, upstream, downstream = _gloo_pair()
+    ends = [TorchLink(link.group, link.rank, _CPU, staged=True) for link in (sending, receiving)]
+
+    def version(sizes: list[int]) -> list[int]:
+        chunks = [torch.randint(0, 256, (n,), dtype=torch.uint8) for n in sizes]
+        got = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+        receiver = threading.Thread(target=lambda: list(ends[1].receive(got)))
+        receiver.start()
+        for chunk in chunks:
+            ends[0].send(chunk)
+        ends[0].flush()
+        receiver.join(20)
+        assert all(torch.equal(a, b) for a, b in zip(got, chunks, strict=True))
+        return [buffer.data_ptr() for buffer in ends[1]._host]
+
+    try:
+        first = version([4096, 4096, 1000])
+        assert all(buffer.is_pinned() == torch.cuda.is_available() for buffer in ends[1]._host)
+        assert version([4096, 100, 4096]) == first
+        assert version([8192, 8192])[0] != first[0]
+    finally:
+        for end in (*ends, upstream, downstream):
+            end.close()

@@ -94,9 +94,13 @@ def test_corrupted_bucket_is_resent(tmp_path, model_state):
         _assert_holds(replica, model_state, 4)
 
 
-def _kill_when_transferring(replica, proxy_seen: threading.Event) -> threading.Thread:
+def _kill_when_transferring(replica, proxy: Proxy) -> threading.Thread:
+    """Kill ``replica`` once 256 KiB more have gone through ``proxy`` (a slow link, so mid-transfer)."""
+    start, deadline = proxy.forwarded, time.monotonic() + 30
+
     def kill() -> None:
-        proxy_seen.wait(timeout=30)
+        while proxy.forwarded < start + (256 << 10) and time.monotonic() < deadline:
+            time.sleep(0.01)
         os.kill(replica.process.pid, signal.SIGKILL)
 
     thread = threading.Thread(target=kill, daemon=True)
@@ -104,33 +108,19 @@ def _kill_when_transferring(replica, proxy_seen: threading.Event) -> threading.T
     return thread
 
 
-class _ThrottledProxy(Proxy):
-    """A slow cross link that says when the first megabyte of payload has gone through."""
-
-    def __init__(self, target, bytes_per_s: float) -> None:
-        super().__init__(target, bytes_per_s=bytes_per_s, corrupt_at=None)
-        self.started = threading.Event()
-
-    def _pump(self, source, sink, forward) -> None:
-        if forward:
-            threading.Timer(0.4, self.started.set).start()
-        super()._pump(source, sink, forward)
-
-
 @pytest.mark.parametrize("on_failure", ["fail", "reroute"])
 def test_relay_killed_mid_transfer(tmp_path, model_state, on_failure):
     old = {name: torch.zeros_like(tensor) for name, tensor in model_state.items()}
     with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
         relay, *rest = fleet.start([1, 1, 2])
-        proxy = _ThrottledProxy(relay.endpoint, bytes_per_s=1.5e6)
+        proxy = Proxy(relay.endpoint, bytes_per_s=1.5e6)
         route = Route([PoolRoute("h20", [proxy.endpoint] + [r.endpoint for r in rest], 1.5, 5.0)])
         config = SenderConfig(backend="tcp", chunk_bytes=64 << 10, timeout_s=5.0, on_failure=on_failure)
         sender = RelaySender(route, config, token=TOKEN)
         try:
             first = sender.send_version(1, in_buckets(old, per_bucket=40))
             assert len(first.committed) == 3
-            proxy.started.clear()
-            killer = _kill_when_transferring(relay, proxy.started)
+            killer = _kill_when_transferring(relay, proxy)
             began = time.monotonic()
             if on_failure == "fail":
                 with pytest.raises(
@@ -184,12 +174,12 @@ def test_silent_link_is_detected_within_timeout_and_rerouted(tmp_path, model_sta
 def test_middle_replica_killed_mid_transfer_is_routed_around(tmp_path, model_state):
     with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
         relay, middle, tail = fleet.start([1, 2, 1])
-        proxy = _ThrottledProxy(relay.endpoint, bytes_per_s=1.5e6)
+        proxy = Proxy(relay.endpoint, bytes_per_s=1.5e6)
         route = Route([PoolRoute("h20", [proxy.endpoint, middle.endpoint, tail.endpoint], 1.5, 5.0)])
         sender = RelaySender(
             route, SenderConfig(backend="tcp", chunk_bytes=64 << 10, timeout_s=5.0), token=TOKEN
         )
-        killer = _kill_when_transferring(middle, proxy.started)
+        killer = _kill_when_transferring(middle, proxy)
         began = time.monotonic()
         try:
             report = sender.send_version(9, in_buckets(model_state, per_bucket=3))
