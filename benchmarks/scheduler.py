@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from clusters import GPUS, pools_override  # benchmarks/clusters.py, beside this script
 from report import emit  # benchmarks/report.py, beside this script
 
 from areal_hex_plugin.errors import HexError
@@ -38,17 +39,6 @@ from areal_hex_plugin.scheduler.planner import Planner, PlanRequest
 from areal_hex_plugin.specs.recipe import cheapest_deployment, load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
-# (GPU type, price per GPU-hour): the paper's relative prices where it has them, the same scale otherwise.
-GPUS = {
-    "H800-PCIe": 5.28,
-    "H20": 1.85,
-    "A100-80GB": 2.26,
-    "L40S": 1.08,
-    "H100": 6.0,
-    "H200": 7.5,
-    "A800": 2.26,  # MegaScale-Infer's table, as the paper's prices
-    "B200": 9.0,  # not in the paper's source: an assumption on the same scale (1.5x H100)
-}
 # Machines per pool for each benchmark size (8 GPUs per machine).
 SIZES: dict[int, dict[str, int]] = {
     24: {"H800-PCIe": 1, "H20": 2},
@@ -68,16 +58,6 @@ LARGE_32B = (1024, 10240)
 
 # Sizes up to this many GPUs are also solved exhaustively.
 EXHAUSTIVE_SIZES = 56
-
-
-def pools_override(pools: list[dict]) -> str:
-    items = []
-    for i, p in enumerate(pools):
-        items.append(
-            f"{{name: p{i}, gpu_type: {p['gpu_type']}, gpus_per_machine: {p['gpus_per_machine']}, "
-            f"machines: {p['machines']}, price_per_gpu_hour: {GPUS[p['gpu_type']]}, inter_machine_gb_per_s: 5.0}}"
-        )
-    return "hex.cluster.pools=[" + ", ".join(items) + "]"
 
 
 def recipe_for(

@@ -9,14 +9,15 @@ import re
 import pytest
 
 from areal_hex_plugin.scheduler.planner import PlanRequest, plan_recipe
-from tests.scheduler.helpers import PRICES, recipe_with_pools
+from benchmarks.clusters import GPUS
+from tests.scheduler.helpers import recipe_with_pools
 
 pytestmark = pytest.mark.slow
 
 
 def _random_plan(seed: int, model: str, budget_share: float | None):
     rng = random.Random(seed)
-    pools = [(t, 8, rng.randint(8, 32)) for t in rng.sample(sorted(PRICES), 4)]
+    pools = [(t, 8, rng.randint(8, 32)) for t in rng.sample(sorted(GPUS), 4)]
     recipe = recipe_with_pools(pools, model, "hex.solver.time_limit_s=2")
     budget = None if budget_share is None else round(budget_share * recipe.cluster.price_per_hour, 2)
     return recipe, plan_recipe(recipe, PlanRequest(budget_per_hour=budget))
