@@ -52,7 +52,7 @@ from areal_hex_plugin.transport.links import DataLink, connect_data_link, curren
 from areal_hex_plugin.transport.protocol import Kind, Message, ProtocolError, digests_after, make
 from areal_hex_plugin.transport.route import Endpoint
 from areal_hex_plugin.transport.scratch import OwnedDir
-from areal_hex_plugin.transport.stage import StagedVersion, remove_version, spill
+from areal_hex_plugin.transport.stage import SparePages, StagedVersion
 from areal_hex_plugin.transport.wire import Channel, authenticate_as_server, load_token, resolve_hosts
 
 logger = logging.getLogger("HexTransportNode")
@@ -63,7 +63,8 @@ _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 class WeightSink(Protocol):
     """Where a committed version goes (an inference server, or test receivers). ``staged`` iterates the
-    version's (name, tensor) pairs; ``staged.directory`` holds it as safetensors files."""
+    version's (name, tensor) pairs; ``staged.directory`` holds it as safetensors files. Both stay as they are until
+    the next version is committed; after that their memory stages later versions (copy what must outlive it)."""
 
     def load(self, version: int, staged: Iterator[tuple[str, torch.Tensor]]) -> None: ...
 
@@ -173,7 +174,7 @@ class ReceiverNode:
         self._kept: tuple[tuple[str, str], list[_Forwarder]] | None = None
         # Open incoming data channels (they outlive sessions; stop() closes them).
         self._data: set[Channel] = set()
-        self._last_committed: Path | None = None
+        self._last_committed: StagedVersion | None = None
         self._control: Channel | None = None
         self._handshakes = threading.BoundedSemaphore(self.config.max_handshakes)
         self._listener: socket.socket | None = None
@@ -183,6 +184,7 @@ class ReceiverNode:
         stage_parent = self.config.stage_dir or (shm if shm.is_dir() else tempfile.gettempdir())
         self._scratch = [OwnedDir(Path(stage_parent))]
         self.stage_root = self._scratch[0].path
+        self._spare = SparePages(self.stage_root)
         self.rollback_root: Path | None = None
         if self.config.rollback_dir is not None:
             self._scratch.append(OwnedDir(Path(self.config.rollback_dir)))
@@ -382,7 +384,7 @@ class ReceiverNode:
             hosts.add(control.peer_host)
         with self._lock:
             self._end_session()
-            stage = StagedVersion(self.stage_root, message["version"])
+            stage = StagedVersion(self.stage_root, message["version"], self._spare)
             key = content_key(self.token, message["update"])
             self._session = _Session(
                 message["session"], message["version"], key, hosts, message["parts"], stage
@@ -475,28 +477,30 @@ class ReceiverNode:
         except BaseException:
             session.stage.remove()  # the last committed version stays, and stays staged
             raise
-        session.stage.release()
-        previous, self._last_committed = self._last_committed, session.stage.directory
+        previous, self._last_committed = self._last_committed, session.stage
         self.version, self.digest = session.version, session.verified
         self._keeper = threading.Thread(  # off the commit's path: freeing and copying take a while
-            target=self._keep, args=(previous, session.stage.directory), name="hex-keeper", daemon=True
+            target=self._keep, args=(previous, session.stage), name="hex-keeper", daemon=True
         )
         self._keeper.start()
         return make(Kind.COMMITTED, id=0, version=self.version)
 
-    def _keep(self, previous: Path | None, current: Path) -> None:
-        """Free the version before the one just loaded, and move that one to the rollback dir (if any)."""
+    def _keep(self, previous: StagedVersion | None, current: StagedVersion) -> None:
+        """Retire the version before the one just loaded, and move that one to the rollback dir (if any)."""
         if previous is not None:
-            remove_version(previous)
+            previous.retire()
         if self.rollback_root is None:
             return
         try:
-            spill(current, self.rollback_root)
+            current.spill(self.rollback_root)
         except (
             OSError
         ) as error:  # e.g. the disk is full: it stays in the stage dir, as without a rollback dir
             logger.warning(
-                "cannot move version %s to %s (%s); it stays staged", current.name, self.rollback_root, error
+                "cannot move version %s to %s (%s); it stays staged",
+                current.directory.name,
+                self.rollback_root,
+                error,
             )
 
     def _settle(self) -> None:

@@ -3,15 +3,23 @@ staged version is the checkpoint SGLang loads, with no second copy in memory.
 
 Paths are built from integers only: ``<root>/v<version>/bucket-<index>-<copy>.safetensors``. The directory of the last
 committed version stays until the next one is confirmed loaded (SGLang rolls back to the path it loaded last); once
-loaded it can be spilled (:func:`spill`) to node-local disk, its path becoming a link there, so a commit holds only
+loaded it can be spilled (:meth:`StagedVersion.spill`) to node-local disk, its path becoming a link there, so a commit holds only
 the new version in memory (``/dev/shm``) while a failed load still finds the old one.
+
+A version that is no longer needed (the one before the last committed, or the last committed once spilled) does not
+give its memory back: its files, still mapped, become :class:`SparePages` that the next version's buckets of the
+same sizes are received into. Allocating, zeroing and mapping fresh shared-memory pages, then freeing them, was
+about a third of a relay's CPU per version; the stage dir never holds more than before (the spare pages are what the
+next version would have allocated anyway).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,21 +49,71 @@ def _header(entries: list[TensorEntry]) -> bytes:
     return struct.pack("<Q", len(body)) + body
 
 
-class StagedVersion:
-    """The buckets of one version as they arrive; iterates as (name, tensor) views, ``directory`` for loaders."""
+class SparePages:
+    """Bucket files of a retired version, each with its mapping, to receive a later version's buckets into (by
+    file size). Holds one version's at most: adopting another frees whatever of the last was not taken."""
 
-    def __init__(self, root: Path, version: int) -> None:
+    def __init__(self, root: Path) -> None:
+        self.directory = root / "spare"  # made at the first adoption
+        self._lock = threading.Lock()
+        self._files: dict[int, list[tuple[Path, torch.Tensor]]] = {}
+        self._names = itertools.count()
+
+    def adopt(self, directory: Path, mapped: dict[str, torch.Tensor]) -> None:
+        """Take over the files ``mapped`` names in ``directory`` (moved here), freeing the unused last ones."""
+        files: dict[int, list[tuple[Path, torch.Tensor]]] = {}
+        self.directory.mkdir(exist_ok=True)
+        for name, mapping in mapped.items():
+            path = self.directory / f"{next(self._names)}.bin"
+            (directory / name).rename(path)
+            files.setdefault(mapping.numel(), []).append((path, mapping))
+        with self._lock:
+            unused, self._files = self._files, files
+        for path, _ in (file for same_size in unused.values() for file in same_size):
+            path.unlink(missing_ok=True)
+
+    def take(self, size: int) -> tuple[Path, torch.Tensor] | None:
+        with self._lock:
+            same_size = self._files.get(size)
+            return same_size.pop() if same_size else None
+
+
+class StagedVersion:
+    """The buckets of one version as they arrive; iterates as (name, tensor) views, ``directory`` for loaders.
+    Buckets go into ``spare`` pages where one of their size is free."""
+
+    def __init__(self, root: Path, version: int, spare: SparePages | None = None) -> None:
         self.directory = version_dir(root, version)
         remove_version(self.directory)
         self.directory.mkdir(parents=True)
         self.buckets: dict[int, tuple[list[TensorEntry], torch.Tensor]] = {}
+        # Each bucket file's name and whole mapping (header and data), handed to the spare pages on retirement.
+        self.mapped: dict[str, torch.Tensor] = {}
         self._copies: dict[int, int] = {}
+        self._spare = spare
 
     def allocate(self, index: int, copy: int, entries: list[TensorEntry], nbytes: int) -> torch.Tensor:
-        """The bucket's bytes, backed by a new file (an earlier copy's file is unlinked, never truncated, so its
-        mapping stays valid for whoever still reads it); refuses clearly when the stage directory is too small."""
+        """The bucket's bytes, backed by a file of its own (an earlier copy's file is unlinked, never truncated,
+        so its mapping stays valid for whoever still reads it): a spare one of its size, else a new one; refuses
+        clearly when the stage directory is too small."""
         header = _header(entries)
         total = len(header) + nbytes
+        self.drop(index)
+        path = self._path(index, copy)
+        spare = self._spare.take(total) if self._spare is not None else None
+        if spare is not None:
+            spare[0].rename(path)
+            mapped = spare[1]
+            mapped[: len(header)].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+        else:
+            mapped = self._new_file(path, header, total, index)
+        data = mapped[len(header) :]
+        self.buckets[index] = (entries, data)
+        self.mapped[path.name] = mapped
+        self._copies[index] = copy
+        return data
+
+    def _new_file(self, path: Path, header: bytes, total: int, index: int) -> torch.Tensor:
         free = shutil.disk_usage(self.directory).free
         if free < total:
             raise HexError(
@@ -65,16 +123,10 @@ class StagedVersion:
                 "give the container more shared memory (docker run --shm-size=the model's size, twice that without "
                 "hex.relay.rollback_dir) or point hex.relay.stage_dir at a larger node-local directory",
             )
-        self.drop(index)
-        path = self._path(index, copy)
         with open(path, "wb") as handle:
             handle.write(header)
             handle.truncate(total)
-        mapped = torch.from_file(str(path), shared=True, size=total, dtype=torch.uint8)
-        data = mapped[len(header) :]
-        self.buckets[index] = (entries, data)
-        self._copies[index] = copy
-        return data
+        return torch.from_file(str(path), shared=True, size=total, dtype=torch.uint8)
 
     def _path(self, index: int, copy: int) -> Path:
         return self.directory / f"bucket-{int(index):05d}-{int(copy):02d}.safetensors"
@@ -83,35 +135,43 @@ class StagedVersion:
         """Forget a bucket (one that failed its digest): its file goes, so no loader sees it."""
         self.buckets.pop(index, None)
         if index in self._copies:
-            self._path(index, self._copies.pop(index)).unlink(missing_ok=True)
+            path = self._path(index, self._copies.pop(index))
+            self.mapped.pop(path.name, None)
+            path.unlink(missing_ok=True)
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for index in sorted(self.buckets):
             yield from named_views(*self.buckets[index])
 
-    def release(self) -> None:
-        """Unmap the files (the directory stays)."""
-        self.buckets = {}
-
     def remove(self) -> None:
-        self.release()
+        self.buckets, self.mapped = {}, {}
         remove_version(self.directory)
 
+    def retire(self) -> None:
+        """No longer needed: the files in memory become spare pages (where there are any), the rest goes."""
+        if self._spare is not None and not self.directory.is_symlink():
+            self._spare.adopt(self.directory, self.mapped)
+        self.remove()
 
-def spill(directory: Path, root: Path) -> None:
-    """Move a loaded version's files to ``root`` (node-local disk) and leave a link under the old name, so whoever
-    reloads ``directory`` (SGLang's roll-back to the path it loaded last) still finds them, out of memory."""
-    target = root / directory.name
-    remove_version(target)
-    try:
-        shutil.copytree(directory, target)
-    except OSError:  # e.g. the disk is full: nothing half-copied stays
-        shutil.rmtree(target, ignore_errors=True)
-        raise
-    moved = directory.with_name(f"{directory.name}.spilled")
-    directory.rename(moved)
-    directory.symlink_to(target, target_is_directory=True)
-    shutil.rmtree(moved)
+    def spill(self, root: Path) -> None:
+        """Move this loaded version's files to ``root`` (node-local disk) and leave a link under the old name, so
+        whoever reloads ``directory`` (SGLang's roll-back to the path it loaded last) still finds them, out of
+        memory; its pages in memory become spare pages."""
+        directory = self.directory
+        target = root / directory.name
+        remove_version(target)
+        try:
+            shutil.copytree(directory, target)
+        except OSError:  # e.g. the disk is full: nothing half-copied stays
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        moved = directory.with_name(f"{directory.name}.spilled")
+        directory.rename(moved)
+        directory.symlink_to(target, target_is_directory=True)
+        if self._spare is not None:
+            self._spare.adopt(moved, self.mapped)
+        self.buckets, self.mapped = {}, {}
+        shutil.rmtree(moved)
 
 
 def remove_version(directory: Path) -> None:

@@ -48,10 +48,8 @@ def test_commit_goes_through_sglang_disk_update(tmp_path, monkeypatch):
             shards = [server.model.shards[rank][name] for rank in range(2)]
             assert torch.equal(torch.cat(shards, dim) if dim is not None else shards[0], full), name
         (stage,) = tmp_path.iterdir()  # the receiver's own areal-hex-* dir, with its owner lock
-        assert sorted(path.name for path in stage.iterdir()) == [
-            ".owner",
-            "v7",
-        ]  # v7 kept: what SGLang rolls back to
+        # v7 kept: what SGLang rolls back to (its pages in memory spare for the next version's buckets)
+        assert sorted(path.name for path in stage.iterdir()) == [".owner", "spare", "v7"]
         engine.hex_stop_receiver()
         assert list(tmp_path.iterdir()) == []
     finally:
