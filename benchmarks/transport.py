@@ -18,9 +18,9 @@ what this machine carries). The trainer moves the state dict of a randomly initi
 * ``hex`` with ``S`` senders (``--senders``, at ``--senders-replicas`` per pool): the version in S parts, as S
   training ranks send it, each from a namespace of its own with its own links into each pool at the cross-pool
   rate (its own NIC): the coordinator (:class:`RelaySender`, part 0) and S-1 :class:`PartSender` processes, each
-  packing and sending the buckets it owns (bucket i is part i mod S's), repair rounds as the train side runs them,
-  verify and commit. Its bound: every relay takes the whole model, through S links at once, and forwards it at
-  the intra-pool rate.
+  packing and sending the tensors it owns (dealt largest first to the part with the fewest bytes), repair rounds
+  as the train side runs them, verify and commit. Its bound: every relay takes the whole model, each share through
+  its sender's link at once (so the largest share sets it), and forwards it at the intra-pool rate.
 
 The bound (one sender) is the model's bytes over the cross-pool rate: each pool's relay must take the whole model
 through its pool's shaped link (``tbf`` counts frame bytes, so TCP/IP headers put even a perfect transfer about 4% above it).
@@ -73,11 +73,12 @@ def _answer(payload: dict) -> None:
 
 
 def _sha(named_tensors) -> str:
+    """Of the tensors by name (name, dtype, shape, bytes), whatever order they arrive in."""
     import torch
 
     digest = hashlib.sha256()
-    for name, tensor in named_tensors:
-        digest.update(name.encode())
+    for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(memoryview(tensor.contiguous().view(-1).view(torch.uint8).numpy()))
     return digest.hexdigest()
 
@@ -135,8 +136,15 @@ def trainer_worker(args: argparse.Namespace) -> None:
     items = list(state.items())
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     manifest = [[name, str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in items]
+    shares = {  # the bytes each part sends, for each number of senders
+        parts: [
+            sum(t.numel() * t.element_size() for _, t in _share(items, part, parts)) for part in range(parts)
+        ]
+        for parts in args.senders
+    }
     _answer(
         {
+            "shares": shares,
             "nbytes": nbytes,
             "params": sum(t.numel() for t in state.values()),
             "sha": _sha(items),
@@ -165,7 +173,7 @@ def trainer_worker(args: argparse.Namespace) -> None:
             began = time.perf_counter()
             sender.begin(command["version"])
             _answer({"assignment": sender.assignment()})
-            for bucket in _buckets(items, args.bucket_mb)[:: sender.assignment()["parts"]]:
+            for bucket in _buckets(_share(items, 0, sender.assignment()["parts"]), args.bucket_mb):
                 sender.send_bucket(bucket)
         elif command["t"] == "settle":
             plan = sender.settle(_summaries(command["summaries"]))
@@ -211,7 +219,7 @@ def part_worker(args: argparse.Namespace) -> None:
                 sender = PartSender(assignment, args.part)
             else:
                 sender.begin(assignment)
-            for bucket in _buckets(items, args.bucket_mb)[args.part :: assignment["parts"]]:
+            for bucket in _buckets(_share(items, args.part, assignment["parts"]), args.bucket_mb):
                 sender.send_bucket(bucket)
             _answer(_summary(sender.finish()))
         elif command["t"] == "repair":
@@ -223,6 +231,16 @@ def part_worker(args: argparse.Namespace) -> None:
             break
     if sender is not None:
         sender.close()
+
+
+def _share(items: list, part: int, parts: int) -> list:
+    """The tensors part ``part`` of ``parts`` sends, as training ranks each own a share: largest first, each to the
+    part with the fewest bytes so far."""
+    sizes, owner = [0] * parts, {}
+    for name, tensor in sorted(items, key=lambda item: -item[1].numel() * item[1].element_size()):
+        owner[name] = sizes.index(min(sizes))
+        sizes[owner[name]] += tensor.numel() * tensor.element_size()
+    return [(name, tensor) for name, tensor in items if owner[name] == part]
 
 
 def _buckets(items: list, bucket_mb: int) -> list[list]:
@@ -450,6 +468,7 @@ def _run(args: argparse.Namespace, workdir: Path) -> dict:
     with Testbed(pools, per_pool_max, args.cross_mb_per_s, args.intra_mb_per_s, most_senders) as bed:
         try:
             trainer_argv = ["--worker", "trainer", *model_argv, "--bucket-mb", str(args.bucket_mb)]
+            trainer_argv += ["--senders", ",".join(str(senders) for senders in args.senders)]
             trainer = Worker(
                 bed.ns(), [*trainer_argv, "--chunk-kb", str(args.chunk_kb)], env, workdir / "trainer.log"
             )
@@ -542,8 +561,8 @@ def _senders_config(args, trainer: Worker, parts: list[Worker], used: list[Worke
         answer = worker.read()
         exact &= answer["sha"] == model["sha"] and answer["version"] == first + args.repeats - 1
     hex_s = statistics.median(run["seconds"] for run in hex_runs)
-    # Every relay takes the whole model through the senders' links at once, then forwards it in its pool.
-    bound_s = model["nbytes"] / 1e6 / (senders * args.cross_mb_per_s)
+    # Every relay takes the whole model, each share through its sender's link at once, and forwards it in its pool.
+    bound_s = max(model["shares"][str(senders)]) / 1e6 / args.cross_mb_per_s
     if per_pool > 1:
         bound_s = max(bound_s, model["nbytes"] / 1e6 / args.intra_mb_per_s)
     return {
@@ -554,6 +573,7 @@ def _senders_config(args, trainer: Worker, parts: list[Worker], used: list[Worke
         "hex_phases_s": hex_runs[-1]["phases"],
         "bound_s": round(bound_s, 3),
         "hex_over_bound": round(hex_s / bound_s, 3),
+        "share_bytes": model["shares"][str(senders)],
         "bit_exact": bool(exact),
         "cpu_s_per_update": round(cpu_s / args.repeats, 3),
         "hex_failed_replicas": sum(len(run["failed"]) for run in hex_runs),
