@@ -158,7 +158,13 @@ def pack(
     try:
         for entry, (_, tensor) in zip(entries, tensors, strict=True):
             flat = tensor.contiguous().reshape(-1).view(torch.uint8)
-            bucket.data[entry.offset : entry.offset + entry.nbytes].copy_(flat, non_blocking=pin)
+            target = bucket.data[entry.offset : entry.offset + entry.nbytes]
+            if flat.device.type == "cpu":  # one memcpy on this thread: torch's copy_ would wake its OpenMP
+                target.numpy()[:] = (
+                    flat.numpy()
+                )  # pool, whose threads then spin on the cores links and hashes need
+            else:
+                target.copy_(flat, non_blocking=pin)
             end = entry.offset + entry.nbytes
             if end == offset or end // chunk > entry.offset // chunk:  # a chunk became whole
                 if pin:
