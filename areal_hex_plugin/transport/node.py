@@ -24,6 +24,7 @@ capped in number and bounded by a deadline, and the accept loop outlives descrip
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import queue
@@ -203,6 +204,9 @@ class ReceiverNode:
     def stop(self) -> None:
         self._stopping.set()
         if self._listener is not None:
+            # Shut down first: a bare close leaves the port bound until the accept loop's accept returns.
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
             self._listener.close()
         control, self._control = self._control, None
         if control is not None:

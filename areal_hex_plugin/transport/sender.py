@@ -117,6 +117,7 @@ class _Control:
         self.channel.settimeout(None)
         self.replies: queue.Queue[Message] = queue.Queue()
         self.closed = False
+        self.lost = False  # the connection broke (e.g. the node restarted): the next version opens a new one
         self._last_id = 0
         self._events = events
         threading.Thread(target=self._read, name=f"hex-control-{endpoint}", daemon=True).start()
@@ -130,6 +131,7 @@ class _Control:
                 else:
                     self.replies.put(message)
         except (OSError, ConnectionError, ValueError, RuntimeError) as error:
+            self.lost = True
             if not self.closed:
                 lost = _lost(f"control connection lost ({error})")
                 self._events.put((self.pool, self.endpoint, lost))
@@ -592,6 +594,8 @@ class RelaySender:
         the chain: first every node joins the new session, then every node links to its downstream neighbour."""
         chain = state.alive
         for endpoint in chain:
+            if endpoint in state.controls and state.controls[endpoint].lost:
+                state.controls.pop(endpoint).close()
             if endpoint not in state.controls:
                 try:
                     state.controls[endpoint] = _Control(

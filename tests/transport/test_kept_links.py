@@ -168,3 +168,16 @@ def test_a_kept_link_from_a_peer_that_is_no_longer_upstream_delivers_nothing():
             data.close()
         control.close()
         node.stop()
+
+
+def test_a_node_restarted_between_versions_gets_new_links_and_the_version(chain):
+    nodes, proxies, senders = chain
+    senders.send(1, _state(1))
+    port = nodes[1].config.port = proxies[1].target.port  # the middle node restarts on its address
+    nodes[1].stop()
+    nodes[1] = ReceiverNode(MemorySink(), ReceiverConfig(timeout_s=10.0, port=port), token=TOKEN)
+    nodes[1].start()
+    report = senders.send(2, _state(2))
+    assert len(report.committed) == 3 and report.failed == {} and _holds(nodes, _state(2), 2)
+    # Its control channel, both data links into it and both out of it are new; the relay's are kept.
+    assert _connections(proxies) == [3, 6, 5]
