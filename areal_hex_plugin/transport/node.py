@@ -278,6 +278,7 @@ class ReceiverNode:
             finally:
                 self._handshakes.release()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # both kinds idle between versions
             if hello["role"] == "control":
                 self._serve_control(channel)
             else:
@@ -312,8 +313,6 @@ class ReceiverNode:
         if not self._take_control(channel):
             channel.send(make(Kind.ERROR, id=0, error="another control channel is open on this replica"))
             return
-        sock = channel.sock
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         channel.settimeout(None)  # idle between versions; the sender closing ends it
         pending: deque[Message] = deque()
         try:
