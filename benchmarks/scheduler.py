@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/scheduler.py --json OUT [--quick] [--sizes 1024,10240] [--clusters N]
 
 Prints (and writes) JSON: ``sizes.<N>`` for N = 24, 32, 40, 56 (H800-PCIe + H20, the paper's Table 5 sizes, with
-the exhaustive optimum beside them), 256 and 1024 (four types), 4096 (six types) and 10240 (eight types), each
+the exhaustive optimum beside them, both at the brute force's pipeline depth: ``at_exhaustive_depth``), 256 and 1024 (four types), 4096 (six types) and 10240 (eight types), each
 with ``solve_time_s`` (wall), ``cpu_s``, ``gpus`` (in the cluster), ``gpus_paid`` (in the machines the plan
 rents), ``gpus_used`` (given a role) and ``tokens_per_s`` for the 7B model, and the same for 32B under ``32b``
 at 1024 and 10240 GPUs. Sizes of 1024 GPUs and more run AReaL's published batch (512 prompts x 16 samples) per
@@ -11,8 +11,8 @@ at 1024 and 10240 GPUs. Sizes of 1024 GPUs and more run AReaL's published batch 
 sequence), so the batch grows with the cluster as in a real scale-up. ``scaling``: the 10,240-GPU plan with ten
 times the budget of the 1,024-GPU plan, its tokens/s ratio and the share of the GPUs it pays for that it uses.
 ``optimality``: random small clusters (2-3 types, at most 4 machines per pool, 1.5B/7B/14B, with and without
-budgets), each with the two-phase tokens/s and the brute force's (``exhaustive``, ``scheduler/brute.py``, which
-shares none of the search's pruning), each choosing its update window and in-flight caps; a drawn cluster no
+budgets, pipelines of at most the brute force's 4 stages), each with the two-phase tokens/s and the brute force's
+(``exhaustive``, ``scheduler/brute.py``, which shares none of the search's pruning), each choosing its update window and in-flight caps; a drawn cluster no
 plan fits is replaced by the next draw (``summary.clusters_redrawn``), and ``summary`` gives the share within 1%
 and within 3%.
 Everything is seeded; the clusters are written as recipe overrides of ``recipes/paper/*.yaml`` so they go
@@ -33,7 +33,7 @@ from clusters import GPUS, pools_override  # benchmarks/clusters.py, beside this
 from report import emit  # benchmarks/report.py, beside this script
 
 from areal_hex_plugin.errors import HexError
-from areal_hex_plugin.scheduler.brute import BruteForce, check_size
+from areal_hex_plugin.scheduler.brute import LIMITS, BruteForce, check_size
 from areal_hex_plugin.scheduler.caps import PAPER
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest
 from areal_hex_plugin.specs.recipe import cheapest_deployment, load_recipe
@@ -61,12 +61,18 @@ EXHAUSTIVE_SIZES = 56
 
 
 def recipe_for(
-    model: str, pools: list[dict], time_limit_s: float, budget: float | None = None, batch: int | None = None
+    model: str,
+    pools: list[dict],
+    time_limit_s: float,
+    budget: float | None = None,
+    batch: int | None = None,
+    extra: tuple[str, ...] = (),
 ):
     overrides = [
         pools_override(pools),
         f"hex.objective.budget_per_hour={'null' if budget is None else budget}",
         f"hex.solver.time_limit_s={time_limit_s}",
+        *extra,
     ]
     if batch is not None:
         overrides.append(f"train_dataset.batch_size={batch}")
@@ -80,10 +86,12 @@ def batch_for(n: int) -> int | None:
     return BATCH_PROMPTS * n // BATCH_GPUS if n >= BATCH_GPUS else None
 
 
-def solve_size(n: int, model: str, time_limit_s: float, budget: float | None = None) -> tuple[dict, object]:
+def solve_size(
+    n: int, model: str, time_limit_s: float, budget: float | None = None, extra: tuple[str, ...] = ()
+) -> tuple[dict, object]:
     """The two-phase search on size ``n``'s cluster: time, use of the cluster, throughput; and the result."""
     pools = [{"gpu_type": t, "gpus_per_machine": 8, "machines": m} for t, m in SIZES[n].items()]
-    recipe = recipe_for(model, pools, time_limit_s, budget, batch_for(n))
+    recipe = recipe_for(model, pools, time_limit_s, budget, batch_for(n), extra)
     start, cpu = time.monotonic(), time.process_time()
     planner = Planner(recipe, PlanRequest(caps=PAPER))
     result = planner.search(planner.limits, budget)
@@ -125,7 +133,9 @@ def bench_size(n: int, time_limit_s: float) -> dict:
         row["32b"] = solve_size(n, "32b", time_limit_s)[0]
     if n <= EXHAUSTIVE_SIZES:
         # The paper's Table 5 compares against exhaustive search on these sizes: do the same, where the brute
-        # force takes the cluster.
+        # force takes the cluster, both at the pipeline depth it enumerates.
+        bounded, (planner, _) = solve_size(n, "7b", time_limit_s, extra=(BRUTE_DEPTH,))
+        row["at_exhaustive_depth"] = {"max_pp_stages": BRUTE_STAGES, "tokens_per_s": bounded["tokens_per_s"]}
         try:
             check_size(planner.ev, planner.limits)
         except HexError as err:
@@ -138,6 +148,9 @@ def bench_size(n: int, time_limit_s: float) -> dict:
     return row
 
 
+# The brute force enumerates pipelines of at most this many stages: the instances it solves are bounded to it.
+BRUTE_STAGES = LIMITS["hex.solver.max_pp_stages"]
+BRUTE_DEPTH = f"+hex.solver.max_pp_stages={BRUTE_STAGES}"
 # Optimality instances: at most this many machines per pool (the brute force grows as a product over pools).
 MAX_MACHINES = 4
 MODELS = ("1.5b", "7b", "14b")
@@ -161,13 +174,13 @@ def random_cluster(rng: random.Random) -> list[dict]:
 def compare(pools: list[dict], model: str, budget_fraction: float | None, time_limit_s: float) -> dict | None:
     """The two-phase search against the brute force (``scheduler/brute.py``);
     None when no plan fits the cluster (the brute force finds none either)."""
-    probe = recipe_for(model, pools, time_limit_s)
+    probe = recipe_for(model, pools, time_limit_s, extra=(BRUTE_DEPTH,))
     budget = None
     if budget_fraction:
         # Never below the cheapest trainer + rollout deployment (the recipe reader refuses such a budget).
         cheapest = cheapest_deployment(probe.cluster, probe.workload)[0]
         budget = round(max(probe.cluster.price_per_hour * budget_fraction, cheapest), 2)
-    recipe = recipe_for(model, pools, time_limit_s, budget)
+    recipe = recipe_for(model, pools, time_limit_s, budget, extra=(BRUTE_DEPTH,))
     planner = Planner(recipe, PlanRequest(caps=PAPER))
     start = time.process_time()
     two = planner.search(planner.limits, budget)

@@ -64,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         check_writable(path, flag)  # before solving, not after
     out = console(args.json, args.plot)
     recipe = load_recipe_from_args(args)
+    if args.exhaustive:
+        check_exhaustive_depth(recipe)
     request = PlanRequest(
         exhaustive=args.exhaustive,
         budget_per_hour=args.budget,
@@ -87,3 +89,24 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"frontier plotted to {plot_frontier(plan, args.plot)}", file=out)
     return 0
+
+
+def check_exhaustive_depth(recipe) -> None:
+    """The brute force enumerates pipelines of a bounded depth (``scheduler/brute.py``); a recipe allowing deeper
+    ones (``hex.solver.max_pp_stages``, by default as deep as the model allows) is refused with the bound to set."""
+    from areal_hex_plugin.errors import HexError
+    from areal_hex_plugin.scheduler.brute import LIMITS
+
+    limit, depth = LIMITS["hex.solver.max_pp_stages"], recipe.solver.max_pp_stages
+    if depth <= limit:
+        return
+    solver = (recipe.config.get("hex") or {}).get("solver") or {}
+    explicit = recipe.hex.solver.max_pp_stages is not None
+    why = "as set" if explicit else f"unset: as deep as {recipe.workload.model.name}'s {depth} layers allow"
+    raise HexError(
+        "--exhaustive",
+        f"exhaustive mode enumerates pipelines of at most {limit} stages; hex.solver.max_pp_stages is {depth} "
+        f"({why})",
+        f"add {'' if 'max_pp_stages' in solver else '+'}hex.solver.max_pp_stages={limit} to prove the optimum "
+        f"among pipelines of at most {limit} stages, or drop --exhaustive",
+    )

@@ -35,7 +35,7 @@ from areal_hex_plugin.costmodel.calibration import FACTORS, Calibration
 from areal_hex_plugin.costmodel.fit import grid_search
 from areal_hex_plugin.costmodel.model import CostModel
 from areal_hex_plugin.costmodel.rollout import RolloutStage
-from areal_hex_plugin.costmodel.single_type import best_rollout
+from areal_hex_plugin.costmodel.single_type import SINGLE_TYPE_MAX_PP, best_rollout
 from areal_hex_plugin.costmodel.train import TrainStage
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs.cluster import Cluster
@@ -340,4 +340,4 @@ def fit_baselines(
 
 def setting_from(recipe) -> Setting:
     """The :class:`Setting` of a loaded recipe."""
-    return Setting(recipe.cluster, recipe.workload, recipe.hex.solver.max_pp_stages)
+    return Setting(recipe.cluster, recipe.workload, min(recipe.solver.max_pp_stages, SINGLE_TYPE_MAX_PP))

@@ -9,6 +9,10 @@ from areal_hex_plugin.costmodel.rollout import RolloutEstimate, RolloutStage
 from areal_hex_plugin.costmodel.train import TrainEstimate, TrainStage
 from areal_hex_plugin.specs.cluster import Pool
 
+# ``areal-hex estimate`` and the baseline fit (``fit_baselines``) look at pipelines of at most this many stages
+# (the depth the shipped profile was fitted at; the planner's own search goes as deep as the model allows).
+SINGLE_TYPE_MAX_PP = 4
+
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]

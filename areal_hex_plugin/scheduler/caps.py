@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from areal_hex_plugin.errors import HexError
-from areal_hex_plugin.scheduler.train_search import tp_degrees
+from areal_hex_plugin.scheduler.train_search import depths, tp_degrees
 
 TRAIN_BACKENDS = ("fsdp", "megatron")
 # Weight-update paths each training backend supports in the plugin.
@@ -54,12 +54,13 @@ class RuntimeCaps:
         self, gpus_per_machine: int, max_pp_stages: int, fixed: list[int]
     ) -> list[tuple[int, int]]:
         """The replica shapes (tp, pp) a pool of ``gpus_per_machine``-GPU machines may run: TP inside a machine,
-        at most ``max_pp_stages`` stages (and this runtime's limit), ``fixed`` = hex.solver.rollout_layout."""
+        at most ``max_pp_stages`` stages (and this runtime's limit) on the search's :func:`depths` ladder,
+        ``fixed`` = hex.solver.rollout_layout."""
         in_machine = tp_degrees(gpus_per_machine)
         max_pp = min(max_pp_stages, self.max_rollout_pp or max_pp_stages)
         return [
             (tp, pp)
-            for pp in range(1, max_pp + 1)
+            for pp in depths(max_pp)
             for tp in in_machine
             if (not fixed or [tp, pp] == fixed)
             # One upstream server per worker: its GPUs in one machine, packed exactly.

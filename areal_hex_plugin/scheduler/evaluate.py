@@ -31,7 +31,7 @@ from areal_hex_plugin.scheduler.rollout_model import (
     solve_rollout,
 )
 from areal_hex_plugin.scheduler.split import Split
-from areal_hex_plugin.scheduler.train_search import TrainChoice, search_train
+from areal_hex_plugin.scheduler.train_search import ALL_DEPTHS, TrainChoice, search_train
 from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.config import SolverConfig
 from areal_hex_plugin.specs.workload import WorkloadSpec
@@ -228,12 +228,15 @@ class Evaluator:
         return self._configs[pool_name]
 
     def feasible_shapes(self, pool_name: str) -> list[ReplicaConfig]:
-        """Every replica shape of a pool the runtime caps allow and the cost model says runs."""
+        """Every replica shape of a pool the runtime caps allow and the cost model says runs, deeper than
+        ALL_DEPTHS stages only down to the shallowest depth where one runs (deeper pipelines are for memory)."""
         pool = self.cluster.pool(pool_name)
-        configs = []
+        configs: list[ReplicaConfig] = []
         for tp, pp in self.caps.rollout_shapes(
             pool.gpus_per_machine, self.solver.max_pp_stages, self.solver.rollout_layout
         ):
+            if pp > ALL_DEPTHS and any(c.pp < pp for c in configs):
+                break  # shapes come by depth
             estimate = self.cm.rollout(tuple(RolloutStage(pool=pool_name, tp=tp) for _ in range(pp)))
             if estimate.feasible and estimate.tokens_per_s > 0:
                 configs.append(

@@ -72,7 +72,7 @@ class Planner:
         self.request = request
         self.cluster = recipe.cluster
         self.workload = recipe.workload
-        self.solver = recipe.hex.solver
+        self.solver = recipe.solver
         self.objective = objective_of(recipe, request)
         self.caps = request.caps or recipe_caps(recipe)
         self.cm = CostModel(recipe.cluster, recipe.workload, calibration=recipe_calibration(recipe))
@@ -382,9 +382,7 @@ def plan_recipe(recipe, request: PlanRequest | None = None) -> HexPlan:
     if not request.caps.one_rollout_layout or recipe.hex.solver.rollout_layout:
         return Planner(recipe, request).solve()
     best = None
-    max_pp = min(
-        recipe.hex.solver.max_pp_stages, request.caps.max_rollout_pp or recipe.hex.solver.max_pp_stages
-    )
+    max_pp = min(recipe.solver.max_pp_stages, request.caps.max_rollout_pp or recipe.solver.max_pp_stages)
     for tp, pp in one_machine_layouts(recipe.cluster, max_pp):
         solver = replace(recipe.hex.solver, rollout_layout=[tp, pp])
         try:

@@ -11,6 +11,14 @@ Two-phase:
 3. a local search (one machine moved, else two moves in one or two pools) from the best distinct starts.
 The cheapest split within THROUGHPUT_TIE of the best is returned. Every split is scored with its own update
 window delta(eta) and in-flight caps (``inflight``). Exhaustive mode (``scheduler/brute.py``) shares none of this.
+
+Monotonicity. Exact: a split never scores worse with a larger eta (``inflight``: the choices at eta are among those
+at eta + 1), and a split within a budget is within every larger one; so the best of any fixed set of splits is
+monotone in both. Not guaranteed across separate solves: the splits this search visits depend on the scores (the
+bisection follows C_T against C_I, the repartitions use rate tables measured at the splits reached, the local
+search moves to the best neighbour) and on the budget (CP-SAT's feasible splits), and the work limit stops it at a
+point that depends on both; a larger budget or eta can therefore end on a split the smaller one did not visit and,
+rarely, a worse one (the tests pin the cases seen; the brute force is exactly monotone in both).
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ Pruning:
   pool's training machines, where the runtime allows it;
 - dominance: a stage of given (k stages, tp) takes the largest dp its pool's GPUs allow (exact while more data
   parallelism never slows a stage down);
+- depth (heuristic; exhaustive mode tries every depth): every depth up to ALL_DEPTHS, then a ladder (6, 8, 12,
+  16, ...) up to hex.solver.max_pp_stages (default: the model's layers), per pool only while memory rules out some
+  TP degree at the depth before, reached from the shallow search's layout by the one-pool moves of the polish
+  below (enumerated where nothing fits shallower, or stages share one dp and tp), kept only where faster;
 - memory (exact): layouts whose GPUs together cannot hold the sharded training state are skipped unscored, and
   those the cost model reports as not fitting are dropped;
 - heuristic, with many layouts (exhaustive mode tries them all): per pool and stage count k, only the two TP
@@ -37,6 +41,8 @@ MAX_SCORED_LAYOUTS = 2_000
 TP_PER_DEPTH = 2
 # Up to this many pools, layouts are enumerated in every pool order.
 MAX_REORDERED = 3
+# Every pipeline depth up to this one is tried; deeper ones on a ladder (:func:`depths`).
+ALL_DEPTHS = 4
 
 
 @dataclass(frozen=True)
@@ -71,9 +77,21 @@ def tp_degrees(gpus_per_machine: int) -> list[int]:
     return degrees
 
 
-def _options(pool: Pool, gpus: int, max_pp: int, hybrid: bool = False) -> list[_PoolOption]:
+def depths(max_pp: int) -> list[int]:
+    """The pipeline depths the search tries up to ``max_pp``: every one up to ALL_DEPTHS, then a ladder growing
+    by about 1.5x (6, 8, 12, 16, 24, 32, ...), and ``max_pp`` itself (exhaustive mode tries every depth)."""
+    out, k = list(range(1, min(max_pp, ALL_DEPTHS) + 1)), ALL_DEPTHS
+    while k < max_pp:
+        out += [d for d in (k + k // 2, 2 * k) if d < max_pp]
+        k *= 2
+    return out + [max_pp] if max_pp > ALL_DEPTHS else out
+
+
+def _options(
+    pool: Pool, gpus: int, max_pp: int, hybrid: bool = False, exhaustive: bool = False
+) -> list[_PoolOption]:
     options = []
-    for k in range(1, max_pp + 1):
+    for k in range(1, max_pp + 1) if exhaustive else depths(max_pp):
         for tp in tp_degrees(pool.gpus_per_machine):
             dp = gpus // (k * tp)
             if dp >= 1:
@@ -116,12 +134,14 @@ def count_layouts(per_pool: list[list[_PoolOption]], max_pp: int) -> int:
 
 
 def _equal_combinations(
-    pools: list[Pool], gpus: dict[str, int], max_pp: int
+    pools: list[Pool], gpus: dict[str, int], max_pp: int, exhaustive: bool = False, deepest: int = 0
 ) -> Iterator[tuple[_PoolOption, ...]]:
     """Layouts whose stages all have one dp and one tp (Megatron's): per common (tp, dp), every choice of stage
-    counts per pool with at most ``max_pp`` stages in all. The dp tried are each pool's largest for some depth."""
+    counts per pool (on the :func:`depths` ladder up to ``deepest``, all in exhaustive mode) with at most
+    ``max_pp`` stages in all. The dp tried are each pool's largest for some depth."""
+    tried = range(1, max_pp + 1) if exhaustive else [k for k in depths(max_pp) if k <= (deepest or max_pp)]
     for tp in sorted({t for p in pools for t in tp_degrees(p.gpus_per_machine)}):
-        dps = {gpus[p.name] // (k * tp) for p in pools for k in range(1, max_pp + 1)} - {0}
+        dps = {gpus[p.name] // (k * tp) for p in pools for k in tried} - {0}
         for dp in sorted(dps):
 
             def extend(i: int, left: int, dp: int = dp, tp: int = tp) -> Iterator[tuple[_PoolOption, ...]]:
@@ -132,7 +152,7 @@ def _equal_combinations(
                 yield from extend(i + 1, left)
                 if tp not in tp_degrees(pool.gpus_per_machine):
                     return
-                for k in range(1, min(left, gpus[pool.name] // (dp * tp)) + 1):
+                for k in (k for k in tried if k <= min(left, gpus[pool.name] // (dp * tp))):
                     for rest in extend(i + 1, left - k):
                         yield (_PoolOption(pool.name, k, tp, dp), *rest)
 
@@ -151,11 +171,46 @@ def search_train(
     """The fastest feasible training layout on ``gpus`` (pool name -> GPUs), or None if nothing fits.
 
     ``equal_stages``: only layouts whose stages share one dp and tp; ``hybrid``: FSDP hybrid sharding is allowed
-    (runtime caps, see ``scheduler/caps.py``).
+    (runtime caps, see ``scheduler/caps.py``). Pipelines of more than ALL_DEPTHS stages are searched where memory
+    needs them (:func:`_as_deep_as_needed`), by a second search whose layout is kept only if faster: a bound
+    above ALL_DEPTHS never gives a slower layout than ALL_DEPTHS does. Exhaustive mode: one search, every depth.
     """
     # Faster GPUs first: the pipeline order is fixed (symmetry), the first stage on the strongest type.
     pools = sorted((cluster.pool(name) for name in gpus), key=lambda p: (-p.gpu.tflops_bf16, p.name))
-    full_options = [_options(p, gpus[p.name], max_pp, hybrid and len(gpus) == 1) for p in pools]
+    options = [_options(p, gpus[p.name], max_pp, hybrid and len(gpus) == 1, exhaustive) for p in pools]
+    if exhaustive or max_pp <= ALL_DEPTHS:
+        return _choice(_search(cm, pools, gpus, options, max_pp, exhaustive, equal_stages))
+    shallow = [[o for o in opts if o.k <= ALL_DEPTHS] for opts in options]
+    best = _search(cm, pools, gpus, shallow, ALL_DEPTHS, False, equal_stages)
+    deep = [_as_deep_as_needed(cm, opts) for opts in options]
+    if deep == shallow:
+        return _choice(best)
+    if best is None or equal_stages:
+        # Nothing fits within ALL_DEPTHS stages, or stages share one dp and tp: the deep options enumerated.
+        found = _search(cm, pools, gpus, deep, max_pp, False, equal_stages)
+        if best is None or (found is not None and found[0] < best[0]):
+            best = found
+        return _choice(best)
+    # From the shallow search's layout: one pool at a time to a deeper (k, tp) while that helps.
+    polished = _polish(cm, best, deep, max_pp)
+    return _choice(_reorder_and_narrow(cm, polished) if polished is not best else best)
+
+
+def _choice(best) -> TrainChoice | None:
+    return TrainChoice(_stages(best[1]), best[2]) if best is not None else None
+
+
+def _search(
+    cm: CostModel,
+    pools: list[Pool],
+    gpus: dict[str, int],
+    full_options: list[list[_PoolOption]],
+    max_pp: int,
+    exhaustive: bool,
+    equal_stages: bool,
+) -> TrainChoice | None:
+    """The enumeration of :func:`search_train` over these options per pool, at most ``max_pp`` stages: the best
+    (step seconds, options, estimate), or None."""
     pruned = (
         not exhaustive
         and not equal_stages
@@ -172,7 +227,8 @@ def search_train(
     state = cm.workload.model.params * TRAIN_BYTES_PER_PARAM
     scored: list[tuple[float, tuple[_PoolOption, ...], TrainEstimate]] = []
     if equal_stages:
-        combos = _equal_combinations(pools, gpus, max_pp)
+        deepest = max((o.k for opts in full_options for o in opts), default=1)
+        combos = _equal_combinations(pools, gpus, max_pp, exhaustive, deepest)
     elif len(pools) <= MAX_REORDERED:
         # Few pools: every pipeline order (which stage holds the embedding and which the output layer matters).
         combos = (c for order in permutations(per_pool) for c in _combinations(list(order), max_pp))
@@ -192,9 +248,7 @@ def search_train(
     best = scored[0]
     if pruned:
         best = _polish(cm, best, full_options, max_pp)
-    if not equal_stages:
-        best = _reorder_and_narrow(cm, best)
-    return TrainChoice(_stages(best[1]), best[2])
+    return best if equal_stages else _reorder_and_narrow(cm, best)
 
 
 def _reorder_and_narrow(cm: CostModel, best):
@@ -242,6 +296,21 @@ def _polish(cm: CostModel, best, full_options: list[list[_PoolOption]], max_pp: 
                 if estimate.feasible and estimate.step_time_s < best[0]:
                     best, improved = (estimate.step_time_s, trial, estimate), True
     return best
+
+
+def _as_deep_as_needed(cm: CostModel, options: list[_PoolOption]) -> list[_PoolOption]:
+    """A pool's options of at most ALL_DEPTHS stages, then those of each deeper depth on the ladder while memory
+    still binds at the depth before: while some (depth, tp) of the pool does not fit alone (a deeper pipeline
+    holds fewer layers per GPU, so a lower TP degree may fit). Where every TP degree fits, a deeper pipeline only
+    adds bubble and hand-offs (heuristic: :func:`search_train` keeps the shallow search's layout unless faster)."""
+    kept = [o for o in options if o.k <= ALL_DEPTHS]
+    before = max((o.k for o in kept), default=0)
+    for k in sorted({o.k for o in options if o.k > ALL_DEPTHS}):
+        if all(cm.train(_stages((o,))).feasible for o in options if o.k == before):
+            break
+        kept += [o for o in options if o.k == k]
+        before = k
+    return kept
 
 
 def _best_tp_per_depth(cm: CostModel, options: list[_PoolOption], keep: int) -> list[_PoolOption]:

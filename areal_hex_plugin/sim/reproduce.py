@@ -98,7 +98,7 @@ def even_split(recipe: Recipe) -> dict[str, float]:
     pool = recipe.cluster.pools[0]
     half = pool.n_gpus // 2
     cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
-    solver, caps = recipe.hex.solver, recipe_caps(recipe)
+    solver, caps = recipe.solver, recipe_caps(recipe)
     train = search_train(cm, recipe.cluster, {pool.name: half}, caps.train_stages(solver.max_pp_stages))
     evaluator = Evaluator(cm, recipe.cluster, recipe.workload, solver, "broadcast", caps=caps)
     configs = evaluator.replica_configs(pool.name)

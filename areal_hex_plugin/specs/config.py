@@ -150,10 +150,11 @@ class SolverConfig:
         "stop the repartition loop once max(C_T, C_I) is stable this many iterations (K)",
         between(1, 1_000),
     )
-    max_pp_stages: int = spec(
-        4,
-        "most pipeline stages of the training layout (at most MAX_TRAIN_LAYOUTS with the pools)",
-        between(1, 16),
+    max_pp_stages: int | None = spec(
+        None,
+        "most pipeline stages of a training layout or a rollout replica; null: as deep as the model allows (one "
+        "decoder layer per stage); the search tries every depth up to 4, then 6, 8, 12, 16, 24, ... and the bound",
+        between(1, 1024),
     )
     max_update_window: int = spec(
         0,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs import typed
 from areal_hex_plugin.specs.catalog import GpuCatalog, build_catalog
 from areal_hex_plugin.specs.cluster import Cluster, build_cluster
-from areal_hex_plugin.specs.config import HexConfig, RelayConfig, check_relay_sender
+from areal_hex_plugin.specs.config import HexConfig, RelayConfig, SolverConfig, check_relay_sender
 from areal_hex_plugin.specs.files import check_depth
 from areal_hex_plugin.specs.models import resolve_model
 from areal_hex_plugin.specs.overrides import apply_overrides
@@ -87,6 +87,13 @@ class Recipe:
     catalog: GpuCatalog
     cluster: Cluster
     workload: WorkloadSpec
+
+    @property
+    def solver(self) -> SolverConfig:
+        """``hex.solver`` with ``max_pp_stages`` resolved: as set (at most the model's decoder layers), or, unset,
+        as deep as the model allows (a stage holds at least one layer). What the planner reads."""
+        layers = self.workload.model.layers
+        return replace(self.hex.solver, max_pp_stages=min(self.hex.solver.max_pp_stages or layers, layers))
 
 
 def read_yaml(path: str | Path, what: str = "recipe") -> dict:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from areal_hex_plugin.scheduler.brute import LIMITS
 from areal_hex_plugin.specs.recipe import load_recipe
 from benchmarks.clusters import pools_override
 from tests.conftest import REPO
+
+# The brute force enumerates pipelines of at most this many stages: recipes it solves bound the depth (the
+# default is as deep as the model allows).
+BRUTE_DEPTH = f"+hex.solver.max_pp_stages={LIMITS['hex.solver.max_pp_stages']}"
 
 
 def recipe_with_pools(pools: list[tuple[str, int, int]], model: str = "1.5b", *extra: str):

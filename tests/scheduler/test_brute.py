@@ -13,7 +13,7 @@ from areal_hex_plugin.scheduler.evaluate import replica_stages
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.split import all_splits
 from tests.conftest import REPO
-from tests.scheduler.helpers import recipe_with_pools
+from tests.scheduler.helpers import BRUTE_DEPTH, recipe_with_pools
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,9 @@ CASES = [
 
 @pytest.mark.parametrize(("pools", "model", "budget"), CASES)
 def test_two_phase_is_within_one_percent_of_the_brute_force(pools, model, budget):
-    planner = Planner(recipe_with_pools(pools, model), PlanRequest(budget_per_hour=budget, caps=PAPER))
+    planner = Planner(
+        recipe_with_pools(pools, model, BRUTE_DEPTH), PlanRequest(budget_per_hour=budget, caps=PAPER)
+    )
     result = planner.search(planner.limits, budget)
     brute, _ = BruteForce(planner.ev).run(planner.limits, budget)
     assert brute is not None and brute.feasible
@@ -43,7 +45,7 @@ def test_exhaustive_mode_is_the_brute_force_and_uses_nothing_of_the_search(monke
 
     monkeypatch.setattr(evaluate, "search_train", no_search)
     monkeypatch.setattr(planner_module, "two_phase", no_search)
-    recipe = recipe_with_pools([("H800-PCIe", 4, 2), ("H20", 4, 2)], "1.5b")
+    recipe = recipe_with_pools([("H800-PCIe", 4, 2), ("H20", 4, 2)], "1.5b", BRUTE_DEPTH)
     plan = plan_recipe(recipe, PlanRequest(exhaustive=True))
     assert plan.solver.mode == "exhaustive" and plan.solver.status == "optimal" and plan.solver.gap == 0
     assert "machine splits" in plan.solver.enumerated and "scored in full" in plan.solver.enumerated
@@ -58,11 +60,26 @@ def test_cli_exhaustive_says_what_it_enumerated_and_names_the_limit(capsys):
         f"{{name: p{i}, gpu_type: {t}, gpus_per_machine: {g}, machines: {m}, price_per_gpu_hour: 2.0}}"
         for i, (t, g, m) in enumerate(small)
     )
-    assert main(["plan", str(recipe), pools + "]", "hex.objective.budget_per_hour=null", "--exhaustive"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                str(recipe),
+                pools + "]",
+                "hex.objective.budget_per_hour=null",
+                BRUTE_DEPTH,
+                "--exhaustive",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "Solver: exhaustive, optimal" in out and "Exhaustive: " in out and "machine splits" in out
     big = pools + ", {name: p9, gpu_type: L40S, gpus_per_machine: 8, machines: 9, price_per_gpu_hour: 1.0}]"
-    assert main(["plan", str(recipe), big, "hex.objective.budget_per_hour=null", "--exhaustive"]) == 2
+    assert (
+        main(["plan", str(recipe), big, "hex.objective.budget_per_hour=null", BRUTE_DEPTH, "--exhaustive"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("error: --exhaustive") and "Traceback" not in err
     assert "9 machines in one pool" in err and "8 machines per pool" in err
@@ -70,7 +87,9 @@ def test_cli_exhaustive_says_what_it_enumerated_and_names_the_limit(capsys):
 
 def test_the_bounds_skip_no_better_plan():
     """Branch and bound against scoring every (split, layout, fleet) of the brute force's space."""
-    planner = Planner(recipe_with_pools([("H100", 2, 2), ("L40S", 2, 2)], "1.5b"), PlanRequest(caps=PAPER))
+    planner = Planner(
+        recipe_with_pools([("H100", 2, 2), ("L40S", 2, 2)], "1.5b", BRUTE_DEPTH), PlanRequest(caps=PAPER)
+    )
     brute = BruteForce(planner.ev)
     best, counted = brute.run(planner.limits, None)
     rates = []
@@ -87,7 +106,7 @@ def test_the_bounds_skip_no_better_plan():
 
 
 def test_the_brute_force_covers_hybrid_sharding_where_the_caps_allow_it():
-    recipe = recipe_with_pools([("H800-PCIe", 8, 2), ("H20", 8, 1)], "7b")
+    recipe = recipe_with_pools([("H800-PCIe", 8, 2), ("H20", 8, 1)], "7b", BRUTE_DEPTH)
     paper = BruteForce(Planner(recipe, PlanRequest(caps=PAPER)).ev)._train_layouts((2, 0))[0]
     fsdp = BruteForce(Planner(recipe, PlanRequest()).ev)._train_layouts((2, 0))[0]
     assert any(s.hybrid for c in paper for s in c.stages)
@@ -95,7 +114,7 @@ def test_the_brute_force_covers_hybrid_sharding_where_the_caps_allow_it():
 
 
 def test_exhaustive_megatron_plans_keep_one_dp_and_tp_and_run():
-    recipe = recipe_with_pools([("H800-PCIe", 4, 2), ("H20", 4, 2)], "7b")
+    recipe = recipe_with_pools([("H800-PCIe", 4, 2), ("H20", 4, 2)], "7b", BRUTE_DEPTH)
     caps = caps_for("megatron", "upstream", "disk")
     plan = plan_recipe(recipe, PlanRequest(exhaustive=True, caps=caps))
     assert plan.solver.mode == "exhaustive" and unmet(plan, caps) == {}

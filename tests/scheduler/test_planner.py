@@ -11,7 +11,7 @@ from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler.planner import PlanRequest, plan_recipe
 from tests.conftest import REPO
-from tests.scheduler.helpers import recipe_with_pools
+from tests.scheduler.helpers import BRUTE_DEPTH, recipe_with_pools
 
 PAPER_7B = str(REPO / "recipes" / "paper" / "7b.yaml")
 
@@ -74,7 +74,7 @@ def test_paper_plan_respects_the_budget_and_beats_its_baselines(paper_plan):
 
 
 def test_target_mode_finds_the_cheapest_plan_reaching_the_target():
-    recipe = recipe_with_pools([("H800-PCIe", 8, 2), ("H20", 8, 4)], "7b")
+    recipe = recipe_with_pools([("H800-PCIe", 8, 2), ("H20", 8, 4)], "7b", BRUTE_DEPTH)
     full = plan_recipe(recipe)
     target = 0.6 * full.predicted.tokens_per_s
     plan = plan_recipe(recipe, PlanRequest(target_tokens_per_s=target, exhaustive=True))

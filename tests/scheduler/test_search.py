@@ -12,7 +12,7 @@ from areal_hex_plugin.costmodel.memory import TRAIN_BYTES_PER_PARAM, USABLE_HBM_
 from areal_hex_plugin.scheduler.brute import BruteForce
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.train_search import _combinations, _options, _stages, search_train
-from tests.scheduler.helpers import recipe_with_pools
+from tests.scheduler.helpers import BRUTE_DEPTH, recipe_with_pools
 
 SMALL_CLUSTERS = [
     ([("H200", 8, 2), ("A100-80GB", 4, 2), ("H20", 4, 2)], None),
@@ -29,7 +29,7 @@ SMALL_CLUSTERS = [
 @pytest.mark.parametrize(("pools", "budget"), SMALL_CLUSTERS)
 def test_two_phase_is_within_one_percent_of_exhaustive(pools, budget):
     """In the recipe's runtime space (FSDP: one stage on one type; servers inside a machine)."""
-    planner = Planner(recipe_with_pools(pools), PlanRequest())
+    planner = Planner(recipe_with_pools(pools, "1.5b", BRUTE_DEPTH), PlanRequest())
     two = planner.search(planner.limits, budget)
     brute, _ = BruteForce(planner.ev).run(planner.limits, budget)
     assert two.best is not None and brute is not None
@@ -91,7 +91,7 @@ def test_training_search_finds_nothing_when_memory_is_too_small():
 
 
 def test_gap_is_measured_against_a_valid_bound():
-    recipe = recipe_with_pools([("H800-PCIe", 8, 2), ("H20", 8, 4)], "7b")
+    recipe = recipe_with_pools([("H800-PCIe", 8, 2), ("H20", 8, 4)], "7b", BRUTE_DEPTH)
     plan = plan_recipe(recipe)
     assert plan.solver.status == "converged" and 0 <= plan.solver.gap < 1
     exhaustive = plan_recipe(recipe, PlanRequest(exhaustive=True))
