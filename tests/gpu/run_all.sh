@@ -128,7 +128,7 @@ t_driver=${HEX_GPU_TIMEOUT_DRIVER:-200}
 run transport "$t_transport" "$gpu_reason" \
   "$py" tests/gpu/transport_check.py --json "$out/transport.json" --gb 1
 run profile "$t_profile" "${gpu_reason:-$sglang_reason}" \
-  "$py" -m pytest -m gpu tests/gpu/profile_check.py -q -rs -p no:cacheprovider
+  "$py" -m pytest -n 0 -m gpu tests/gpu/profile_check.py -q -rs -p no:cacheprovider
 run megatron "$t_megatron" "${gpu_reason:-$megatron_reason}" \
   env HEX_CHECK_TOKENIZER="$tokenizer" "$py" tests/gpu/megatron_check.py --json "$out/megatron.json"
 run driver "$t_driver" "${gpu_reason:-${sglang_reason:-$model_reason}}" \
