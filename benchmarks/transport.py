@@ -283,7 +283,8 @@ def _cpu_s() -> float:
 
 
 class _KeepSink:
-    """Keeps the committed tensors as received (views into the staged buckets), hashed only when asked."""
+    """Keeps the committed tensors as received (views into the staged buckets), hashed only when asked, before
+    another version is staged (the node reuses their memory for later versions)."""
 
     def __init__(self) -> None:
         self.version, self.named = -1, []

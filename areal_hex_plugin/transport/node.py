@@ -64,8 +64,8 @@ _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 class WeightSink(Protocol):
     """Where a committed version goes (an inference server, or test receivers). ``staged`` iterates the
-    version's (name, tensor) pairs; ``staged.directory`` holds it as safetensors files. Both stay as they are until
-    the next version is committed; after that their memory stages later versions (copy what must outlive it)."""
+    version's (name, tensor) pairs; ``staged.directory`` holds it as safetensors files. The tensors' memory may stage
+    a later version once ``load`` has returned (at once with a rollback dir): copy what must outlive the call."""
 
     def load(self, version: int, staged: Iterator[tuple[str, torch.Tensor]]) -> None: ...
 
