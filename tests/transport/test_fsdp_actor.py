@@ -39,9 +39,9 @@ def _save_model(path) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
-def serving_engine() -> tuple[SGLangStandIn, ReceiverEngine]:
-    """An SGLang stand-in with TP 2 and a rollout engine with the receiver methods on it."""
-    server = SGLangStandIn(tp_size=2)
+def serving_engine(tp_size: int = 2) -> tuple[SGLangStandIn, ReceiverEngine]:
+    """An SGLang stand-in with TP ``tp_size`` and a rollout engine with the receiver methods on it."""
+    server = SGLangStandIn(tp_size=tp_size)
     engine = ReceiverEngine(
         InferenceEngineConfig(experiment_name="hex", trial_name="t", pause_grace_period=0)
     )
@@ -49,13 +49,39 @@ def serving_engine() -> tuple[SGLangStandIn, ReceiverEngine]:
     return server, engine
 
 
-def replica(tmp_path) -> tuple[SGLangStandIn, ReceiverEngine, Endpoint]:
+def replica(tmp_path, tp_size: int = 2) -> tuple[SGLangStandIn, ReceiverEngine, Endpoint]:
     """:func:`serving_engine` with its receiver started: the server, the engine, its endpoint."""
-    server, engine = serving_engine()
+    server, engine = serving_engine(tp_size)
     endpoint = Endpoint.parse(
         engine.hex_start_receiver(bind_host="127.0.0.1", stage_dir=str(tmp_path / "stage"))
     )
     return server, engine, endpoint
+
+
+def _close(server: SGLangStandIn, engine: ReceiverEngine | None = None) -> None:
+    if engine is not None:
+        engine.hex_stop_receiver()
+        engine.destroy()
+    server.close()
+
+
+def _run_ranks(target, *args, timeout_s: float, last=lambda rank: ()) -> list[int | None]:
+    """``target(rank, 2, port, *args, *last(rank))`` in two spawned processes (the actor's 2 gloo ranks), within
+    ``timeout_s`` together: their exit codes (a rank still running then is killed)."""
+    context = mp.get_context("spawn")
+    port = _free_port()
+    ranks = [context.Process(target=target, args=(rank, 2, port, *args, *last(rank))) for rank in range(2)]
+    try:
+        for process in ranks:
+            process.start()
+        deadline = time.monotonic() + timeout_s
+        for process in ranks:
+            process.join(timeout=max(1.0, deadline - time.monotonic()))
+        return [process.exitcode for process in ranks]
+    finally:
+        for process in ranks:
+            if process.is_alive():
+                process.kill()
 
 
 def assert_server_holds(server: SGLangStandIn, expected: dict[str, torch.Tensor]) -> None:
@@ -72,27 +98,12 @@ def test_fsdp_actor_updates_a_rollout_replica(tmp_path, monkeypatch):
     expected = _save_model(tmp_path / "model")
     server, engine, endpoint = replica(tmp_path)
     route = Route([PoolRoute("h20", [endpoint], 1.5, 5.0)]).to_dict()
-    context = mp.get_context("spawn")
-    port, out = _free_port(), tmp_path / "report.json"
-    ranks = [
-        context.Process(
-            target=run_rank, args=(rank, 2, port, str(tmp_path / "model"), server.address, route, str(out))
-        )
-        for rank in range(2)
-    ]
+    out = tmp_path / "report.json"
     try:
-        for process in ranks:
-            process.start()
-        for process in ranks:
-            process.join(timeout=240)
-        assert [process.exitcode for process in ranks] == [0, 0]
+        codes = _run_ranks(run_rank, str(tmp_path / "model"), server.address, route, str(out), timeout_s=240)
+        assert codes == [0, 0]
     finally:
-        for process in ranks:
-            if process.is_alive():
-                process.kill()
-        engine.hex_stop_receiver()
-        engine.destroy()
-        server.close()
+        _close(server, engine)
     report = json.loads(out.read_text())
     assert report["version"] == 3 and report["committed"] == [str(endpoint)] and report["failed"] == {}
     # Each rank sent about half of the model: no one rank's NIC carries it all.
@@ -110,27 +121,12 @@ def test_every_rank_fails_together_when_rank_0_cannot_begin(tmp_path, monkeypatc
     server = SGLangStandIn(tp_size=1)
     unreachable = Endpoint("127.0.0.1", _free_port())  # nothing listens there
     route = Route([PoolRoute("h20", [unreachable], 1.5, 5.0)]).to_dict()
-    context = mp.get_context("spawn")
-    port, out = _free_port(), tmp_path / "outcome"
-    ranks = [
-        context.Process(
-            target=run_rank_expecting_failure,
-            args=(rank, 2, port, str(tmp_path / "model"), server.address, route, str(out)),
-        )
-        for rank in range(2)
-    ]
+    out = tmp_path / "outcome"
     try:
-        for process in ranks:
-            process.start()
-        deadline = time.monotonic() + 120
-        for process in ranks:
-            process.join(timeout=max(1.0, deadline - time.monotonic()))
-        assert [process.exitcode for process in ranks] == [0, 0]
+        args = (str(tmp_path / "model"), server.address, route, str(out))
+        assert _run_ranks(run_rank_expecting_failure, *args, timeout_s=120) == [0, 0]
     finally:
-        for process in ranks:
-            if process.is_alive():
-                process.kill()
-        server.close()
+        _close(server)
     outcomes = [(tmp_path / f"outcome.{rank}").read_text() for rank in range(2)]
     assert outcomes[0].startswith("TransportError") and f"cannot reach receiver {unreachable}" in outcomes[0]
     assert "rank 0 could not begin the weight update" in outcomes[1]
@@ -141,38 +137,15 @@ def test_every_rank_fails_together_when_rank_0_cannot_begin(tmp_path, monkeypatc
 def test_a_corrupt_part_from_one_rank_is_never_committed(tmp_path, monkeypatch):
     monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN.decode())
     _save_model(tmp_path / "model")
-    server = SGLangStandIn(tp_size=1)
-    engine = ReceiverEngine(
-        InferenceEngineConfig(experiment_name="hex", trial_name="t", pause_grace_period=0)
-    )
-    engine.initialize(addr=server.address, train_data_parallel_size=1)
-    endpoint = Endpoint.parse(
-        engine.hex_start_receiver(bind_host="127.0.0.1", stage_dir=str(tmp_path / "stage"))
-    )
+    server, engine, endpoint = replica(tmp_path, tp_size=1)
     route = Route([PoolRoute("h20", [endpoint], 1.5, 5.0)]).to_dict()
-    context = mp.get_context("spawn")
-    port, out = _free_port(), tmp_path / "outcome"
-    ranks = [
-        context.Process(
-            target=run_rank_expecting_failure,
-            args=(rank, 2, port, str(tmp_path / "model"), server.address, route, str(out), rank == 1),
-        )
-        for rank in range(2)
-    ]
+    out = tmp_path / "outcome"
     try:
-        for process in ranks:
-            process.start()
-        deadline = time.monotonic() + 240
-        for process in ranks:
-            process.join(timeout=max(1.0, deadline - time.monotonic()))
-        assert [process.exitcode for process in ranks] == [0, 0]
+        args = (str(tmp_path / "model"), server.address, route, str(out))
+        codes = _run_ranks(run_rank_expecting_failure, *args, timeout_s=240, last=lambda rank: (rank == 1,))
+        assert codes == [0, 0]
     finally:
-        for process in ranks:
-            if process.is_alive():
-                process.kill()
-        engine.hex_stop_receiver()
-        engine.destroy()
-        server.close()
+        _close(server, engine)
     outcomes = [(tmp_path / f"outcome.{rank}").read_text() for rank in range(2)]
     # Rank 1 re-sends the bucket (repair rounds) until the replica is given up: nothing corrupt is committed.
     assert "arrived corrupted 4 times" in outcomes[0] and "no replica committed version 3" in outcomes[0]
