@@ -192,7 +192,7 @@ def search_train(
             best = found
         return _choice(best)
     # From the shallow search's layout: one pool at a time to a deeper (k, tp) while that helps.
-    polished = _polish(cm, best, deep, max_pp)
+    polished = _polish(cm, best, deep, max_pp, deeper_than=ALL_DEPTHS)
     return _choice(_reorder_and_narrow(cm, polished) if polished is not best else best)
 
 
@@ -273,9 +273,9 @@ def _reorder_and_narrow(cm: CostModel, best):
     return best
 
 
-def _polish(cm: CostModel, best, full_options: list[list[_PoolOption]], max_pp: int):
+def _polish(cm: CostModel, best, full_options: list[list[_PoolOption]], max_pp: int, deeper_than: int = 0):
     """After the pruned enumeration: change one pool at a time (another (k, tp), drop it, or add it) while that
-    helps."""
+    helps; with ``deeper_than``, only to options of more stages than that (the shallower ones were searched)."""
     order = [opts[0].pool for opts in full_options if opts]
     improved = True
     while improved:
@@ -286,7 +286,9 @@ def _polish(cm: CostModel, best, full_options: list[list[_PoolOption]], max_pp: 
                 continue
             pool = options[0].pool
             for option in (None, *options):
-                if option == chosen.get(pool):
+                if option == chosen.get(pool) or (
+                    deeper_than and (option is None or option.k <= deeper_than)
+                ):
                     continue
                 changed = {**chosen, pool: option}
                 trial = tuple(changed[p] for p in order if changed.get(p) is not None)
@@ -300,13 +302,15 @@ def _polish(cm: CostModel, best, full_options: list[list[_PoolOption]], max_pp: 
 
 def _as_deep_as_needed(cm: CostModel, options: list[_PoolOption]) -> list[_PoolOption]:
     """A pool's options of at most ALL_DEPTHS stages, then those of each deeper depth on the ladder while memory
-    still binds at the depth before: while some (depth, tp) of the pool does not fit alone (a deeper pipeline
-    holds fewer layers per GPU, so a lower TP degree may fit). Where every TP degree fits, a deeper pipeline only
+    still binds at the depth before: while its lowest TP degree does not fit alone (a deeper pipeline holds fewer
+    layers per GPU, so a lower TP degree may fit). Where every TP degree fits, a deeper pipeline only
     adds bubble and hand-offs (heuristic: :func:`search_train` keeps the shallow search's layout unless faster)."""
     kept = [o for o in options if o.k <= ALL_DEPTHS]
     before = max((o.k for o in kept), default=0)
     for k in sorted({o.k for o in options if o.k > ALL_DEPTHS}):
-        if all(cm.train(_stages((o,))).feasible for o in options if o.k == before):
+        # The lowest TP degree needs the most memory per GPU (activations split over tp, state as much or more).
+        lowest = min((o for o in options if o.k == before and not o.hybrid), key=lambda o: o.tp, default=None)
+        if lowest is None or cm.train(_stages((lowest,))).feasible:
             break
         kept += [o for o in options if o.k == k]
         before = k
