@@ -7,18 +7,23 @@ The space, within the evaluator's runtime caps (``scheduler/caps.py``), every pa
   the stage limit, every TP degree inside a machine and every dp that fits (the search fixes the order, takes the
   largest dp and cuts TP degrees); one stage may also be FSDP hybrid-sharded over whole machines, where the caps
   allow it; the cost model splits the layers (its split is checked against every composition in the tests);
-- rollout: per pool, any replica shape as many times as its rollout GPUs hold, alone or with a second shape filling
-  the GPUs it leaves (the search solves a knapsack per rebuild-time bound; fewer replicas are a smaller split);
-- samples split by largest remainder in proportion to replica speed, with every update window delta <= eta + 1
-  and in-flight caps the runtime offers (``scheduler/inflight.py``: the runtime's choices, no pruning).
+- rollout (``scheduler/brute_rollout.py``): per pool every multiset of the replica shapes the caps allow whose
+  GPUs fit its rollout machines (counting GPUs is an exact machine packing), each enumerated under the split whose
+  rollout machines it occupies exactly; every update window delta <= eta + 1 and every in-flight cap of the
+  runtime's menu (``inflight.InFlight.capped``; per-replica caps off the menu are not enumerated); the samples of
+  a window split over the replicas by the best integer split (every group at least one sample), not in
+  proportion to speed.
 
 Reductions that are exact (no plan that could win is skipped), none of them the search's:
 - the weight sync depends on a layout only through the bytes each pool sends and on a fleet only through the
-  machines it occupies per pool: of the layouts (fleets) that agree on that, only the fastest (per window) is
-  scored in full;
+  machines it occupies per pool: of the layouts that agree on that, only the fastest is scored in full, and the
+  fleets of a split share one sync;
 - a step is at least max(rollout, train), and training at least its FLOPs at every GPU's training MFU until a
-  split's layouts are enumerated: splits, layouts and fleets are visited best bound first, and those whose bound
-  cannot beat the best plan found are counted, not scored.
+  split's layouts are enumerated, rollout at least its samples at the fastest fleet's full speed: splits and
+  layouts are visited best bound first, and those whose bound cannot beat the best plan found are counted, not
+  scored;
+- a fleet is scored at a window only if a relaxation says it might shorten the best step found
+  (``brute_rollout.RolloutSide``).
 The space grows as a product over pools, so exhaustive mode takes clusters within :data:`LIMITS` only.
 """
 
@@ -28,13 +33,12 @@ import math
 from dataclasses import dataclass
 from itertools import permutations, product
 
-from areal_hex_plugin.costmodel import TrainStage
-from areal_hex_plugin.costmodel.weightsync import receiving_machines
+from areal_hex_plugin.costmodel import RolloutStage, TrainStage
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.scheduler.bound import relaxation
+from areal_hex_plugin.scheduler.brute_rollout import Multiset, Relaxed, RolloutSide, pool_fleets
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator, Fleet, occupied
-from areal_hex_plugin.scheduler.inflight import Runtime, choose, replica_stages, windows
-from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig, largest_remainder
+from areal_hex_plugin.scheduler.inflight import Runtime, windows
 from areal_hex_plugin.scheduler.search import SearchResult
 from areal_hex_plugin.scheduler.split import all_splits
 from areal_hex_plugin.scheduler.train_search import TrainChoice, tp_degrees
@@ -51,7 +55,10 @@ class Enumerated:
     splits: int = 0  # machine splits within the budget
     opened: int = 0  # of those, paired layout by fleet (the rest bounded out whole)
     layouts: int = 0  # feasible training layouts enumerated
-    fleets: int = 0  # rollout fleets with a finite rollout time
+    fleets: int = 0  # rollout fleets (replica multisets) of the opened splits' rollout machines
+    fleets_scored: int = (
+        0  # of those, scored at every window and cap with exact shares (the rest bounded out)
+    )
     scored: int = 0  # (split, layout, fleet) plans scored in full
 
     def __add__(self, other: Enumerated) -> Enumerated:
@@ -62,9 +69,11 @@ class Enumerated:
     def describe(self) -> str:
         return (
             f"{self.splits:,} machine splits over {self.windows} window(s), {self.opened:,} of them opened "
-            f"({self.layouts:,} feasible training layouts, {self.fleets:,} rollout fleets) and {self.scored:,} "
-            "plans scored in full; the rest bounded out exactly (a step is at least max(rollout, train), and "
-            "training at least its FLOPs at every GPU's training MFU)"
+            f"({self.layouts:,} feasible training layouts; {self.fleets:,} rollout fleets, every multiset of "
+            f"replica shapes on their rollout machines, {self.fleets_scored:,} of them scored at every cap of the "
+            f"runtime's menu with the best integer split of the samples) and {self.scored:,} plans scored in "
+            "full; the rest bounded out exactly (a step is at least max(rollout, train), training at least its "
+            "FLOPs at every GPU's training MFU, a fleet's window at least what a relaxation of its caps allows)"
         )
 
 
@@ -95,6 +104,9 @@ class BruteForce:
     def __init__(self, ev: Evaluator) -> None:
         self.ev = ev
         self._layouts: dict[tuple[int, ...], tuple[list[TrainChoice], int]] = {}
+        self._pools: dict[tuple[str, int], list[Multiset]] = {}
+        self._rollout: dict[tuple[int, ...], RolloutSide] = {}
+        self._relaxed = Relaxed(ev.inflight, ev.workload.output_lengths.mean)
         self._relaxation = relaxation(ev)
 
     def exhaustive(
@@ -115,7 +127,6 @@ class BruteForce:
         splits = [
             s for s in all_splits(limits) if budget is None or s.cost_per_hour(ev.cluster) <= budget + 1e-9
         ]
-        fleets = {r: _fleets(ev, r) for r in {s.rollout for s in splits}}
         tokens = ev.tokens_per_step
 
         def bound(train_s: float, rollout_s: float, cost: float) -> tuple:
@@ -123,42 +134,69 @@ class BruteForce:
 
         ranked = []
         for s in splits:
-            if fleets[s.rollout][0]:
+            floor = self._rollout_side(s.rollout).floor
+            if math.isfinite(floor):
                 cost = s.cost_per_hour(ev.cluster)
-                floor = self._train_floor(s.train)
-                ranked.append((bound(floor, fleets[s.rollout][0][0][1], cost), s, cost))
+                ranked.append((bound(self._train_floor(s.train), floor, cost), s, cost))
         ranked.sort(key=lambda x: (x[0], [-v for v in x[1].train + x[1].rollout]), reverse=True)
         best: tuple[tuple, Evaluation] | None = None
-        scored, opened, trains = 0, 0, set()
+        scored, opened, trains, sides = 0, 0, set(), set()
         for split_bound, split, cost in ranked:
             if best is not None and split_bound <= best[0]:
                 break
             opened += 1
             trains.add(split.train)
-            fls = fleets[split.rollout][0]
+            sides.add(split.rollout)
+            side = self._rollout_side(split.rollout)
+            # The weight sync depends on a fleet only through the machines it occupies: these.
+            machines = [
+                (tuple(RolloutStage(p.name, p.gpus_per_machine) for _ in range(n)), 1)
+                for p, n in zip(ev.cluster.pools, split.rollout, strict=True)
+                if n
+            ]
             for train in self._train_layouts(split.train)[0]:
-                if best is not None and bound(train.step_time_s, fls[0][1], cost) <= best[0]:
+                if best is not None and bound(train.step_time_s, side.floor, cost) <= best[0]:
                     break
+                scored += 1
                 senders = ev.cm.senders(train.stages)  # each stage sends its layers from its pool
-                for options, rollout_s in fls:
-                    if best is not None and bound(train.step_time_s, rollout_s, cost) <= best[0]:
-                        break
-                    scored += 1
-                    replicas = [(replica_stages(c), y) for c, y in options[0].groups]
-                    sync_s = ev.cm.weight_sync(senders, replicas, strategy=ev.sync_strategy).seconds
-                    runtime = choose(options, train.step_time_s, sync_s)
-                    key = _objective(tokens / runtime.step_s(train.step_time_s, sync_s), cost, target)
-                    if best is None or key > best[0]:
-                        best = (key, _evaluation(ev, train, runtime, sync_s))
+                sync_s = ev.cm.weight_sync(senders, machines, strategy=ev.sync_strategy).seconds
+                chosen = side.choose(train.step_time_s, sync_s)
+                if chosen is None:
+                    break
+                runtime, shares = chosen
+                key = _objective(tokens / runtime.step_s(train.step_time_s, sync_s), cost, target)
+                if best is None or key > best[0]:
+                    best = (key, _evaluation(ev, train, runtime, sync_s, shares))
         counted = Enumerated(
             windows=len(windows(ev.workload.rl.max_head_offpolicyness, ev.workload.rl.max_update_window)),
             splits=len(splits),
             opened=opened,
             layouts=sum(self._layouts[t][1] for t in trains),
-            fleets=sum(fleets[r][1] for r in fleets),
+            fleets=sum(self._rollout[r].fleets for r in sides),
+            fleets_scored=sum(self._rollout[r].visited for r in sides),
             scored=scored,
         )
         return (best[1] if best else None), counted
+
+    def _pool_fleets(self, counts: tuple[int, ...]) -> list[list[Multiset]]:
+        """Per pool with rollout machines, every fleet occupying exactly them (:func:`pool_fleets`)."""
+        out = []
+        for pool, n in zip(self.ev.cluster.pools, counts, strict=True):
+            if n:
+                if (pool.name, n) not in self._pools:
+                    self._pools[pool.name, n] = pool_fleets(
+                        self.ev.feasible_shapes(pool.name),
+                        n,
+                        pool.gpus_per_machine,
+                        self.ev.caps.one_layout_per_pool,
+                    )
+                out.append(self._pools[pool.name, n])
+        return out
+
+    def _rollout_side(self, counts: tuple[int, ...]) -> RolloutSide:
+        if counts not in self._rollout:
+            self._rollout[counts] = RolloutSide(self.ev, self._pool_fleets(counts), self._relaxed)
+        return self._rollout[counts]
 
     def _train_layouts(self, counts: tuple[int, ...]) -> tuple[list[TrainChoice], int]:
         if counts not in self._layouts:
@@ -182,9 +220,10 @@ def _objective(rate: float, cost: float, target: float | None) -> tuple:
     return (rate >= target, cost, rate) if target is not None else (rate, cost)
 
 
-def _evaluation(ev, train: TrainChoice, runtime: Runtime, sync_s: float) -> Evaluation:
+def _evaluation(
+    ev, train: TrainChoice, runtime: Runtime, sync_s: float, shares: tuple[int, ...]
+) -> Evaluation:
     """The plan as the evaluator reports one: on the machines it occupies, at their price."""
-    samples = ev.workload.rl.samples_per_step
     fleet = Fleet(runtime.groups, True)
     split = occupied(ev.cluster, train, fleet)
     return Evaluation(
@@ -196,8 +235,8 @@ def _evaluation(ev, train: TrainChoice, runtime: Runtime, sync_s: float) -> Eval
         train_s=train.step_time_s,
         rollout_s=runtime.rollout_s,
         sync_s=sync_s,
-        reward_s=ev.cm.reward_s(samples),
-        shares=tuple(largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups])),
+        reward_s=ev.cm.reward_s(ev.workload.rl.samples_per_step),
+        shares=shares,
     )
 
 
@@ -253,47 +292,3 @@ def _blocks(pool, gpus: int, max_pp: int, hybrid: bool) -> list[tuple[int, int, 
         if hybrid
     ]
     return plain + whole
-
-
-def _fleets(ev: Evaluator, counts: tuple[int, ...]) -> tuple[list[tuple[list[Runtime], float]], int]:
-    """For each set of machines a fleet occupies (all the weight sync depends on), per update window the
-    runtime choice (fleet and caps) with the shortest rollout time per step, and the shortest of them; shortest
-    first; and how many fleets have a finite one."""
-    if not any(counts):
-        return [], 0
-    options = []
-    for pool, n in zip(ev.cluster.pools, counts, strict=True):
-        if n:
-            options.append(_pool_fleets(ev, pool, n * pool.gpus_per_machine))
-            if not options[-1]:
-                return [], 0
-    reward = ev.cm.reward_s(ev.workload.rl.samples_per_step)
-    fastest: dict[tuple, dict[int, Runtime]] = {}
-    finite = 0
-    for groups in product(*options):
-        fleet = tuple(g for pool in groups for g in pool)
-        choices = [r for r in ev.inflight.runtimes(fleet, reward) if math.isfinite(r.rollout_s)]
-        if not choices:
-            continue
-        finite += 1
-        machines = receiving_machines(ev.cluster, [(replica_stages(c), y) for c, y in fleet])
-        per_window = fastest.setdefault(tuple(sorted(machines.items())), {})
-        for r in choices:
-            if r.window not in per_window or r.rollout_s < per_window[r.window].rollout_s:
-                per_window[r.window] = r
-    out = [(list(v.values()), min(r.rollout_s for r in v.values())) for v in fastest.values()]
-    return sorted(out, key=lambda x: x[1]), finite
-
-
-def _pool_fleets(ev: Evaluator, pool, gpus: int) -> list[tuple[tuple[ReplicaConfig, int], ...]]:
-    """One pool's fleets: a shape as many times as ``gpus`` hold, alone or with another filling what it leaves
-    (one shape only where the runtime gives a pool one layout)."""
-    shapes = [c for c in ev.feasible_shapes(pool.name) if c.gpus <= gpus]
-    out = []
-    for a in shapes:
-        count = gpus // a.gpus
-        out.append(((a, count),))
-        left = gpus - count * a.gpus
-        if not ev.caps.one_layout_per_pool:
-            out += [((a, count), (b, left // b.gpus)) for b in shapes if b.gpus <= left]
-    return out

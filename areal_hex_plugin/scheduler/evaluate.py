@@ -67,7 +67,7 @@ class Evaluation:
     rollout_s: float  # generation + reward per step, with one KV rebuild per window (inf without rollout)
     sync_s: float  # one weight update, paid once per window
     reward_s: float
-    shares: tuple[int, ...] = ()  # samples per step of each fleet group
+    shares: tuple[int, ...] = ()  # samples of each fleet group over one window (window x samples per step)
 
     @property
     def feasible(self) -> bool:
@@ -299,7 +299,7 @@ class Evaluator:
         else:
             _, fleet, runtime, sync_s = chosen
             window, rollout_s = runtime.window, runtime.rollout_s
-        shares = tuple(largest_remainder(samples, [c.tokens_per_s * y for c, y in fleet.groups]))
+        shares = tuple(largest_remainder(samples * window, [c.tokens_per_s * y for c, y in fleet.groups]))
         if train and fleet.groups:
             split = occupied(self.cluster, train, fleet)
         return Evaluation(

@@ -99,10 +99,19 @@ class InFlight:
 
     def capped(self, groups: Groups, fraction: float, sequences: int) -> Groups:
         """Every replica at ``fraction`` of its batch, all cut in proportion to hold at most ``sequences``."""
+        return self.throttle(groups, self.caps(groups, fraction, sequences))
+
+    @staticmethod
+    def caps(groups: Groups, fraction: float, sequences: int) -> tuple[int, ...]:
+        """The in-flight cap of each group's replicas in :meth:`capped`."""
         caps = [max(1, int(c.concurrency * fraction)) for c, _ in groups]
         total = sum(cap * y for cap, (_, y) in zip(caps, groups, strict=True))
         if total > sequences:
             caps = [max(1, cap * sequences // total) for cap in caps]
+        return tuple(caps)
+
+    def throttle(self, groups: Groups, caps: tuple[int, ...]) -> Groups:
+        """Each group's replicas at its cap."""
         return tuple((self.throttled(c, cap), y) for cap, (c, y) in zip(caps, groups, strict=True))
 
     def runtimes(self, groups: Groups, reward_s: float) -> list[Runtime]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from areal_hex_plugin.plan import GpuAssignment, Machine, ReplicaGroup, RolloutPlan, TrainPlan, TrainStage
 from areal_hex_plugin.scheduler.evaluate import Evaluation
+from areal_hex_plugin.scheduler.rollout_model import largest_remainder
 from areal_hex_plugin.scheduler.train_search import tp_degrees
 from areal_hex_plugin.specs.cluster import Cluster
 
@@ -68,12 +69,13 @@ def _place_train(cluster: Cluster, e: Evaluation, hosts: dict[str, list[str]], s
 
 
 def _place_rollout(cluster: Cluster, e: Evaluation, hosts: dict[str, list[str]], slots) -> RolloutPlan:
-    samples = sum(e.shares)
+    samples = sum(e.shares)  # over one window
+    per_step = largest_remainder(samples // e.window, list(e.shares))
     groups: list[ReplicaGroup] = []
     gpus_by_type: dict[str, int] = {}
     # Stage slots to pack per pool: (tp, group, instance, stage), largest TP first.
     pending: dict[str, list[tuple[int, int, int, int]]] = {}
-    for g, ((config, count), share) in enumerate(zip(e.fleet.groups, e.shares, strict=True)):
+    for g, ((config, count), share, step) in enumerate(zip(e.fleet.groups, e.shares, per_step, strict=True)):
         pool = cluster.pool(config.pool)
         groups.append(
             ReplicaGroup(
@@ -83,7 +85,7 @@ def _place_rollout(cluster: Cluster, e: Evaluation, hosts: dict[str, list[str]],
                 pp=config.pp,
                 count=count,
                 share=round(share / samples, 6) if samples else 0.0,
-                samples_per_step=share,
+                samples_per_step=step,
                 tokens_per_s=round(config.tokens_per_s, 3),
                 concurrency=config.concurrency,
             )

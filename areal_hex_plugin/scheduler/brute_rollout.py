@@ -1,0 +1,301 @@
+"""The brute force's rollout side (``scheduler/brute.py``): every fleet of a split's rollout machines, each at every
+in-flight cap the runtime offers and every update window, with the best integer split of the samples.
+
+A fleet is any multiset of the pool's replica shapes (``Evaluator.feasible_shapes``: every (tp, pp) the runtime
+caps allow that the cost model says runs; one shape per pool where the runtime gives a pool one layout) whose GPUs
+fit the pool's rollout machines. TP degrees divide the machine size and form a divisibility chain, so the
+placement (``scheduler/placement.py``, largest first) packs any such multiset without splitting a stage across
+machines: counting GPUs is exact. A fleet is enumerated under the split whose rollout machines it occupies
+exactly (ceil(GPUs / machine size) per pool); a fleet that leaves whole machines empty is the same plan as under the
+split without them, which the brute force also enumerates (and a plan pays only for the machines it occupies).
+
+The rollout time of a fleet (``inflight.window_rollout_s``'s objective: per group, the busiest replica's
+ceil(x / y) samples at the group's speed plus one KV rebuild per window) is minimised over every integer split
+x_g >= 1 of the window's samples (:func:`best_split`), not proportional shares. In-flight caps: the runtime's
+menu of ``inflight.InFlight.capped`` (each fraction of ``CAP_FRACTIONS`` of every replica's batch, cut in
+proportion to the sequences of every batch count the window admits); per-replica caps off that menu are not
+enumerated.
+
+Exact reductions (no fleet that could change a plan's step is skipped), none of them the search's:
+- the weight sync depends on a fleet only through the machines it occupies per pool (``receiving_machines``), so
+  per split and window only the fleet with the shortest rollout time matters;
+- a fleet's rollout time per step, at any window and caps, is at least its samples at the replicas' full speed
+  plus the reward (``inflight.rollout_floor``: a cap only slows a replica). Fleets are visited fastest first;
+  once that floor reaches the best time found at the largest window W, no fleet left can be chosen at any window w:
+  its step there, sync / w + max(rollout, train), is no shorter than the W one's (sync / w >= sync / W).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from areal_hex_plugin.scheduler.inflight import CAP_FRACTIONS, Groups, Runtime, choose, rollout_floor, windows
+from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig
+
+Multiset = tuple[tuple[ReplicaConfig, int], ...]
+# Prices of an in-flight sequence, in tokens, the relaxation of :class:`RolloutSide` tries.
+PRICES = (0.0, *(2.0**k for k in range(17)))
+
+
+def best_split(
+    groups: Groups, samples: int, mean_tokens: float, updates: int = 1
+) -> tuple[float, tuple[int, ...]]:
+    """The shortest makespan of ``samples`` samples over the groups, every group at least one sample: group g's
+    busiest replica takes ceil(x_g / y_g) samples and rebuilds its KV cache ``updates`` times; and the x_g.
+
+    Exact: a group's time only grows with its samples, so a makespan T is reachable iff the largest sample counts
+    each group finishes within T (y_g times the most k with k * mean / h_g + updates * r_g <= T) sum to at least
+    ``samples`` and are all at least one. The optimum is one of the group times, the smallest reachable one: for
+    each group a bisection over its k finds its smallest reachable time, and the least of those is the optimum.
+    """
+    if samples < len(groups) or not groups:
+        return math.inf, ()
+
+    def time(g: int, k: int) -> float:  # as ``inflight.window_rollout_s`` computes it, to the last bit
+        c = groups[g][0]
+        return k * mean_tokens / c.tokens_per_s + updates * c.recompute_s
+
+    def most(g: int, t: float) -> int:
+        c = groups[g][0]
+        k = max(0, int((t - updates * c.recompute_s) * c.tokens_per_s / mean_tokens))
+        while time(g, k + 1) <= t:
+            k += 1
+        while k > 0 and time(g, k) > t:
+            k -= 1
+        return k
+
+    def reaches(t: float) -> bool:
+        counts = [most(g, t) for g in range(len(groups))]
+        return min(counts) >= 1 and sum(k * y for k, (_, y) in zip(counts, groups, strict=True)) >= samples
+
+    best = math.inf
+    for g, (_, y) in enumerate(groups):
+        lo, hi = 1, -(-samples // y)  # this group alone at its last k takes every sample
+        while not reaches(time(g, hi)):  # other groups' first sample may take longer than this group's all
+            lo, hi = hi + 1, 2 * hi
+        if time(g, lo) >= best:
+            continue
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if reaches(time(g, mid)) else (mid + 1, hi)
+        best = min(best, time(g, lo))
+    shares = [most(g, best) * y for g, (_, y) in enumerate(groups)]
+    for g in reversed(range(len(groups))):  # give back what exceeds the samples; no group's time grows
+        back = min(sum(shares) - samples, shares[g] - 1)
+        shares[g] -= back
+    return best, tuple(shares)
+
+
+def pool_fleets(
+    shapes: list[ReplicaConfig], machines: int, per_machine: int, one_shape: bool
+) -> list[Multiset]:
+    """Every multiset of ``shapes`` that occupies exactly ``machines`` machines of ``per_machine`` GPUs (one
+    shape only with ``one_shape``), fastest (sum of replica speeds) first."""
+    low, high = (machines - 1) * per_machine, machines * per_machine
+    out: list[Multiset] = []
+
+    def extend(i: int, gpus: int, chosen: list[tuple[ReplicaConfig, int]]) -> None:
+        if i == len(shapes):
+            if gpus > low:
+                out.append(tuple(chosen))
+            return
+        shape = shapes[i]
+        most = (high - gpus) // shape.gpus if not (one_shape and chosen) else 0
+        for k in range(most, -1, -1):
+            extend(i + 1, gpus + k * shape.gpus, [*chosen, (shape, k)] if k else chosen)
+
+    extend(0, 0, [])
+    return sorted(out, key=lambda f: -speed(f))
+
+
+class Relaxed:
+    """Per replica shape, a bound on the samples' tokens one replica generates within a window of T seconds, in
+    flight sequences priced at lambda: g(T, lambda) = max over caps c of mean * k(c) - lambda * c plus lambda,
+    k(c) = floor((T - r(c)) * h(c) / mean) the most samples it finishes at cap c, c from 1 to its largest batch
+    (see :class:`RolloutSide`)."""
+
+    def __init__(self, inflight, mean_tokens: float) -> None:
+        self.inflight = inflight
+        self.mean = mean_tokens
+        self._curves: dict[ReplicaConfig, list[tuple[float, float]]] = {}
+        self._tokens: dict[tuple[ReplicaConfig, float, float], float] = {}
+
+    def tokens(self, shape: ReplicaConfig, window_s: float, price: float) -> float:
+        key = (shape, window_s, price)
+        if key not in self._tokens:
+            if shape not in self._curves:
+                self._curves[shape] = [
+                    (c.tokens_per_s, c.recompute_s)
+                    for c in (self.inflight.throttled(shape, cap) for cap in range(1, shape.concurrency + 1))
+                ]
+            mean = self.mean
+            # The float k is rounded up by a hair, so that rounding never drops a sample it finishes.
+            self._tokens[key] = price + max(
+                mean * math.floor((window_s - r) * h / mean + 1e-9) - price * c
+                for c, (h, r) in enumerate(self._curves[shape], 1)
+            )
+        return self._tokens[key]
+
+
+class RolloutSide:
+    """The fleets on one rollout machine count, visited as far as a step needs them: per window the fastest
+    (runtime, shares) of the fleets visited so far.
+
+    A fleet is visited only if it might shorten a step (:meth:`choose`), which a relaxation tests. Within a window
+    of T seconds replica i finishes n_i <= k_i = floor((T - r_i) * h_i / mean) samples at its cap c_i (its group's
+    time, ceil(x / y) * mean / h + r, is within T), and the menu's caps
+    hold at most S + R sequences (S those of the most batches the window admits, R replicas: the cut rounds each
+    down but not below 1). So for every price lambda >= 0, samples * mean <= sum_i g_i(T, lambda) + lambda * S
+    (:class:`Relaxed`: each replica at its own best cap, the menu dropped); a fleet for which one lambda falls
+    short at the T a step needs cannot reach it. The lambda tested is the one most selective at the best fleet
+    found. Per window, the T up to which every fleet passing the test has been visited is kept.
+    """
+
+    def __init__(self, ev, per_pool: list[list[Multiset]], relaxed: Relaxed) -> None:
+        self.ev = ev
+        rl = ev.workload.rl
+        self._mean = ev.workload.output_lengths.mean
+        self._reward = ev.cm.reward_s(rl.samples_per_step)
+        self._windows = windows(rl.max_head_offpolicyness, rl.max_update_window)
+        batches = range(1, rl.max_head_offpolicyness + 2)
+        self._sequences = {m: ev.cm.staleness_sequences(m) for m in batches}
+        self._per_pool = per_pool
+        self._relaxed = relaxed
+        self._certified: dict[int, float] = {}
+        self._seen: set[tuple[int, Multiset]] = set()  # (window, fleet) scored
+        self.fleets = math.prod(len(p) for p in per_pool) if per_pool else 0
+        # window -> (runtime, samples per group over the window, the fleet before caps)
+        self.best: dict[int, tuple[Runtime, tuple[int, ...], Multiset]] = {}
+
+    @property
+    def visited(self) -> int:
+        """Fleets scored at some window."""
+        return len({fleet for _, fleet in self._seen})
+
+    def _floor(self, tokens_per_s: float) -> float:
+        return rollout_floor(tokens_per_s, self.ev.workload.rl.samples_per_step, self._mean, self._reward)
+
+    @property
+    def floor(self) -> float:
+        """No fleet here has a shorter rollout time per step, at any window: the fastest at full speed."""
+        if not self.fleets:
+            return math.inf
+        return self._floor(sum(speed(fleets[0]) for fleets in self._per_pool))
+
+    def choose(self, train_s: float, sync_s: float) -> tuple[Runtime, tuple[int, ...]] | None:
+        """The runtime with the shortest step beside a training step of ``train_s`` and a weight sync of
+        ``sync_s`` (``inflight.choose`` over the windows), and its shares over the window; None if no fleet runs.
+
+        Every fleet that might shorten the best step found at some window w is visited: its step there,
+        sync / w + max(rollout, train), must be below the best, so its window time below
+        T_w = (best - sync / w - reward) * w, which the relaxation tests.
+        """
+        if not self.fleets:
+            return None
+        if not self.best:
+            fastest = tuple(g for fleets in self._per_pool for g in fleets[0])
+            for window in self._windows:
+                self._visit(fastest, window)
+        if not self.best:
+            return None
+        for window in self._windows:
+            while (test := self._test(window, train_s, sync_s)) is not None:
+                # First the fleet with the most relaxed tokens, while that is new: a good incumbent.
+                top = tuple(g for fleets in self._per_pool for g in max(fleets, key=test[0]))
+                if (window, top) in self._seen or not test[1](top):
+                    break
+                self._visit(top, window)
+            test = self._test(window, train_s, sync_s)
+            if test is None:
+                continue
+            window_s = self._window_s(window, train_s, sync_s)
+            for fleet in self._candidates(*test):
+                if (
+                    (window, fleet) not in self._seen
+                    and (now := self._test(window, train_s, sync_s))
+                    and now[1](fleet)
+                ):
+                    self._visit(fleet, window)
+            self._certified[window] = window_s
+        runtime = choose([r for r, _, _ in self.best.values()], train_s, sync_s)
+        return runtime, self.best[runtime.window][1]
+
+    def _window_s(self, window: int, train_s: float, sync_s: float) -> float | None:
+        """The window time below which a fleet would shorten the best step at ``window``; None when none can or
+        every fleet that can has been visited."""
+        step = min(r.step_s(train_s, sync_s) for r, _, _ in self.best.values())
+        limit = step - sync_s / window
+        window_s = (limit - self._reward) * window
+        if train_s >= limit or window_s <= self._certified.get(window, -math.inf):
+            return None
+        return window_s
+
+    def _test(self, window: int, train_s: float, sync_s: float):
+        """(relaxed tokens of a pool's or whole fleet, whether a fleet passes) at the best step found so far;
+        None when no fleet left can shorten it at ``window``."""
+        window_s = self._window_s(window, train_s, sync_s)
+        if window_s is None:
+            return None
+        rl = self.ev.workload.rl
+        have = self._sequences[rl.max_head_offpolicyness + 2 - window]
+        need = rl.samples_per_step * window * self._mean
+        incumbent = min(self.best.values(), key=lambda b: b[0].rollout_s)[2]
+
+        def bound(fleet: Multiset, price: float) -> float:
+            return sum(self._relaxed.tokens(c, window_s, price) * y for c, y in fleet) + price * have
+
+        price = min(PRICES, key=lambda p: bound(incumbent, p))
+
+        def tokens(fleet: Multiset) -> float:
+            return sum(self._relaxed.tokens(c, window_s, price) * y for c, y in fleet)
+
+        return tokens, lambda fleet: tokens(fleet) + price * have >= need, need - price * have
+
+    def _candidates(self, tokens, passes, need: float) -> Iterator[Multiset]:
+        """The fleets whose relaxed tokens reach ``need`` (a sum over pools: each pool's multisets by their
+        relaxed tokens, cut where even the best of the other pools falls short)."""
+        per_pool = [
+            sorted(((tokens(f), f) for f in fleets), key=lambda x: -x[0]) for fleets in self._per_pool
+        ]
+        rest = [0.0] * (len(per_pool) + 1)  # the most the pools from p on can add
+        for p in reversed(range(len(per_pool))):
+            rest[p] = rest[p + 1] + per_pool[p][0][0]
+
+        def walk(p: int, have: float, chosen: tuple) -> Iterator[Multiset]:
+            if p == len(per_pool):
+                yield chosen
+                return
+            for total, f in per_pool[p]:
+                if have + total + rest[p + 1] < need:
+                    break
+                yield from walk(p + 1, have + total, chosen + f)
+
+        yield from walk(0, 0.0, ())
+
+    def _visit(self, fleet: Multiset, window: int) -> None:
+        """Score one fleet at one window, at every cap of the menu the window admits, with exact shares."""
+        self._seen.add((window, fleet))
+        rl = self.ev.workload.rl
+        samples = rl.samples_per_step * window
+        # The caps of each fraction cut to m batches' sequences, m up to the eta + 2 - window the window admits.
+        menu = {}
+        for m in range(1, rl.max_head_offpolicyness + 3 - window):
+            for f in CAP_FRACTIONS:
+                caps = self.ev.inflight.caps(fleet, f, self._sequences[m])
+                if caps not in menu:
+                    menu[caps] = f, m
+        for caps in menu:
+            capped = self.ev.inflight.throttle(fleet, caps)
+            known = self.best.get(window)
+            if known and self._floor(speed(capped)) >= known[0].rollout_s:
+                continue
+            makespan, shares = best_split(capped, samples, self._mean)
+            rollout = makespan / window + self._reward
+            if known is None or rollout < known[0].rollout_s:
+                self.best[window] = (Runtime(window, capped, rollout), shares, fleet)
+
+
+def speed(groups: Groups) -> float:
+    """Tokens/s of every replica together."""
+    return sum(c.tokens_per_s * y for c, y in groups)
