@@ -11,7 +11,7 @@ split without them, which the brute force also enumerates (and a plan pays only 
 
 The rollout time of a fleet (``inflight.window_rollout_s``'s objective: per group, the busiest replica's
 ceil(x / y) samples at the group's speed plus one KV rebuild per window) is minimised over every integer split
-x_g >= 1 of the window's samples (:func:`best_split`), not proportional shares. In-flight caps: the runtime's
+x_g >= 1 of the window's samples (``inflight.best_split``), not proportional shares. In-flight caps: the runtime's
 menu of ``inflight.InFlight.capped`` (each fraction of ``CAP_FRACTIONS`` of every replica's batch, cut in
 proportion to the sequences of every batch count the window admits); per-replica caps off that menu are not
 enumerated.
@@ -30,61 +30,20 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from areal_hex_plugin.scheduler.inflight import CAP_FRACTIONS, Groups, Runtime, choose, rollout_floor, windows
+from areal_hex_plugin.scheduler.inflight import (
+    CAP_FRACTIONS,
+    Groups,
+    Runtime,
+    best_split,
+    choose,
+    rollout_floor,
+    windows,
+)
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig
 
 Multiset = tuple[tuple[ReplicaConfig, int], ...]
 # Prices of an in-flight sequence, in tokens, the relaxation of :class:`RolloutSide` tries.
 PRICES = (0.0, *(2.0**k for k in range(17)))
-
-
-def best_split(
-    groups: Groups, samples: int, mean_tokens: float, updates: int = 1
-) -> tuple[float, tuple[int, ...]]:
-    """The shortest makespan of ``samples`` samples over the groups, every group at least one sample: group g's
-    busiest replica takes ceil(x_g / y_g) samples and rebuilds its KV cache ``updates`` times; and the x_g.
-
-    Exact: a group's time only grows with its samples, so a makespan T is reachable iff the largest sample counts
-    each group finishes within T (y_g times the most k with k * mean / h_g + updates * r_g <= T) sum to at least
-    ``samples`` and are all at least one. The optimum is one of the group times, the smallest reachable one: for
-    each group a bisection over its k finds its smallest reachable time, and the least of those is the optimum.
-    """
-    if samples < len(groups) or not groups:
-        return math.inf, ()
-
-    def time(g: int, k: int) -> float:  # as ``inflight.window_rollout_s`` computes it, to the last bit
-        c = groups[g][0]
-        return k * mean_tokens / c.tokens_per_s + updates * c.recompute_s
-
-    def most(g: int, t: float) -> int:
-        c = groups[g][0]
-        k = max(0, int((t - updates * c.recompute_s) * c.tokens_per_s / mean_tokens))
-        while time(g, k + 1) <= t:
-            k += 1
-        while k > 0 and time(g, k) > t:
-            k -= 1
-        return k
-
-    def reaches(t: float) -> bool:
-        counts = [most(g, t) for g in range(len(groups))]
-        return min(counts) >= 1 and sum(k * y for k, (_, y) in zip(counts, groups, strict=True)) >= samples
-
-    best = math.inf
-    for g, (_, y) in enumerate(groups):
-        lo, hi = 1, -(-samples // y)  # this group alone at its last k takes every sample
-        while not reaches(time(g, hi)):  # other groups' first sample may take longer than this group's all
-            lo, hi = hi + 1, 2 * hi
-        if time(g, lo) >= best:
-            continue
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if reaches(time(g, mid)) else (mid + 1, hi)
-        best = min(best, time(g, lo))
-    shares = [most(g, best) * y for g, (_, y) in enumerate(groups)]
-    for g in reversed(range(len(groups))):  # give back what exceeds the samples; no group's time grows
-        back = min(sum(shares) - samples, shares[g] - 1)
-        shares[g] -= back
-    return best, tuple(shares)
 
 
 def pool_fleets(

@@ -73,6 +73,55 @@ def window_rollout_s(
     )
 
 
+def best_split(
+    groups: Groups, samples: int, mean_tokens: float, updates: int = 1
+) -> tuple[float, tuple[int, ...]]:
+    """The shortest makespan of ``samples`` samples over the groups, every group at least one sample: group g's
+    busiest replica takes ceil(x_g / y_g) samples and rebuilds its KV cache ``updates`` times; and the x_g.
+
+    Exact: a group's time only grows with its samples, so a makespan T is reachable iff the largest sample counts
+    each group finishes within T (y_g times the most k with k * mean / h_g + updates * r_g <= T) sum to at least
+    ``samples`` and are all at least one. The optimum is one of the group times, the smallest reachable one: for
+    each group a bisection over its k finds its smallest reachable time, and the least of those is the optimum.
+    """
+    if samples < len(groups) or not groups:
+        return math.inf, ()
+
+    def time(g: int, k: int) -> float:  # as :func:`window_rollout_s` computes it, to the last bit
+        c = groups[g][0]
+        return k * mean_tokens / c.tokens_per_s + updates * c.recompute_s
+
+    def most(g: int, t: float) -> int:
+        c = groups[g][0]
+        k = max(0, int((t - updates * c.recompute_s) * c.tokens_per_s / mean_tokens))
+        while time(g, k + 1) <= t:
+            k += 1
+        while k > 0 and time(g, k) > t:
+            k -= 1
+        return k
+
+    def reaches(t: float) -> bool:
+        counts = [most(g, t) for g in range(len(groups))]
+        return min(counts) >= 1 and sum(k * y for k, (_, y) in zip(counts, groups, strict=True)) >= samples
+
+    best = math.inf
+    for g, (_, y) in enumerate(groups):
+        lo, hi = 1, -(-samples // y)  # this group alone at its last k takes every sample
+        while not reaches(time(g, hi)):  # other groups' first sample may take longer than this group's all
+            lo, hi = hi + 1, 2 * hi
+        if time(g, lo) >= best:
+            continue
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if reaches(time(g, mid)) else (mid + 1, hi)
+        best = min(best, time(g, lo))
+    shares = [most(g, best) * y for g, (_, y) in enumerate(groups)]
+    for g in reversed(range(len(groups))):  # give back what exceeds the samples; no group's time grows
+        back = min(sum(shares) - samples, shares[g] - 1)
+        shares[g] -= back
+    return best, tuple(shares)
+
+
 class InFlight:
     """The runtime choices of fleets on one cost model (replica speeds at each cap memoised)."""
 

@@ -10,10 +10,10 @@ from areal_hex_plugin.cli import main
 from areal_hex_plugin.scheduler import evaluate
 from areal_hex_plugin.scheduler import planner as planner_module
 from areal_hex_plugin.scheduler.brute import BruteForce
-from areal_hex_plugin.scheduler.brute_rollout import best_split, pool_fleets
+from areal_hex_plugin.scheduler.brute_rollout import pool_fleets
 from areal_hex_plugin.scheduler.caps import PAPER, caps_for, recipe_caps, unmet
 from areal_hex_plugin.scheduler.evaluate import replica_stages
-from areal_hex_plugin.scheduler.inflight import CAP_FRACTIONS, window_rollout_s, windows
+from areal_hex_plugin.scheduler.inflight import CAP_FRACTIONS, best_split, window_rollout_s, windows
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.split import all_splits
 from tests.conftest import REPO

@@ -6,8 +6,8 @@ import math
 import random
 from itertools import product
 
-from areal_hex_plugin.scheduler.brute_rollout import best_split, pool_fleets
-from areal_hex_plugin.scheduler.inflight import window_rollout_s
+from areal_hex_plugin.scheduler.brute_rollout import pool_fleets
+from areal_hex_plugin.scheduler.inflight import best_split, window_rollout_s
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig
 
 
