@@ -14,7 +14,8 @@ times the budget of the 1,024-GPU plan, its tokens/s ratio and the share of the 
 budgets, pipelines of at most the brute force's 4 stages), each with the two-phase tokens/s and the brute force's
 (``exhaustive``, ``scheduler/brute.py``, which shares none of the search's pruning), each choosing its update window and in-flight caps; a drawn cluster no
 plan fits is replaced by the next draw (``summary.clusters_redrawn``), and ``summary`` gives the share within 1%
-and within 3%.
+and within 3%. The brute force stops after ``--brute-limit-s`` CPU seconds per instance: then its ``exhaustive`` is
+null, ``exhaustive_reason`` says why, and ``summary.exhaustive_unfinished`` counts it (no goal is met with one).
 Everything is seeded; the clusters are written as recipe overrides of ``recipes/paper/*.yaml`` so they go
 through the same reader as a user's recipe. Limits are work (hex.solver.time_limit_s, counted as
 ``scheduler/cpsat.py`` says: about CPU seconds here); ``solve_time_s`` is wall time, ``cpu_s`` CPU time.
@@ -25,8 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from clusters import GPUS, pools_override  # benchmarks/clusters.py, beside this script
@@ -171,9 +174,12 @@ def random_cluster(rng: random.Random) -> list[dict]:
     return pools
 
 
-def compare(pools: list[dict], model: str, budget_fraction: float | None, time_limit_s: float) -> dict | None:
-    """The two-phase search against the brute force (``scheduler/brute.py``);
-    None when no plan fits the cluster (the brute force finds none either)."""
+def compare(
+    pools: list[dict], model: str, budget_fraction: float | None, time_limit_s: float, brute_limit_s: float
+) -> dict | None:
+    """The two-phase search against the brute force (``scheduler/brute.py``), which stops after
+    ``brute_limit_s`` CPU seconds (then ``exhaustive`` is None and ``exhaustive_reason`` says why); None when no
+    plan fits the cluster (the brute force finds none either)."""
     probe = recipe_for(model, pools, time_limit_s, extra=(BRUTE_DEPTH,))
     budget = None
     if budget_fraction:
@@ -185,27 +191,54 @@ def compare(pools: list[dict], model: str, budget_fraction: float | None, time_l
     start = time.process_time()
     two = planner.search(planner.limits, budget)
     two_s = time.process_time() - start
-    start = time.process_time()
-    brute, enumerated = BruteForce(planner.ev).run(planner.limits, budget)
-    brute_s = time.process_time() - start
-    if brute is None and two.best is None:
-        return None
-    two_rate = planner.tokens_per_s(two.best)
-    ex_rate = planner.tokens_per_s(brute)
-    return {
+    row = {
         "pools": [f"{p['machines']}x{p['gpus_per_machine']} {p['gpu_type']}" for p in pools],
         "model": model,
         "gpus": recipe.cluster.n_gpus,
         "budget_per_hour": budget,
-        "two_phase": round(two_rate, 1),
-        "exhaustive": round(ex_rate, 1),
-        "ratio": round(two_rate / ex_rate, 6) if ex_rate else None,
+        "two_phase": round(planner.tokens_per_s(two.best), 1),
         "two_phase_cpu_s": round(two_s, 3),
+    }
+    start = time.process_time()
+    try:
+        with cpu_limit(brute_limit_s):
+            brute, enumerated = BruteForce(planner.ev).run(planner.limits, budget)
+    except OverLimit:
+        reason = f"the brute force did not finish within {brute_limit_s:g} s CPU (--brute-limit-s)"
+        return {**row, "exhaustive": None, "ratio": None, "exhaustive_reason": reason}
+    brute_s = time.process_time() - start
+    if brute is None and two.best is None:
+        return None
+    ex_rate = planner.tokens_per_s(brute)
+    return {
+        **row,
+        "exhaustive": round(ex_rate, 1),
+        "ratio": round(row["two_phase"] / ex_rate, 6) if ex_rate else None,
         "exhaustive_cpu_s": round(brute_s, 3),
         "exhaustive_splits": enumerated.splits,
         "exhaustive_splits_opened": enumerated.opened,
         "exhaustive_plans_scored": enumerated.scored,
     }
+
+
+class OverLimit(Exception):
+    """The brute force ran past its CPU limit."""
+
+
+@contextmanager
+def cpu_limit(seconds: float):
+    """Raise OverLimit in the block once this process has used ``seconds`` more CPU (user + system)."""
+
+    def stop(*_):
+        raise OverLimit
+
+    previous = signal.signal(signal.SIGPROF, stop)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-limit-s", type=float, default=60.0)
+    parser.add_argument(
+        "--brute-limit-s", type=float, default=600.0, help="CPU seconds the brute force may take per instance"
+    )
     args = parser.parse_args(argv)
 
     sizes = [n for n in SIZES if not args.quick or n <= 56]
@@ -235,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             pools = random_cluster(rng)
             fraction = None if i % 2 == 0 else rng.choice((0.5, 0.7))
             try:
-                row = compare(pools, model, fraction, args.time_limit_s)
+                row = compare(pools, model, fraction, args.time_limit_s, args.brute_limit_s)
             except HexError:  # the recipe reader refuses a cluster the model fits no split of
                 row = None
             redrawn += row is None
@@ -256,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     report["summary"] = {
         "clusters": len(report["optimality"]),
         "clusters_redrawn": redrawn,  # drawn clusters no plan fits, replaced by the next draw
+        "exhaustive_unfinished": sum(r["exhaustive"] is None for r in report["optimality"]),
         "min_ratio": min(ratios) if ratios else None,
         "within_1_percent": within_1,
         "within_3_percent": within_3,
