@@ -123,6 +123,11 @@ class RolloutSide:
         self._relaxed = relaxed
         self._certified: dict[int, float] = {}
         self._seen: set[tuple[int, Multiset]] = set()  # (window, fleet) scored
+        self._menus: dict[
+            Multiset, list[list[tuple[int, ...]]]
+        ] = {}  # per fleet, per batch count m, its caps
+        self._version = 0  # counts changes of ``best`` and ``_certified``, which ``_test`` depends on
+        self._tests: dict = {}
         self.fleets = math.prod(len(p) for p in per_pool) if per_pool else 0
         # window -> (runtime, samples per group over the window, the fleet before caps)
         self.best: dict[int, tuple[Runtime, tuple[int, ...], Multiset]] = {}
@@ -175,8 +180,9 @@ class RolloutSide:
                     and (now := self._test(window, train_s, sync_s))
                     and now[1](fleet)
                 ):
-                    self._visit(fleet, window)
+                    self._visit(fleet, window, now[3])
             self._certified[window] = window_s
+            self._version += 1
         runtime = choose([r for r, _, _ in self.best.values()], train_s, sync_s)
         return runtime, self.best[runtime.window][1]
 
@@ -191,8 +197,15 @@ class RolloutSide:
         return window_s
 
     def _test(self, window: int, train_s: float, sync_s: float):
-        """(relaxed tokens of a pool's or whole fleet, whether a fleet passes) at the best step found so far;
-        None when no fleet left can shorten it at ``window``."""
+        """(relaxed tokens of a pool's or whole fleet, whether a fleet passes, the tokens it needs, the window
+        time to beat) at the best step found so far; None when no fleet left can shorten it at ``window``.
+        Kept until the best runtimes or the certified windows change."""
+        key = (window, train_s, sync_s, self._version)
+        if key not in self._tests:
+            self._tests = {key: self._new_test(window, train_s, sync_s)}
+        return self._tests[key]
+
+    def _new_test(self, window: int, train_s: float, sync_s: float):
         window_s = self._window_s(window, train_s, sync_s)
         if window_s is None:
             return None
@@ -209,9 +222,9 @@ class RolloutSide:
         def tokens(fleet: Multiset) -> float:
             return sum(self._relaxed.tokens(c, window_s, price) * y for c, y in fleet)
 
-        return tokens, lambda fleet: tokens(fleet) + price * have >= need, need - price * have
+        return tokens, lambda fleet: tokens(fleet) + price * have >= need, need - price * have, window_s
 
-    def _candidates(self, tokens, passes, need: float) -> Iterator[Multiset]:
+    def _candidates(self, tokens, passes, need: float, window_s: float) -> Iterator[Multiset]:
         """The fleets whose relaxed tokens reach ``need`` (a sum over pools: each pool's multisets by their
         relaxed tokens, cut where even the best of the other pools falls short)."""
         per_pool = [
@@ -232,27 +245,52 @@ class RolloutSide:
 
         yield from walk(0, 0.0, ())
 
-    def _visit(self, fleet: Multiset, window: int) -> None:
-        """Score one fleet at one window, at every cap of the menu the window admits, with exact shares."""
+    def _visit(self, fleet: Multiset, window: int, window_s: float = math.inf) -> None:
+        """Score one fleet at one window, at every cap of the menu the window admits, with exact shares; caps
+        under which not even the best split finishes the window's samples within ``window_s`` are not scored
+        (:func:`reaches`: exact, so they could not shorten the step the window time comes from)."""
         self._seen.add((window, fleet))
         rl = self.ev.workload.rl
         samples = rl.samples_per_step * window
-        # The caps of each fraction cut to m batches' sequences, m up to the eta + 2 - window the window admits.
-        menu = {}
-        for m in range(1, rl.max_head_offpolicyness + 3 - window):
-            for f in CAP_FRACTIONS:
-                caps = self.ev.inflight.caps(fleet, f, self._sequences[m])
-                if caps not in menu:
-                    menu[caps] = f, m
+        if fleet not in self._menus:
+            # The caps of each fraction cut to m batches' sequences, for every m.
+            self._menus[fleet] = [
+                list(
+                    dict.fromkeys(self.ev.inflight.caps(fleet, f, self._sequences[m]) for f in CAP_FRACTIONS)
+                )
+                for m in range(1, rl.max_head_offpolicyness + 2)
+            ]
+        # The window admits m batches up to eta + 2 - window.
+        menu = dict.fromkeys(
+            c for caps in self._menus[fleet][: rl.max_head_offpolicyness + 2 - window] for c in caps
+        )
         for caps in menu:
             capped = self.ev.inflight.throttle(fleet, caps)
             known = self.best.get(window)
             if known and self._floor(speed(capped)) >= known[0].rollout_s:
                 continue
+            if not reaches(capped, samples, self._mean, window_s):
+                continue
             makespan, shares = best_split(capped, samples, self._mean)
             rollout = makespan / window + self._reward
             if known is None or rollout < known[0].rollout_s:
                 self.best[window] = (Runtime(window, capped, rollout), shares, fleet)
+                self._version += 1
+
+
+def reaches(groups: Groups, samples: int, mean_tokens: float, window_s: float) -> bool:
+    """Whether some split of ``samples`` (every group at least one) might finish within ``window_s`` with one
+    KV rebuild per replica: group g finishes at most floor((T - r_g) * h_g / mean) samples per replica within T
+    (rounded up by a hair, so that rounding never drops one ``inflight.best_split`` counts)."""
+    if math.isinf(window_s):
+        return True
+    total = 0
+    for c, y in groups:
+        k = math.floor((window_s - c.recompute_s) * c.tokens_per_s / mean_tokens + 1e-9)
+        if k < 1:
+            return False
+        total += k * y
+    return total >= samples
 
 
 def speed(groups: Groups) -> float:
