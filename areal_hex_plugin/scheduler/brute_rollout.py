@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from operator import itemgetter
 
 from areal_hex_plugin.scheduler.inflight import (
     CAP_FRACTIONS,
@@ -120,6 +121,12 @@ class RolloutSide:
         batches = range(1, rl.max_head_offpolicyness + 2)
         self._sequences = {m: ev.cm.staleness_sequences(m) for m in batches}
         self._per_pool = per_pool
+        # Per pool its replica shapes, and each multiset as (shape index, count) pairs.
+        self._shapes = [list(dict.fromkeys(c for f in fleets for c, _ in f)) for fleets in per_pool]
+        self._indexed = []
+        for shapes, fleets in zip(self._shapes, per_pool, strict=True):
+            index = {c: i for i, c in enumerate(shapes)}
+            self._indexed.append([tuple((index[c], y) for c, y in f) for f in fleets])
         self._relaxed = relaxed
         self._certified: dict[int, float] = {}
         self._seen: set[tuple[int, Multiset]] = set()  # (window, fleet) scored
@@ -166,7 +173,11 @@ class RolloutSide:
         for window in self._windows:
             while (test := self._test(window, train_s, sync_s)) is not None:
                 # First the fleet with the most relaxed tokens, while that is new: a good incumbent.
-                top = tuple(g for fleets in self._per_pool for g in max(fleets, key=test[0]))
+                top = tuple(
+                    g
+                    for p, fleets in enumerate(self._per_pool)
+                    for g in fleets[max(range(len(fleets)), key=test[0](p).__getitem__)]
+                )
                 if (window, top) in self._seen or not test[1](top):
                     break
                 self._visit(top, window)
@@ -218,17 +229,29 @@ class RolloutSide:
             return sum(self._relaxed.tokens(c, window_s, price) * y for c, y in fleet) + price * have
 
         price = min(PRICES, key=lambda p: bound(incumbent, p))
+        weights = {c: self._relaxed.tokens(c, window_s, price) for shapes in self._shapes for c in shapes}
+        scores: dict[int, list[float]] = {}
 
-        def tokens(fleet: Multiset) -> float:
-            return sum(self._relaxed.tokens(c, window_s, price) * y for c, y in fleet)
+        def pool_tokens(p: int) -> list[float]:
+            """Relaxed tokens of each of pool p's multisets."""
+            if p not in scores:
+                w = [weights[c] for c in self._shapes[p]]
+                scores[p] = [sum(w[i] * y for i, y in multiset) for multiset in self._indexed[p]]
+            return scores[p]
 
-        return tokens, lambda fleet: tokens(fleet) + price * have >= need, need - price * have, window_s
+        def passes(fleet: Multiset) -> bool:
+            return sum(weights[c] * y for c, y in fleet) + price * have >= need
 
-    def _candidates(self, tokens, passes, need: float, window_s: float) -> Iterator[Multiset]:
+        return pool_tokens, passes, need - price * have, window_s
+
+    def _candidates(self, pool_tokens, passes, need: float, window_s: float) -> Iterator[Multiset]:
         """The fleets whose relaxed tokens reach ``need`` (a sum over pools: each pool's multisets by their
-        relaxed tokens, cut where even the best of the other pools falls short)."""
+        relaxed tokens, cut where even the best of the other pools falls short, with a relative 1e-9 of slack
+        for the order of float sums)."""
+        need -= 1e-9 * abs(need)
         per_pool = [
-            sorted(((tokens(f), f) for f in fleets), key=lambda x: -x[0]) for fleets in self._per_pool
+            sorted(zip(pool_tokens(p), fleets, strict=True), key=itemgetter(0), reverse=True)
+            for p, fleets in enumerate(self._per_pool)
         ]
         rest = [0.0] * (len(per_pool) + 1)  # the most the pools from p on can add
         for p in reversed(range(len(per_pool))):
@@ -252,18 +275,11 @@ class RolloutSide:
         self._seen.add((window, fleet))
         rl = self.ev.workload.rl
         samples = rl.samples_per_step * window
-        if fleet not in self._menus:
-            # The caps of each fraction cut to m batches' sequences, for every m.
-            self._menus[fleet] = [
-                list(
-                    dict.fromkeys(self.ev.inflight.caps(fleet, f, self._sequences[m]) for f in CAP_FRACTIONS)
-                )
-                for m in range(1, rl.max_head_offpolicyness + 2)
-            ]
-        # The window admits m batches up to eta + 2 - window.
-        menu = dict.fromkeys(
-            c for caps in self._menus[fleet][: rl.max_head_offpolicyness + 2 - window] for c in caps
-        )
+        # The caps of each fraction cut to m batches' sequences, m up to the eta + 2 - window the window admits.
+        menus = self._menus.setdefault(fleet, [])
+        for m in range(len(menus) + 1, rl.max_head_offpolicyness + 3 - window):
+            menus.append(tuple(self.ev.inflight.caps(fleet, f, self._sequences[m]) for f in CAP_FRACTIONS))
+        menu = dict.fromkeys(c for caps in menus[: rl.max_head_offpolicyness + 2 - window] for c in caps)
         for caps in menu:
             capped = self.ev.inflight.throttle(fleet, caps)
             known = self.best.get(window)
