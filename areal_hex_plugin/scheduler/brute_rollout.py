@@ -22,7 +22,9 @@ Exact reductions (no fleet that could change a plan's step is skipped), none of 
 - a fleet's rollout time per step, at any window and caps, is at least its samples at the replicas' full speed
   plus the reward (``inflight.rollout_floor``: a cap only slows a replica). Fleets are visited fastest first;
   once that floor reaches the best time found at the largest window W, no fleet left can be chosen at any window w:
-  its step there, sync / w + max(rollout, train), is no shorter than the W one's (sync / w >= sync / W).
+  its step there, sync / w + max(rollout, train), is no shorter than the W one's (sync / w >= sync / W);
+- a fleet the relaxation passes is scored only at the caps of its menu under which the samples' upper bound per
+  group within the window time to beat (:func:`reaches`, ``best_split``'s own test) covers the window's samples.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import math
 import random
 from itertools import product
 
-from areal_hex_plugin.scheduler.brute_rollout import pool_fleets
+from areal_hex_plugin.scheduler.brute_rollout import pool_fleets, reaches
 from areal_hex_plugin.scheduler.inflight import best_split, window_rollout_s
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig
 
@@ -54,3 +54,20 @@ def test_pool_fleets_are_every_multiset_on_exactly_those_machines():
     assert got == expected and len(fleets) == len(expected)
     assert any(len(f) == 3 for f in fleets)  # three shapes in one pool
     assert all(len(f) == 1 for f in pool_fleets(shapes, 2, 4, one_shape=True))
+
+
+def test_reaches_is_true_exactly_from_the_best_split_makespan_on():
+    """The brute force skips caps under which ``reaches`` is false: it must be false only below the optimum."""
+    rng = random.Random(5)
+    for _ in range(200):
+        groups = tuple(
+            (
+                ReplicaConfig("p", 1, 1, rng.uniform(50, 900), 64, rng.choice((0.0, rng.uniform(0, 30)))),
+                rng.randint(1, 3),
+            )
+            for _ in range(rng.randint(1, 4))
+        )
+        samples, mean = rng.randint(len(groups), 200), rng.uniform(100, 2000)
+        time = best_split(groups, samples, mean)[0]
+        assert reaches(groups, samples, mean, time)
+        assert not reaches(groups, samples, mean, time * (1 - 1e-6))
