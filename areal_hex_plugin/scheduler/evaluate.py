@@ -3,8 +3,9 @@
 The step follows the paper's metric: weight sync + max(rollout incl. reward, train), with C_T = train and
 C_I = rollout + reward + weight sync. Two runtime settings are decisions of every split (:mod:`inflight`): the
 window delta, the training steps per weight update of the rollout servers, and each replica's in-flight cap.
-Costs are averaged over the window: its samples are split across replica groups by largest remainder and the
-busiest replica of each group sets the makespan; the window pays one weight sync and one KV rebuild.
+Costs are averaged over the window: its samples are split across replica groups by the split with the least
+makespan (``inflight.best_split``; the busiest replica of each group sets it); the window pays one weight sync and
+one KV rebuild.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from areal_hex_plugin.scheduler.cpsat import charge
 from areal_hex_plugin.scheduler.inflight import (
     InFlight,
     Runtime,
+    best_split,
     choose,
     replica_stages,
     rollout_floor,
@@ -27,7 +29,6 @@ from areal_hex_plugin.scheduler.inflight import (
 from areal_hex_plugin.scheduler.rollout_model import (
     ReplicaConfig,
     RolloutSolution,
-    largest_remainder,
     solve_rollout,
 )
 from areal_hex_plugin.scheduler.split import Split
@@ -299,7 +300,7 @@ class Evaluator:
         else:
             _, fleet, runtime, sync_s = chosen
             window, rollout_s = runtime.window, runtime.rollout_s
-        shares = tuple(largest_remainder(samples * window, [c.tokens_per_s * y for c, y in fleet.groups]))
+        shares = best_split(fleet.groups, samples * window, self.workload.output_lengths.mean)[1]
         if train and fleet.groups:
             split = occupied(self.cluster, train, fleet)
         return Evaluation(

@@ -73,6 +73,15 @@ def window_rollout_s(
     )
 
 
+def split_floor(groups: Groups, samples: int, mean_tokens: float, updates: int = 1) -> float:
+    """No split of ``samples`` samples over the groups has a shorter makespan than this (:func:`best_split`'s): the
+    samples split continuously, group g finishing (T - updates * r_g) * h_g * y_g / mean of them by T."""
+    speed = sum(c.tokens_per_s * y for c, y in groups)
+    return (
+        samples * mean_tokens + sum(updates * c.recompute_s * c.tokens_per_s * y for c, y in groups)
+    ) / speed
+
+
 def best_split(
     groups: Groups, samples: int, mean_tokens: float, updates: int = 1
 ) -> tuple[float, tuple[int, ...]]:
@@ -81,8 +90,7 @@ def best_split(
 
     Exact: a group's time only grows with its samples, so a makespan T is reachable iff the largest sample counts
     each group finishes within T (y_g times the most k with k * mean / h_g + updates * r_g <= T) sum to at least
-    ``samples`` and are all at least one. The optimum is one of the group times, the smallest reachable one: for
-    each group a bisection over its k finds its smallest reachable time, and the least of those is the optimum.
+    ``samples`` and are all at least one. The optimum is one of the group times, the smallest reachable one.
     """
     if samples < len(groups) or not groups:
         return math.inf, ()
@@ -104,17 +112,20 @@ def best_split(
         counts = [most(g, t) for g in range(len(groups))]
         return min(counts) >= 1 and sum(k * y for k, (_, y) in zip(counts, groups, strict=True)) >= samples
 
-    best = math.inf
-    for g, (_, y) in enumerate(groups):
-        lo, hi = 1, -(-samples // y)  # this group alone at its last k takes every sample
-        while not reaches(time(g, hi)):  # other groups' first sample may take longer than this group's all
-            lo, hi = hi + 1, 2 * hi
-        if time(g, lo) >= best:
-            continue
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if reaches(time(g, mid)) else (mid + 1, hi)
-        best = min(best, time(g, lo))
+    # The optimum lies between the relaxation's makespan (samples split continuously) and that of one split with
+    # every group at least one sample (the rest in proportion to speed): only the group times in between are
+    # candidates, a few per group however many the samples, and reaching them is monotone in time.
+    low = split_floor(groups, samples, mean_tokens, updates)
+    rest = largest_remainder(samples - len(groups), [c.tokens_per_s * y for c, y in groups])
+    high = max(time(g, -(-(x + 1) // y)) for g, ((_, y), x) in enumerate(zip(groups, rest, strict=True)))
+    times = sorted(
+        time(g, k) for g in range(len(groups)) for k in range(max(1, most(g, low)), most(g, high) + 1)
+    )
+    lo, hi = 0, len(times) - 1  # times[hi] is reachable: at most high, and the group reaching high has it
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if reaches(times[mid]) else (mid + 1, hi)
+    best = times[lo]
     shares = [most(g, best) * y for g, (_, y) in enumerate(groups)]
     for g in reversed(range(len(groups))):  # give back what exceeds the samples; no group's time grows
         back = min(sum(shares) - samples, shares[g] - 1)
@@ -166,7 +177,8 @@ class InFlight:
     def runtimes(self, groups: Groups, reward_s: float) -> list[Runtime]:
         """Per update window the staleness bound allows, the caps with the shortest rollout time per step (for a
         given window the step only grows with it): the caps of each fraction, cut to hold at most m batches'
-        sequences for every m the window admits, so the choices at eta are among those at eta + 1."""
+        sequences for every m the window admits, so the choices at eta are among those at eta + 1; the window's
+        samples split as :func:`best_split` splits them."""
         rl = self.cm.workload.rl
         eta, mean = rl.max_head_offpolicyness, self.cm.workload.output_lengths.mean
         # Caps cut to m batches, for m = 1 .. eta + 1, largest m and caps first (ties keep larger caps); each
@@ -186,7 +198,9 @@ class InFlight:
             admitted = [fleets[k] for k in dict.fromkeys(k for ks in by_batches[window - 1 :] for k in ks)]
             charge(len(admitted) * SCORE_WORK)
             for fleet in admitted:
-                rollout = window_rollout_s(fleet, samples, mean, updates=1) / window + reward_s
+                if best is not None and split_floor(fleet, samples, mean) / window + reward_s >= best[0]:
+                    continue
+                rollout = best_split(fleet, samples, mean)[0] / window + reward_s
                 if best is None or rollout < best[0]:
                     best = (rollout, fleet)
             out.append(Runtime(window, best[1], best[0]))
