@@ -7,6 +7,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import resource
+import signal
 import socket
 import threading
 import time
@@ -85,6 +86,8 @@ class _SavingSink(TensorParallelSink):
 
 
 def _replica_main(path: str, tp_size: int, timeout_s: float, ready, limits: dict[int, int]) -> None:
+    # A forked replica inherits the test process's handlers (Ray's SIGTERM one, under xdist): terminate must end it.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for limit, extra in limits.items():  # headroom above what this process uses already
         used = (
             len(os.listdir("/proc/self/fd"))
@@ -153,6 +156,9 @@ class ReplicaFleet:
             replica.process.terminate()
         for replica in self.replicas:
             replica.process.join(timeout=10)
+            if replica.process.is_alive():
+                replica.process.kill()
+                replica.process.join()
 
 
 class Proxy:
