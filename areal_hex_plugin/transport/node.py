@@ -475,6 +475,7 @@ class ReceiverNode:
             self._kept = (session.downstream, session.forwarders)
             session.forwarders = []
         self._settle()  # the last committed version is wherever a failed load must find it
+        self._spare.release()  # pages it gave up after this version was staged: the load holds one version
         try:
             self.sink.load(session.version, session.stage)
         except BaseException:

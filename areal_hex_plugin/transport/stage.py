@@ -67,6 +67,13 @@ class SparePages:
             path = self.directory / f"{next(self._names)}.bin"
             (directory / name).rename(path)
             files.setdefault(mapping.numel(), []).append((path, mapping))
+        self._swap(files)
+
+    def release(self) -> None:
+        """Free every page not taken (a version received before the last one was adopted leaves them unused)."""
+        self._swap({})
+
+    def _swap(self, files: dict[int, list[tuple[Path, torch.Tensor]]]) -> None:
         with self._lock:
             unused, self._files = self._files, files
         for path, _ in (file for same_size in unused.values() for file in same_size):

@@ -86,3 +86,19 @@ def test_a_spilled_version_leaves_its_pages_spare_and_its_files_on_disk(tmp_path
     )
     first.retire()  # spilled: its disk copy goes; its pages were already given on
     assert not (disk / "v1").exists() and _holds(second, 2, rows)
+
+
+def test_pages_given_up_after_the_next_version_was_staged_are_freed_before_its_load(tmp_path):
+    # The keeper retires version 1 only after version 2 has arrived in fresh pages: none of version 1's are taken,
+    # and the commit releases them, so version 2 loads with one version held (a commit measured 1.58x without).
+    spare = SparePages(tmp_path)
+    rows = [256, 128]
+    first, _ = _stage(tmp_path, spare, 1, rows)
+    second, _ = _stage(tmp_path, spare, 2, rows)
+    one_version = _bytes_under(second.directory)
+    first.retire()
+    assert _bytes_under(tmp_path) == 2 * one_version
+    spare.release()
+    assert _bytes_under(tmp_path) == one_version and _holds(second, 2, rows)
+    third, _ = _stage(tmp_path, spare, 3, rows)  # nothing spare: fresh pages, as before
+    assert _bytes_under(tmp_path) == 2 * one_version and _holds(third, 3, rows)
