@@ -18,16 +18,21 @@ def makespan(groups, shares, mean):
     )
 
 
+def _random_groups(rng: random.Random, most: int) -> tuple[tuple[ReplicaConfig, int], ...]:
+    """1 to ``most`` groups of 1-3 replicas of random speed, some with a KV rebuild time."""
+    return tuple(
+        (
+            ReplicaConfig("p", 1, 1, rng.uniform(50, 900), 64, rng.choice((0.0, rng.uniform(0, 30)))),
+            rng.randint(1, 3),
+        )
+        for _ in range(rng.randint(1, most))
+    )
+
+
 def test_best_split_is_the_least_makespan_of_every_integer_split():
     rng = random.Random(3)
     for _ in range(60):
-        groups = tuple(
-            (
-                ReplicaConfig("p", 1, 1, rng.uniform(50, 900), 64, rng.choice((0.0, rng.uniform(0, 30)))),
-                rng.randint(1, 3),
-            )
-            for _ in range(rng.randint(1, 3))
-        )
+        groups = _random_groups(rng, 3)
         samples, mean = rng.randint(len(groups), 14), rng.uniform(100, 2000)
         splits = [x for x in product(range(1, samples + 1), repeat=len(groups)) if sum(x) == samples]
         time, shares = best_split(groups, samples, mean)
@@ -60,13 +65,7 @@ def test_reaches_is_true_exactly_from_the_best_split_makespan_on():
     """The brute force skips caps under which ``reaches`` is false: it must be false only below the optimum."""
     rng = random.Random(5)
     for _ in range(200):
-        groups = tuple(
-            (
-                ReplicaConfig("p", 1, 1, rng.uniform(50, 900), 64, rng.choice((0.0, rng.uniform(0, 30)))),
-                rng.randint(1, 3),
-            )
-            for _ in range(rng.randint(1, 4))
-        )
+        groups = _random_groups(rng, 4)
         samples, mean = rng.randint(len(groups), 200), rng.uniform(100, 2000)
         time = best_split(groups, samples, mean)[0]
         assert reaches(groups, samples, mean, time)
