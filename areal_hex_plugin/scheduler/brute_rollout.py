@@ -42,6 +42,7 @@ from areal_hex_plugin.scheduler.inflight import (
     rollout_floor,
     windows,
 )
+from areal_hex_plugin.scheduler.inflight import reaches as split_reaches
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig
 
 Multiset = tuple[tuple[ReplicaConfig, int], ...]
@@ -297,18 +298,9 @@ class RolloutSide:
 
 
 def reaches(groups: Groups, samples: int, mean_tokens: float, window_s: float) -> bool:
-    """Whether some split of ``samples`` (every group at least one) might finish within ``window_s`` with one
-    KV rebuild per replica: group g finishes at most floor((T - r_g) * h_g / mean) samples per replica within T
-    (rounded up by a hair, so that rounding never drops one ``inflight.best_split`` counts)."""
-    if math.isinf(window_s):
-        return True
-    total = 0
-    for c, y in groups:
-        k = math.floor((window_s - c.recompute_s) * c.tokens_per_s / mean_tokens + 1e-9)
-        if k < 1:
-            return False
-        total += k * y
-    return total >= samples
+    """Whether some split of ``samples`` (every group at least one) finishes within ``window_s`` with one KV
+    rebuild per replica (``inflight.reaches``, the test ``best_split`` bisects with; any split within no bound)."""
+    return math.isinf(window_s) or split_reaches(groups, samples, mean_tokens, window_s)
 
 
 def speed(groups: Groups) -> float:

@@ -82,6 +82,28 @@ def split_floor(groups: Groups, samples: int, mean_tokens: float, updates: int =
     ) / speed
 
 
+def _group_time(c: ReplicaConfig, k: int, mean_tokens: float, updates: int) -> float:
+    """A replica's time for ``k`` samples, as :func:`window_rollout_s` computes it, to the last bit."""
+    return k * mean_tokens / c.tokens_per_s + updates * c.recompute_s
+
+
+def _most(c: ReplicaConfig, t: float, mean_tokens: float, updates: int) -> int:
+    """The most samples a replica finishes within ``t``."""
+    k = max(0, int((t - updates * c.recompute_s) * c.tokens_per_s / mean_tokens))
+    while _group_time(c, k + 1, mean_tokens, updates) <= t:
+        k += 1
+    while k > 0 and _group_time(c, k, mean_tokens, updates) > t:
+        k -= 1
+    return k
+
+
+def reaches(groups: Groups, samples: int, mean_tokens: float, t: float, updates: int = 1) -> bool:
+    """Whether some split of ``samples`` (every group at least one) finishes within ``t``: the most each group
+    finishes within it, all at least one, sum to at least ``samples``."""
+    counts = [_most(c, t, mean_tokens, updates) for c, _ in groups]
+    return min(counts) >= 1 and sum(k * y for k, (_, y) in zip(counts, groups, strict=True)) >= samples
+
+
 def best_split(
     groups: Groups, samples: int, mean_tokens: float, updates: int = 1
 ) -> tuple[float, tuple[int, ...]]:
@@ -90,27 +112,17 @@ def best_split(
 
     Exact: a group's time only grows with its samples, so a makespan T is reachable iff the largest sample counts
     each group finishes within T (y_g times the most k with k * mean / h_g + updates * r_g <= T) sum to at least
-    ``samples`` and are all at least one. The optimum is one of the group times, the smallest reachable one.
+    ``samples`` and are all at least one (:func:`reaches`). The optimum is one of the group times, the smallest
+    reachable one.
     """
     if samples < len(groups) or not groups:
         return math.inf, ()
 
-    def time(g: int, k: int) -> float:  # as :func:`window_rollout_s` computes it, to the last bit
-        c = groups[g][0]
-        return k * mean_tokens / c.tokens_per_s + updates * c.recompute_s
+    def time(g: int, k: int) -> float:
+        return _group_time(groups[g][0], k, mean_tokens, updates)
 
     def most(g: int, t: float) -> int:
-        c = groups[g][0]
-        k = max(0, int((t - updates * c.recompute_s) * c.tokens_per_s / mean_tokens))
-        while time(g, k + 1) <= t:
-            k += 1
-        while k > 0 and time(g, k) > t:
-            k -= 1
-        return k
-
-    def reaches(t: float) -> bool:
-        counts = [most(g, t) for g in range(len(groups))]
-        return min(counts) >= 1 and sum(k * y for k, (_, y) in zip(counts, groups, strict=True)) >= samples
+        return _most(groups[g][0], t, mean_tokens, updates)
 
     # The optimum lies between the relaxation's makespan (samples split continuously) and that of one split with
     # every group at least one sample (the rest in proportion to speed): only the group times in between are
@@ -124,7 +136,7 @@ def best_split(
     lo, hi = 0, len(times) - 1  # times[hi] is reachable: at most high, and the group reaching high has it
     while lo < hi:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if reaches(times[mid]) else (mid + 1, hi)
+        lo, hi = (lo, mid) if reaches(groups, samples, mean_tokens, times[mid], updates) else (mid + 1, hi)
     best = times[lo]
     shares = [most(g, best) * y for g, (_, y) in enumerate(groups)]
     for g in reversed(range(len(groups))):  # give back what exceeds the samples; no group's time grows
