@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import ChainMap
 from collections.abc import Mapping, Sequence
 
 from areal_hex_plugin.costmodel.calibration import Calibration
@@ -28,6 +29,18 @@ class CostModel:
         self._train: dict[tuple[TrainStage, ...], TrainEstimate] = {}
         self._train_stages: dict = {}  # stage costs shared by the layouts (costmodel/train.py)
         self._sync: dict[tuple, WeightSyncEstimate] = {}
+
+    def at_eta(self, eta: int) -> CostModel:
+        """This model under the staleness bound ``eta``: it reads this one's estimates that eta does not change
+        (training and weight sync; rollout too where both bounds are at least 1: at eta = 0 every batch drains)
+        and keeps those it computes apart, so using it never changes this one."""
+        cm = CostModel(self.cluster, self.workload.at_eta(eta), self.calibration)
+        cm._train, cm._train_stages, cm._sync = (
+            ChainMap({}, m) for m in (self._train, self._train_stages, self._sync)
+        )
+        if min(eta, self.workload.rl.max_head_offpolicyness) >= 1:
+            cm._rollout = ChainMap({}, self._rollout)
+        return cm
 
     @property
     def estimates(self) -> int:

@@ -11,6 +11,7 @@ one KV rebuild.
 from __future__ import annotations
 
 import math
+from collections import ChainMap
 from dataclasses import dataclass, field
 from itertools import product
 
@@ -100,6 +101,7 @@ class Evaluator:
     solver: SolverConfig
     sync_strategy: str = "relay"
     caps: RuntimeCaps = PAPER  # the layouts the runtime can start (scheduler/caps.py)
+    clocked: bool = True  # its work goes on the search's clock (scheduler/cpsat.py)
     _configs: dict[str, list[ReplicaConfig]] = field(default_factory=dict)
     _train: dict[tuple[int, ...], TrainChoice | None] = field(default_factory=dict)
     _pool_fleet: dict[tuple[str, int, float], RolloutSolution] = field(default_factory=dict)
@@ -109,13 +111,31 @@ class Evaluator:
     curves: dict[tuple[int, str, int], dict[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.inflight = InFlight(self.cm)
-        self._charged = self.cm.estimates
+        self.inflight = InFlight(self.cm, self.clocked)
+        self._charged = self.cm.estimates if self.clocked else 0
 
     def _charge(self) -> None:
         """Count the cost-model estimates computed since the last charge on the search's clock."""
-        charge((self.cm.estimates - self._charged) * ESTIMATE_WORK)
-        self._charged = self.cm.estimates
+        if self.clocked:
+            charge((self.cm.estimates - self._charged) * ESTIMATE_WORK)
+            self._charged = self.cm.estimates
+
+    def at_eta(self, eta: int) -> Evaluator:
+        """This evaluator under the staleness bound ``eta``, off the search's clock: it reads this one's memos of
+        what eta does not change (training choices; replica shapes and pool fleets where both bounds are at least
+        1; everything at its own eta) and keeps what it computes apart, so scoring on it changes neither this
+        one's memos nor the work the search counts (``search``: steered at one eta, rescored at the recipe's)."""
+        own = self.workload.rl.max_head_offpolicyness
+        cm = self.cm.at_eta(eta)
+        ev = Evaluator(
+            cm, self.cluster, cm.workload, self.solver, self.sync_strategy, self.caps, clocked=False
+        )
+        ev._train = ChainMap({}, self._train)
+        if min(eta, own) >= 1:  # the same replica speeds
+            ev._configs, ev._pool_fleet = ChainMap({}, self._configs), ChainMap({}, self._pool_fleet)
+        if eta == own:  # the same runtime choices
+            ev._fleets = ChainMap({}, self._fleets)
+        return ev
 
     @property
     def tokens_per_step(self) -> float:
@@ -124,6 +144,10 @@ class Evaluator:
     def scored(self) -> list[Evaluation]:
         """Every split scored so far, in split order."""
         return [self._seen[split] for split in sorted(self._seen)]
+
+    def scored_splits(self) -> dict[Split, Evaluation]:
+        """Every split scored so far (as it was asked, not as its layouts occupy it) with its evaluation."""
+        return self._seen
 
     def evaluate(self, split: Split) -> Evaluation:
         if split not in self._seen:

@@ -148,8 +148,9 @@ def best_split(
 class InFlight:
     """The runtime choices of fleets on one cost model (replica speeds at each cap memoised)."""
 
-    def __init__(self, cm: CostModel) -> None:
+    def __init__(self, cm: CostModel, clocked: bool = True) -> None:
         self.cm = cm
+        self.clocked = clocked  # its work goes on the search's clock
         self._throttled: dict[tuple[ReplicaConfig, int], ReplicaConfig] = {}
 
     def throttled(self, config: ReplicaConfig, cap: int) -> ReplicaConfig:
@@ -208,7 +209,8 @@ class InFlight:
             best: tuple[float, Groups] | None = None
             # The window admits up to eta + 2 - window batches.
             admitted = [fleets[k] for k in dict.fromkeys(k for ks in by_batches[window - 1 :] for k in ks)]
-            charge(len(admitted) * SCORE_WORK)
+            if self.clocked:
+                charge(len(admitted) * SCORE_WORK)
             for fleet in admitted:
                 if best is not None and split_floor(fleet, samples, mean) / window + reward_s >= best[0]:
                     continue

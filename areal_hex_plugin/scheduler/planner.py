@@ -17,7 +17,7 @@ from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.scheduler.explain import binding_constraint, describe_binding, describe_role, pool_roles
 from areal_hex_plugin.scheduler.inflight import window_rollout_s
 from areal_hex_plugin.scheduler.placement import place
-from areal_hex_plugin.scheduler.search import SearchResult, two_phase
+from areal_hex_plugin.scheduler.search import SearchResult, steering_eta, two_phase
 from areal_hex_plugin.scheduler.train_search import tp_degrees
 
 # Budget levels of the Pareto sweep (fractions of the whole inventory's price).
@@ -75,7 +75,6 @@ class Planner:
         self.solver = recipe.solver
         self.objective = objective_of(recipe, request)
         self.caps = request.caps or recipe_caps(recipe)
-        self.cm = CostModel(recipe.cluster, recipe.workload, calibration=recipe_calibration(recipe))
         self.limits = tuple(p.machines for p in self.cluster.pools)
         _check_rollout_layout(self.solver, self.cluster)
         self.eta = self.workload.rl.max_head_offpolicyness
@@ -84,14 +83,22 @@ class Planner:
         self.deadline = self.start + self.solver.time_limit_s
         # The chosen plan's search may use this share of the time limit; baselines and the frontier the rest.
         self.main_deadline = self.start + MAIN_SEARCH_SHARE * self.solver.time_limit_s
-        self.ev = Evaluator(
-            self.cm,
+        # The search is steered at a fixed eta (``steer``, search.steering_eta); every plan, baseline and
+        # explanation is scored at the recipe's eta (``ev``, which reads the steering memos eta does not change
+        # and keeps its own work off the search's clock), so the splits the searches visit are the same for
+        # every eta >= 1.
+        steer_workload = self.workload.at_eta(steering_eta(self.eta))
+        steer_cm = CostModel(self.cluster, steer_workload, recipe_calibration(recipe))
+        self.steer = Evaluator(
+            steer_cm,
             self.cluster,
-            self.workload,
+            steer_cm.workload,
             self.solver,
             sync_strategy=strategy_for(recipe.hex.transport),
             caps=self.caps,
         )
+        self.ev = self.steer.at_eta(self.eta)
+        self.cm = self.ev.cm
         # --exhaustive: the brute force of scheduler/brute.py, what it covered, and the plans it returned.
         self.brute = BruteForce(self.ev) if request.exhaustive else None
         self.enumerated = Enumerated()
@@ -109,7 +116,7 @@ class Planner:
         """The best plan within ``limits`` and ``budget`` (with ``target``, exhaustive mode only: the cheapest
         reaching it)."""
         if self.brute is None:
-            return two_phase(self.ev, limits, budget, deadline or self.deadline)
+            return two_phase(self.steer, self.ev, limits, budget, deadline or self.deadline)
         result, enumerated = self.brute.exhaustive(limits, budget, target)
         self.enumerated += enumerated
         if result.best is not None:
@@ -133,7 +140,9 @@ class Planner:
             warnings.append(
                 f"the cluster has one GPU type ({self.cluster.gpu_types[0]}): this is the best homogeneous plan"
             )
-        baselines, rivals = self._baselines(best)
+        baselines, rivals = self._baselines(
+            self.objective.budget_per_hour or (result.steered or best).cost_per_hour
+        )
         chosen = self._preferred([best, *rivals])
         if chosen is not best:
             warnings.append(
@@ -252,10 +261,9 @@ class Planner:
 
         return max(candidates, key=key)
 
-    def _baselines(self, best: Evaluation) -> tuple[dict[str, Baseline], list[Evaluation]]:
-        """The best plan on each GPU type alone within the objective's budget (else the chosen plan's cost),
-        and their evaluations."""
-        budget = self.objective.budget_per_hour or best.cost_per_hour
+    def _baselines(self, budget: float) -> tuple[dict[str, Baseline], list[Evaluation]]:
+        """The best plan on each GPU type alone within ``budget`` (the objective's; else the cost of the search's
+        steering best, the same at every eta; else, for a target, the chosen plan's), and their evaluations."""
         baselines: dict[str, Baseline] = {}
         rivals: list[Evaluation] = []
         for gpu_type in self.cluster.gpu_types:

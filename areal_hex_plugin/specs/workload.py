@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -188,6 +188,10 @@ class WorkloadSpec:
     output_lengths: LengthDistribution
     reward_cpu_s_per_sample: float
     reward_cpus: int
+
+    def at_eta(self, eta: int) -> WorkloadSpec:
+        """This workload under the staleness bound ``eta``."""
+        return replace(self, rl=replace(self.rl, max_head_offpolicyness=eta))
 
     @property
     def mean_sequence_tokens(self) -> float:

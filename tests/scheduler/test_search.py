@@ -122,8 +122,8 @@ def test_rate_curves_are_measured_once_per_solve():
     """The alternation's per-pool rate tables come from curves measured once per solve, not in every iteration."""
     planner = Planner(recipe_with_pools([("H800-PCIe", 4, 3), ("H20", 8, 4)], "7b"), PlanRequest())
     planner.search(planner.limits, None)
-    curves = dict(planner.ev.curves)
+    curves = dict(planner.steer.curves)
     assert {kind for _, kind, _ in curves} == {"train", "rollout"}
     assert all(1 in curve and limit in curve for (_, _, limit), curve in curves.items() if limit)
     planner.search(planner.limits, 60.0)
-    assert all(planner.ev.curves[key] is curve for key, curve in curves.items())
+    assert all(planner.steer.curves[key] is curve for key, curve in curves.items())
