@@ -45,7 +45,7 @@ THROUGHPUT_TIE = 1e-3
 # The staleness bound the search is steered at, whatever the recipe's from eta = 1 on (see Monotonicity above).
 STEER_ETA = 4
 # Splits the steering scored best that are rescored at the recipe's eta at the end of a search.
-RESCORED = 8
+RESCORED = 16
 # Starts of the local search (the best distinct splits reached so far): more where few pools keep it cheap.
 REFINED_STARTS = 3
 REFINED_STARTS_FEW_POOLS = 5  # with at most FEW_POOLS pools in play
