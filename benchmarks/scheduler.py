@@ -1,6 +1,6 @@
 """Scheduler benchmark: solve time and use of the cluster by size, and two-phase vs exhaustive optimality.
 
-    .venv/bin/python benchmarks/scheduler.py --json OUT [--quick] [--sizes 1024,10240] [--clusters N]
+    .venv/bin/python benchmarks/scheduler.py --json OUT [--quick] [--sizes 1024,10240] [--clusters N] [--monotone N]
 
 Prints (and writes) JSON: ``sizes.<N>`` for N = 24, 32, 40, 56 (H800-PCIe + H20, the paper's Table 5 sizes, with
 the exhaustive optimum beside them, both at the brute force's pipeline depth: ``at_exhaustive_depth``), 256 and 1024 (four types), 4096 (six types) and 10240 (eight types), each
@@ -16,8 +16,15 @@ budgets, pipelines of at most the brute force's 4 stages), each with the two-pha
 plan fits is replaced by the next draw (``summary.clusters_redrawn``), and ``summary`` gives the share within 1%
 and within 3%. The brute force stops after ``--brute-limit-s`` CPU seconds per instance: then its ``exhaustive`` is
 null, ``exhaustive_reason`` says why, and ``summary.exhaustive_unfinished`` counts it (no goal is met with one).
-Everything is seeded; the clusters are written as recipe overrides of ``recipes/paper/*.yaml`` so they go
-through the same reader as a user's recipe. Limits are work (hex.solver.time_limit_s, counted as
+``monotonicity``: random mid-size clusters (3-5 types of 8-GPU machines, 2-16 machines per pool, 7B or 14B;
+their own seeded stream, ``--monotone N`` of them, 1 with ``--quick``), each solved at budgets of 20%, 30%,
+..., 100% of the inventory's price (never below the cheapest deployment, as ``optimality`` does) and, without
+a budget, at eta (``rollout.max_head_offpolicyness``) 0, 1, 2, 4, 8, 16; per sweep kind (``budget``, ``eta``)
+it reports the ``instances``, the ``pairs`` compared (every larger value against every smaller one), the
+``violations`` (a larger value giving lower tokens/s beyond the search's THROUGHPUT_TIE) and the
+``worst_ratio`` (lowest tokens/s of a larger value over a smaller one's); ``clusters`` holds each instance's
+sweeps. Everything is seeded; the clusters are written as recipe overrides of ``recipes/paper/*.yaml`` so they
+go through the same reader as a user's recipe. Limits are work (hex.solver.time_limit_s, counted as
 ``scheduler/cpsat.py`` says: about CPU seconds here); ``solve_time_s`` is wall time, ``cpu_s`` CPU time.
 """
 
@@ -39,6 +46,7 @@ from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.scheduler.brute import LIMITS, BruteForce, check_size
 from areal_hex_plugin.scheduler.caps import PAPER
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest
+from areal_hex_plugin.scheduler.search import THROUGHPUT_TIE
 from areal_hex_plugin.specs.recipe import cheapest_deployment, load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -221,6 +229,64 @@ def compare(
     }
 
 
+# Monotonicity sweeps: budgets as fractions of the inventory's price; eta (rollout.max_head_offpolicyness).
+MONOTONE_FRACTIONS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+MONOTONE_ETAS = (0, 1, 2, 4, 8, 16)
+
+
+def mid_cluster(rng: random.Random) -> tuple[list[dict], str]:
+    """A mid-size cluster (3-5 types of 8-GPU machines, 2-16 machines per pool) and a 7B or 14B model."""
+    types = rng.sample(sorted(GPUS), rng.randint(3, 5))
+    pools = [{"gpu_type": t, "gpus_per_machine": 8, "machines": rng.randint(2, 16)} for t in types]
+    return pools, rng.choice(("7b", "14b"))
+
+
+def sweep(pools: list[dict], model: str, kind: str, points, time_limit_s: float) -> list[list[float]]:
+    """[value, tokens/s] of separate solves at each budget (``kind`` "budget") or eta (``kind`` "eta")."""
+    rates = []
+    for x in points:
+        budget, extra = (x, ()) if kind == "budget" else (None, (f"rollout.max_head_offpolicyness={x}",))
+        planner = Planner(
+            recipe_for(model, pools, time_limit_s, budget, extra=extra), PlanRequest(caps=PAPER)
+        )
+        rates.append([x, planner.tokens_per_s(planner.search(planner.limits, budget).best)])
+    return rates
+
+
+def monotonicity(count: int, seed: int, time_limit_s: float) -> dict:
+    """Budget and eta sweeps of the two-phase search on ``count`` random mid-size clusters (see above)."""
+    rng = random.Random(f"monotonicity-{seed}")
+    summary = {
+        kind: {"instances": 0, "pairs": 0, "violations": 0, "worst_ratio": 1.0} for kind in ("budget", "eta")
+    }
+    clusters: list[dict] = []
+    while len(clusters) < count:
+        pools, model = mid_cluster(rng)
+        try:
+            probe = recipe_for(model, pools, time_limit_s)
+            cheapest = cheapest_deployment(probe.cluster, probe.workload)[0]
+        except HexError:  # no deployment of the model fits: draw another
+            continue
+        full = probe.cluster.price_per_hour
+        budgets = sorted({round(max(cheapest, full * f), 2) for f in MONOTONE_FRACTIONS})
+        row = {
+            "pools": [f"{p['machines']}x{p['gpus_per_machine']} {p['gpu_type']}" for p in pools],
+            "model": model,
+        }
+        for kind, points in (("budget", budgets), ("eta", MONOTONE_ETAS)):
+            rates = sweep(pools, model, kind, points, time_limit_s)
+            ratios = [b / a for i, (_, a) in enumerate(rates) for _, b in rates[i + 1 :] if a > 0]
+            total = summary[kind]
+            total["instances"] += 1
+            total["pairs"] += len(ratios)
+            total["violations"] += sum(r < 1 - THROUGHPUT_TIE for r in ratios)
+            total["worst_ratio"] = round(min([total["worst_ratio"], *ratios]), 6)
+            row[kind] = [[x, round(rate, 1)] for x, rate in rates]
+        clusters.append(row)
+        print(f"monotonicity {len(clusters)}: {json.dumps(row)}", file=sys.stderr)
+    return {**summary, "clusters": clusters}
+
+
 class OverLimit(Exception):
     """The brute force ran past its CPU limit."""
 
@@ -248,6 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clusters", type=int, default=50, help="random small clusters to compare (>= 50)")
     parser.add_argument(
         "--sizes", help='comma-separated sizes to run, "" for none (default: all; --quick: up to 56)'
+    )
+    parser.add_argument(
+        "--monotone",
+        type=int,
+        default=4,
+        help="random mid-size clusters swept over budget and eta (--quick: 1)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-limit-s", type=float, default=60.0)
@@ -286,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_per_s_ratio": round(big["tokens_per_s"] / base["tokens_per_s"], 3),
             "used_of_paid": round(big["gpus_used"] / big["gpus_paid"], 4) if big["gpus_paid"] else None,
         }
+    report["monotonicity"] = monotonicity(1 if args.quick else args.monotone, args.seed, args.time_limit_s)
     ratios = [r["ratio"] for r in report["optimality"] if r["ratio"] is not None]
     within_1 = sum(r >= 0.99 for r in ratios)
     within_3 = sum(r >= 0.97 for r in ratios)
