@@ -12,6 +12,7 @@ import random
 
 import pytest
 
+from areal_hex_plugin.scheduler.bound import throughput_bound
 from areal_hex_plugin.scheduler.caps import PAPER
 from areal_hex_plugin.scheduler.cpsat import clock
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest
@@ -104,3 +105,16 @@ def test_plans_never_drop_with_a_larger_eta_and_carry_the_recipe_eta(pools, mode
         assert plan.staleness.max_head_offpolicyness == eta and 1 <= window <= eta + 1
         sequences = sum(g.concurrency * g.count for g in plan.rollout.replicas)
         assert sequences <= planner.cm.staleness_sequences(eta + 2 - window)
+
+
+def test_the_proven_bound_is_the_same_from_eta_1_on_and_bounds_every_eta():
+    """The relaxation (scheduler/bound.py) reads replica speeds, unthrottled, and training FLOPs: eta changes
+    neither from eta = 1 on (at 0 every batch drains, so replicas are slower and the bound lower)."""
+    pools = [("H800-PCIe", 4, 2), ("H20", 4, 3)]
+    bounds = {}
+    for eta in (0, 1, 2, 8):
+        planner = _planner(pools, "1.5b", eta)
+        bounds[eta] = throughput_bound(planner.ev, planner.limits, None)
+        result = planner.search(planner.limits, None)
+        assert planner.tokens_per_s(result.best) <= bounds[eta]
+    assert bounds[1] == bounds[2] == bounds[8] > bounds[0]
