@@ -118,3 +118,20 @@ def test_the_proven_bound_is_the_same_from_eta_1_on_and_bounds_every_eta():
         result = planner.search(planner.limits, None)
         assert planner.tokens_per_s(result.best) <= bounds[eta]
     assert bounds[1] == bounds[2] == bounds[8] > bounds[0]
+
+
+def test_where_the_work_limit_stops_the_search_does_not_depend_on_eta():
+    runs = []
+    for eta in (1, 2, 8):
+        recipe = recipe_with_pools(
+            [("H800-PCIe", 8, 4), ("H20", 8, 9)],
+            "7b",
+            "hex.solver.time_limit_s=0.3",
+            f"rollout.max_head_offpolicyness={eta}",
+        )
+        planner = Planner(recipe, PlanRequest(caps=PAPER))
+        result = planner.search(planner.limits, None)
+        runs.append((result.status, result.iterations, frozenset(planner.steer.scored_splits())))
+        assert result.best.window <= eta + 1
+    assert runs[0][0] == "timeout"
+    assert runs[0] == runs[1] == runs[2]
