@@ -8,7 +8,8 @@ Two-phase:
    repartitions on them, until the split repeats; run from the bisection's best split, on every subset of pools,
    and with training confined to each single pool (weight sync across slow links and pipelines over slow
    cross-type links make the landscape rugged); Eq. (3) splits on a coarse gamma grid join the starts;
-3. a local search (one machine moved, else two moves in one or two pools) from the best distinct starts.
+3. a local search (one machine moved, else two moves in one or two pools) from the best distinct starts, and from
+   the best of a ladder chain (single moves; :func:`_ladder`: the alternation at fixed budget levels below it).
 Every split is scored with its own update window delta(eta) and in-flight caps (``inflight``), the search's at
 STEER_ETA whatever the recipe's eta from 1 on (:func:`steering_eta`); at the end the splits it scored best and
 their neighbours (:func:`candidates`) are scored at the recipe's eta, and the cheapest within THROUGHPUT_TIE of the
@@ -22,17 +23,24 @@ scores at STEER_ETA and its clock counts only the steering work (the recipe's et
 splits it visits, where the work limit stops it and the splits it rescores are the same for every eta >= 1; the
 fastest of them at the recipe's eta is monotone in eta, and the plan (the cheapest within THROUGHPUT_TIE of it)
 within THROUGHPUT_TIE of that. An eta = 0 search is steered at 0, a different trajectory: that eta = 1 does no
-worse is measured (eta = 0 plans reach about half the tokens/s), not built in. In the budget, not guaranteed across separate solves: the splits this search visits depend
-on the budget (CP-SAT's feasible splits, the scores the bisection, the repartitions and the local search follow)
-and the work limit stops it at a point that depends on it; a larger budget can therefore end on a split the
-smaller one did not visit and, rarely, a worse one (the tests pin the cases seen; the brute force is exactly
-monotone in both).
+worse is measured (eta = 0 plans reach about half the tokens/s), not built in.
+In the budget, in part. Built in: (a) the ladder chain (:func:`_ladder`) steps through fixed levels (k / LADDER of
+the price of the machines in play), never through the budget, so every split it scores below a level is scored,
+the same, by every search whose budget is above that level (unless the work limit stops the search first), and
+that search's steering best (``SearchResult.steered``) is at least as fast at the steering eta as each of them;
+(b) the rescored splits are one per steering score, the cheapest (:func:`candidates`), so splits that only add
+machines a plan leaves without effect, which a larger budget admits more of, cannot crowd a distinct plan out.
+Not built in: the rest of the search (bisection, repartitions, gamma grid, local search) visits splits that
+depend on the budget and a larger budget can miss the best of them; where the recipe's eta is not the steering one,
+the plan is the fastest of the RESCORED best steering scores, which a larger budget's extra splits can displace;
+a search without a budget runs no chain (it partitions every machine: a different trajectory, as at eta = 0).
+``benchmarks/scheduler.py`` measures what is left (``monotonicity``); the brute force is exactly monotone in both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import combinations
+from itertools import combinations, groupby, islice
 
 from areal_hex_plugin.scheduler.balance_model import BalanceRequest, solve_balance
 from areal_hex_plugin.scheduler.cpsat import clock
@@ -61,6 +69,8 @@ GAMMA_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 MAX_POOLS_FOR_ALL_SUBSETS = 6
 # The local search's first stride is at most this share (1/STRIDE_SHARE) of the largest pool.
 STRIDE_SHARE = 8
+# Budget levels of the ladder chain (fractions k / LADDER of the price of the machines in play).
+LADDER = 8
 # A safety cap on bisection iterations (gamma's interval is below 1e-9 long before it).
 MAX_ITERATIONS = 200
 
@@ -94,7 +104,7 @@ def steering_eta(eta: int) -> int:
 
 
 def candidates(steer: Evaluator, limits: tuple[int, ...], budget: float | None) -> list[Split]:
-    """The RESCORED splits the steering evaluator scored best (then in split order) among those within ``limits``
+    """The splits of the RESCORED best steering scores (one per score, the cheapest) among those within ``limits``
     and ``budget`` as scored (a split's layouts occupy only its machines), and the splits one move from the
     NEIGHBOURED best (the steering's local search skips those it scores lower, which a smaller eta may not):
     the same for every recipe eta."""
@@ -106,8 +116,14 @@ def candidates(steer: Evaluator, limits: tuple[int, ...], budget: float | None) 
         and all(t + r <= m for t, r, m in zip(split.train, split.rollout, limits, strict=True))
         and (budget is None or split.cost_per_hour(steer.cluster) <= budget + 1e-9)
     ]
-    inside.sort(key=lambda x: (-x[1].tokens_per_s(tokens), x[0]))
-    top = [split for split, _ in inside[:RESCORED]]
+
+    # One split per steering score, the cheapest: splits that add machines a plan leaves without effect score the
+    # same, and a larger budget admits more of them, which would crowd distinct plans out of the RESCORED.
+    def score(x: tuple[Split, Evaluation]) -> float:
+        return round(x[1].tokens_per_s(tokens), 6)
+
+    ranked = sorted(inside, key=lambda x: (-score(x), x[1].cost_per_hour, x[0]))
+    top = [next(group)[0] for _, group in islice(groupby(ranked, key=score), RESCORED)]
     near = [
         n
         for split in top[:NEIGHBOURED]
@@ -179,12 +195,46 @@ def two_phase(
     few = sum(1 for m in limits if m) <= FEW_POOLS
     for start in found[: REFINED_STARTS_FEW_POOLS if few else REFINED_STARTS]:
         best = better(best, _refine(ev, start, limits, budget, deadline), ev.tokens_per_step)
+    # The ladder chain's best, refined within the budget: no budget loses what the chain finds below it.
+    chain, n = _ladder(ev, limits, budget, deadline)
+    if chain is not None:
+        best = better(
+            best, _refine(ev, chain, limits, budget, deadline, pair_moves=False), ev.tokens_per_step
+        )
+    iterations += n
     timed_out = result.status == "timeout" or clock() > deadline
     iterations += result.iterations
     if best is None:
         return SearchResult(None, "timeout" if timed_out else "infeasible", iterations)
     status = "timeout" if timed_out else "converged"
     return SearchResult(rescore(steer, true, limits, budget), status, iterations, best)
+
+
+def budget_ladder(ev: Evaluator, limits: tuple[int, ...], budget: float | None) -> list[float]:
+    """The ladder's levels below ``budget`` (none without one): k / LADDER of the price of every machine within
+    ``limits``, for k = 1 .. LADDER - 1. They depend on the inventory alone: a larger budget has them all."""
+    if budget is None:
+        return []
+    full = sum(m * p.price_per_machine_hour for m, p in zip(limits, ev.cluster.pools, strict=True))
+    return [full * k / LADDER for k in range(1, LADDER) if full * k / LADDER < budget]
+
+
+def _ladder(
+    ev: Evaluator, limits: tuple[int, ...], budget: float | None, deadline: float
+) -> tuple[Evaluation | None, int]:
+    """The ladder chain: at each level below the budget, lowest first, the alternation from the pools' rate
+    curves within that level; the chain's best is the best split they reach. No step depends on the budget, only on
+    the level, so every budget above a level scores the same splits up to there (unless the work limit stops the
+    search first). Returns the chain's best and the alternations' iterations."""
+    chain, iterations = None, 0
+    for level in budget_ladder(ev, limits, budget):
+        if clock() > deadline:
+            break
+        start, n = _alternate(ev, None, limits, level, deadline)
+        iterations += n
+        if start is not None:
+            chain = better(chain, start, ev.tokens_per_step)
+    return chain, iterations
 
 
 def pool_subsets(limits: tuple[int, ...]) -> list[frozenset[int]]:
@@ -330,10 +380,11 @@ def _refine(
     limits: tuple[int, ...],
     budget: float | None,
     deadline: float,
+    pair_moves: bool = True,
 ) -> Evaluation:
-    """Local search from the best split: the best single-pool move while one helps, else the best two-pool move.
-    In pools of many machines single moves first shift ``stride`` machines, halving while none helps (a pattern
-    search: a plan a hundred machines away is a few moves away)."""
+    """Local search from the best split: the best single-pool move while one helps, else (``pair_moves``) the best
+    two-pool move. In pools of many machines single moves first shift ``stride`` machines, halving while none
+    helps (a pattern search: a plan a hundred machines away is a few moves away)."""
     best = start
     stride = _first_stride(limits)
     while clock() < deadline:
@@ -341,7 +392,7 @@ def _refine(
         if step is None and stride > 1:
             stride //= 2
             continue
-        if step is None:
+        if step is None and pair_moves:
             # Whole-pool moves in pairs only where few pools keep the pair neighbourhood small.
             few = sum(1 for m in limits if m) <= FEW_POOLS
             pairs = best.split.pair_neighbours(limits, whole=few)
