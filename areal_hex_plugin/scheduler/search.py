@@ -56,8 +56,9 @@ THROUGHPUT_TIE = 1e-3
 # (0.945, but 0.955 at eta 8); at 1, 37 (0.859 at eta 8).
 STEER_ETA = 4
 # Splits the steering scored best that are rescored at the recipe's eta at the end of a search, and how many of
-# the best also have their neighbours rescored (random small clusters, two-phase / brute force at eta 1, 2, 4, 8:
-# 8 and 0 missed the best visited split; 16 and 2 match the search steered at the recipe's eta, 39 of 48 within 1%).
+# the best also have their rollout neighbours rescored (random small clusters, two-phase / brute force at eta 1, 2,
+# 4, 8: 8 and 0 missed the best visited split; 16 and 2 match the search steered at the recipe's eta, 39 of 48
+# within 1%; all neighbours, not only rollout moves, add nothing there and 0.4 s at 1024 GPUs, 32B).
 RESCORED = 16
 NEIGHBOURED = 2
 # Starts of the local search (the best distinct splits reached so far): more where few pools keep it cheap.
@@ -105,9 +106,9 @@ def steering_eta(eta: int) -> int:
 
 def candidates(steer: Evaluator, limits: tuple[int, ...], budget: float | None) -> list[Split]:
     """The splits of the RESCORED best steering scores (one per score, the cheapest) among those within ``limits``
-    and ``budget`` as scored (a split's layouts occupy only its machines), and the splits one move from the
-    NEIGHBOURED best (the steering's local search skips those it scores lower, which a smaller eta may not):
-    the same for every recipe eta."""
+    and ``budget`` as scored (a split's layouts occupy only its machines), and the splits one rollout move from
+    the NEIGHBOURED best (the steering's local search skips those it scores lower, which a smaller eta may not;
+    their training machines are the same, so no new training search): the same for every recipe eta."""
     tokens = steer.tokens_per_step
     inside = [
         (split, e)
@@ -128,7 +129,7 @@ def candidates(steer: Evaluator, limits: tuple[int, ...], budget: float | None) 
         n
         for split in top[:NEIGHBOURED]
         for n in split.neighbours(limits)
-        if any(n.train)
+        if n.train == split.train
         and any(n.rollout)
         and (budget is None or n.cost_per_hour(steer.cluster) <= budget + 1e-9)
     ]
