@@ -18,11 +18,11 @@ fastest of them is returned. Exhaustive mode (``scheduler/brute.py``) shares non
 Monotonicity. Per split: from eta = 1 on a split never scores worse with a larger eta (``inflight``: the choices at
 eta are among those at eta + 1; from 0 to 1 every replica speeds up, as each batch no longer drains, which the tests
 check split by split), and a split within a budget is within every larger one; so the best of any fixed set of
-splits is monotone in both. In eta across separate solves, exact by construction from eta = 1 on: the search is steered by
-scores at STEER_ETA and its clock counts only the steering work (the recipe's eta is scored off the clock), so the
-splits it visits, where the work limit stops it and the splits it rescores are the same for every eta >= 1; the
-fastest of them at the recipe's eta is monotone in eta, and the plan (the cheapest within THROUGHPUT_TIE of it)
-within THROUGHPUT_TIE of that. An eta = 0 search is steered at 0, a different trajectory: that eta = 1 does no
+splits is monotone in both. In eta across separate solves, exact by construction from eta = 1 on: the search is
+steered by scores at STEER_ETA and its clock counts only the steering work (the recipe's eta is scored off the
+clock), so the splits it visits, where the work limit stops it and the splits it rescores are the same for every
+eta >= 1; the fastest of them at the recipe's eta is monotone in eta, and the plan (the cheapest within
+THROUGHPUT_TIE of it) within THROUGHPUT_TIE of that. An eta = 0 search is steered at 0, a different trajectory: that eta = 1 does no
 worse is measured (eta = 0 plans reach about half the tokens/s), not built in.
 In the budget, in part. Built in: (a) the ladder chain (:func:`_ladder`) steps through fixed levels (k / LADDER of
 the price of the machines in play), never through the budget, so every split it scores below a level is scored,
