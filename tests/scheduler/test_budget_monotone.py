@@ -15,8 +15,6 @@ from areal_hex_plugin.scheduler.planner import Planner, PlanRequest
 from areal_hex_plugin.scheduler.search import THROUGHPUT_TIE, _ladder, budget_ladder
 from tests.scheduler.helpers import recipe_with_pools
 
-pytestmark = pytest.mark.slow
-
 # (pools, model, budgets in $/h): clusters where a larger budget gave a worse plan.
 NON_MONOTONE_BEFORE = [
     ([("H20", 8, 12), ("H200", 8, 3), ("L40S", 8, 15)], "14b", (205.0, 210.0)),
@@ -24,6 +22,7 @@ NON_MONOTONE_BEFORE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("pools", "model", "budgets"), NON_MONOTONE_BEFORE)
 def test_a_larger_budget_never_gives_a_worse_plan_on_mid_size_clusters(pools, model, budgets):
     rates = []
