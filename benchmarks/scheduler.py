@@ -22,10 +22,12 @@ their own seeded stream, ``--monotone N`` of them, 1 with ``--quick``), each sol
 a budget, at eta (``rollout.max_head_offpolicyness``) 0, 1, 2, 4, 8, 16; per sweep kind (``budget``, ``eta``)
 it reports the ``instances``, the ``pairs`` compared (every larger value against every smaller one), the
 ``violations`` (a larger value giving lower tokens/s beyond the search's THROUGHPUT_TIE) and the
-``worst_ratio`` (lowest tokens/s of a larger value over a smaller one's); ``clusters`` holds each instance's
-sweeps. Everything is seeded; the clusters are written as recipe overrides of ``recipes/paper/*.yaml`` so they
-go through the same reader as a user's recipe. Limits are work (hex.solver.time_limit_s, counted as
-``scheduler/cpsat.py`` says: about CPU seconds here); ``solve_time_s`` is wall time, ``cpu_s`` CPU time.
+``worst_ratio`` (lowest tokens/s of a larger value over a smaller one's), and under ``no_budget`` the same for
+the plan without a budget (the eta sweep's at the recipe's eta) against each budget's; ``clusters`` holds each
+instance's sweeps. Everything is seeded; the clusters are written as recipe overrides of
+``recipes/paper/*.yaml`` so they go through the same reader as a user's recipe. Limits are work
+(hex.solver.time_limit_s, counted as ``scheduler/cpsat.py`` says: about CPU seconds here); ``solve_time_s`` is
+wall time, ``cpu_s`` CPU time.
 """
 
 from __future__ import annotations
@@ -257,7 +259,8 @@ def monotonicity(count: int, seed: int, time_limit_s: float) -> dict:
     """Budget and eta sweeps of the two-phase search on ``count`` random mid-size clusters (see above)."""
     rng = random.Random(f"monotonicity-{seed}")
     summary = {
-        kind: {"instances": 0, "pairs": 0, "violations": 0, "worst_ratio": 1.0} for kind in ("budget", "eta")
+        kind: {"instances": 0, "pairs": 0, "violations": 0, "worst_ratio": 1.0}
+        for kind in ("budget", "eta", "no_budget")
     }
     clusters: list[dict] = []
     while len(clusters) < count:
@@ -273,15 +276,22 @@ def monotonicity(count: int, seed: int, time_limit_s: float) -> dict:
             "pools": [f"{p['machines']}x{p['gpus_per_machine']} {p['gpu_type']}" for p in pools],
             "model": model,
         }
-        for kind, points in (("budget", budgets), ("eta", MONOTONE_ETAS)):
-            rates = sweep(pools, model, kind, points, time_limit_s)
-            ratios = [b / a for i, (_, a) in enumerate(rates) for _, b in rates[i + 1 :] if a > 0]
+        rates = {"budget": sweep(pools, model, "budget", budgets, time_limit_s)}
+        rates["eta"] = sweep(pools, model, "eta", MONOTONE_ETAS, time_limit_s)
+        row.update({kind: [[x, round(rate, 1)] for x, rate in rates[kind]] for kind in rates})
+        ratios = {
+            kind: [b / a for i, (_, a) in enumerate(rates[kind]) for _, b in rates[kind][i + 1 :] if a > 0]
+            for kind in rates
+        }
+        # The plan without a budget (the eta sweep's solve at the recipe's eta) against each budget's.
+        unbounded = dict(rates["eta"])[probe.workload.rl.max_head_offpolicyness]
+        ratios["no_budget"] = [unbounded / rate for _, rate in rates["budget"] if rate > 0]
+        for kind, found in ratios.items():
             total = summary[kind]
             total["instances"] += 1
-            total["pairs"] += len(ratios)
-            total["violations"] += sum(r < 1 - THROUGHPUT_TIE for r in ratios)
-            total["worst_ratio"] = round(min([total["worst_ratio"], *ratios]), 6)
-            row[kind] = [[x, round(rate, 1)] for x, rate in rates]
+            total["pairs"] += len(found)
+            total["violations"] += sum(r < 1 - THROUGHPUT_TIE for r in found)
+            total["worst_ratio"] = round(min([total["worst_ratio"], *found]), 6)
         clusters.append(row)
         print(f"monotonicity {len(clusters)}: {json.dumps(row)}", file=sys.stderr)
     return {**summary, "clusters": clusters}
