@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 from collections import ChainMap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import product
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
 from areal_hex_plugin.scheduler.caps import PAPER, RuntimeCaps
 from areal_hex_plugin.scheduler.cpsat import charge
 from areal_hex_plugin.scheduler.inflight import (
+    CAP_FRACTIONS,
     InFlight,
     Runtime,
     best_split,
@@ -26,6 +27,7 @@ from areal_hex_plugin.scheduler.inflight import (
     replica_stages,
     rollout_floor,
     window_rollout_s,
+    windows,
 )
 from areal_hex_plugin.scheduler.rollout_model import (
     ReplicaConfig,
@@ -44,6 +46,9 @@ ESTIMATE_WORK = 3e-4
 # this many of one bound for every pool (by makespan) and a descent over each pool's bounds.
 ALL_COMBINATIONS = 16
 CANDIDATES = 3
+# Prices of an in-flight sequence (tokens/s it must earn) at which each pool's fleet is also a candidate: the
+# staleness bound's budget of sequences priced, every price for all pools at once (see :meth:`Evaluator.fleets`).
+PRICES = tuple(2.0**k for k in range(13))
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,8 @@ class Evaluator:
     _configs: dict[str, list[ReplicaConfig]] = field(default_factory=dict)
     _train: dict[tuple[int, ...], TrainChoice | None] = field(default_factory=dict)
     _pool_fleet: dict[tuple[str, int, float], RolloutSolution] = field(default_factory=dict)
-    _fleets: dict[tuple[int, ...], list[tuple[Fleet, list[Runtime]]]] = field(default_factory=dict)
+    _fleets: dict[tuple[int, ...], list[Fleet]] = field(default_factory=dict)
+    _runtimes: dict[Fleet, list[Runtime]] = field(default_factory=dict)
     _seen: dict[Split, Evaluation] = field(default_factory=dict)
     # Per-pool rate curves of the search's rate tables ((pool, kind, limit) -> count -> rate), once per solve.
     curves: dict[tuple[int, str, int], dict[int, float]] = field(default_factory=dict)
@@ -131,10 +137,11 @@ class Evaluator:
             cm, self.cluster, cm.workload, self.solver, self.sync_strategy, self.caps, clocked=False
         )
         ev._train = ChainMap({}, self._train)
-        if min(eta, own) >= 1:  # the same replica speeds
+        if min(eta, own) >= 1:  # the same replica speeds, so the same candidate fleets
             ev._configs, ev._pool_fleet = ChainMap({}, self._configs), ChainMap({}, self._pool_fleet)
-        if eta == own:  # the same runtime choices
             ev._fleets = ChainMap({}, self._fleets)
+        if eta == own:  # the same runtime choices
+            ev._runtimes = ChainMap({}, self._runtimes)
         return ev
 
     @property
@@ -177,16 +184,21 @@ class Evaluator:
             self._charge()
         return self._train[counts]
 
-    def fleets(self, counts: tuple[int, ...]) -> list[tuple[Fleet, list[Runtime]]]:
-        """Phase 1b: the candidate fleets of these rollout machines (every replica at its largest batch), each with
-        its runtime choices (:mod:`inflight`); memoised.
+    def fleets(self, counts: tuple[int, ...]) -> list[Fleet]:
+        """Phase 1b: the candidate fleets of these rollout machines (every replica at its largest batch); memoised.
+        Their runtime choices are :meth:`runtimes`.
 
         Every replica also rebuilds its KV cache after each weight update, which the linear objective
         sum(y_psi * h_psi) cannot see. So each pool's program is solved once per bound on that rebuild time, with
         only the shapes within the bound (a pool may do best with fast-rebuilding shapes while another needs
         speed). The candidates are every combination of the pools' fleets where there are at most ALL_COMBINATIONS,
         else those of :meth:`_descent_candidates`; the split's score picks the candidate and its runtime together.
-        The candidates do not depend on eta.
+
+        The staleness bound caps the sequences in flight over all replicas, and under that cap the best fleet may
+        be another mix of shapes (fewer, larger replicas whose batches fit it). The program with that budget is
+        the Lagrangian one: each sequence in flight priced at lambda, every shape at its best cap of the menu
+        (value h(cap) - lambda * cap), each pool's knapsack solved alone; for every lambda of PRICES, all pools'
+        fleets at it are one more candidate. The candidates do not depend on eta.
         """
         if counts in self._fleets:
             return self._fleets[counts]
@@ -205,11 +217,18 @@ class Evaluator:
             candidates = [_fleet_of(list(c)) for c in product(*per_pool)]
         else:
             candidates = self._descent_candidates(pools, bounds)
-        reward_s = self.cm.reward_s(self.workload.rl.samples_per_step)
-        unique = {f: None for f in candidates if f.groups}
-        self._fleets[counts] = [(f, self.inflight.runtimes(f.groups, reward_s)) for f in unique]
+        candidates += [_fleet_of([self.pool_fleet(name, n, price=p) for name, n in pools]) for p in PRICES]
+        self._fleets[counts] = list({f: None for f in candidates if f.groups})
         self._charge()
         return self._fleets[counts]
+
+    def runtimes(self, fleet: Fleet) -> list[Runtime]:
+        """The runtime choices of a candidate fleet (:meth:`inflight.InFlight.runtimes`); memoised."""
+        if fleet not in self._runtimes:
+            reward_s = self.cm.reward_s(self.workload.rl.samples_per_step)
+            self._runtimes[fleet] = self.inflight.runtimes(fleet.groups, reward_s)
+            self._charge()
+        return self._runtimes[fleet]
 
     def _descent_candidates(
         self, pools: list[tuple[str, int]], bounds: dict[str, list[float]]
@@ -271,20 +290,40 @@ class Evaluator:
                 )
         return configs
 
-    def pool_fleet(self, pool_name: str, machines: int, max_recompute_s: float = math.inf) -> RolloutSolution:
+    def pool_fleet(
+        self, pool_name: str, machines: int, max_recompute_s: float = math.inf, price: float = 0.0
+    ) -> RolloutSolution:
         """Phase 1b on ``machines`` rollout machines of one pool (replicas never span pools), using only shapes
-        that rebuild their KV cache within ``max_recompute_s``."""
-        key = (pool_name, machines, max_recompute_s)
+        that rebuild their KV cache within ``max_recompute_s``. With a ``price`` per sequence in flight, the
+        fleet of most speed less price over every shape, each at its cap of the menu (``CAP_FRACTIONS`` of its
+        batch) with the most; its replicas are returned at their largest batch (the runtime picks the caps)."""
+        key = (pool_name, machines, max_recompute_s, price)
         if key not in self._pool_fleet:
             gpus = machines * self.cluster.pool(pool_name).gpus_per_machine
             configs = [c for c in self.replica_configs(pool_name) if c.recompute_s <= max_recompute_s]
+            if price:  # dominance at the largest batch does not hold under a price: every shape
+                configs = [c for c in self.feasible_shapes(pool_name) if c.recompute_s <= max_recompute_s]
+                priced = {self._priced(c, price): c for c in configs}
+                configs = [p for p in priced if p.tokens_per_s > 0]
             if self.caps.one_layout_per_pool:
                 # Every server of the pool in one shape: the best fleet of each shape alone.
                 fleets = [solve_rollout([c], gpus) for c in configs] or [solve_rollout([], gpus)]
-                self._pool_fleet[key] = max(fleets, key=lambda f: f.tokens_per_s)
+                solution = max(fleets, key=lambda f: f.tokens_per_s)
             else:
-                self._pool_fleet[key] = solve_rollout(configs, gpus)
+                solution = solve_rollout(configs, gpus)
+            if price:
+                counts = tuple((priced[c], y) for c, y in solution.counts)
+                solution = RolloutSolution(
+                    counts, sum(c.tokens_per_s * y for c, y in counts), solution.optimal
+                )
+            self._pool_fleet[key] = solution
         return self._pool_fleet[key]
+
+    def _priced(self, config: ReplicaConfig, price: float) -> ReplicaConfig:
+        """``config`` worth its speed less ``price`` per sequence in flight, at its cap of the menu worth most."""
+        caps = {max(1, int(config.concurrency * f)) for f in CAP_FRACTIONS}
+        value = max(self.inflight.throttled(config, cap).tokens_per_s - price * cap for cap in caps)
+        return replace(config, tokens_per_s=value)
 
     def rollout_floor(self, counts: tuple[int, ...]) -> float:
         """No split with these rollout machines has a shorter rollout time per step (:func:`rollout_floor`, at
@@ -309,13 +348,21 @@ class Evaluator:
         train_s = train.step_time_s if train else math.inf
         # Each training stage sends the layers it holds, from its own pool.
         senders = self.cm.senders(train.stages) if train else None
+        rl = self.workload.rl
+        widest = windows(rl.max_head_offpolicyness, rl.max_update_window)[-1]
         chosen: tuple[float, Fleet, Runtime, float] | None = None
-        for fleet, options in self.fleets(split.rollout):
+        for fleet in self.fleets(split.rollout):
             sync_s = 0.0
             if senders is not None:
                 replicas = [(replica_stages(c), y) for c, y in fleet.groups]
                 sync_s = self.cm.weight_sync(senders, replicas, strategy=self.sync_strategy).seconds
-            runtime = choose(options, train_s, sync_s)
+            # No runtime choice does better than all samples at full speed with the sync over the widest window:
+            # where that is no shorter than the step found, the fleet's choices are not computed. The bound only
+            # falls as eta grows, so no split scores worse with a larger eta.
+            floor = rollout_floor(fleet.tokens_per_s, samples, self.workload.output_lengths.mean, reward_s)
+            if chosen is not None and round(sync_s / widest + max(floor, train_s), 9) >= chosen[0]:
+                continue
+            runtime = choose(self.runtimes(fleet), train_s, sync_s)
             step = round(runtime.step_s(train_s, sync_s), 9)
             if chosen is None or step < chosen[0]:
                 chosen = (step, Fleet(runtime.groups, fleet.optimal), runtime, sync_s)

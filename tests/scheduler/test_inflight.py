@@ -30,7 +30,7 @@ def test_the_window_and_the_caps_change_the_step_and_the_plan_takes_the_best(pap
     ev = planner.ev
     best = ev.evaluate(_split_of(plan, planner))
     candidates = ev.fleets(best.split.rollout)
-    (options,) = [o for fleet, o in candidates if best.fleet.groups in {r.groups for r in o}]
+    (options,) = [o for o in map(ev.runtimes, candidates) if best.fleet.groups in {r.groups for r in o}]
     steps = {(o.window, o.groups): o.step_s(best.train_s, best.sync_s) for o in options}
     assert {o.window for o in options} == set(windows(planner.eta))
     # Neither the window nor the caps leave the step unchanged (the review saw the same score for 1..64 steps).
