@@ -135,8 +135,8 @@ def estimate_train(
 
     ``layers``: the decoder layers of each stage (None: the split of :func:`_best_split`, which a pipeline
     runs as planned: the plugin hands Megatron one layer count per stage). ``check_memory=False`` times a
-    layout whatever its memory estimate (calibration against a step that ran). ``memo``: stage costs kept
-    across calls with the same cluster, workload and calibration (``CostModel``'s).
+    layout whatever its memory estimate (calibration against a step that ran). ``memo``: stage costs (and
+    hand-offs) kept across calls with the same cluster, workload and calibration (``CostModel``'s).
     """
     gpus: dict[str, int] = {}
     for s in stages:
@@ -182,8 +182,6 @@ class _Step:
 
     def __init__(self, cluster, workload, calibration, stages: tuple[TrainStage, ...], memo=None) -> None:
         self.cluster, self.workload, self.calibration, self.stages = cluster, workload, calibration, stages
-        self.pools = [cluster.pool(s.pool) for s in stages]
-        self.effs = [calibration.for_gpu(p.gpu_type) for p in self.pools]
         model, rl = workload.model, workload.rl
         self.tokens = workload.tokens_per_step
         # Token-weighted mean attended context of a packed causal sequence: E[s^2] / 2E[s].
@@ -192,20 +190,13 @@ class _Step:
         )
         self.attended = (seq_sq + workload.prompt_tokens**2) / (2 * workload.mean_sequence_tokens)
         self.minibatches = max(1, rl.ppo_n_minibatches)
-        longest = workload.prompt_tokens + rl.max_new_tokens
-        self.mb_tokens = [
-            _microbatch_tokens(rl.max_tokens_per_mb, longest, self.tokens / self.minibatches / s.dp)
-            for s in stages
-        ]
-        # Micro-batches per DP rank per optimizer step (each runs FSDP's gathers once).
-        self.micro = [
-            max(1, math.ceil(self.tokens / self.minibatches / (s.dp * mb)))
-            for s, mb in zip(stages, self.mb_tokens, strict=True)
-        ]
-        self.pp_comm = self._pp_comm(model)
         # A stage's cost depends on the stage, its position, the depth and its layers (the rest is the workload's):
-        # per stage, its costs by layer count, shared with every layout holding that stage there.
-        memo = {} if memo is None else memo
+        # per stage, its costs by layer count, shared with every layout holding that stage there; and what
+        # depends on the stage alone (keyed by the stage), and each hand-off between two stages.
+        self._memo = memo = {} if memo is None else memo
+        per_stage = [memo.get(s) or memo.setdefault(s, self._per_stage(s)) for s in stages]
+        self.pools, self.effs, self.mb_tokens, self.micro = (list(x) for x in zip(*per_stage, strict=True))
+        self.pp_comm = self._pp_comm(model)
         self._costs: list[dict[int, _StageCost]] = [
             memo.setdefault((s, i, len(stages)), {}) for i, s in enumerate(stages)
         ]
@@ -216,18 +207,36 @@ class _Step:
         self._bubble = (len(stages) - 1) / max(self.micro)
         self._fixed = max(e.train_fixed_s for e in self.effs)
 
+    def _per_stage(self, s: TrainStage) -> tuple:
+        """The stage's pool, efficiency, tokens per micro-batch and micro-batches per DP rank per optimizer step
+        (each runs FSDP's gathers once)."""
+        pool, rl = self.cluster.pool(s.pool), self.workload.rl
+        longest = self.workload.prompt_tokens + rl.max_new_tokens
+        mb = _microbatch_tokens(rl.max_tokens_per_mb, longest, self.tokens / self.minibatches / s.dp)
+        micro = max(1, math.ceil(self.tokens / self.minibatches / (s.dp * mb)))
+        return pool, self.calibration.for_gpu(pool.gpu_type), mb, micro
+
     def _pp_comm(self, model) -> float:
-        stages, pools, out = self.stages, self.pools, 0.0
+        stages, out = self.stages, 0.0
+        for i in range(len(stages) - 1):
+            key = ("hand-off", stages[i], stages[i + 1])
+            found = self._memo.get(key)
+            if found is None:
+                found = self._memo[key] = self._hand_off(model, i)
+            out = max(out, found)
+        return out
+
+    def _hand_off(self, model, i: int) -> float:
+        """Seconds per step to hand activations from stage i to stage i + 1."""
+        stages, pools = self.stages, self.pools
         # bf16 activations forward and their gradients backward, plus the forward-only passes' activations.
         volume = self.tokens * model.hidden * 2 * (2 + self.workload.rl.forward_passes)
-        for i in range(len(stages) - 1):
-            same_machine = stages[i].n_gpus + stages[i + 1].n_gpus <= pools[i].gpus_per_machine
-            link = between_stages(self.cluster, self.calibration, pools[i], pools[i + 1], same_machine)
-            if not same_machine:
-                # The dp pipeline replicas hand off in parallel, over every machine the narrower stage spans.
-                link *= min(_machines(stages[j], pools[j]) for j in (i, i + 1))
-            out = max(out, volume / link)
-        return out
+        same_machine = stages[i].n_gpus + stages[i + 1].n_gpus <= pools[i].gpus_per_machine
+        link = between_stages(self.cluster, self.calibration, pools[i], pools[i + 1], same_machine)
+        if not same_machine:
+            # The dp pipeline replicas hand off in parallel, over every machine the narrower stage spans.
+            link *= min(_machines(stages[j], pools[j]) for j in (i, i + 1))
+        return volume / link
 
     def stage_costs(self, layers: tuple[int, ...]) -> list[_StageCost]:
         return [self._cost(i, n) for i, n in enumerate(layers)]
@@ -325,17 +334,15 @@ class _Step:
         acts += (in_flight - 1) * mb_tokens * model.hidden * 2 * n
         return compute, tp_comm, dp_comm, optimizer, (state + acts) / GB
 
-    def _step_s(self, costs: list[_StageCost]) -> float:
-        return (
-            max(max(c.time for c in costs) + max(c.work for c in costs) * self._bubble, self.pp_comm)
-            + self._fixed
-        )
+    def _step_s(self, time: list[float], work: list[float]) -> float:
+        """The step from the stages' times and per-micro-batch works."""
+        return max(max(time) + max(work) * self._bubble, self.pp_comm) + self._fixed
 
     def step_time(self, costs: list[_StageCost]) -> tuple[float, dict[str, float]]:
         slowest = max(range(len(costs)), key=lambda i: costs[i].time)
         bubble = max(c.work for c in costs) * self._bubble
         fixed = self._fixed
-        step = self._step_s(costs)
+        step = self._step_s([c.time for c in costs], [c.work for c in costs])
         compute, tp_comm, dp_comm, optimizer, _ = costs[slowest].parts
         parts = {
             "compute": compute,
@@ -398,24 +405,51 @@ class _Step:
                 takers = [j for j in range(pp) if layers[j] < room[j]]
                 layers[min(takers, key=lambda j: self._cost(j, layers[j] + 1).time)] += 1
 
-        def key(split: tuple[int, ...]) -> tuple:
-            costs = self.stage_costs(split)
-            over = sum(max(0.0, c.memory_gb - u) for c, u in zip(costs, usable, strict=True))
-            return (round(over, 9), self._step_s(costs), sorted((c.time for c in costs), reverse=True))
+        def head(over: list[float], time: list[float], work: list[float]) -> tuple[float, float]:
+            return (round(sum(over), 9), self._step_s(time, work))
 
+        # A split's key is (overflow, step, the stages' times slowest first); the times are sorted only where the
+        # first two tie. A trial moves one layer from stage a to stage b: two stages' costs change.
         split = tuple(layers)
-        best = key(split)
+        costs = self.stage_costs(split)
+        over = [max(0.0, c.memory_gb - u) for c, u in zip(costs, usable, strict=True)]
+        time, work = [c.time for c in costs], [c.work for c in costs]
+        best = head(over, time, work)
         while True:
-            costs = self.stage_costs(split)
-            slowest = max(c.time for c in costs)
+            slowest = max(time)
             sources = [a for a, c in enumerate(costs) if c.time == slowest or c.memory_gb > usable[a]]
-            trials = [
-                tuple(n + (j == b) - (j == a) for j, n in enumerate(split))
-                for a in sources
-                for b in range(pp)
-                if a != b and split[a] > 1
-            ]
-            scored = min(((key(t), t) for t in trials), default=None)
-            if scored is None or scored[0] >= best:
+            trials = []
+            for a in sources:
+                if split[a] <= 1:
+                    continue
+                less = self._cost(a, split[a] - 1)
+                for b in range(pp):
+                    if a != b:
+                        more = self._cost(b, split[b] + 1)
+                        o, t, w = list(over), list(time), list(work)
+                        o[a], t[a], w[a] = max(0.0, less.memory_gb - usable[a]), less.time, less.work
+                        o[b], t[b], w[b] = max(0.0, more.memory_gb - usable[b]), more.time, more.work
+                        trials.append((head(o, t, w), a, b, o, t, w))
+            if not trials:
                 return split
-            best, split = scored
+            low = min(x[0] for x in trials)
+            if low > best:
+                return split
+            key, moved, a, b, o, t, w = min(
+                (
+                    (h, sorted(t, reverse=True)),
+                    tuple(n + (j == b) - (j == a) for j, n in enumerate(split)),
+                    a,
+                    b,
+                    o,
+                    t,
+                    w,
+                )
+                for h, a, b, o, t, w in trials
+                if h == low
+            )
+            if low == best and key[1] >= sorted(time, reverse=True):
+                return split
+            best, split, over, time, work = low, moved, o, t, w
+            costs = list(costs)
+            costs[a], costs[b] = self._cost(a, split[a]), self._cost(b, split[b])
