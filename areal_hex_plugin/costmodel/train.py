@@ -197,7 +197,7 @@ class _Step:
         per_stage = [memo.get(s) or memo.setdefault(s, self._per_stage(s)) for s in stages]
         self.pools, self.effs, self.mb_tokens, self.micro = (list(x) for x in zip(*per_stage, strict=True))
         self.pp_comm = self._pp_comm(model)
-        self._costs: list[dict[int, _StageCost]] = [
+        self._costs: list[dict] = [  # layer count -> _StageCost, ("room", usable GB) -> layers
             memo.setdefault((s, i, len(stages)), {}) for i, s in enumerate(stages)
         ]
         self._one_layer = _one_layer_params(model, len(stages))
@@ -356,9 +356,18 @@ class _Step:
         return step, parts
 
     def _room(self, i: int, usable: float, total: int) -> int:
-        """The most layers (up to ``total``) stage i holds within ``usable`` GB per GPU; 0 if not one. Memory grows
-        with layers and is affine from AFFINE_FROM layers on: read off the line, then checked on the stage's own
-        costs (the largest count that fits, exactly as a search over every count would find)."""
+        """The most layers (up to ``total``, the model's) stage i holds within ``usable`` GB per GPU; 0 if not
+        one (kept beside the stage's costs)."""
+        key = ("room", usable)
+        found = self._costs[i].get(key)
+        if found is None:
+            found = self._costs[i][key] = self._new_room(i, usable, total)
+        return found
+
+    def _new_room(self, i: int, usable: float, total: int) -> int:
+        """:meth:`_room`: memory grows with layers and is affine from AFFINE_FROM layers on: read off the line,
+        then checked on the stage's own costs (the largest count that fits, exactly as a search over every count
+        would find)."""
         edge = AFFINE_FROM + 1
         if total <= edge or self._cost(i, edge).memory_gb > usable:
             return max(
@@ -399,11 +408,19 @@ class _Step:
         room = [self._room(i, usable[i], total) for i in range(pp)]
         if sum(room) < total or min(room) < 1:
             return tuple(layers)
+        # A layer over a stage's room goes to the stage below its room that it slows least (the first such).
+        nxt = None  # per stage below its room, its time with one more layer; None for the others
+
+        def more(j: int) -> float | None:
+            return self._cost(j, layers[j] + 1).time if layers[j] < room[j] else None
+
         for i in range(pp):
             while layers[i] > room[i]:
                 layers[i] -= 1
-                takers = [j for j in range(pp) if layers[j] < room[j]]
-                layers[min(takers, key=lambda j: self._cost(j, layers[j] + 1).time)] += 1
+                nxt = nxt or [more(j) for j in range(pp)]
+                j = min((t, j) for j, t in enumerate(nxt) if t is not None)[1]
+                layers[j] += 1
+                nxt[j] = more(j)
 
         def head(over: list[float], time: list[float], work: list[float]) -> tuple[float, float]:
             return (round(sum(over), 9), self._step_s(time, work))
