@@ -411,16 +411,16 @@ class _Step:
         # A layer over a stage's room goes to the stage below its room that it slows least (the first such).
         nxt = None  # per stage below its room, its time with one more layer; None for the others
 
-        def more(j: int) -> float | None:
+        def time_with_one_more(j: int) -> float | None:
             return self._cost(j, layers[j] + 1).time if layers[j] < room[j] else None
 
         for i in range(pp):
             while layers[i] > room[i]:
                 layers[i] -= 1
-                nxt = nxt or [more(j) for j in range(pp)]
+                nxt = nxt or [time_with_one_more(j) for j in range(pp)]
                 j = min((t, j) for j, t in enumerate(nxt) if t is not None)[1]
                 layers[j] += 1
-                nxt[j] = more(j)
+                nxt[j] = time_with_one_more(j)
 
         def head(over: list[float], time: list[float], work: list[float]) -> tuple[float, float]:
             return (round(sum(over), 9), self._step_s(time, work))
@@ -439,13 +439,13 @@ class _Step:
             for a in sources:
                 if split[a] <= 1:
                     continue
-                less = self._cost(a, split[a] - 1)
+                shrunk = self._cost(a, split[a] - 1)
                 for b in range(pp):
                     if a != b:
-                        more = self._cost(b, split[b] + 1)
+                        grown = self._cost(b, split[b] + 1)
                         o, t, w = list(over), list(time), list(work)
-                        o[a], t[a], w[a] = max(0.0, less.memory_gb - usable[a]), less.time, less.work
-                        o[b], t[b], w[b] = max(0.0, more.memory_gb - usable[b]), more.time, more.work
+                        o[a], t[a], w[a] = max(0.0, shrunk.memory_gb - usable[a]), shrunk.time, shrunk.work
+                        o[b], t[b], w[b] = max(0.0, grown.memory_gb - usable[b]), grown.time, grown.work
                         trials.append((head(o, t, w), a, b, o, t, w))
             if not trials:
                 return split
