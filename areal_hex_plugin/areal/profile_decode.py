@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 ID_MARGIN = 100
 SEED = 0
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
-GPU_EXTRA_FIX = "install areal-hex-plugin[gpu] on the GPU machine"
+GPU_EXTRA_FIX = (
+    "install the GPU profile on the GPU machine: bash scripts/setup.sh --gpu (areal-hex-plugin[gpu] with "
+    "upstream's dependency overrides)"
+)
 
 Generate = Callable[[list[list[int]], dict[str, Any]], Any]
 
