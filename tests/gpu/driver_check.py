@@ -1,22 +1,25 @@
-"""GPU check: a real one-node AReaL-Hex run of a tiny model through the driver (SGLang rollout, FSDP training).
+"""GPU check: a real one-node AReaL-Hex run of a tiny model through the driver (SGLang rollout, FSDP training, the
+relay transport), with nothing downloaded.
 
-Run on a machine with NVIDIA GPUs, sglang installed, and a local model and GSM8K copy (GPU machines here
-reach no network):
+Run on a machine with NVIDIA GPUs and the GPU install profile (``bash scripts/setup.sh --gpu``):
 
-    .venv/bin/python tests/gpu/driver_check.py --model /models/Qwen2.5-0.5B-Instruct --dataset /data/gsm8k
+    .venv/bin/python tests/gpu/driver_check.py [--steps 2] [--timeout 160]
 
-It discovers the local GPUs (nvidia-smi), writes a recipe whose cluster is this machine split into a train pool
-and a rollout pool, runs ``python -m areal_hex_plugin.driver`` with ``scheduler.type=hex_local`` for a few
-steps, and prints the ``hex/*`` metrics upstream's StatsLogger committed. On a one-GPU machine both roles
-share the GPU (``HEX_LOCAL_SHARE_GPUS=1``, upstream's disk weight update); with more, weights go through the
-relay transport (``hex.transport: relay``). Exit 0 when the run finished and
-logged measured throughput; 2 when this machine cannot run the check (no GPU, no sglang).
+It makes a tiny Qwen2 (random bf16 weights, head_dim 64 so SGLang's attention kernels take it) with a tokenizer
+trained locally, and GSM8K-shaped arithmetic prompts (``tests/e2e/assets.py``); writes a recipe from
+``recipes/ci/tiny.yaml`` whose cluster is this machine split into two pools, so the planner gives one to training
+and one to rollout; and runs ``python -m areal_hex_plugin.driver`` with ``scheduler.type=hex_local``. Weights go
+through the relay transport (``hex.transport: relay``, tcp data links) on any GPU count: on a one-GPU machine the
+trainer and the SGLang server share the GPU (``HEX_LOCAL_SHARE_GPUS=1``, SGLang's ``mem_fraction_static`` 0.3).
+Exit 0 when the run finished, every weight update reached every replica through the relay, and upstream's
+StatsLogger logged measured hex/* throughput; 1 otherwise (``failed: sglang not installed`` without sglang).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import secrets
@@ -29,7 +32,15 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-BASE_RECIPE = REPO / "recipes" / "paper" / "1.5b.yaml"
+sys.path.insert(0, str(REPO))
+BASE_RECIPE = REPO / "recipes" / "ci" / "tiny.yaml"
+# A tiny Qwen2 whose head_dim (64) SGLang's GPU attention backends (FlashAttention 3, FlashInfer) support.
+MODEL = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 512,
+         "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 0}  # fmt: skip
+RELAY_UPDATE = re.compile(
+    r"weights v(\d+): .* to (\d+)/(\d+) replicas .*; (\d+) parts, digest ([0-9a-f]{64})"
+)
 
 
 def local_gpus() -> tuple[str, int]:
@@ -43,23 +54,40 @@ def local_gpus() -> tuple[str, int]:
     return pools[0].gpu_type, pools[0].gpus_per_machine
 
 
-def write_recipe(folder: Path, model: str, dataset: str, gpu_type: str, n_gpus: int, steps: int) -> Path:
+def write_model(folder: Path) -> Path:
+    """The tiny Qwen2 (random bf16 weights) and a tokenizer trained here, as an HF model folder."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from tests.e2e.assets import build_tokenizer
+
+    config = Qwen2Config(**MODEL, torch_dtype="bfloat16")
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config = GenerationConfig(eos_token_id=2, pad_token_id=0)
+    model.save_pretrained(folder)
+    build_tokenizer(config.vocab_size).save_pretrained(folder)
+    return folder
+
+
+def write_recipe(folder: Path, gpu_type: str, n_gpus: int, steps: int) -> Path:
+    from tests.e2e.assets import write_dataset
+
+    model = write_model(folder / "model")
+    dataset = write_dataset(folder / "gsm8k")
     recipe = yaml.safe_load(BASE_RECIPE.read_text())
-    half = max(1, n_gpus // 2)
     shared = n_gpus == 1
     recipe.update(experiment_name="hex-gpu-check", trial_name="t0", total_train_steps=steps)
     recipe["cluster"].update(fileroot=str(folder / "exp"), n_gpus_per_node=n_gpus)
     recipe["cluster"]["name_resolve"]["nfs_record_root"] = str(folder / "nr")
-    recipe["actor"].update(path=model, gradient_checkpointing=False)
-    recipe["actor"]["mb_spec"]["max_tokens_per_mb"] = 4096
-    recipe["gconfig"].update(n_samples=4, max_new_tokens=256, max_tokens=1280)
-    recipe["sglang"].update(context_length=1280, mem_fraction_static=0.4 if shared else 0.6)
-    if shared:
-        # NCCL refuses two ranks on one GPU: upstream's disk update instead of the relay transport.
-        recipe["actor"]["weight_update_mode"] = "disk"
-        recipe["hex"]["transport"] = "upstream"
-    recipe["train_dataset"].update(path=dataset, batch_size=8, max_length=512, num_workers=0)
-    recipe["stats_logger"]["wandb"]["mode"] = "offline"
+    for spec in recipe["rollout"]["scheduling_spec"]:
+        spec["env_vars"] = {}  # real SGLang servers (the CPU recipe starts its stand-in)
+    recipe["actor"]["path"] = str(model)
+    recipe["train_dataset"]["path"] = str(dataset)
+    recipe["recover"]["mode"] = "disabled"
+    recipe["sglang"].update(mem_fraction_static=0.3 if shared else 0.6, disable_cuda_graph=True)
+    recipe["hex"].pop("gpu_catalog", None)  # the real GPU type, from the built-in catalog
+    half = max(1, n_gpus // 2)
     recipe["hex"]["cluster"] = {
         # This one machine, split in two "machines" so the planner can give one to training, one to rollout.
         "pools": [
@@ -68,27 +96,43 @@ def write_recipe(folder: Path, model: str, dataset: str, gpu_type: str, n_gpus: 
             for i in (0, 1)
         ],
     }  # fmt: skip
-    recipe["hex"].pop("objective", None)
-    recipe["hex"]["workload"] = {"model": model, "output_lengths": {"kind": "lognormal", "mean_tokens": 128}}
+    recipe["hex"]["workload"]["model"] = str(model)
+    recipe["hex"]["solver"]["max_update_window"] = 1  # a weight update through the relay after every step
+    recipe["hex"]["relay"].update(stage_dir=str(folder / "stage"), rollback_dir=str(folder / "rollback"))
     (folder / "nr").mkdir(parents=True, exist_ok=True)
     path = folder / "gpu_check.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
 
 
+def verdict(returncode: int | None, log: str) -> dict:
+    """What the run proved: finished, every relay update committed on every replica, measured throughput."""
+    metrics = dict(re.findall(r"(hex/[\w/.-]+)\s*[│|]?\s*([-+0-9.e]+)", log))
+    updates = [
+        {"version": int(v), "committed": int(c), "replicas": int(r), "parts": int(p)}
+        for v, c, r, p, _ in RELAY_UPDATE.findall(log)
+    ]
+    ok = (
+        returncode == 0
+        and bool(updates)
+        and all(u["committed"] == u["replicas"] for u in updates)
+        and "hex/measured/tokens_per_s" in metrics
+    )
+    return {"ok": ok, "exit_code": returncode, "relay_updates": updates, "metrics": metrics}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="local HF model folder (a tiny one: 0.5B)")
-    parser.add_argument("--dataset", required=True, help="local GSM8K folder")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--timeout", type=int, default=540, help="seconds for the whole run")
+    parser.add_argument("--steps", type=int, default=2)
+    default_timeout = int(os.environ.get("HEX_CHECK_TIMEOUT", 560)) - 20  # run_all.sh's limit for this check
+    parser.add_argument("--timeout", type=int, default=default_timeout, help="seconds for the whole run")
     args = parser.parse_args(argv)
     if importlib.util.find_spec("sglang") is None:
-        print("cannot run the GPU check here: sglang is not installed (pip install -e '.[gpu,dev]')")
-        return 2
+        print("failed: sglang not installed (bash scripts/setup.sh --gpu)")
+        return 1
     gpu_type, n_gpus = local_gpus()
     folder = Path(tempfile.mkdtemp(prefix="hex-gpu-check-"))
-    recipe = write_recipe(folder, args.model, args.dataset, gpu_type, n_gpus, args.steps)
+    recipe = write_recipe(folder, gpu_type, n_gpus, args.steps)
     cmd = [
         sys.executable,
         "-m",
@@ -98,12 +142,12 @@ def main(argv: list[str] | None = None) -> int:
         "scheduler.type=hex_local",
     ]
     print("running:", " ".join(cmd), flush=True)
-    # The relay transport (2+ GPUs) authenticates every peer with this shared secret.
     env = {
         **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "WANDB_MODE": "offline",
         "WANDB_DIR": str(folder),
-        "AREAL_HEX_TRANSPORT_TOKEN": secrets.token_hex(16),
+        "AREAL_HEX_TRANSPORT_TOKEN": secrets.token_hex(16),  # the relay authenticates every peer with it
     }
     if n_gpus == 1:
         env["HEX_LOCAL_SHARE_GPUS"] = "1"
@@ -124,12 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         log, _ = proc.communicate()
         log += f"\n[driver_check] killed after {args.timeout}s\n"
     (folder / "driver.log").write_text(log)
-    metrics = sorted(set(re.findall(r"(hex/[\w/.-]+)\s*[│|]?\s*([-+0-9.e]+)", log)))
-    for key, value in metrics:
-        print(f"{key:45s} {value}")
-    print(f"driver exit code {proc.returncode}; full log in {folder / 'driver.log'}")
-    measured = any(key == "hex/measured/tokens_per_s" for key, _ in metrics)
-    if proc.returncode != 0 or not measured:
+    result = verdict(proc.returncode, log)
+    print(json.dumps(result, indent=2))
+    print(f"full log in {folder / 'driver.log'}")
+    if not result["ok"]:
         print(log[-6000:])
         return 1
     return 0

@@ -1,19 +1,20 @@
-"""GPU check for asymmetric pipeline training on Megatron, and the relay from its stages (run by hand; not
-collected by pytest).
+"""GPU check for asymmetric pipeline training on Megatron, and the relay from its stages (run_all.sh runs it;
+not collected by pytest).
 
-    python -m pip install -e '.[gpu,megatron,dev]'   # upstream's pins; megatron-core needs Python >= 3.12
-    python tests/gpu/megatron_check.py --json megatron_gpu.json
+    PYTHON=python3.12 bash scripts/setup.sh --gpu --megatron   # upstream's pins; megatron-core needs Python >= 3.12
+    .venv/bin/python tests/gpu/megatron_check.py --json megatron_gpu.json
 
-Needs 2 GPUs. Builds a tiny Qwen2 (6 layers, random bf16 weights, made locally) and starts upstream's Megatron PPO
-actor on ``megatron:d1p2t1`` twice: as the plugin's ``HexMegatronRelayActor`` with the plan's split
-``HEX_PP_LAYERS="5 1"``, and as ``HexMegatronPPOActor`` without it (upstream's parameter-balanced split). Each rank
-counts the decoder layers it built. In the planned run the actor then updates a relay receiver (a
-``RelayReceiverMixin`` engine in this process, loading into the SGLang stand-in of ``tests/transport``) through
-upstream's own Megatron-to-HF conversion, each stage's head sending the layers it holds. Proves: the planned
-per-stage layer counts reach megatron-core (5 and 1 layers), without a plan upstream's own split runs, and the relay
-from the two stages commits the checkpoint's exact bytes with each stage sending its own layers (``part_bytes``).
-Prints and writes JSON; exit 1 if a count is not the planned one or the relay's weights or parts differ. Not part of run_all.sh (it needs the megatron
-extra and 2 GPUs; run_all.sh's checks fill its 10 minutes). Not yet run on a GPU machine.
+Needs 2 GPUs. Builds a tiny Qwen2 (6 layers, random bf16 weights, and a tokenizer trained locally: nothing is
+downloaded) and starts upstream's Megatron PPO actor on ``megatron:d1p2t1`` twice: as the plugin's
+``HexMegatronRelayActor`` with the plan's split ``HEX_PP_LAYERS="5 1"``, and as ``HexMegatronPPOActor`` without it
+(upstream's parameter-balanced split). Each rank counts the decoder layers it built. In the planned run the actor
+then updates a relay receiver (a ``RelayReceiverMixin`` engine in this process, loading into the SGLang stand-in of
+``tests/transport``) through upstream's own Megatron-to-HF conversion, each stage's head sending the layers it
+holds. Proves: the planned per-stage layer counts reach megatron-core (5 and 1 layers), without a plan upstream's
+own split runs, and the relay from the two stages commits the checkpoint's exact bytes with each stage sending its
+own layers (``part_bytes``). Prints and writes JSON; exit 1 if a count is not the planned one or the relay's
+weights or parts differ; exit 2 (run_all.sh: skipped, which counts as not ok unless ``--allow-skip megatron``) with
+fewer than 2 GPUs. Not yet run on a GPU machine.
 """
 
 from __future__ import annotations
@@ -35,15 +36,17 @@ PLANNED = (5, 1)
 
 def _tiny_model(folder: str) -> str:
     import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from tests.e2e.assets import build_tokenizer
 
     config = Qwen2Config(
         vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=LAYERS,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=0, eos_token_id=2, pad_token_id=0,
     )  # fmt: skip
     Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
-    # Any small tokenizer saved locally works; the engine only loads it.
-    AutoTokenizer.from_pretrained(os.environ.get("HEX_CHECK_TOKENIZER", "gpt2")).save_pretrained(folder)
+    build_tokenizer(config.vocab_size).save_pretrained(folder)  # the engine only loads it
     return folder
 
 

@@ -3,7 +3,8 @@
 The model has the paper 1.5B recipe's shape with random weights (nothing is downloaded), written to a temporary
 folder that the recipe's ``actor.path`` then points at.
 
-.venv/bin/pytest -m gpu tests/gpu/profile_check.py        (skipped without CUDA, sglang or a catalogued GPU)
+.venv/bin/pytest -m gpu tests/gpu/profile_check.py        (skipped without CUDA or a catalogued GPU; fails without
+                                                          sglang)
 .venv/bin/python tests/gpu/profile_check.py OUT.json      (runs it and keeps the profile at OUT.json)
 """
 
@@ -31,7 +32,8 @@ def local_gpu_type() -> str:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    pytest.importorskip("sglang")
+    if importlib.util.find_spec("sglang") is None:
+        pytest.fail("failed: sglang not installed (bash scripts/setup.sh --gpu)", pytrace=False)
     name = torch.cuda.get_device_name()
     catalog = build_catalog()
     if name not in catalog:

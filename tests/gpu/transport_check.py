@@ -1,11 +1,16 @@
-"""GPU check for the weight transport (run by hand on a GPU machine; not collected by pytest).
+"""GPU check for the weight transport (run_all.sh runs it; not collected by pytest). Needs only torch with CUDA
+and numpy, and this repository (it imports torch and ``areal_hex_plugin.transport``: no areal, no sglang, no
+network):
 
-    python tests/gpu/transport_check.py --json transport_gpu.json [--gb 2]
+    PYTHONPATH=$PWD python tests/gpu/transport_check.py --json transport_gpu.json [--gb 2]
 
 * ``nccl``: the real NCCL code path. The trainer holds a bf16 state dict on cuda:0 and sends it over NCCL pair
-  groups to a relay chain of receivers on cuda:1.. (NCCL refuses two ranks of one group on the same GPU, so this
-  needs at least 2 GPUs; with 3 or more the receivers form two pools).
-* ``nccl_link`` (2+ GPUs): one NCCL data link between cuda:0 and cuda:1, opened as the nodes open it (rendezvous
+  groups to a relay chain of receivers, each its own process: on cuda:1.. with 2+ GPUs (with 3 or more they form
+  two pools), and on cuda:0 itself on a one-GPU machine. NCCL refuses two ranks of one communicator on one GPU of
+  one host, so there every process gets its own ``NCCL_HOSTID``: NCCL then sees two hosts and moves the bytes
+  over its network transport (sockets on the loopback interface unless ``NCCL_SOCKET_IFNAME``/``NCCL_IB_DISABLE``
+  say otherwise), through the same pair groups, chunking and digests as across machines.
+* ``nccl_link``: one NCCL data link between cuda:0 and cuda:1 (cuda:0 twice on one GPU), opened as the nodes open it (rendezvous
   over an authenticated channel): host-to-host throughput of its double-buffered path (pinned host memory on
   the sending side as the sender packs it, pageable memory on the receiving side as a relay stages it, reached
   through the link's own pinned staging buffers; each chunk's host copy overlaps the next chunk's transfer on the
@@ -14,16 +19,19 @@
   receiver's staging buffers are pinned and the second transfer reused them.
 * ``gloo`` and ``tcp``: the same transfer from GPU-resident tensors (bucket packing copies device to host), which
   also runs on a single GPU.
-* ``gloo_2_senders`` (and ``nccl_2_senders`` on 2+ GPUs): the version in two parts, as two training ranks send it
-  (the coordinating ``RelaySender`` and a ``PartSender``, each packing its own GPU-resident buckets).
+* ``gloo_2_senders`` and ``nccl_2_senders``: the version in two parts, as two training ranks send it (the
+  coordinating ``RelaySender`` and a ``PartSender``, each packing its own GPU-resident buckets).
 
-Each receiver hashes what it committed; ``bit_exact`` compares with the trainer's hash. Prints and writes JSON.
+Each receiver hashes what it committed; ``bit_exact`` compares with the trainer's hash. Prints and writes JSON;
+exit 0 when every transfer was bit-exact, 1 otherwise (an entry that raised carries its ``error``), 2 without CUDA.
+``--cpu`` runs only ``gloo_2_senders``, from CPU tensors (CI runs this script so; it proves nothing about GPUs).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -60,8 +68,18 @@ class _HashSink:
         self.results.put((self.label, version, _sha(named_tensors)))
 
 
-def _receiver(device: int | None, label: str, ready, results, token: str) -> None:
+# A process's NCCL host identity, set before its first NCCL call where processes share a GPU (see the docstring).
+HOSTID = "NCCL_HOSTID"
+
+
+def _share_gpu(label: str | None) -> None:
+    if label is not None:
+        os.environ[HOSTID] = f"hex-transport-check-{label}"
+
+
+def _receiver(device: int | None, label: str, ready, results, token: str, hostid: str | None) -> None:
     os.environ["AREAL_HEX_TRANSPORT_TOKEN"] = token
+    _share_gpu(hostid)
     if device is not None:
         torch.cuda.set_device(device)
     node = ReceiverNode(_HashSink(results, label), ReceiverConfig(timeout_s=120.0))
@@ -69,11 +87,11 @@ def _receiver(device: int | None, label: str, ready, results, token: str) -> Non
     time.sleep(3600)
 
 
-def _state(gigabytes: float) -> dict[str, torch.Tensor]:
+def _state(gigabytes: float, device: str) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     count = max(1, int(gigabytes * 1e9 / (4096 * 4096 * 2)))
     return {
-        f"model.layers.{i}.mlp.up_proj.weight": torch.randn(4096, 4096, device="cuda:0").bfloat16()
+        f"model.layers.{i}.mlp.up_proj.weight": torch.randn(4096, 4096, device=device).bfloat16()
         for i in range(count)
     }
 
@@ -96,12 +114,19 @@ def _send(sender: RelaySender, version: int, buckets: list, parts: int):
             other.close()
 
 
-def _run(backend: str, devices: list[int | None], state, reference: str, token: str, parts: int = 1) -> dict:
+def _run(
+    backend: str, devices: list[int | None], state, reference: str, token: str, parts: int = 1, shared=False
+) -> dict:
+    """``shared``: the receivers share the trainer's GPU (each gets its own NCCL host identity)."""
     context = mp.get_context("spawn")
     ready, results = context.Queue(), context.Queue()
     labels = [f"r{i}" for i in range(len(devices))]
     processes = [
-        context.Process(target=_receiver, args=(device, label, ready, results, token), daemon=True)
+        context.Process(
+            target=_receiver,
+            args=(device, label, ready, results, token, label if shared else None),
+            daemon=True,
+        )
         for device, label in zip(devices, labels, strict=True)
     ]
     for process in processes:
@@ -139,9 +164,11 @@ def _run(backend: str, devices: list[int | None], state, reference: str, token: 
             process.join()
 
 
-def _link_end(rank: int, ports, results, chunks: int, chunk_bytes: int) -> None:
-    """One end of an NCCL data link on cuda:<rank>; rank 0 sends, rank 1 receives and reports."""
-    device = torch.device("cuda", rank)
+def _link_end(rank: int, ports, results, chunks: int, chunk_bytes: int, gpus: int) -> None:
+    """One end of an NCCL data link on cuda:<rank> (cuda:0 for both on one GPU); rank 0 sends, rank 1 receives and
+    reports."""
+    _share_gpu(f"link{rank}" if gpus == 1 else None)
+    device = torch.device("cuda", rank % gpus)
     torch.cuda.set_device(device)
     if rank == 1:
         with socket.create_server(("127.0.0.1", 0)) as listener:
@@ -186,13 +213,13 @@ def _link_end(rank: int, ports, results, chunks: int, chunk_bytes: int) -> None:
     channel.close()
 
 
-def _nccl_link(gigabytes: float) -> dict:
+def _nccl_link(gigabytes: float, gpus: int) -> dict:
     chunk_bytes = 64 << 20
     chunks = max(4, int(gigabytes * 1e9 // chunk_bytes))
     context = mp.get_context("spawn")
     ports, results = context.Queue(), context.Queue()
     ends = [
-        context.Process(target=_link_end, args=(rank, ports, results, chunks, chunk_bytes), daemon=True)
+        context.Process(target=_link_end, args=(rank, ports, results, chunks, chunk_bytes, gpus), daemon=True)
         for rank in (1, 0)
     ]
     for end in ends:
@@ -214,38 +241,66 @@ def _nccl_link(gigabytes: float) -> dict:
     }
 
 
+def _entry(run) -> dict:
+    """One entry's result, or the error it raised (the other entries still run)."""
+    try:
+        return run()
+    except Exception as error:  # noqa: BLE001 - reported in the JSON, and the check fails
+        return {"error": f"{type(error).__name__}: {error}", "bit_exact": False}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--gb", type=float, default=2.0, help="state dict size")
+    parser.add_argument(
+        "--cpu", action="store_true", help="gloo_2_senders only, from CPU tensors (no CUDA needed)"
+    )
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to check", file=sys.stderr)
-        return 1
+    if not args.cpu and not torch.cuda.is_available():
+        print("no CUDA device: nothing to check (--cpu runs the CPU entry)", file=sys.stderr)
+        return 2
+    if importlib.util.find_spec("numpy") is None:
+        print("needs numpy (the transport reads tensor bytes through tensor.numpy()): pip install numpy")
+        return 2
     token = secrets.token_hex(16)
     os.environ["AREAL_HEX_TRANSPORT_TOKEN"] = token
-    gpus = torch.cuda.device_count()
-    state = _state(args.gb)
+    gpus = 0 if args.cpu else torch.cuda.device_count()
+    result = {
+        "gpus": gpus,
+        "gpu": torch.cuda.get_device_name(0) if gpus else None,
+        "torch": torch.__version__,
+    }
+    if (
+        gpus == 1
+    ):  # receivers and links share the one GPU: every process its own NCCL host (see the docstring)
+        _share_gpu("trainer")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_IB_DISABLE", "1")
+        result["nccl_env"] = {k: os.environ[k] for k in ("NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE")}
+    state = _state(args.gb, "cuda:0" if gpus else "cpu")
     reference = _sha(state.items())
-    result = {"gpus": gpus, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
-    if gpus >= 2:
-        result["nccl"] = _run("nccl", list(range(1, gpus)), state, reference, token)
-        result["nccl_link"] = _nccl_link(args.gb)
-        result["nccl_2_senders"] = _run("nccl", list(range(1, gpus)), state, reference, token, parts=2)
-    else:
-        for check in ("nccl", "nccl_link", "nccl_2_senders"):
-            result[check] = {
-                "skipped": "needs at least 2 GPUs: NCCL refuses two ranks of one group on one GPU"
-            }
-    for backend in ("gloo", "tcp"):
-        result[backend] = _run(backend, [None, None, None], state, reference, token)
-    result["gloo_2_senders"] = _run("gloo", [None, None, None], state, reference, token, parts=2)
+    if gpus:
+        receivers = list(range(1, gpus)) if gpus >= 2 else [0, 0]
+        shared = gpus == 1
+        result["nccl"] = _entry(lambda: _run("nccl", receivers, state, reference, token, shared=shared))
+        result["nccl_link"] = _entry(lambda: _nccl_link(args.gb, gpus))
+        result["nccl_2_senders"] = _entry(
+            lambda: _run("nccl", receivers, state, reference, token, parts=2, shared=shared)
+        )
+    for backend in ("gloo", "tcp") if gpus else ():
+        result[backend] = _entry(
+            lambda backend=backend: _run(backend, [None, None, None], state, reference, token)
+        )
+    result["gloo_2_senders"] = _entry(
+        lambda: _run("gloo", [None, None, None], state, reference, token, parts=2)
+    )
     ok = all(
         entry.get("bit_exact", True) and entry.get("pinned_staging", True)
         for entry in result.values()
-        if isinstance(entry, dict)
+        if isinstance(entry, dict) and "bit_exact" in entry
     )
     result["ok"] = ok
     text = json.dumps(result, indent=2)
