@@ -13,7 +13,7 @@
 #
 # The checks, in order (each has its timeout; the whole run stops starting checks, and cuts a check's timeout,
 # so that it ends within HEX_GPU_DEADLINE seconds, 530 by default: under 9 minutes):
-#   transport (HEX_GPU_TIMEOUT_TRANSPORT, 90 s): tests/gpu/transport_check.py. The relay weight transport moves a
+#   transport (HEX_GPU_TIMEOUT_TRANSPORT, 120 s): tests/gpu/transport_check.py. The relay weight transport moves a
 #       bf16 state dict held on the GPU to relay receivers in other processes bit-exactly over NCCL (on one GPU:
 #       the receivers share it, each process with its own NCCL host identity), tcp and gloo, from one sender and
 #       from two; and one NCCL data link's throughput with pinned staging reused across versions.
@@ -24,7 +24,7 @@
 #       megatron:d1p2t1 builds the plan's uneven pipeline split (5 + 1 layers of a tiny Qwen2 with a tokenizer
 #       made locally) and, as the plugin's HexMegatronRelayActor, updates a relay receiver bit-exactly with each
 #       stage sending its own layers; and upstream's own split without a plan. Needs 2 GPUs and megatron-core.
-#   driver (HEX_GPU_TIMEOUT_DRIVER, 150 s): tests/gpu/driver_check.py. A real `python -m areal_hex_plugin.driver`
+#   driver (HEX_GPU_TIMEOUT_DRIVER, 180 s): tests/gpu/driver_check.py. A real `python -m areal_hex_plugin.driver`
 #       run with hex_local on this machine: a tiny Qwen2 and arithmetic prompts made locally, SGLang rollout
 #       servers, FSDP training, weight updates through the relay transport (on one GPU, trainer and server share
 #       it by memory fraction), and measured hex/* metrics logged through upstream's StatsLogger.
@@ -129,13 +129,13 @@ run() {
 }
 
 needs_sglang=${sglang_missing:+fail:$sglang_missing}
-run transport "${HEX_GPU_TIMEOUT_TRANSPORT:-90}" "" \
-  "$py" tests/gpu/transport_check.py --json "$out/transport.json" --gb 0.5
+run transport "${HEX_GPU_TIMEOUT_TRANSPORT:-120}" "" \
+  "$py" tests/gpu/transport_check.py --json "$out/transport.json" --gb 0.25
 run profile "${HEX_GPU_TIMEOUT_PROFILE:-150}" "$needs_sglang" \
   "$py" -m pytest -n 0 -m gpu tests/gpu/profile_check.py -q -rs -p no:cacheprovider
 run megatron "${HEX_GPU_TIMEOUT_MEGATRON:-90}" "${megatron_reason:+skip:$megatron_reason}" \
   "$py" tests/gpu/megatron_check.py --json "$out/megatron.json"
-run driver "${HEX_GPU_TIMEOUT_DRIVER:-150}" "$needs_sglang" \
+run driver "${HEX_GPU_TIMEOUT_DRIVER:-180}" "$needs_sglang" \
   "$py" tests/gpu/driver_check.py --steps 2
 
 nothing_ran=""
