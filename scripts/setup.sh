@@ -57,8 +57,9 @@ if [ "$resolve" = 1 ]; then
 fi
 
 python=${PYTHON:-python3}
-stamp=".venv/.setup-$profile-$megatron-$(cat pyproject.toml scripts/setup.sh "$overrides" "$constraints" |
-  sha256sum | cut -c1-16)"
+inputs=(pyproject.toml scripts/setup.sh)
+[ "$profile" = gpu ] && inputs+=("$overrides" "$constraints")
+stamp=".venv/.setup-$profile-$megatron-$(cat "${inputs[@]}" | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ]; then
   exit 0
 fi
