@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,8 @@ import pytest
 from tests.conftest import REPO
 
 SCRIPT = REPO / "tests/gpu/run_all.sh"
-CHECKS = ["transport", "profile", "megatron", "driver"]
+# The checks, in run order, as --help lists them ("  NAME (HEX_GPU_TIMEOUT_NAME, N s): tests/gpu/NAME_check.py").
+CHECKS = re.findall(r"^#   (\w+) \(HEX_GPU_TIMEOUT_", SCRIPT.read_text(), re.MULTILINE)
 pytestmark = pytest.mark.skipif(
     shutil.which("nvidia-smi") is not None, reason="on a GPU machine run_all.sh runs the checks themselves"
 )
@@ -54,6 +56,7 @@ def _one_gpu_machine(tmp_path: Path) -> tuple[str, dict[str, str]]:
 
 
 def test_help_says_what_it_needs_and_what_each_check_proves(tmp_path: Path) -> None:
+    assert CHECKS[:4] == ["transport", "profile", "megatron", "driver"]
     proc, _ = _run(tmp_path, "--help")
     assert proc.returncode == 0
     assert "bash scripts/setup.sh --gpu" in proc.stdout and "--allow-skip" in proc.stdout
@@ -99,7 +102,8 @@ def test_forced_checks_run_under_their_own_timeouts(tmp_path: Path) -> None:
     proc, summary = _run(tmp_path, "--force", HEX_GPU_TIMEOUT_TRANSPORT="1")
     assert proc.returncode == 1 and json.loads(proc.stdout) == summary
     status = {c["name"]: (c["status"], c["exit_code"]) for c in summary["checks"]}
-    assert status == {
+    assert list(status) == CHECKS
+    assert {name: status[name] for name in CHECKS[:4]} == {
         "transport": ("timeout", 124),  # importing torch alone takes longer than its 1 s
         "profile": ("skipped", 0),  # pytest's own skip: no CUDA here
         "megatron": ("skipped", 2),  # the check's "cannot run here": fewer than 2 GPUs
