@@ -35,6 +35,7 @@ import importlib.util
 import json
 import multiprocessing as mp
 import os
+import queue
 import secrets
 import socket
 import sys
@@ -213,6 +214,19 @@ def _link_end(rank: int, ports, results, chunks: int, chunk_bytes: int, gpus: in
     channel.close()
 
 
+def _result_of(results, processes, timeout_s: float = 300.0):
+    """The first result on ``results``; an error as soon as one of ``processes`` died without giving it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return results.get(timeout=2)
+        except queue.Empty:
+            dead = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a link end exited with code {dead[0]} (its stderr says why)") from None
+    raise TimeoutError(f"no result within {timeout_s:.0f} s")
+
+
 def _nccl_link(gigabytes: float, gpus: int) -> dict:
     chunk_bytes = 64 << 20
     chunks = max(4, int(gigabytes * 1e9 // chunk_bytes))
@@ -225,7 +239,7 @@ def _nccl_link(gigabytes: float, gpus: int) -> dict:
     for end in ends:
         end.start()
     try:
-        timings, exact, pinned = results.get(timeout=300)
+        timings, exact, pinned = _result_of(results, ends)
     finally:
         for end in ends:
             end.join(timeout=30)
@@ -241,12 +255,15 @@ def _nccl_link(gigabytes: float, gpus: int) -> dict:
     }
 
 
-def _entry(run) -> dict:
-    """One entry's result, or the error it raised (the other entries still run)."""
+def _entry(name: str, run) -> dict:
+    """One entry's result, or the error it raised (the other entries still run); printed as it ends, so a log
+    cut short by a timeout still holds the entries that finished."""
     try:
-        return run()
+        entry = run()
     except Exception as error:  # noqa: BLE001 - reported in the JSON, and the check fails
-        return {"error": f"{type(error).__name__}: {error}", "bit_exact": False}
+        entry = {"error": f"{type(error).__name__}: {error}", "bit_exact": False}
+    print(f"[transport_check] {name}: {json.dumps(entry)}", file=sys.stderr, flush=True)
+    return entry
 
 
 def main() -> int:
@@ -285,17 +302,19 @@ def main() -> int:
     if gpus:
         receivers = list(range(1, gpus)) if gpus >= 2 else [0, 0]
         shared = gpus == 1
-        result["nccl"] = _entry(lambda: _run("nccl", receivers, state, reference, token, shared=shared))
-        result["nccl_link"] = _entry(lambda: _nccl_link(args.gb, gpus))
+        result["nccl"] = _entry(
+            "nccl", lambda: _run("nccl", receivers, state, reference, token, shared=shared)
+        )
+        result["nccl_link"] = _entry("nccl_link", lambda: _nccl_link(args.gb, gpus))
         result["nccl_2_senders"] = _entry(
-            lambda: _run("nccl", receivers, state, reference, token, parts=2, shared=shared)
+            "nccl_2_senders", lambda: _run("nccl", receivers, state, reference, token, parts=2, shared=shared)
         )
     for backend in ("gloo", "tcp") if gpus else ():
         result[backend] = _entry(
-            lambda backend=backend: _run(backend, [None, None, None], state, reference, token)
+            backend, lambda backend=backend: _run(backend, [None, None, None], state, reference, token)
         )
     result["gloo_2_senders"] = _entry(
-        lambda: _run("gloo", [None, None, None], state, reference, token, parts=2)
+        "gloo_2_senders", lambda: _run("gloo", [None, None, None], state, reference, token, parts=2)
     )
     ok = all(
         entry.get("bit_exact", True) and entry.get("pinned_staging", True)
