@@ -190,7 +190,11 @@ class TorchLink:
 
 
 class _ServedStore(dist.Store):
-    """The receiving side's rendezvous store: a dict, read and written by the peer over the channel."""
+    """The receiving side's rendezvous store: a dict, read and written by the peer over the channel.
+
+    It implements every method c10d's Python store trampoline may call: NCCL's process group uses more than set
+    and get (``compare_set`` on the first point-to-point transfer and ``check`` from its watchdog in torch 2.11;
+    a missing one is an INTERNAL ASSERT "Not implemented" inside the first send)."""
 
     def __init__(self, timeout_s: float) -> None:
         super().__init__()
@@ -207,6 +211,35 @@ class _ServedStore(dist.Store):
                 raise TimeoutError(f"rendezvous key {key!r} not set within {self.timeout_s:.0f} s")
             return self._values[key]
 
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """c10d's semantics: set ``desired`` where the value is ``expected`` (or the key is missing and
+        ``expected`` empty); return the value the key holds afterwards (missing and not set: ``expected``)."""
+        with self._changed:
+            current = self._values.get(key)
+            if current == bytes(expected) or (current is None and not expected):
+                self._values[key] = current = bytes(desired)
+                self._changed.notify_all()
+            return bytes(expected) if current is None else current
+
+    def add(self, key: str, amount: int) -> int:
+        with self._changed:
+            total = int(self._values.get(key, b"0")) + amount
+            self._values[key] = str(total).encode()
+            self._changed.notify_all()
+            return total
+
+    def check(self, keys: list[str]) -> bool:
+        with self._changed:
+            return all(key in self._values for key in keys)
+
+    def delete_key(self, key: str) -> bool:
+        with self._changed:
+            return self._values.pop(key, None) is not None
+
+    def num_keys(self) -> int:
+        with self._changed:
+            return len(self._values)
+
     def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
         for key in keys:
             self.get(key)
@@ -214,33 +247,79 @@ class _ServedStore(dist.Store):
     def serve(self, channel: Channel) -> None:
         """Answer the peer's store requests until it says the rendezvous is over (at most 64 requests)."""
         for _ in range(64):
-            message = channel.recv({Kind.STORE_SET, Kind.STORE_GET, Kind.STORE_DONE})
+            message = channel.recv(_STORE_REQUESTS)
             if message.kind == Kind.STORE_DONE:
                 return
             if message.kind == Kind.STORE_SET:
                 self.set(message["key"], bytes.fromhex(message["value"]))
+                continue
+            if message.kind == Kind.STORE_GET:
+                value = self.get(message["key"])
+            elif message.kind == Kind.STORE_COMPARE_SET:
+                value = self.compare_set(
+                    message["key"], bytes.fromhex(message["expected"]), bytes.fromhex(message["value"])
+                )
+            elif message.kind == Kind.STORE_ADD:
+                value = str(self.add(message["key"], message["amount"])).encode()
             else:
-                channel.send(make(Kind.STORE_VALUE, value=self.get(message["key"]).hex()))
+                value = b"\x01" if self.check(message["keys"]) else b""
+            channel.send(make(Kind.STORE_VALUE, value=value.hex()))
         raise ProtocolError("rendezvous took more than 64 store requests")
 
 
+_STORE_REQUESTS = {
+    Kind.STORE_SET,
+    Kind.STORE_GET,
+    Kind.STORE_COMPARE_SET,
+    Kind.STORE_ADD,
+    Kind.STORE_CHECK,
+    Kind.STORE_DONE,
+}
+
+
 class _ChannelStore(dist.Store):
-    """The sending side's view of the peer's :class:`_ServedStore`."""
+    """The sending side's view of the peer's :class:`_ServedStore`, over the channel while the rendezvous lasts.
+
+    After it (:meth:`close`), the channel carries buckets again, so nothing may be sent from here: ``check`` (the
+    NCCL watchdog's poll for a dump request, which nobody can make through this store) answers False locally."""
 
     def __init__(self, channel: Channel) -> None:
         super().__init__()
-        self.channel = channel
+        self.channel, self._open = channel, True
+
+    def _ask(self, kind: Kind, **fields) -> bytes:
+        if not self._open:
+            raise TransportError(f"rendezvous store used after the rendezvous ended ({kind})")
+        self.channel.send(make(kind, **fields))
+        return bytes.fromhex(self.channel.recv({Kind.STORE_VALUE})["value"])
 
     def set(self, key: str, value: bytes) -> None:
+        if not self._open:
+            raise TransportError("rendezvous store used after the rendezvous ended (set)")
         self.channel.send(make(Kind.STORE_SET, key=key, value=bytes(value).hex()))
 
     def get(self, key: str) -> bytes:
-        self.channel.send(make(Kind.STORE_GET, key=key))
-        return bytes.fromhex(self.channel.recv({Kind.STORE_VALUE})["value"])
+        return self._ask(Kind.STORE_GET, key=key)
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        return self._ask(
+            Kind.STORE_COMPARE_SET, key=key, expected=bytes(expected).hex(), value=bytes(desired).hex()
+        )
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._ask(Kind.STORE_ADD, key=key, amount=amount))
+
+    def check(self, keys: list[str]) -> bool:
+        return self._open and self._ask(Kind.STORE_CHECK, keys=list(keys)) == b"\x01"
 
     def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
         for key in keys:
             self.get(key)
+
+    def close(self) -> None:
+        """The rendezvous is over: tell the peer, and send nothing more from this store."""
+        self.channel.send(make(Kind.STORE_DONE))
+        self._open = False
 
 
 def _make_group(
@@ -276,9 +355,10 @@ def open_sending_link(channel: Channel, backend: str, timeout_s: float, device: 
     channel.send(make(Kind.LINK, backend=backend))
     if backend == "tcp":
         return SocketLink(channel)
-    link = _make_group(backend, _ChannelStore(channel), 0, channel.sock.getsockname()[0], timeout_s, device)
+    store = _ChannelStore(channel)
+    link = _make_group(backend, store, 0, channel.sock.getsockname()[0], timeout_s, device)
     _first_transfer(link)
-    channel.send(make(Kind.STORE_DONE))
+    store.close()
     return link
 
 

@@ -77,6 +77,9 @@ class Kind(enum.StrEnum):
     # the rendezvous of a gloo/NCCL link, served over the authenticated data connection
     STORE_SET = "store_set"
     STORE_GET = "store_get"
+    STORE_COMPARE_SET = "store_compare_set"
+    STORE_ADD = "store_add"
+    STORE_CHECK = "store_check"
     STORE_VALUE = "store_value"
     STORE_DONE = "store_done"
 
@@ -123,6 +126,12 @@ def _digests(value: Any) -> str | None:
     if not isinstance(value, list) or len(value) > MAX_BUCKET_BYTES // MIN_CHUNK_BYTES:
         return "must be a list of chunk digests"
     return next((f"entry {i} is not a digest" for i, d in enumerate(value) if _DIGEST.check(d)), None)
+
+
+def _store_keys(value: Any) -> str | None:
+    if not isinstance(value, list) or not 0 < len(value) <= 16:
+        return "must list 1 to 16 keys"
+    return next((f"key {i}: {problem}" for i, key in enumerate(value) if (problem := text(256)(key))), None)
 
 
 def _manifest(value: Any) -> str | None:
@@ -248,6 +257,13 @@ FIELDS: dict[Kind, dict[str, Field]] = {
     },
     Kind.STORE_SET: {"key": text(256), "value": text(1 << 17, r"[0-9a-f]*")},
     Kind.STORE_GET: {"key": text(256)},
+    Kind.STORE_COMPARE_SET: {
+        "key": text(256),
+        "expected": text(1 << 17, r"[0-9a-f]*"),
+        "value": text(1 << 17, r"[0-9a-f]*"),
+    },
+    Kind.STORE_ADD: {"key": text(256), "amount": integer(-(1 << 31), 1 << 31)},
+    Kind.STORE_CHECK: {"keys": Field(_store_keys)},
     Kind.STORE_VALUE: {"value": text(1 << 17, r"[0-9a-f]*")},
     Kind.STORE_DONE: {},
 }

@@ -138,3 +138,35 @@ def test_a_staged_receiver_reuses_its_host_staging_from_one_version_to_the_next(
     finally:
         for end in (*ends, upstream, downstream):
             end.close()
+
+
+def test_rendezvous_stores_answer_every_call_c10d_makes():
+    """NCCL's group calls compare_set, add and check on its store, through c10d's C++ trampoline (a store without
+    them fails the first send with INTERNAL ASSERT "Not implemented", as on an H200 with torch 2.11); a
+    PrefixStore calls them through the same trampoline, on both ends of a real channel."""
+    from areal_hex_plugin.transport.links import _ChannelStore, _ServedStore
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        upstream = Channel(socket.create_connection(listener.getsockname()), b"k" * 32, client=True)
+        downstream = Channel(listener.accept()[0], b"k" * 32, client=False)
+    served = _ServedStore(5.0)
+    server = threading.Thread(target=served.serve, args=(downstream,))
+    server.start()
+    asking = _ChannelStore(upstream)
+    for store in (asking, served):
+        view = torch.distributed.PrefixStore(f"p{id(store)}", store)
+        assert view.compare_set("cas", "", "first") == b"first"  # missing and expected empty: set
+        assert view.compare_set("cas", "other", "second") == b"first"  # no match: unchanged
+        assert view.compare_set("cas", "first", "third") == b"third"
+        assert view.add("count", 2) == 2 and view.add("count", 3) == 5
+        assert view.check(["cas", "count"]) and not view.check(["never set"])
+        view.set("plain", b"v")
+        assert view.get("plain") == b"v"
+    asking.close()
+    server.join(5)
+    assert not server.is_alive()
+    assert not asking.check(["cas"])  # after the rendezvous: answered here, nothing sent on the channel
+    with pytest.raises(Exception, match="after the rendezvous"):
+        asking.get("cas")
+    upstream.close()
+    downstream.close()
