@@ -12,6 +12,7 @@ from areal_hex_plugin.scheduler.caps import caps_for, unmet
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.search import THROUGHPUT_TIE
 from areal_hex_plugin.scheduler.split import Split, shared_choices
+from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.specs.cluster import SHARED_MACHINES
 from tests.scheduler.helpers import BRUTE_DEPTH, recipe_with_pools
 
@@ -39,6 +40,9 @@ def test_one_8_gpu_machine_plans_split_between_the_roles(model):
     assert sorted(i for s in servers for i in s.gpu_ids) == sorted(serve)
     assert {s.host for s in actors + servers} == {"p0-0"}
     assert unmet(plan, caps_for("fsdp", "relay", "xccl")) == {}
+    # The simulator prices the weights' way to the split machine's servers as the plan does.
+    sync = sim_spec(recipe, again).sync_s / again.solver.window_steps
+    assert sync == pytest.approx(plan.predicted.weight_sync_s, abs=1e-4)
 
 
 def test_the_two_phase_search_finds_the_brute_forces_split_plans():
