@@ -127,6 +127,8 @@ def shared_choices(cluster: Cluster, limits: tuple[int, ...]) -> tuple[tuple[int
 def shared_splits(limits: tuple[int, ...], choices: tuple[tuple[int, ...], ...]) -> Iterator[Split]:
     """Every split that shares at least one machine (:func:`shared_choices`; a shared machine holds both roles,
     so each of these trains and generates): what :func:`all_splits` adds to the whole-machine splits."""
+    if not any(choices):
+        return
     per_pool = [
         [(t, r, 0) for t in range(m + 1) for r in range(m + 1 - t)]
         + [(t, r, g) for g in c for t in range(m) for r in range(m - t)]

@@ -11,7 +11,7 @@ from areal_hex_plugin.plan import HexPlan, check_plan_fits
 from areal_hex_plugin.scheduler.caps import caps_for, unmet
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.search import THROUGHPUT_TIE
-from areal_hex_plugin.scheduler.split import Split, shared_choices
+from areal_hex_plugin.scheduler.split import Split, shared_choices, shared_splits
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.specs.cluster import SHARED_MACHINES
 from tests.scheduler.helpers import BRUTE_DEPTH, recipe_with_pools
@@ -71,6 +71,8 @@ def test_a_split_machine_gets_its_weights_over_its_gpu_links():
 def test_splits_are_searched_on_small_inventories_only():
     small = recipe_with_pools([("H100", 8, 1), ("L40S", 4, 2)])
     assert shared_choices(small.cluster, (1, 2)) == ((2, 4, 6), (1, 2, 3))
+    # Nothing to enumerate on a large inventory, at once (1,024 GPUs of 4 pools: no product of their splits).
+    assert list(shared_splits((32, 32, 32, 32), ((),) * 4)) == []
     big = recipe_with_pools([("H100", 8, SHARED_MACHINES + 1)])
     assert shared_choices(big.cluster, (SHARED_MACHINES + 1,)) == ((),)
     plan = plan_recipe(big)
