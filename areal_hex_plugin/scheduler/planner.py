@@ -173,7 +173,7 @@ class Planner:
         swept = self.request.pareto or self.objective.pick == "knee"
         if swept:
             self._sweep()
-        best = self._picked(best)
+        best = self._picked(best, rivals)
         frontier = self._frontier(best)
         alternatives = self._alternatives(best, frontier)
         baselines["uniform"] = self._uniform_baseline(best)
@@ -363,24 +363,24 @@ class Planner:
         budget = self.objective.budget_per_hour
         return [e for e in points if budget is None or e.cost_per_hour <= budget + 1e-9]
 
-    def _picked(self, best: Evaluation) -> Evaluation:
+    def _picked(self, best: Evaluation, rivals: list[Evaluation]) -> Evaluation:
         """The plan the objective picks among every plan scored within it: for a target ``best`` (the cheapest
-        reaching it); else the cheapest within THROUGHPUT_TIE of the fastest, then the cheapest within
-        ``throughput_tolerance`` of that (``pick: fastest``) or the frontier's knee (``pick: knee``). Every
-        point scored is the same at every eta (the searches are steered at a fixed eta), so the fastest is
-        monotone in eta."""
+        reaching it); else the cheapest within THROUGHPUT_TIE of the fastest and no slower than a baseline
+        (``rivals``: the plan never loses to one it prints), then the cheapest within ``throughput_tolerance``
+        of that (``pick: fastest``) or the frontier's knee (``pick: knee``). Every point scored is the same at
+        every eta (the searches are steered at a fixed eta), so the fastest is monotone in eta."""
         obj = self.objective
         if obj.kind == "target":
             return best
         points = self._within_budget(self._scored())
         if best not in points:
             points.append(best)
-        fastest = max(self.tokens_per_s(e) for e in points)
-        best = _cheapest_reaching(points, (1 - THROUGHPUT_TIE) * fastest, self.tokens_per_s)
+        rate = self.tokens_per_s
+        floor = max([(1 - THROUGHPUT_TIE) * max(rate(e) for e in points), *map(rate, rivals)])
+        best = _cheapest_reaching(points, floor, rate)
         if obj.pick == "knee":
             return knee(self._within_budget(self._frontier(best)), self.tokens_per_s)
-        floor = (1 - obj.throughput_tolerance) * self.tokens_per_s(best)
-        return _cheapest_reaching(points, floor, self.tokens_per_s)
+        return _cheapest_reaching(points, (1 - obj.throughput_tolerance) * rate(best), rate)
 
     def _frontier(self, chosen: Evaluation) -> list[Evaluation]:
         """Cost vs tokens/s, cheapest first: the non-dominated plans scored (a costlier one joins only if
