@@ -250,7 +250,7 @@ class HexPlan:
     )
     alternatives: dict[str, ParetoPoint] = spec(
         help="beside the plan, on the frontier within the objective: cheapest_within_2pct (the cheapest plan "
-        "within 2% of its tokens/s) and knee (the frontier's knee)",
+        "within 2% of its tokens/s) and knee (the fastest within 2% of the frontier's lowest $ per token)",
         default_factory=dict,
     )
     warnings: list[str] = spec(help="what the planner warns about", default_factory=list)

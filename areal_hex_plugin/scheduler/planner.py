@@ -495,19 +495,19 @@ def _cheapest_reaching(points: list[Evaluation], floor: float, rate) -> Evaluati
 
 
 def knee(frontier: list[Evaluation], rate) -> Evaluation:
-    """The knee of a cost vs tokens/s frontier (cheapest first): with both axes scaled to [0, 1] between its
-    ends, the point farthest above the line joining them (Kneedle), where each further $/h starts buying less
-    than the frontier's average; the faster on a tie (so a straight frontier's knee is its fastest point)."""
-    low, high = frontier[0], frontier[-1]
-    span_cost = high.cost_per_hour - low.cost_per_hour
-    span_rate = rate(high) - rate(low)
-    if span_cost <= 0 or span_rate <= 0:
-        return max(frontier, key=lambda e: (rate(e), -e.cost_per_hour))
+    """The knee of a cost vs tokens/s frontier: the fastest plan whose $ per token is within WITHIN_SHARE of the
+    frontier's lowest, past which each further $/h buys tokens dearer than the frontier's best. (A knee from the
+    frontier's ends, Kneedle, moves with the cheapest plan scored, and on a straight frontier picks a plan no
+    cheaper per token than the fastest.)"""
 
-    def lift(e: Evaluation) -> float:
-        return round((rate(e) - rate(low)) / span_rate - (e.cost_per_hour - low.cost_per_hour) / span_cost, 9)
+    def per_token(e: Evaluation) -> float:
+        return e.cost_per_hour / rate(e)
 
-    return max(frontier, key=lambda e: (lift(e), rate(e)))
+    lowest = min(per_token(e) for e in frontier)
+    return max(
+        (e for e in frontier if per_token(e) <= (1 + WITHIN_SHARE) * lowest),
+        key=lambda e: (rate(e), -e.cost_per_hour),
+    )
 
 
 def one_machine_layouts(cluster, max_pp: int) -> list[tuple[int, int]]:

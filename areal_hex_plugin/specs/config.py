@@ -137,8 +137,7 @@ class ObjectiveConfig:
     pick: str = spec(
         "fastest",
         "with a budget or none: fastest (the most tokens/s, the cheapest within 0.1% of it) or knee (the knee of "
-        "the cost vs tokens/s frontier within the budget: past it each extra $/h buys less than the frontier's "
-        "average)",
+        "the cost vs tokens/s frontier within the budget: the fastest plan within 2% of the lowest $ per token)",
         choices=PICKS,
     )
     throughput_tolerance: float = spec(

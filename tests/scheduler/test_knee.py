@@ -4,10 +4,12 @@ chosen point always on the printed frontier."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from areal_hex_plugin.cli import main
-from areal_hex_plugin.scheduler.planner import KNEE, WITHIN, PlanRequest, plan_recipe
+from areal_hex_plugin.scheduler.planner import KNEE, WITHIN, PlanRequest, knee, plan_recipe
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
 
@@ -96,3 +98,24 @@ def test_plan_prints_cost_and_hours_per_n_steps(capsys):
     assert f"{hours:,.2f}" in row and f"{hours * p['cost_per_hour']:,.2f}" in row
     per_million = p["cost_per_hour"] / (p["tokens_per_s"] * 3600) * 1e6
     assert f"{per_million:,.2f}" in row
+
+
+def test_the_knee_is_the_fastest_plan_near_the_lowest_cost_per_token():
+    def point(cost, rate):
+        return SimpleNamespace(cost_per_hour=cost, rate=rate)
+
+    def rate(p):
+        return p.rate
+
+    # The 7B paper frontier within its budget: $86.64/h is the cheapest per token; past it tokens cost more.
+    paper = [
+        point(29.6, 1102),
+        point(57.04, 4293),
+        point(86.64, 11328),
+        point(101.44, 11800),
+        point(116.24, 11822),
+    ]
+    assert knee(paper, rate).cost_per_hour == 86.64
+    # A straight frontier (every plan at one $ per token): its fastest, not an end-point artefact.
+    straight = [point(11.12, 9487), point(21.52, 25161), point(32.64, 38234)]
+    assert knee(straight, rate).cost_per_hour == 32.64
