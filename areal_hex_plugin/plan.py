@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs import typed
-from areal_hex_plugin.specs.config import MAX_MACHINES, MAX_POOLS
+from areal_hex_plugin.specs.config import MAX_MACHINES, MAX_POOLS, PICKS
 from areal_hex_plugin.specs.files import read_json
 from areal_hex_plugin.specs.typed import between, spec
 
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 ROLES = ("train", "rollout", "idle")
+# A machine's role: one of ROLES, or "split" where some of its GPUs train and others generate.
+MACHINE_ROLES = ("train", "rollout", "split", "idle")
 OBJECTIVES = ("max_throughput", "budget", "target")
 
 # Ranges of a plan's numbers, generous beside what a recipe allows (specs/config.py); check_plan_fits then holds
@@ -127,7 +129,9 @@ class Machine:
     pool: str
     host: str
     gpu_type: str
-    role: str = spec(help="train | rollout | idle", choices=ROLES)
+    role: str = spec(
+        help="train | rollout | split (some GPUs train, the others generate) | idle", choices=MACHINE_ROLES
+    )
     gpus: list[GpuAssignment] = spec(help="what each GPU serves", max_items=int(_TP.high))
 
 
@@ -180,6 +184,10 @@ class Objective:
     kind: str = spec(help="what the plan optimised", choices=OBJECTIVES)
     budget_per_hour: float | None = spec(None, "the $/h budget", between(0, 1e9, "$/h"))
     target_tokens_per_s: float | None = spec(None, "the tokens/s target", _RATE)
+    pick: str = spec("fastest", "fastest | knee: how the plan was picked from the frontier", choices=PICKS)
+    throughput_tolerance: float = spec(
+        0.0, "the plan is the cheapest within this share of the fastest's tokens/s", between(0, 0.5)
+    )
 
 
 LIMITS = ("train", "rollout", "weight_sync", "budget", "target", "inventory")
@@ -211,6 +219,7 @@ class PoolRole:
     )
     tflops_per_dollar: float = spec(help="dense BF16 TFLOPS per $ per GPU-hour", range=between(0, 1e9))
     hbm_tb_per_s_per_dollar: float = spec(help="HBM TB/s per $ per GPU-hour", range=between(0, 1e9))
+    split: int = spec(0, "machines split between training and rollout (some GPUs each)", _INDEX)
 
 
 @dataclass(frozen=True)
@@ -236,7 +245,13 @@ class HexPlan:
         help="pool -> its role's reason as fields", default_factory=dict
     )
     pareto: list[ParetoPoint] = spec(
-        help="the cost vs tokens/s frontier (plan --pareto)", default_factory=list
+        help="the cost vs tokens/s frontier (plan --pareto, or hex.objective.pick=knee); the plan is on it",
+        default_factory=list,
+    )
+    alternatives: dict[str, ParetoPoint] = spec(
+        help="beside the plan, on the frontier within the objective: cheapest_within_2pct (the cheapest plan "
+        "within 2% of its tokens/s) and knee (the fastest within 2% of the frontier's lowest $ per token)",
+        default_factory=dict,
     )
     warnings: list[str] = spec(help="what the planner warns about", default_factory=list)
     runtime: str = spec(
@@ -279,7 +294,7 @@ class HexPlan:
         return HexPlan.from_dict(data, "plan")
 
     def machines_with_role(self, role: str) -> list[Machine]:
-        """The machines that train, generate or stay idle (``role`` in :data:`ROLES`)."""
+        """The machines that train, generate, do both or stay idle (``role`` in :data:`MACHINE_ROLES`)."""
         return [m for m in self.machines if m.role == role]
 
 

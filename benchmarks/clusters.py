@@ -16,11 +16,13 @@ GPUS = {
 
 
 def pools_override(pools: list[dict]) -> str:
-    """``hex.cluster.pools=[...]`` for pools given as {gpu_type, gpus_per_machine, machines}."""
+    """``hex.cluster.pools=[...]`` for pools given as {gpu_type, gpus_per_machine, machines} (and
+    inter_machine_gb_per_s, 5 GB/s as the paper's testbed unless given)."""
     items = []
     for i, p in enumerate(pools):
         items.append(
             f"{{name: p{i}, gpu_type: {p['gpu_type']}, gpus_per_machine: {p['gpus_per_machine']}, "
-            f"machines: {p['machines']}, price_per_gpu_hour: {GPUS[p['gpu_type']]}, inter_machine_gb_per_s: 5.0}}"
+            f"machines: {p['machines']}, price_per_gpu_hour: {GPUS[p['gpu_type']]}, "
+            f"inter_machine_gb_per_s: {p.get('inter_machine_gb_per_s', 5.0)}}}"
         )
     return "hex.cluster.pools=[" + ", ".join(items) + "]"

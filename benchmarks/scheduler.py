@@ -1,6 +1,7 @@
 """Scheduler benchmark: solve time and use of the cluster by size, and two-phase vs exhaustive optimality.
 
     .venv/bin/python benchmarks/scheduler.py --json OUT [--quick] [--sizes 1024,10240] [--clusters N] [--monotone N]
+        [--splits]
 
 Prints (and writes) JSON: ``sizes.<N>`` for N = 24, 32, 40, 56 (H800-PCIe + H20, the paper's Table 5 sizes, with
 the exhaustive optimum beside them, both at the brute force's pipeline depth: ``at_exhaustive_depth``), 256 and 1024 (four types), 4096 (six types) and 10240 (eight types), each
@@ -25,7 +26,10 @@ it reports the ``instances``, the ``pairs`` compared (every larger value against
 ``worst_ratio`` (lowest tokens/s of a larger value over a smaller one's), and under ``no_budget`` the same for
 the plan without a budget (the eta sweep's at the recipe's eta) against each budget's; ``clusters`` holds each
 instance's sweeps. Everything is seeded; the clusters are written as recipe overrides of
-``recipes/paper/*.yaml`` so they go through the same reader as a user's recipe. Limits are work
+``recipes/paper/*.yaml`` so they go through the same reader as a user's recipe. ``splits`` (``--splits``): 1, 2, 3,
+4 and 6 machines of 8 H100 with a 0.5B, 1.5B and 7B model, each planned with whole-machine roles only and as the
+planner plans it (machines split between the roles where ``split.shared_choices`` searches them), with the
+``gain`` in tokens/s. Limits are work
 (hex.solver.time_limit_s, counted as ``scheduler/cpsat.py`` says: about CPU seconds here); ``solve_time_s`` is
 wall time, ``cpu_s`` CPU time.
 """
@@ -39,6 +43,8 @@ import signal
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import replace
+from itertools import product
 from pathlib import Path
 
 from clusters import GPUS, pools_override  # benchmarks/clusters.py, beside this script
@@ -46,8 +52,8 @@ from report import emit  # benchmarks/report.py, beside this script
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.scheduler.brute import LIMITS, BruteForce, check_size
-from areal_hex_plugin.scheduler.caps import PAPER
-from areal_hex_plugin.scheduler.planner import Planner, PlanRequest
+from areal_hex_plugin.scheduler.caps import PAPER, recipe_caps
+from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.search import THROUGHPUT_TIE
 from areal_hex_plugin.specs.recipe import cheapest_deployment, load_recipe
 
@@ -95,6 +101,48 @@ def recipe_for(
     return load_recipe(ROOT / "recipes" / "paper" / f"{model}.yaml", overrides)
 
 
+# ``splits``: machines of 8 H100, networks between them (GB/s: the paper's testbed, 100 GbE) and models
+# (actor.path) on which whole-machine roles are compared with machines split between the roles
+# (split.shared_choices decides where the planner searches them).
+SPLIT_MACHINES = (1, 2, 3, 4, 6)
+SPLIT_NETWORKS = (5.0, 12.5)
+SPLIT_MODELS = ("Qwen/Qwen2.5-0.5B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "Qwen/Qwen2.5-7B")
+
+
+def machine_splits(time_limit_s: float) -> list[dict]:
+    """Per model, network and machine count: the plan with whole-machine roles only and the plan as the planner
+    makes it (machines split between the roles where it searches them): tokens/s, $/h, machines split, CPU s."""
+    rows = []
+    for model, network, machines in product(SPLIT_MODELS, SPLIT_NETWORKS, SPLIT_MACHINES):
+        pool = {
+            "gpu_type": "H100",
+            "gpus_per_machine": 8,
+            "machines": machines,
+            "inter_machine_gb_per_s": network,
+        }
+        recipe = recipe_for("1.5b", [pool], time_limit_s, extra=(f"actor.path={model}",))
+        row: dict = {"model": model, "inter_machine_gb_per_s": network, "machines": machines}
+        whole = replace(recipe_caps(recipe), split_machines=False)
+        for label, caps in (("whole_machines", whole), ("planned", None)):
+            cpu = time.process_time()
+            try:
+                plan = plan_recipe(recipe, PlanRequest(caps=caps))
+            except HexError as e:
+                row[label] = {"error": e.problem, "cpu_s": round(time.process_time() - cpu, 3)}
+                continue
+            row[label] = {
+                "tokens_per_s": plan.predicted.tokens_per_s,
+                "cost_per_hour": plan.predicted.cost_per_hour,
+                "machines_split": sum(m.role == "split" for m in plan.machines),
+                "cpu_s": round(time.process_time() - cpu, 3),
+            }
+        rates = [row[k].get("tokens_per_s") for k in ("whole_machines", "planned")]
+        row["gain"] = round(rates[1] / rates[0], 4) if all(rates) else None
+        rows.append(row)
+        print(f"splits: {json.dumps(row)}", file=sys.stderr)
+    return rows
+
+
 def batch_for(n: int) -> int | None:
     return BATCH_PROMPTS * n // BATCH_GPUS if n >= BATCH_GPUS else None
 
@@ -114,10 +162,7 @@ def solve_size(
     if best is not None and best.train is not None:
         used = best.train.estimate.n_gpus + sum(c.gpus * y for c, y in best.fleet.groups)
     paid = (
-        sum(
-            (t + r) * p.gpus_per_machine
-            for p, t, r in zip(recipe.cluster.pools, best.split.train, best.split.rollout, strict=True)
-        )
+        sum(best.split.machines(i) * p.gpus_per_machine for i, p in enumerate(recipe.cluster.pools))
         if best
         else 0
     )
@@ -331,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         default=4,
         help="random mid-size clusters swept over budget and eta (--quick: 1)",
     )
+    parser.add_argument(
+        "--splits",
+        action="store_true",
+        help="also compare whole-machine roles with machines split between them",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-limit-s", type=float, default=60.0)
     parser.add_argument(
@@ -368,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_per_s_ratio": round(big["tokens_per_s"] / base["tokens_per_s"], 3),
             "used_of_paid": round(big["gpus_used"] / big["gpus_paid"], 4) if big["gpus_paid"] else None,
         }
+    if args.splits:
+        report["splits"] = machine_splits(args.time_limit_s)
     report["monotonicity"] = monotonicity(1 if args.quick else args.monotone, args.seed, args.time_limit_s)
     ratios = [r["ratio"] for r in report["optimality"] if r["ratio"] is not None]
     within_1 = sum(r >= 0.99 for r in ratios)

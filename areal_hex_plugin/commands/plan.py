@@ -36,6 +36,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--pareto", action="store_true", help="also compute the cost vs tokens/s frontier")
     parser.add_argument(
+        "--steps",
+        type=int,
+        metavar="N",
+        help="run length the $ and hours beside the plan are for (default: 100 training steps)",
+    )
+    parser.add_argument(
         "--unconstrained",
         action="store_true",
         help="also plan in the paper's unconstrained space (layouts upstream cannot start) and show the "
@@ -60,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
     ):
         if value is not None:  # the same range as the recipe's hex.objective field
             scalar(float, value, flag, meta_of(ObjectiveConfig, name))
+    if args.steps is not None and not 1 <= args.steps <= 10_000_000:
+        from areal_hex_plugin.errors import HexError
+
+        raise HexError("--steps", f"must be between 1 and 10,000,000, got {args.steps}", "give a step count")
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         check_writable(path, flag)  # before solving, not after
     out = console(args.json, args.plot)
@@ -74,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     )
     with working(f"planning {args.recipe}"):
         plan = plan_recipe(recipe, request)
-    print(describe_plan(plan, out), file=out)
+    print(describe_plan(plan, out, args.steps), file=out)
     if args.unconstrained:
         from dataclasses import replace
 

@@ -93,14 +93,20 @@ class CostModel:
         senders: Mapping[str, float],
         replicas: Sequence[tuple[tuple[RolloutStage, ...], int]],
         strategy: str = "broadcast",
+        colocated: tuple[str, ...] = (),
     ) -> WeightSyncEstimate:
         """One weight version from the training pools (pool -> bytes its stages hold, :meth:`senders`) to every
-        replica ((stages, count) pairs)."""
-        key = (tuple(sorted(senders.items())), tuple(sorted((tuple(s), n) for s, n in replicas)), strategy)
+        replica ((stages, count) pairs) and to the rollout GPUs of the ``colocated`` pools' shared machines."""
+        key = (
+            tuple(sorted(senders.items())),
+            tuple(sorted((tuple(s), n) for s, n in replicas)),
+            strategy,
+            tuple(sorted(colocated)),
+        )
         found = self._sync.get(key)
         if found is None:
             found = estimate_weight_sync(
-                self.cluster, self.workload, self.calibration, senders, replicas, strategy
+                self.cluster, self.workload, self.calibration, senders, replicas, strategy, colocated
             )
             self._sync[key] = found
         return found

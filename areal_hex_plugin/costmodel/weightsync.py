@@ -17,6 +17,11 @@ pipeline stage). A version costs, for each sending pool's bytes ``b``:
   trips, cache flush, resume).
 
 Stages send one after another: every byte enters each receiving machine through the same inbound link.
+
+Rollout GPUs on a machine shared with training (``colocated``: upstream's ``sglang.d4+fsdp.d4`` on one node) take
+the version from the training GPUs beside them over the machine's GPU links (:func:`links.gpu_link`), no network
+hop, while the network carries it to the other rollout machines: the sending pool's copy costs the slower of
+the two.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from areal_hex_plugin.costmodel.calibration import Calibration
-from areal_hex_plugin.costmodel.links import network
+from areal_hex_plugin.costmodel.links import gpu_link, network
 from areal_hex_plugin.costmodel.memory import GB, stage_params
 from areal_hex_plugin.costmodel.rollout import RolloutStage
 from areal_hex_plugin.specs.cluster import Cluster
@@ -101,24 +106,35 @@ def estimate_weight_sync(
     senders: Mapping[str, float],
     replicas: Sequence[tuple[tuple[RolloutStage, ...], int]],
     strategy: str,
+    colocated: Sequence[str] = (),
 ) -> WeightSyncEstimate:
     """Seconds for one weight version to reach every replica's machines, ``senders`` giving the bytes each
-    training pool holds (:func:`sender_bytes`)."""
+    training pool holds (:func:`sender_bytes`); ``colocated``: the pools whose shared machine (training beside
+    rollout) also receives, over its GPU links (``replicas`` are the rest)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown weight-sync strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
     size = workload.model.weight_bytes()
     machines = receiving_machines(cluster, replicas)
     senders = {pool: b for pool, b in senders.items() if b > 0}
-    if not machines or not senders:
+    receivers = {*machines, *colocated}
+    if not receivers or not senders:
         return WeightSyncEstimate(0.0, size, "nothing to send")
 
     def eff(pool: str):
         return calibration.for_gpu(cluster.pool(pool).gpu_type)
 
-    slowest_receiver = min(eff(p).update_gb_per_s for p in machines) * GB
-    fixed = max(eff(p).update_fixed_s for p in (*senders, *machines))
+    slowest_receiver = min(eff(p).update_gb_per_s for p in receivers) * GB
+    fixed = max(eff(p).update_fixed_s for p in (*senders, *receivers))
     move = _relay_s if strategy == "relay" else _broadcast_s
-    network_s = sum(move(cluster, pool, machines, b) for pool, b in senders.items())
+
+    def copy_s(pool: str, b: float) -> float:
+        # A sender's bytes reach a shared machine's rollout GPUs only from its own pool's training part.
+        nvlink = b / gpu_link(cluster.pool(pool), calibration) if pool in colocated else 0.0
+        remote = [p for p in colocated if p != pool]
+        hops = {**machines, **{p: machines.get(p, 0) + 1 for p in remote}}
+        return max(move(cluster, pool, hops, b) if hops else 0.0, nvlink)
+
+    network_s = sum(copy_s(pool, b) for pool, b in senders.items())
     endpoint_s = sum(
         b / 2 / (eff(pool).update_gb_per_s * GB) + b / 2 / slowest_receiver for pool, b in senders.items()
     )
@@ -129,5 +145,6 @@ def estimate_weight_sync(
         for pool in sorted(senders)
         for dst in sorted(machines)
     )
+    links += "".join(f"{', ' if links else ''}{pool} shared machine: GPU links" for pool in sorted(colocated))
     bottleneck = f"{worst} ({parts[worst]:.1f} s of {sum(parts.values()):.1f} s; {links})"
     return WeightSyncEstimate(sum(parts.values()), size, bottleneck)

@@ -2,7 +2,9 @@
 and the checks of the two-phase search (tests, ``benchmarks/scheduler.py`` ``optimality``).
 
 The space, within the evaluator's runtime caps (``scheduler/caps.py``), every part scored by the cost model alone:
-- every machine split (train, rollout, idle per pool) within the budget;
+- every machine split (train, rollout, idle per pool) within the budget, and where the search splits machines
+  (``split.shared_choices``: small inventories) every split with a machine per pool shared between the roles at
+  each of the search's GPU shares, its rollout GPUs holding every multiset of the shapes that fits them;
 - training: the split's training pools in every order, each a block of k identical (dp, tp) stages, every k within
   the stage limit, every TP degree inside a machine and every dp that fits (the search fixes the order, takes the
   largest dp and cuts TP degrees); one stage may also be FSDP hybrid-sharded over whole machines, where the caps
@@ -30,7 +32,7 @@ The space grows as a product over pools, so exhaustive mode takes clusters withi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import permutations, product
 
 from areal_hex_plugin.costmodel import RolloutStage, TrainStage
@@ -40,7 +42,7 @@ from areal_hex_plugin.scheduler.brute_rollout import Multiset, Relaxed, RolloutS
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator, Fleet, occupied
 from areal_hex_plugin.scheduler.inflight import Runtime, windows
 from areal_hex_plugin.scheduler.search import SearchResult
-from areal_hex_plugin.scheduler.split import all_splits
+from areal_hex_plugin.scheduler.split import Split, all_splits, shared_choices
 from areal_hex_plugin.scheduler.train_search import TrainChoice, tp_degrees
 
 # The clusters exhaustive mode takes (each bounds a factor of the product the space grows as).
@@ -125,7 +127,11 @@ class BruteForce:
         reaching it, then the fastest), or None; and what was enumerated."""
         ev = self.ev
         splits = [
-            s for s in all_splits(limits) if budget is None or s.cost_per_hour(ev.cluster) <= budget + 1e-9
+            s
+            for s in all_splits(
+                limits, shared_choices(ev.cluster, limits) if ev.caps.split_machines else None
+            )
+            if budget is None or s.cost_per_hour(ev.cluster) <= budget + 1e-9
         ]
         tokens = ev.tokens_per_step
 
@@ -134,39 +140,44 @@ class BruteForce:
 
         ranked = []
         for s in splits:
-            floor = self._rollout_side(s.rollout).floor
+            floor = self._rollout_side(s).floor
             if math.isfinite(floor):
                 cost = s.cost_per_hour(ev.cluster)
-                ranked.append((bound(self._train_floor(s.train), floor, cost), s, cost))
-        ranked.sort(key=lambda x: (x[0], [-v for v in x[1].train + x[1].rollout]), reverse=True)
+                ranked.append((bound(self._train_floor(s.train_gpus(ev.cluster)), floor, cost), s, cost))
+        ranked.sort(key=lambda x: (x[0], [-v for v in x[1].train + x[1].rollout + x[1].shared]), reverse=True)
         best: tuple[tuple, Evaluation] | None = None
         scored, opened, trains, sides = 0, 0, set(), set()
         for split_bound, split, cost in ranked:
             if best is not None and split_bound <= best[0]:
                 break
             opened += 1
-            trains.add(split.train)
-            sides.add(split.rollout)
-            side = self._rollout_side(split.rollout)
-            # The weight sync depends on a fleet only through the machines it occupies: these.
+            train_gpus = split.train_gpus(ev.cluster)
+            trains.add(train_gpus)
+            sides.add(_side_key(ev, split))
+            side = self._rollout_side(split)
+            # The weight sync depends on a fleet only through the machines it occupies: these (and the shared
+            # machines, whose rollout GPUs every fleet of the split occupies).
             machines = [
                 (tuple(RolloutStage(p.name, p.gpus_per_machine) for _ in range(n)), 1)
                 for p, n in zip(ev.cluster.pools, split.rollout, strict=True)
                 if n
             ]
-            for train in self._train_layouts(split.train)[0]:
+            colocated = tuple(p.name for i, p in enumerate(ev.cluster.pools) if split.shared_gpus(i))
+            for train in self._train_layouts(train_gpus)[0]:
                 if best is not None and bound(train.step_time_s, side.floor, cost) <= best[0]:
                     break
                 scored += 1
                 senders = ev.cm.senders(train.stages)  # each stage sends its layers from its pool
-                sync_s = ev.cm.weight_sync(senders, machines, strategy=ev.sync_strategy).seconds
+                sync_s = ev.cm.weight_sync(
+                    senders, machines, strategy=ev.sync_strategy, colocated=colocated
+                ).seconds
                 chosen = side.choose(train.step_time_s, sync_s)
                 if chosen is None:
                     break
                 runtime, shares = chosen
                 key = _objective(tokens / runtime.step_s(train.step_time_s, sync_s), cost, target)
                 if best is None or key > best[0]:
-                    best = (key, _evaluation(ev, train, runtime, sync_s, shares))
+                    best = (key, _evaluation(ev, split, train, runtime, sync_s, shares))
         counted = Enumerated(
             windows=len(windows(ev.workload.rl.max_head_offpolicyness, ev.workload.rl.max_update_window)),
             splits=len(splits),
@@ -178,10 +189,12 @@ class BruteForce:
         )
         return (best[1] if best else None), counted
 
-    def _pool_fleets(self, counts: tuple[int, ...]) -> list[list[Multiset]]:
-        """Per pool with rollout machines, every fleet occupying exactly them (:func:`pool_fleets`)."""
+    def _pool_fleets(self, split: Split) -> list[list[Multiset]]:
+        """Per pool with rollout machines, every fleet occupying exactly them (:func:`pool_fleets`); per shared
+        machine, every fleet of colocated replicas on its rollout GPUs."""
         out = []
-        for pool, n in zip(self.ev.cluster.pools, counts, strict=True):
+        pools = self.ev.cluster.pools
+        for pool, n in zip(pools, split.rollout, strict=True):
             if n:
                 if (pool.name, n) not in self._pools:
                     self._pools[pool.name, n] = pool_fleets(
@@ -191,26 +204,44 @@ class BruteForce:
                         self.ev.caps.one_layout_per_pool,
                     )
                 out.append(self._pools[pool.name, n])
+        for pool, gpus in zip(pools, split.colocated_gpus(self.ev.cluster), strict=True):
+            if gpus:
+                if (pool.name, -gpus) not in self._pools:
+                    shapes = [replace(c, colocated=True) for c in self.ev.feasible_shapes(pool.name)]
+                    self._pools[pool.name, -gpus] = pool_fleets(
+                        shapes, 1, gpus, self.ev.caps.one_layout_per_pool
+                    )
+                out.append(self._pools[pool.name, -gpus])
         return out
 
-    def _rollout_side(self, counts: tuple[int, ...]) -> RolloutSide:
-        if counts not in self._rollout:
-            self._rollout[counts] = RolloutSide(self.ev, self._pool_fleets(counts), self._relaxed)
-        return self._rollout[counts]
+    def _rollout_side(self, split: Split) -> RolloutSide:
+        key = _side_key(self.ev, split)
+        if key not in self._rollout:
+            self._rollout[key] = RolloutSide(self.ev, self._pool_fleets(split), self._relaxed)
+        return self._rollout[key]
 
-    def _train_layouts(self, counts: tuple[int, ...]) -> tuple[list[TrainChoice], int]:
-        if counts not in self._layouts:
-            self._layouts[counts] = _layouts(self.ev, counts)
-        return self._layouts[counts]
+    def _train_layouts(self, gpus: tuple[int, ...]) -> tuple[list[TrainChoice], int]:
+        if gpus not in self._layouts:
+            self._layouts[gpus] = _layouts(self.ev, gpus)
+        return self._layouts[gpus]
 
-    def _train_floor(self, counts: tuple[int, ...]) -> float:
-        """No training layout on these machines steps faster: the step's FLOPs at every GPU's training MFU
-        (``bound.relaxation``), or its fastest layout once enumerated."""
-        if counts in self._layouts:
-            layouts = self._layouts[counts][0]
+    def _train_floor(self, gpus: tuple[int, ...]) -> float:
+        """No training layout on these GPUs steps faster: the step's FLOPs at every GPU's training MFU
+        (``bound.relaxation``, per machine), or its fastest layout once enumerated."""
+        if gpus in self._layouts:
+            layouts = self._layouts[gpus][0]
             return layouts[0].step_time_s if layouts else math.inf
-        rate = sum(r * n for r, n in zip(self._relaxation.train_rate, counts, strict=True))
+        pools = self.ev.cluster.pools
+        rate = sum(
+            r * n / p.gpus_per_machine
+            for r, n, p in zip(self._relaxation.train_rate, gpus, pools, strict=True)
+        )
         return 1 / rate if rate > 0 else math.inf
+
+
+def _side_key(ev, split: Split) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """What a split's rollout side depends on: its rollout machines and its shared machines' rollout GPUs."""
+    return split.rollout, split.colocated_gpus(ev.cluster)
 
 
 def _objective(rate: float, cost: float, target: float | None) -> tuple:
@@ -221,11 +252,11 @@ def _objective(rate: float, cost: float, target: float | None) -> tuple:
 
 
 def _evaluation(
-    ev, train: TrainChoice, runtime: Runtime, sync_s: float, shares: tuple[int, ...]
+    ev, scored: Split, train: TrainChoice, runtime: Runtime, sync_s: float, shares: tuple[int, ...]
 ) -> Evaluation:
     """The plan as the evaluator reports one: on the machines it occupies, at their price."""
     fleet = Fleet(runtime.groups, True)
-    split = occupied(ev.cluster, train, fleet)
+    split = occupied(ev.cluster, train, fleet, scored)
     return Evaluation(
         split=split,
         window=runtime.window,
@@ -240,16 +271,18 @@ def _evaluation(
     )
 
 
-def _layouts(ev: Evaluator, counts: tuple[int, ...]) -> tuple[list[TrainChoice], int]:
-    """The fastest feasible layout for each assignment of layers to pools' stages (what the weight sync depends
-    on), fastest first; and how many feasible layouts there are."""
-    if not any(counts):
+def _layouts(ev: Evaluator, gpus_per_pool: tuple[int, ...]) -> tuple[list[TrainChoice], int]:
+    """The fastest feasible layout on these training GPUs per pool for each assignment of layers to pools' stages
+    (what the weight sync depends on), fastest first; and how many feasible layouts there are."""
+    if not any(gpus_per_pool):
         return [], 0
     caps = ev.caps
     max_pp = caps.train_stages(ev.solver.max_pp_stages)
-    pools = [p for p, n in zip(ev.cluster.pools, counts, strict=True) if n]
-    gpus = {p.name: n * p.gpus_per_machine for p, n in zip(ev.cluster.pools, counts, strict=True) if n}
-    blocks = {p.name: _blocks(p, gpus[p.name], max_pp, caps.train_hybrid_sharding) for p in pools}
+    pools = [p for p, n in zip(ev.cluster.pools, gpus_per_pool, strict=True) if n]
+    gpus = {p.name: n for p, n in zip(ev.cluster.pools, gpus_per_pool, strict=True) if n}
+    # Hybrid sharding replicates over whole machines.
+    hybrid = caps.train_hybrid_sharding and all(gpus[p.name] % p.gpus_per_machine == 0 for p in pools)
+    blocks = {p.name: _blocks(p, gpus[p.name], max_pp, hybrid) for p in pools}
     fastest: dict[tuple[tuple[str, float], ...], TrainChoice] = {}
     feasible = 0
     for size in range(1, (len(pools) if caps.train_mixed_types else 1) + 1):

@@ -16,7 +16,10 @@ Upstream AReaL 1.0.4, as the plugin drives it:
   Megatron pipeline stage sends its own part); upstream's xccl path needs one
   rollout layout (on Megatron also train pp = rollout pp when rollout pp > 1, so servers keep pp 1); disk works
   with any;
-- ``hex_slurm``: a node's tasks share one GPU count, so each pool's servers share one layout.
+- ``hex_slurm``: a node's tasks share one GPU count, so each pool's servers share one layout; and each role is a
+  job of its own that Slurm gives GPUs of its choosing, so a machine is not split between the roles there
+  (hex_local and hex_ray pin every worker to its planned GPU ids: a machine may be, as upstream's
+  ``sglang.d4+fsdp.d4`` on one node).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class RuntimeCaps:
     one_rollout_layout: bool = False  # every rollout server has the same (tp, pp)
     max_rollout_pp: int | None = None  # None: hex.solver.max_pp_stages
     one_layout_per_pool: bool = False  # hex_slurm: a node's tasks share one GPU count
+    split_machines: bool = True  # a machine's GPUs may go to both roles (not hex_slurm)
     weight_path: str = "relay"
 
     def train_stages(self, max_pp_stages: int) -> int:
@@ -123,6 +127,7 @@ def caps_for(
         max_rollout_pp=1 if (path == "xccl" and not fsdp) else None,
         # A Slurm heterogeneous job gives every task of a node one GPU count.
         one_layout_per_pool=scheduler == "hex_slurm",
+        split_machines=scheduler != "hex_slurm",
         weight_path=path,
     )
 
@@ -169,6 +174,11 @@ def unmet(plan, caps: RuntimeCaps) -> dict[str, str]:
         out["rollout pipeline"] = (
             f"upstream's {caps.name} {caps.weight_path} path needs train pp = rollout pp; the plan's servers run "
             f"pp up to {max(g.pp for g in groups)}"
+        )
+    if not caps.split_machines and any(m.role == "split" for m in plan.machines):
+        out["split machines"] = (
+            "the plan splits a machine between training and rollout; hex_slurm gives each role's job GPUs of "
+            "Slurm's choosing"
         )
     per_pool: dict[str, set] = {}
     for g in groups:

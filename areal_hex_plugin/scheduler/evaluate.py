@@ -163,26 +163,62 @@ class Evaluator:
         return self._seen[split]
 
     def train(self, counts: tuple[int, ...]) -> TrainChoice | None:
-        if counts not in self._train:
-            gpus = {
-                p.name: n * p.gpus_per_machine for p, n in zip(self.cluster.pools, counts, strict=True) if n
-            }
+        """Phase 1a on ``counts`` whole machines per pool."""
+        return self.train_on(
+            tuple(n * p.gpus_per_machine for p, n in zip(self.cluster.pools, counts, strict=True))
+        )
+
+    def train_on(self, gpus_per_pool: tuple[int, ...]) -> TrainChoice | None:
+        """Phase 1a on these GPUs per pool (whole machines, and a shared machine's training part); memoised."""
+        if gpus_per_pool not in self._train:
+            pools = self.cluster.pools
+            gpus = {p.name: n for p, n in zip(pools, gpus_per_pool, strict=True) if n}
+            whole = all(n % p.gpus_per_machine == 0 for p, n in zip(pools, gpus_per_pool, strict=True))
             stages = self.caps.train_stages(self.solver.max_pp_stages)
             equal = self.caps.train_equal_stages and stages > 1
-            self._train[counts] = (
+            self._train[gpus_per_pool] = (
                 search_train(
                     self.cm,
                     self.cluster,
                     gpus,
                     stages,
                     equal_stages=equal,
-                    hybrid=self.caps.train_hybrid_sharding,
+                    # Hybrid sharding replicates over whole machines.
+                    hybrid=self.caps.train_hybrid_sharding and whole,
                 )
                 if gpus
                 else None
             )
             self._charge()
-        return self._train[counts]
+        return self._train[gpus_per_pool]
+
+    def split_fleets(self, split: Split) -> list[Fleet]:
+        """The candidate fleets of a split's rollout machines (:meth:`fleets`), each with the best replicas of its
+        shared machines' rollout GPUs (:meth:`colocated_fleet`) added."""
+        colocated = [
+            self.colocated_fleet(p.name, n)
+            for p, n in zip(self.cluster.pools, split.colocated_gpus(self.cluster), strict=True)
+            if n
+        ]
+        if not colocated:
+            return self.fleets(split.rollout)
+        extra = tuple(g for s in colocated for g in s.counts)
+        optimal = all(s.optimal for s in colocated)
+        base = self.fleets(split.rollout) if any(split.rollout) else [Fleet((), True)]
+        return [Fleet(f.groups + extra, f.optimal and optimal) for f in base]
+
+    def colocated_fleet(self, pool_name: str, gpus: int) -> RolloutSolution:
+        """Phase 1b on the ``gpus`` rollout GPUs of a pool's shared machine (one machine, so any replicas whose
+        GPUs add up to at most ``gpus`` fit), as replicas marked ``colocated``; memoised."""
+        key = (pool_name, -gpus, 0.0, 0.0)  # apart from the whole-machine fleets of _pool_fleet
+        if key not in self._pool_fleet:
+            configs = [replace(c, colocated=True) for c in self.replica_configs(pool_name) if c.gpus <= gpus]
+            if self.caps.one_layout_per_pool:
+                fleets = [solve_rollout([c], gpus) for c in configs] or [solve_rollout([], gpus)]
+                self._pool_fleet[key] = max(fleets, key=lambda f: f.tokens_per_s)
+            else:
+                self._pool_fleet[key] = solve_rollout(configs, gpus)
+        return self._pool_fleet[key]
 
     def fleets(self, counts: tuple[int, ...]) -> list[Fleet]:
         """Phase 1b: the candidate fleets of these rollout machines (every replica at its largest batch); memoised.
@@ -342,7 +378,7 @@ class Evaluator:
         )
 
     def _evaluate(self, split: Split) -> Evaluation:
-        train = self.train(split.train) if any(split.train) else None
+        train = self.train_on(split.train_gpus(self.cluster)) if split.trains() else None
         samples = self.workload.rl.samples_per_step
         reward_s = self.cm.reward_s(samples)
         train_s = train.step_time_s if train else math.inf
@@ -351,11 +387,14 @@ class Evaluator:
         rl = self.workload.rl
         widest = windows(rl.max_head_offpolicyness, rl.max_update_window)[-1]
         chosen: tuple[float, Fleet, Runtime, float] | None = None
-        for fleet in self.fleets(split.rollout):
+        for fleet in self.split_fleets(split):
             sync_s = 0.0
             if senders is not None:
-                replicas = [(replica_stages(c), y) for c, y in fleet.groups]
-                sync_s = self.cm.weight_sync(senders, replicas, strategy=self.sync_strategy).seconds
+                replicas = [(replica_stages(c), y) for c, y in fleet.groups if not c.colocated]
+                colocated = tuple(sorted({c.pool for c, _ in fleet.groups if c.colocated}))
+                sync_s = self.cm.weight_sync(
+                    senders, replicas, strategy=self.sync_strategy, colocated=colocated
+                ).seconds
             # No runtime choice does better than all samples at full speed with the sync over the widest window:
             # where that is no shorter than the step found, the fleet's choices are not computed. The bound only
             # falls as eta grows, so no split scores worse with a larger eta.
@@ -373,7 +412,7 @@ class Evaluator:
             window, rollout_s = runtime.window, runtime.rollout_s
         shares = best_split(fleet.groups, samples * window, self.workload.output_lengths.mean)[1]
         if train and fleet.groups:
-            split = occupied(self.cluster, train, fleet)
+            split = occupied(self.cluster, train, fleet, split)
         return Evaluation(
             split=split,
             window=window,
@@ -392,15 +431,28 @@ def _fleet_of(solutions: list[RolloutSolution]) -> Fleet:
     return Fleet(tuple(g for s in solutions for g in s.counts), all(s.optimal for s in solutions))
 
 
-def occupied(cluster: Cluster, train: TrainChoice, fleet: Fleet) -> Split:
-    """The machines the layouts occupy: a plan pays for these, not for machines its split left empty."""
+def occupied(cluster: Cluster, train: TrainChoice, fleet: Fleet, split: Split | None = None) -> Split:
+    """The machines the layouts occupy: a plan pays for these, not for machines its split left empty. A shared
+    machine of ``split`` (the split scored) stays, with its GPUs split as there, where replicas run on it or
+    training reaches into it (training fills its pool's whole training machines first)."""
     rollout_gpus: dict[str, int] = {}
+    colocated: set[str] = set()
     for c, y in fleet.groups:
-        rollout_gpus[c.pool] = rollout_gpus.get(c.pool, 0) + c.gpus * y
-    return Split(
-        tuple(-(-train.estimate.gpus.get(p.name, 0) // p.gpus_per_machine) for p in cluster.pools),
-        tuple(-(-rollout_gpus.get(p.name, 0) // p.gpus_per_machine) for p in cluster.pools),
-    )
+        rollout_gpus[c.pool] = rollout_gpus.get(c.pool, 0) + (0 if c.colocated else c.gpus * y)
+        if c.colocated:
+            colocated.add(c.pool)
+    train_out, rollout_out, shared_out = [], [], []
+    for i, p in enumerate(cluster.pools):
+        g = split.shared_gpus(i) if split is not None else 0
+        training = train.estimate.gpus.get(p.name, 0)
+        if g and (p.name in colocated or training > split.train[i] * p.gpus_per_machine):
+            train_out.append(split.train[i])
+            shared_out.append(g)
+        else:
+            train_out.append(-(-training // p.gpus_per_machine))
+            shared_out.append(0)
+        rollout_out.append(-(-rollout_gpus.get(p.name, 0) // p.gpus_per_machine))
+    return Split(tuple(train_out), tuple(rollout_out), tuple(shared_out))
 
 
 def prune_dominated(configs: list[ReplicaConfig]) -> list[ReplicaConfig]:

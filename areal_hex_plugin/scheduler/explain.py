@@ -22,9 +22,7 @@ def binding_constraint(e: Evaluation, objective: Objective, cluster: Cluster) ->
             limits.append("budget")
     if objective.kind == "target":
         limits.append("target")
-    idle = sum(
-        p.machines - t - r for p, t, r in zip(cluster.pools, e.split.train, e.split.rollout, strict=True)
-    )
+    idle = sum(p.machines - e.split.machines(i) for i, p in enumerate(cluster.pools))
     if objective.kind == "max_throughput" and idle == 0:
         limits.append("inventory")
     return Binding(slower, limits, e.train_s, e.rollout_s, e.sync_s, left)
@@ -56,8 +54,13 @@ def pool_roles(e: Evaluation, cluster: Cluster, limits: tuple[int, ...]) -> dict
     best_flops = max(used, key=lambda p: p.gpu.tflops_bf16 / p.price_per_gpu_hour)
     best_hbm = max(used, key=lambda p: p.gpu.hbm_tb_per_s / p.price_per_gpu_hour)
     roles: dict[str, PoolRole] = {}
-    for pool, t, r, limit in zip(cluster.pools, e.split.train, e.split.rollout, limits, strict=True):
-        if t and not r:
+    for i, (pool, t, r, limit) in enumerate(
+        zip(cluster.pools, e.split.train, e.split.rollout, limits, strict=True)
+    ):
+        split = 1 if e.split.shared_gpus(i) else 0
+        if split:
+            reason, best = "shared", False
+        elif t and not r:
             reason, best = "compute_bound", pool is best_flops
         elif r and not t:
             reason, best = "hbm_bound", pool is best_hbm
@@ -66,11 +69,12 @@ def pool_roles(e: Evaluation, cluster: Cluster, limits: tuple[int, ...]) -> dict
         roles[pool.name] = PoolRole(
             t,
             r,
-            pool.machines - t - r,
+            pool.machines - t - r - split,
             reason,
             best,
             pool.gpu.tflops_bf16 / pool.price_per_gpu_hour,
             pool.gpu.hbm_tb_per_s / pool.price_per_gpu_hour,
+            split,
         )
     return roles
 
@@ -88,7 +92,12 @@ def describe_role(role: PoolRole) -> str:
     """A pool's role in words: its machines per role, its figures per $, and why."""
     counts = ", ".join(
         f"{n} {what}"
-        for n, what in ((role.train, "train"), (role.rollout, "rollout"), (role.idle, "idle"))
+        for n, what in (
+            (role.train, "train"),
+            (role.rollout, "rollout"),
+            (role.split, "split between training and rollout"),
+            (role.idle, "idle"),
+        )
         if n
     )
     figures = f"{role.tflops_per_dollar:.0f} TFLOPS/$, {role.hbm_tb_per_s_per_dollar:.2f} TB/s HBM per $"

@@ -1,6 +1,8 @@
 """Turn a scored split into concrete placement: which host and GPU serves which train stage or rollout replica.
 
-Machines of a pool are taken in inventory order: the first ones train, the next ones generate, the rest idle.
+Machines of a pool are taken in inventory order: the first ones train, the next one is split between the roles
+where the split shares one (its first GPUs train, the others serve its colocated replicas), the next ones
+generate, the rest idle.
 Train stages fill their pool's training GPUs contiguously (TP ranks fastest), so a TP group never crosses a
 machine. Rollout replicas whose sizes (tp*pp) all lie on the machine size's divisibility chain are packed whole,
 largest first, so each sits in one machine (one upstream server); otherwise their stages are packed largest TP
@@ -20,11 +22,15 @@ def place(cluster: Cluster, e: Evaluation) -> tuple[TrainPlan, RolloutPlan, list
     slots: dict[tuple[str, int], list[GpuAssignment]] = {}
     train_hosts: dict[str, list[str]] = {}
     rollout_hosts: dict[str, list[str]] = {}
-    for pool, t, r in zip(cluster.pools, e.split.train, e.split.rollout, strict=True):
-        train_hosts[pool.name] = [pool.host(i) for i in range(t)]
-        rollout_hosts[pool.name] = [pool.host(i) for i in range(t, t + r)]
+    split_hosts: dict[str, tuple[str, int]] = {}  # pool -> its split machine and the GPUs that train there
+    for i, (pool, t, r) in enumerate(zip(cluster.pools, e.split.train, e.split.rollout, strict=True)):
+        g = e.split.shared_gpus(i)
+        train_hosts[pool.name] = [pool.host(k) for k in range(t + (1 if g else 0))]
+        if g:
+            split_hosts[pool.name] = (pool.host(t), g)
+        rollout_hosts[pool.name] = [pool.host(k) for k in range(t + (1 if g else 0), t + (1 if g else 0) + r)]
     train = _place_train(cluster, e, train_hosts, slots)
-    rollout = _place_rollout(cluster, e, rollout_hosts, slots)
+    rollout = _place_rollout(cluster, e, rollout_hosts, split_hosts, slots)
     machines = []
     for pool in cluster.pools:
         for i in range(pool.machines):
@@ -34,7 +40,7 @@ def place(cluster: Cluster, e: Evaluation) -> tuple[TrainPlan, RolloutPlan, list
                 for g in range(pool.gpus_per_machine)
             ]
             roles = {a.role for a in gpus} - {"idle"}
-            role = roles.pop() if roles else "idle"
+            role = "split" if len(roles) > 1 else roles.pop() if roles else "idle"
             machines.append(Machine(pool.name, host, pool.gpu_type, role, gpus))
     return train, rollout, machines
 
@@ -68,7 +74,13 @@ def _place_train(cluster: Cluster, e: Evaluation, hosts: dict[str, list[str]], s
     return TrainPlan(gpus=gpus_by_type, stages=stages, memory_gb_per_gpu=round(memory, 3))
 
 
-def _place_rollout(cluster: Cluster, e: Evaluation, hosts: dict[str, list[str]], slots) -> RolloutPlan:
+def _place_rollout(
+    cluster: Cluster,
+    e: Evaluation,
+    hosts: dict[str, list[str]],
+    split_hosts: dict[str, tuple[str, int]],
+    slots,
+) -> RolloutPlan:
     samples = sum(e.shares)  # over one window
     per_step = largest_remainder(samples // e.window, list(e.shares))
     groups: list[ReplicaGroup] = []
@@ -91,12 +103,19 @@ def _place_rollout(cluster: Cluster, e: Evaluation, hosts: dict[str, list[str]],
             )
         )
         gpus_by_type[pool.gpu_type] = gpus_by_type.get(pool.gpu_type, 0) + config.gpus * count
-        pending.setdefault(pool.name, []).extend(
+        # Colocated replicas go to the pool's split machine, after its training GPUs.
+        key = (pool.name, config.colocated)
+        pending.setdefault(key, []).extend(
             (config.tp, g, i, s) for i in range(count) for s in range(config.pp)
         )
-    for pool_name, stage_slots in pending.items():
+    for (pool_name, colocated), stage_slots in pending.items():
         pool = cluster.pool(pool_name)
-        cursor = 0  # GPUs handed out so far in this pool's rollout machines
+        if colocated:
+            host, first = split_hosts[pool_name]
+            machines = [host]
+        else:
+            machines, first = hosts[pool_name], 0
+        cursor = first  # GPUs handed out so far in this pool's rollout machines
         sizes = {g: groups[g].tp * groups[g].pp for _, g, _, _ in stage_slots}
         if set(sizes.values()) <= set(tp_degrees(pool.gpus_per_machine)):
             order = sorted(stage_slots, key=lambda x: (-sizes[x[1]], x[1], x[2], x[3]))
@@ -104,7 +123,7 @@ def _place_rollout(cluster: Cluster, e: Evaluation, hosts: dict[str, list[str]],
             order = sorted(stage_slots, key=lambda x: (-x[0], x[1], x[2], x[3]))
         for tp, g, i, s in order:
             for rank in range(tp):
-                host = hosts[pool_name][(cursor + rank) // pool.gpus_per_machine]
+                host = machines[(cursor + rank) // pool.gpus_per_machine]
                 gpu = (cursor + rank) % pool.gpus_per_machine
                 slots[(host, gpu)] = GpuAssignment(
                     gpu=gpu, role="rollout", stage=s, tp_rank=rank, group=g, instance=i

@@ -17,7 +17,7 @@ from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.scheduler.explain import binding_constraint, describe_binding, describe_role, pool_roles
 from areal_hex_plugin.scheduler.inflight import window_rollout_s
 from areal_hex_plugin.scheduler.placement import place
-from areal_hex_plugin.scheduler.search import SearchResult, steering_eta, two_phase
+from areal_hex_plugin.scheduler.search import THROUGHPUT_TIE, SearchResult, steering_eta, two_phase
 from areal_hex_plugin.scheduler.train_search import tp_degrees
 
 # Budget levels of the Pareto sweep (fractions of the whole inventory's price).
@@ -28,6 +28,11 @@ PARETO_MIN_GAIN = 1e-3
 MAIN_SEARCH_SHARE = 0.6
 # Budget bisection steps for a throughput target.
 TARGET_STEPS = 12
+# Alternatives printed beside the plan (HexPlan.alternatives): the cheapest plan within WITHIN_SHARE of its
+# tokens/s, and the frontier's knee.
+WITHIN = "cheapest_within_2pct"
+WITHIN_SHARE = 0.02
+KNEE = "knee"
 
 
 @dataclass(frozen=True)
@@ -54,11 +59,19 @@ def objective_of(recipe, request: PlanRequest) -> Objective:
     for name, value in (("--budget", budget), ("--target-tokens-per-s", target)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise HexError(name, f"must be a positive number, got {value:g}", "give a finite value > 0")
+    pick, tolerance = recipe.hex.objective.pick, recipe.hex.objective.throughput_tolerance
+    if target is not None and (pick != "fastest" or tolerance):
+        field = "hex.objective.pick" if pick != "fastest" else "hex.objective.throughput_tolerance"
+        raise HexError(
+            field,
+            "picks a plan from the frontier within a budget or the whole inventory, not for a throughput target",
+            "drop it, or give a budget instead of the target",
+        )
     if budget is not None:
-        return Objective("budget", budget_per_hour=budget)
+        return Objective("budget", budget_per_hour=budget, pick=pick, throughput_tolerance=tolerance)
     if target is not None:
         return Objective("target", target_tokens_per_s=target)
-    return Objective("max_throughput")
+    return Objective("max_throughput", pick=pick, throughput_tolerance=tolerance)
 
 
 class Planner:
@@ -119,6 +132,13 @@ class Planner:
             return two_phase(self.steer, self.ev, limits, budget, deadline or self.deadline)
         result, enumerated = self.brute.exhaustive(limits, budget, target)
         self.enumerated += enumerated
+        if result.best is not None and target is None:
+            # As the two-phase search: the cheapest plan within THROUGHPUT_TIE of the fastest.
+            floor = (1 - THROUGHPUT_TIE) * self.tokens_per_s(result.best)
+            cheaper, enumerated = self.brute.exhaustive(limits, budget, floor)
+            self.enumerated += enumerated
+            self.found.append(result.best)
+            result = cheaper if cheaper.best is not None else result
         if result.best is not None:
             self.found.append(result.best)
         return result
@@ -150,6 +170,12 @@ class Planner:
                 f"({result.status}), so it is the plan"
             )
             best = chosen
+        swept = self.request.pareto or self.objective.pick == "knee"
+        if swept:
+            self._sweep()
+        best = self._picked(best, rivals)
+        frontier = self._frontier(best)
+        alternatives = self._alternatives(best, frontier)
         baselines["uniform"] = self._uniform_baseline(best)
         gap = 0.0 if result.status == "optimal" else self._gap(best)
         if best.c_t > best.c_i:
@@ -157,9 +183,10 @@ class Planner:
                 f"training is the bottleneck (C_T {best.c_t:.1f}s > C_I {best.c_i:.1f}s): rollout will wait at the "
                 f"staleness bound (eta={self.eta}); the paper's schedule assumes C_I >= C_T"
             )
-        pareto = self._pareto() if self.request.pareto else []
+        pareto = [self._point(e) for e in frontier] if swept else []
         solve_time = time.monotonic() - self.wall_start
-        return self._plan(best, result, gap, solve_time, baselines, pareto, warnings)
+        plan = self._plan(best, result, gap, solve_time, baselines, pareto, warnings)
+        return replace(plan, alternatives={name: self._point(e) for name, e in alternatives.items()})
 
     def _solve_objective(self) -> SearchResult:
         obj = self.objective
@@ -312,26 +339,76 @@ class Planner:
 
     def _gpus_by_type(self, e: Evaluation) -> dict[str, int]:
         gpus: dict[str, int] = {}
-        for pool, t, r in zip(self.cluster.pools, e.split.train, e.split.rollout, strict=True):
-            if t + r:
-                gpus[pool.gpu_type] = gpus.get(pool.gpu_type, 0) + (t + r) * pool.gpus_per_machine
+        for i, pool in enumerate(self.cluster.pools):
+            if e.split.machines(i):
+                gpus[pool.gpu_type] = gpus.get(pool.gpu_type, 0) + e.split.machines(i) * pool.gpus_per_machine
         return gpus
 
-    def _pareto(self) -> list[ParetoPoint]:
-        """Cost vs tokens/s: the best plan at budget levels across the inventory, then its non-dominated set."""
+    def _sweep(self) -> None:
+        """The searches of the Pareto sweep: the best plan at budget levels across the inventory (their splits
+        join :meth:`_scored`)."""
         full = self.cluster.price_per_hour
         for level in range(1, PARETO_LEVELS):
             if clock() > self.deadline:
                 break
             self.search(self.limits, full * level / PARETO_LEVELS)
-        points = [e for e in [*self.ev.scored(), *self.found] if e.feasible]
-        points.sort(key=lambda e: (e.cost_per_hour, -self.tokens_per_s(e), e.split))
-        frontier: list[ParetoPoint] = []
+
+    def _scored(self) -> list[Evaluation]:
+        """Every feasible plan scored at the recipe's eta (all searches so far, the brute force's included),
+        cheapest first, then fastest."""
+        points = {e.split: e for e in [*self.ev.scored(), *self.found] if e.feasible}.values()
+        return sorted(points, key=lambda e: (e.cost_per_hour, -self.tokens_per_s(e), e.split))
+
+    def _within_budget(self, points: list[Evaluation]) -> list[Evaluation]:
+        budget = self.objective.budget_per_hour
+        return [e for e in points if budget is None or e.cost_per_hour <= budget + 1e-9]
+
+    def _picked(self, best: Evaluation, rivals: list[Evaluation]) -> Evaluation:
+        """The plan the objective picks among every plan scored within it: for a target ``best`` (the cheapest
+        reaching it); else the cheapest within THROUGHPUT_TIE of the fastest and no slower than a baseline
+        (``rivals``: the plan never loses to one it prints), then the cheapest within ``throughput_tolerance``
+        of that (``pick: fastest``) or the frontier's knee (``pick: knee``). Every point scored is the same at
+        every eta (the searches are steered at a fixed eta), so the fastest is monotone in eta."""
+        obj = self.objective
+        if obj.kind == "target":
+            return best
+        points = self._within_budget(self._scored())
+        if best not in points:
+            points.append(best)
+        rate = self.tokens_per_s
+        floor = max([(1 - THROUGHPUT_TIE) * max(rate(e) for e in points), *map(rate, rivals)])
+        best = _cheapest_reaching(points, floor, rate)
+        if obj.pick == "knee":
+            return knee(self._within_budget(self._frontier(best)), self.tokens_per_s)
+        return _cheapest_reaching(points, (1 - obj.throughput_tolerance) * rate(best), rate)
+
+    def _frontier(self, chosen: Evaluation) -> list[Evaluation]:
+        """Cost vs tokens/s, cheapest first: the non-dominated plans scored (a costlier one joins only if
+        PARETO_MIN_GAIN faster than the last), ``chosen`` among them (no cheaper plan scored is as fast: the
+        objective picked it so)."""
+        rate = self.tokens_per_s
+        points = [e for e in self._scored() if e.split != chosen.split] + [chosen]
+        points.sort(key=lambda e: (e.cost_per_hour, -rate(e), e.split))
+        frontier: list[Evaluation] = []
         for e in points:
-            rate = self.tokens_per_s(e)
-            if not frontier or rate > frontier[-1].tokens_per_s * (1 + PARETO_MIN_GAIN):
-                frontier.append(ParetoPoint(round(e.cost_per_hour, 4), round(rate, 3), self._gpus_by_type(e)))
+            if e is chosen or not frontier or rate(e) > rate(frontier[-1]) * (1 + PARETO_MIN_GAIN):
+                frontier.append(e)
         return frontier
+
+    def _alternatives(self, chosen: Evaluation, frontier: list[Evaluation]) -> dict[str, Evaluation]:
+        """On the frontier within the objective: the cheapest plan within WITHIN_SHARE of ``chosen``'s tokens/s,
+        and the knee (none for a throughput target: its plan is the cheapest reaching it)."""
+        if self.objective.kind == "target":
+            return {}
+        inside = self._within_budget(frontier)
+        floor = (1 - WITHIN_SHARE) * self.tokens_per_s(chosen)
+        return {
+            WITHIN: _cheapest_reaching(inside, floor, self.tokens_per_s),
+            KNEE: knee(inside, self.tokens_per_s),
+        }
+
+    def _point(self, e: Evaluation) -> ParetoPoint:
+        return ParetoPoint(round(e.cost_per_hour, 4), round(self.tokens_per_s(e), 3), self._gpus_by_type(e))
 
     def _plan(self, best, result, gap, solve_time, baselines, pareto, warnings) -> HexPlan:
         train, rollout, machines = place(self.cluster, best)
@@ -409,6 +486,28 @@ def plan_recipe(recipe, request: PlanRequest | None = None) -> HexPlan:
             "use hex.transport=relay, which updates servers of different layouts, or add machines",
         )
     return best
+
+
+def _cheapest_reaching(points: list[Evaluation], floor: float, rate) -> Evaluation:
+    """The cheapest of ``points`` with at least ``floor`` tokens/s (``rate``), the fastest on a tie."""
+    reaching = [e for e in points if rate(e) >= floor * (1 - 1e-12)]
+    return min(reaching, key=lambda e: (round(e.cost_per_hour, 6), -rate(e), e.split))
+
+
+def knee(frontier: list[Evaluation], rate) -> Evaluation:
+    """The knee of a cost vs tokens/s frontier: the fastest plan whose $ per token is within WITHIN_SHARE of the
+    frontier's lowest, past which each further $/h buys tokens dearer than the frontier's best. (A knee from the
+    frontier's ends, Kneedle, moves with the cheapest plan scored, and on a straight frontier picks a plan no
+    cheaper per token than the fastest.)"""
+
+    def per_token(e: Evaluation) -> float:
+        return e.cost_per_hour / rate(e)
+
+    lowest = min(per_token(e) for e in frontier)
+    return max(
+        (e for e in frontier if per_token(e) <= (1 + WITHIN_SHARE) * lowest),
+        key=lambda e: (rate(e), -e.cost_per_hour),
+    )
 
 
 def one_machine_layouts(cluster, max_pp: int) -> list[tuple[int, int]]:

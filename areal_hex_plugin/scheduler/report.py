@@ -15,11 +15,14 @@ from areal_hex_plugin.tables import render_table
 
 def _objective(plan: HexPlan) -> str:
     obj = plan.objective
-    if obj.kind == "budget":
-        return f"max tokens/s within ${obj.budget_per_hour:,.2f}/h"
     if obj.kind == "target":
         return f"min $/h reaching {obj.target_tokens_per_s:,.0f} tokens/s"
-    return "max tokens/s on the whole inventory"
+    where = f"within ${obj.budget_per_hour:,.2f}/h" if obj.kind == "budget" else "on the whole inventory"
+    if obj.pick == "knee":
+        return f"the knee of the cost vs tokens/s frontier {where}"
+    if obj.throughput_tolerance:
+        return f"the cheapest plan within {100 * obj.throughput_tolerance:g}% of the most tokens/s {where}"
+    return f"max tokens/s {where}"
 
 
 def _layout_rows(plan: HexPlan) -> list[list[str]]:
@@ -70,15 +73,23 @@ def _comparison(plan: HexPlan, stream: IO[str] | None) -> str:
 def _frontier(plan: HexPlan, stream: IO[str] | None) -> str:
     """The Pareto frontier: each point's cost, throughput, throughput per dollar and GPU mix."""
     p = plan.predicted
+    marked = [("chosen", p.cost_per_hour, p.tokens_per_s)] + [
+        (_ALTERNATIVES[key], a.cost_per_hour, a.tokens_per_s)
+        for key, a in plan.alternatives.items()
+        if key in _ALTERNATIVES
+    ]
     rows = []
     for pt in plan.pareto:
-        chosen = math.isclose(pt.cost_per_hour, p.cost_per_hour, rel_tol=1e-6) and math.isclose(
-            pt.tokens_per_s, p.tokens_per_s, rel_tol=1e-6
-        )
+        notes = [
+            label
+            for label, cost, rate in marked
+            if math.isclose(pt.cost_per_hour, cost, rel_tol=1e-6)
+            and math.isclose(pt.tokens_per_s, rate, rel_tol=1e-6)
+        ]
         per_dollar = pt.tokens_per_s * 3600 / pt.cost_per_hour if pt.cost_per_hour else 0.0
         rows.append(
             [f"{pt.cost_per_hour:,.2f}", f"{pt.tokens_per_s:,.0f}", f"{per_dollar:,.0f}", _gpus(pt.gpus),
-             "chosen" if chosen else ""]
+             ", ".join(dict.fromkeys(notes))]
         )  # fmt: skip
     return render_table(
         ["$/h", "tokens/s", "tokens/$", "GPUs", "note"],
@@ -86,6 +97,44 @@ def _frontier(plan: HexPlan, stream: IO[str] | None) -> str:
         right=["$/h", "tokens/s", "tokens/$"],
         stream=stream,
     )
+
+
+# Alternatives' labels (HexPlan.alternatives keys, scheduler/planner.py) in the console view.
+_ALTERNATIVES = {"cheapest_within_2pct": "cheapest within 2%", "knee": "knee of the frontier"}
+# Run length the cost and hours columns are for, unless --steps says otherwise.
+DEFAULT_STEPS = 100
+
+
+def _alternatives(plan: HexPlan, steps: int, stream: IO[str] | None) -> str:
+    """The chosen plan beside the cheapest plan within 2% of its tokens/s and the frontier's knee: $/h, tokens/s,
+    $ per 1M tokens, and $ and hours for ``steps`` training steps."""
+    p = plan.predicted
+    tokens_per_step = p.tokens_per_s * p.step_time_s
+    points = [
+        ("chosen", p.cost_per_hour, p.tokens_per_s, p.step_time_s, _gpus(plan.train.gpus, plan.rollout.gpus))
+    ]
+    for key, label in _ALTERNATIVES.items():
+        if key in plan.alternatives:
+            a = plan.alternatives[key]
+            step = tokens_per_step / a.tokens_per_s if a.tokens_per_s else math.inf
+            points.append((label, a.cost_per_hour, a.tokens_per_s, step, _gpus(a.gpus)))
+    rows = []
+    for label, cost, rate, step, gpus in points:
+        hours = steps * step / 3600
+        per_million = cost / (rate * 3600) * 1e6 if rate else math.inf
+        rows.append(
+            [label, f"{cost:,.2f}", f"{rate:,.0f}", f"{per_million:,.2f}", f"{hours * cost:,.2f}", f"{hours:,.2f}", gpus]
+        )  # fmt: skip
+    headers = [
+        "plan",
+        "$/h",
+        "tokens/s",
+        "$ per 1M tokens",
+        f"$ per {steps} steps",
+        f"hours per {steps} steps",
+        "GPUs",
+    ]
+    return render_table(headers, rows, right=headers[1:6], stream=stream)
 
 
 def _runtime(plan: HexPlan) -> str:
@@ -100,9 +149,10 @@ def _runtime(plan: HexPlan) -> str:
     )
 
 
-def describe_plan(plan: HexPlan, stream: IO[str] | None = None) -> str:
-    """The console view: chosen layout, predicted step, baselines, the Pareto frontier when computed, binding
-    constraint, why each pool's role. ``stream`` is where it will be printed (a terminal gets rich styling)."""
+def describe_plan(plan: HexPlan, stream: IO[str] | None = None, steps: int | None = None) -> str:
+    """The console view: chosen layout, predicted step, baselines, the alternatives on the frontier (costs for
+    ``steps`` training steps), the Pareto frontier when computed, binding constraint, why each pool's role.
+    ``stream`` is where it will be printed (a terminal gets rich styling)."""
     p = plan.predicted
     out = [f"AReaL-Hex plan for {plan.recipe} ({plan.model}); objective: {_objective(plan)}"]
     out += [f"Planned for {plan.runtime}", ""] if plan.runtime else [""]
@@ -115,6 +165,14 @@ def describe_plan(plan: HexPlan, stream: IO[str] | None = None) -> str:
         "",
         _comparison(plan, stream),
     ]
+    if plan.alternatives:
+        where = "within the budget" if plan.objective.kind == "budget" else "on the whole inventory"
+        out += [
+            "",
+            f"Beside it, on the cost vs tokens/s frontier of the plans scored {where} (--steps N: another run "
+            "length; +hex.objective.pick=knee or +hex.objective.throughput_tolerance=0.02 plans one of them):",
+            _alternatives(plan, steps or DEFAULT_STEPS, stream),
+        ]
     if plan.pareto:
         out += [
             "",

@@ -23,6 +23,9 @@ class ReplicaConfig:
     tokens_per_s: float  # h_psi: one replica's generation speed
     concurrency: int
     recompute_s: float = 0.0  # KV rebuild after each weight update (interrupted requests are re-prefilled)
+    colocated: bool = (
+        False  # on the machine its pool shares with training (weights arrive over its GPU links)
+    )
 
     @property
     def gpus(self) -> int:

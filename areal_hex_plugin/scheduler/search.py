@@ -46,7 +46,7 @@ from areal_hex_plugin.scheduler.balance_model import BalanceRequest, solve_balan
 from areal_hex_plugin.scheduler.cpsat import clock
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.scheduler.partition_model import PartitionRequest, solve_partition
-from areal_hex_plugin.scheduler.split import Split
+from areal_hex_plugin.scheduler.split import Split, shared_choices, shared_splits
 
 # Throughputs closer than this (relative) count as a tie, settled by cost.
 THROUGHPUT_TIE = 1e-3
@@ -203,12 +203,31 @@ def two_phase(
             best, _refine(ev, chain, limits, budget, deadline, pair_moves=False), ev.tokens_per_step
         )
     iterations += n
+    best = _shared(ev, best, limits, budget, deadline)
     timed_out = result.status == "timeout" or clock() > deadline
     iterations += result.iterations
     if best is None:
         return SearchResult(None, "timeout" if timed_out else "infeasible", iterations)
     status = "timeout" if timed_out else "converged"
     return SearchResult(rescore(steer, true, limits, budget), status, iterations, best)
+
+
+def _shared(
+    ev: Evaluator, best: Evaluation | None, limits: tuple[int, ...], budget: float | None, deadline: float
+) -> Evaluation | None:
+    """On a small inventory (``split.shared_choices``), every split that shares a machine between training and
+    rollout within the budget: a fixed set for the inventory, so the same at every eta and a subset of every
+    larger budget's."""
+    if not ev.caps.split_machines:
+        return best
+    for split in shared_splits(limits, shared_choices(ev.cluster, limits)):
+        if clock() > deadline:
+            break
+        if budget is None or split.cost_per_hour(ev.cluster) <= budget + 1e-9:
+            e = ev.evaluate(split)
+            if e.feasible:
+                best = better(best, e, ev.tokens_per_step)
+    return best
 
 
 def budget_ladder(ev: Evaluator, limits: tuple[int, ...], budget: float | None) -> list[float]:
@@ -420,12 +439,14 @@ def _best_move(ev: Evaluator, current: Evaluation, splits, budget, deadline) -> 
     for split in splits:
         if clock() > deadline:
             break
-        if not (any(split.train) and any(split.rollout)):
+        if not (split.trains() and split.generates()):
             continue
         if budget is not None and split.cost_per_hour(ev.cluster) > budget + 1e-9:
             continue
-        # The step is at least the rollout time: skip the training search where that alone cannot win.
-        if ev.tokens_per_step / ev.rollout_floor(split.rollout) < best.tokens_per_s(ev.tokens_per_step):
+        # The step is at least the rollout time: skip the training search where that alone cannot win (a shared
+        # machine's rollout GPUs are not in the floor: those splits are scored).
+        rate = best.tokens_per_s(ev.tokens_per_step)
+        if not split.shared and ev.tokens_per_step / ev.rollout_floor(split.rollout) < rate:
             continue
         e = ev.evaluate(split)
         if e.feasible:

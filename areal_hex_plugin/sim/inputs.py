@@ -34,6 +34,11 @@ def sim_spec(recipe, plan: HexPlan) -> SimSpec:
     estimates, train = plan_estimates(cm, plan)
     lanes = []
     replicas = []
+    # Replica groups on a machine split with training get their weights over its GPU links (as planned).
+    beside_training = {
+        a.group for m in plan.machines if m.role == "split" for a in m.gpus if a.role == "rollout"
+    }
+    colocated = tuple(sorted({plan.rollout.replicas[g].pool for g in beside_training}))
     for i, (group, full) in enumerate(zip(plan.rollout.replicas, estimates, strict=True)):
         stages = tuple(RolloutStage(pool=group.pool, tp=group.tp) for _ in range(group.pp))
         lanes.append(
@@ -47,7 +52,8 @@ def sim_spec(recipe, plan: HexPlan) -> SimSpec:
                 prefill_tokens_per_s=1 / full.prefill_s_per_token,
             )
         )
-        replicas.append((stages, group.count))
+        if i not in beside_training:
+            replicas.append((stages, group.count))
     train_stages = tuple(
         TrainStage(pool=s.pool, dp=s.dp, tp=s.tp, hybrid=s.hybrid) for s in plan.train.stages
     )
@@ -67,7 +73,7 @@ def sim_spec(recipe, plan: HexPlan) -> SimSpec:
         # Upstream's RolloutController falls back to the consumer batch size when the limit is unset.
         max_concurrent_rollouts=plan.staleness.max_concurrent_rollouts or rl.consumer_batch_size,
         train_s=train.step_time_s,
-        sync_s=cm.weight_sync(cm.senders(train_stages), replicas, strategy).seconds,
+        sync_s=cm.weight_sync(cm.senders(train_stages), replicas, strategy, colocated).seconds,
         train_gpus=train_gpus,
         reward_s_per_sample=workload.reward_cpu_s_per_sample,
         reward_workers=workload.reward_cpus,

@@ -43,6 +43,11 @@ class Pool:
         return self.hosts[index] if self.hosts else f"{self.name}-{index}"
 
 
+# Machines in play up to which the planner may split a machine's GPUs between training and rollout
+# (scheduler/split.py: shared_choices); on more machines roles are whole machines.
+SHARED_MACHINES = 3
+
+
 @dataclass(frozen=True)
 class Cluster:
     pools: tuple[Pool, ...]

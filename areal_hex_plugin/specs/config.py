@@ -120,6 +120,10 @@ class WorkloadConfig:
     reward_cpus: int = spec(16, "CPU cores scoring rewards", between(1, 65_536))
 
 
+# How a plan is picked from the cost vs tokens/s frontier (hex.objective.pick).
+PICKS = ("fastest", "knee")
+
+
 @dataclass
 class ObjectiveConfig:
     """What to optimise. Neither set: max tokens/s on the whole inventory."""
@@ -129,6 +133,17 @@ class ObjectiveConfig:
     )
     target_tokens_per_s: float | None = spec(
         None, "min $/h reaching this tokens/s", above(0, 1e10, "tokens/s")
+    )
+    pick: str = spec(
+        "fastest",
+        "with a budget or none: fastest (the most tokens/s, the cheapest within 0.1% of it) or knee (the knee of "
+        "the cost vs tokens/s frontier within the budget: the fastest plan within 2% of the lowest $ per token)",
+        choices=PICKS,
+    )
+    throughput_tolerance: float = spec(
+        0.0,
+        "with pick=fastest: the cheapest plan within this share of the fastest's tokens/s (0.02: within 2%)",
+        between(0, 0.5),
     )
 
 

@@ -15,7 +15,7 @@ from areal_hex_plugin.costmodel.memory import TRAIN_BYTES_PER_PARAM, USABLE_HBM_
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs import typed
 from areal_hex_plugin.specs.catalog import GpuCatalog, build_catalog
-from areal_hex_plugin.specs.cluster import Cluster, build_cluster
+from areal_hex_plugin.specs.cluster import SHARED_MACHINES, Cluster, build_cluster
 from areal_hex_plugin.specs.config import HexConfig, RelayConfig, SolverConfig, check_relay_sender
 from areal_hex_plugin.specs.files import check_depth
 from areal_hex_plugin.specs.models import resolve_model
@@ -246,6 +246,29 @@ def cheapest_deployment(cluster: Cluster, workload: WorkloadSpec) -> tuple[float
         if best is None or cost < best[0]:
             shown = " + ".join(f"{n} {name}" for name, n in trainer[1].items())
             best = (cost, f"{shown} machine(s) training + {r_machines} {rp.name} machine(s) generating")
+    shared = _cheapest_shared(cluster, workload, state)
+    return shared if shared is not None and (best is None or shared[0] < best[0]) else best
+
+
+def _cheapest_shared(cluster: Cluster, workload: WorkloadSpec, state: float) -> tuple[float, str] | None:
+    """The least a plan costs with one machine split between a rollout replica and training (small inventories
+    only, as the planner splits machines: ``SHARED_MACHINES``)."""
+    if sum(p.machines for p in cluster.pools) > SHARED_MACHINES:
+        return None
+    best: tuple[float, str] | None = None
+    for rp in cluster.pools:
+        replica = min_rollout_gpus(workload.model, rp.gpu, workload.rl.mem_fraction_static)
+        if rp.gpus_per_machine < 2 or replica >= rp.gpus_per_machine:
+            continue
+        room = USABLE_HBM_FRACTION * rp.gpu.hbm_bytes * (rp.gpus_per_machine - replica)
+        left = {p.name: p.machines - (1 if p is rp else 0) for p in cluster.pools}
+        trainer = (0.0, {}) if room >= state else _cheapest_trainer(cluster, left, state - room)
+        if trainer is None:
+            continue
+        cost = trainer[0] + rp.price_per_machine_hour
+        if best is None or cost < best[0]:
+            more = "".join(f" + {n} {name} machine(s) training" for name, n in trainer[1].items())
+            best = (cost, f"one {rp.name} machine split between training and a rollout replica{more}")
     return best
 
 

@@ -45,7 +45,7 @@ class Run:
 
     @property
     def trial(self) -> Path:
-        (config,) = self.folder.glob("exp/logs/*/hex-ci-tiny/trial0/config.yaml")
+        (config,) = self.folder.glob("exp/logs/*/*/trial0/config.yaml")
         return config.parent
 
     def server_logs(self) -> dict[str, list[dict]]:
@@ -59,7 +59,7 @@ class Run:
         """The trainer's latest weights: upstream's recover checkpoint (DCP), written after every step."""
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-        (dcp_dir,) = self.folder.glob("exp/checkpoints/*/hex-ci-tiny/trial0/default/recover_checkpoint")
+        (dcp_dir,) = self.folder.glob("exp/checkpoints/*/*/trial0/default/recover_checkpoint")
         out = self.folder / "trainer_latest.pt"
         dcp_to_torch_save(dcp_dir, out)
         return torch.load(out, weights_only=True)["dcp"]["model"]
@@ -79,7 +79,7 @@ class Run:
         return load_file(str(self.folder / "servers" / f"{server}.v{version}.safetensors"))
 
     def wandb_history(self) -> list[dict]:
-        (run_file,) = self.folder.glob("exp/logs/*/hex-ci-tiny/trial0/wandb/offline-run-*/run-*.wandb")
+        (run_file,) = self.folder.glob("exp/logs/*/*/trial0/wandb/offline-run-*/run-*.wandb")
         return history(run_file)
 
     def per_pool(self, event: str, keep) -> Counter:
@@ -180,9 +180,15 @@ def two_layout_plan(folder: Path, scheduler: str) -> Path:
 
 
 def run_driver(
-    folder: Path, scheduler: str, env: dict[str, str], timeout_s: float, extra: tuple[str, ...] = ()
+    folder: Path,
+    scheduler: str,
+    env: dict[str, str],
+    timeout_s: float,
+    extra: tuple[str, ...] = (),
+    recipe: Path = RECIPE,
 ) -> Run:
-    """Make the assets in ``folder`` and run the driver there; a run past ``timeout_s`` is killed whole."""
+    """Make the assets in ``folder`` and run the driver on ``recipe`` there; a run past ``timeout_s`` is killed
+    whole."""
     write_assets(folder)
     for name in ("name_resolve", "home", "wandb"):
         (folder / name).mkdir(exist_ok=True)
@@ -191,7 +197,7 @@ def run_driver(
         "-m",
         "areal_hex_plugin.driver",
         "--config",
-        str(RECIPE),
+        str(recipe),
         *overrides(folder, scheduler),
         *extra,
     ]
@@ -218,7 +224,7 @@ def run_driver(
         raise
     (folder / "driver.log").write_text(log)
     run = Run(folder, proc.returncode, time.monotonic() - start, log, env[MARK])
-    plans = list(folder.glob("exp/logs/*/hex-ci-tiny/trial0/hex_plan.json"))
+    plans = list(folder.glob("exp/logs/*/*/trial0/hex_plan.json"))
     if plans:
         run.plan = json.loads(plans[0].read_text())
     return run

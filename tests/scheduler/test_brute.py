@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import product
 
 import pytest
@@ -15,7 +16,7 @@ from areal_hex_plugin.scheduler.caps import PAPER, caps_for, recipe_caps, unmet
 from areal_hex_plugin.scheduler.evaluate import replica_stages
 from areal_hex_plugin.scheduler.inflight import CAP_FRACTIONS, best_split, window_rollout_s, windows
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
-from areal_hex_plugin.scheduler.split import all_splits
+from areal_hex_plugin.scheduler.split import all_splits, shared_choices
 from tests.conftest import REPO
 from tests.scheduler.helpers import BRUTE_DEPTH, recipe_with_pools
 
@@ -91,7 +92,8 @@ def test_cli_exhaustive_says_what_it_enumerated_and_names_the_limit(capsys):
 
 def test_the_bounds_skip_no_better_plan():
     """Branch and bound against scoring every (split, layout, fleet, window, caps, integer split) of the brute
-    force's space in full, fleets as every multiset of replica shapes on the split's rollout machines."""
+    force's space in full, fleets as every multiset of replica shapes on the split's rollout machines (and on a
+    shared machine's rollout GPUs: three machines in play, so machines may be split between the roles)."""
     recipe = recipe_with_pools(
         [("H20", 4, 1), ("L40S", 2, 2)], "1.5b", "rollout.max_head_offpolicyness=2", BRUTE_DEPTH
     )
@@ -100,11 +102,23 @@ def test_the_bounds_skip_no_better_plan():
     best, counted = brute.run(planner.limits, None)
     rl, mean = ev.workload.rl, ev.workload.output_lengths.mean
     reward = ev.cm.reward_s(rl.samples_per_step)
-    rollout = {}  # (rollout machines, fleet) -> {window: shortest rollout time per step}
-    for counts in {s.rollout for s in all_splits(planner.limits)}:
+    splits = list(all_splits(planner.limits, shared_choices(ev.cluster, planner.limits)))
+    assert any(s.shared for s in splits)
+
+    def side(split):
+        return split.rollout, split.colocated_gpus(ev.cluster)
+
+    rollout = {}  # (rollout machines and shared GPUs, fleet) -> {window: shortest rollout time per step}
+    for counts, near in {side(s) for s in splits}:
         lists = [
             pool_fleets(ev.feasible_shapes(p.name), n, p.gpus_per_machine, one_shape=False)
             for p, n in zip(ev.cluster.pools, counts, strict=True)
+            if n
+        ] + [
+            pool_fleets(
+                [replace(c, colocated=True) for c in ev.feasible_shapes(p.name)], 1, n, one_shape=False
+            )
+            for p, n in zip(ev.cluster.pools, near, strict=True)
             if n
         ]
         for combo in product(*lists):
@@ -119,16 +133,19 @@ def test_the_bounds_skip_no_better_plan():
                 times[window] = min(
                     best_split(c, rl.samples_per_step * window, mean)[0] / window + reward for c in menu
                 )
-            rollout[counts, fleet] = times
+            rollout[(counts, near), fleet] = times
     rates = []
-    for split in all_splits(planner.limits):
-        for train in brute._train_layouts(split.train)[0]:
+    for split in splits:
+        for train in brute._train_layouts(split.train_gpus(ev.cluster))[0]:
             senders = planner.cm.senders(train.stages)
-            for (counts, fleet), times in rollout.items():
-                if counts != split.rollout:
+            for (key, fleet), times in rollout.items():
+                if key != side(split):
                     continue
-                replicas = [(replica_stages(c), y) for c, y in fleet]
-                sync = planner.cm.weight_sync(senders, replicas, strategy=ev.sync_strategy).seconds
+                replicas = [(replica_stages(c), y) for c, y in fleet if not c.colocated]
+                colocated = tuple(sorted({c.pool for c, _ in fleet if c.colocated}))
+                sync = planner.cm.weight_sync(
+                    senders, replicas, strategy=ev.sync_strategy, colocated=colocated
+                ).seconds
                 steps = [sync / w + max(t, train.step_time_s) for w, t in times.items()]
                 rates.append(ev.tokens_per_step / min(steps))
     assert planner.tokens_per_s(best) == pytest.approx(max(rates), rel=1e-9)
@@ -137,8 +154,8 @@ def test_the_bounds_skip_no_better_plan():
 
 def test_the_brute_force_covers_hybrid_sharding_where_the_caps_allow_it():
     recipe = recipe_with_pools([("H800-PCIe", 8, 2), ("H20", 8, 1)], "7b", BRUTE_DEPTH)
-    paper = BruteForce(Planner(recipe, PlanRequest(caps=PAPER)).ev)._train_layouts((2, 0))[0]
-    fsdp = BruteForce(Planner(recipe, PlanRequest()).ev)._train_layouts((2, 0))[0]
+    paper = BruteForce(Planner(recipe, PlanRequest(caps=PAPER)).ev)._train_layouts((16, 0))[0]
+    fsdp = BruteForce(Planner(recipe, PlanRequest()).ev)._train_layouts((16, 0))[0]
     assert any(s.hybrid for c in paper for s in c.stages)
     assert not any(s.hybrid for c in fsdp for s in c.stages) and all(len(c.stages) == 1 for c in fsdp)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
-from areal_hex_plugin.sim.reproduce import even_split, rented
+from areal_hex_plugin.scheduler import plan_recipe
+from areal_hex_plugin.sim.reproduce import even_split, paper_request, rented
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
 
@@ -14,7 +14,7 @@ from tests.conftest import REPO
 def test_even_split_trains_on_half_and_loses_to_the_planned_split():
     recipe = rented(load_recipe(REPO / "recipes/paper/7b.yaml"), {"H800-PCIe": 24}, "upstream")
     uniform = even_split(recipe)
-    plan = plan_recipe(recipe, PlanRequest(budget_per_hour=recipe.cluster.price_per_hour))
+    plan = plan_recipe(recipe, paper_request(recipe))
     assert plan.train.gpus == {"H800-PCIe": 8} and plan.rollout.gpus == {"H800-PCIe": 16}
     # Twelve GPUs train faster than the plan's eight; twelve generate slower than its sixteen.
     assert uniform["train_s"] < plan.predicted.train_time_s
