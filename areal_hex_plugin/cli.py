@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
+import shlex
 import sys
 
 from areal_hex_plugin import __version__
@@ -16,6 +18,7 @@ from areal_hex_plugin.errors import HexError
 
 COMMANDS = (
     "validate",
+    "check",
     "inventory",
     "catalog",
     "estimate",
@@ -47,8 +50,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with Hydra overrides anywhere after the recipe (``plan R --json out.json a=1 --pareto``),
+    as AReaL users write them; any other unknown word is refused."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    flags = [word for word in extra if word.startswith("-") or not hasattr(args, "overrides")]
+    if flags:
+        parser.error(f"unrecognized arguments: {' '.join(flags)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
+def pasteable(fix: str, args: argparse.Namespace) -> str:
+    """A fix's command lines name the recipe this command was given, so they run when pasted."""
+    recipe = getattr(args, "recipe", None)
+    return re.sub(r"\bRECIPE\b", lambda _: shlex.quote(recipe), fix) if recipe else fix
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     NOTES.clear()
     try:
         code = args.run(args)
@@ -57,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             print(note, file=sys.stderr)
         return code
     except HexError as exc:
+        exc.fix = pasteable(exc.fix, args)
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
