@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def pasteable(fix: str, args: argparse.Namespace) -> str:
-    """A fix's command lines name the recipe this command was given, so they run when pasted."""
+    """A fix's (or a note's) command lines name the recipe this command was given, so they run when pasted."""
     recipe = getattr(args, "recipe", None)
     return re.sub(r"\bRECIPE\b", lambda _: shlex.quote(recipe), fix) if recipe else fix
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         code = args.run(args)
         sys.stdout.flush()  # the notes follow the output, also when both go to one terminal
         for note in NOTES:
-            print(note, file=sys.stderr)
+            print(pasteable(str(note), args), file=sys.stderr)
         return code
     except HexError as exc:
         exc.fix = pasteable(exc.fix, args)

@@ -100,13 +100,12 @@ def check_exhaustive_depth(recipe) -> None:
     limit, depth = LIMITS["hex.solver.max_pp_stages"], recipe.solver.max_pp_stages
     if depth <= limit:
         return
-    solver = (recipe.config.get("hex") or {}).get("solver") or {}
     explicit = recipe.hex.solver.max_pp_stages is not None
     why = "as set" if explicit else f"unset: as deep as {recipe.workload.model.name}'s {depth} layers allow"
     raise HexError(
         "--exhaustive",
         f"exhaustive mode enumerates pipelines of at most {limit} stages; hex.solver.max_pp_stages is {depth} "
         f"({why})",
-        f"add {'' if 'max_pp_stages' in solver else '+'}hex.solver.max_pp_stages={limit} to prove the optimum "
-        f"among pipelines of at most {limit} stages, or drop --exhaustive",
+        f"append hex.solver.max_pp_stages={limit} to the command to prove the optimum among pipelines of at most "
+        f"{limit} stages, or drop --exhaustive",
     )
