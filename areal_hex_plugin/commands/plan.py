@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         target_tokens_per_s=args.target_tokens_per_s,
         pareto=args.pareto or bool(args.plot),
     )
-    with working(f"planning {args.recipe}"):
+    with working(f"planning {args.recipe}" + (" and its cost frontier" if request.pareto else "")):
         plan = plan_recipe(recipe, request)
     print(describe_plan(plan, out), file=out)
     if args.unconstrained:
