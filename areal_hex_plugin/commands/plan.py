@@ -45,6 +45,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--plot", metavar="OUT.png", help="draw the Pareto frontier (implies --pareto); - for stdout"
     )
+    parser.add_argument(
+        "--export",
+        nargs=2,
+        metavar=("slurm|ray|skypilot", "OUT"),
+        help="write a job that runs the driver with this plan: an sbatch script, a Ray Jobs submission (JSON) "
+        "or a SkyPilot task (YAML); the plan goes beside it as <OUT stem>.plan.json",
+    )
     parser.set_defaults(run=run)
 
 
@@ -60,10 +67,13 @@ def run(args: argparse.Namespace) -> int:
     ):
         if value is not None:  # the same range as the recipe's hex.objective field
             scalar(float, value, flag, meta_of(ObjectiveConfig, name))
+    from areal_hex_plugin.commands.export import check_export
+
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         check_writable(path, flag)  # before solving, not after
     out = console(args.json, args.plot)
     recipe = load_recipe_from_args(args)
+    check_export(args.export, recipe)
     if args.exhaustive:
         check_exhaustive_depth(recipe)
     request = PlanRequest(
@@ -88,7 +98,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nplan written to {plan.save(args.json)}", file=out)
     if args.plot:
         print(f"frontier plotted to {plot_frontier(plan, args.plot)}", file=out)
+    if args.export:
+        _export(args, plan, recipe, out)
     return 0
+
+
+def _export(args: argparse.Namespace, plan, recipe, out) -> None:
+    """``--export``: the job, with the overrides and the objective flags the plan was made with."""
+    from areal_hex_plugin.commands.export import export
+
+    overrides = list(args.overrides)
+    if args.budget is not None:
+        overrides.append(f"hex.objective.budget_per_hour={args.budget:g}")
+    if args.target_tokens_per_s is not None:
+        overrides.append(f"hex.objective.target_tokens_per_s={args.target_tokens_per_s:g}")
+    kind, where = args.export
+    job, plan_path = export(kind, where, plan, recipe, args.recipe, overrides)
+    submit = {
+        "slurm": f"sbatch {job}",
+        "ray": f"python -c 'import json, ray.job_submission as j; "
+        f'j.JobSubmissionClient().submit_job(**json.load(open("{job}")))\'',
+        "skypilot": f"sky launch {job} --secret AREAL_HEX_TRANSPORT_TOKEN",
+    }[kind]
+    print(f"{kind} job written to {job} (plan {plan_path}); submit it with: {submit}", file=out)
 
 
 def check_exhaustive_depth(recipe) -> None:
