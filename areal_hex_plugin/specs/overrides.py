@@ -74,7 +74,7 @@ def checked_overrides(overrides: list[str], keys: Callable[[str], KeyCheck] = he
                 if check.meant
                 else "check its spelling"
             )
-            raise HexError(f"override {item!r}", f"{key} is not a key of the config", fix)
+            raise HexError(key, f"is not a key of the config (override {item!r})", fix)
         out.append(f"++{key}={text}" if check.known else item)
     return out
 

@@ -70,7 +70,7 @@ def test_an_upstream_typo_in_an_override_names_the_key_meant(capsys) -> None:
 
 def test_a_budget_added_at_the_top_points_at_the_objective(capsys) -> None:
     message = _refused(capsys, "check", str(RECIPE), "+budget=60", "--offline")
-    assert "budget is not a key of the config" in message
+    assert "budget: is not a key of the config" in message
     assert "write hex.objective.budget_per_hour=60" in message
 
 
