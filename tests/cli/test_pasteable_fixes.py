@@ -42,7 +42,9 @@ def test_overrides_go_anywhere_after_the_recipe(tmp_path: Path, capsys) -> None:
     assert main(["validate", TINY, "gconfig.n_samples=4", "hex.solver.seed=1"]) == 0
     capsys.readouterr()
     # An override placed after flags is applied: a bad one is refused by name.
-    assert "hex.solver.sed: is not a key" in _fix_message(capsys, "plan", TINY, "--pareto", "hex.solver.sed=1")
+    assert "hex.solver.sed: is not a key" in _fix_message(
+        capsys, "plan", TINY, "--pareto", "hex.solver.sed=1"
+    )
 
 
 def _fix_message(capsys, *argv: str) -> str:
