@@ -63,10 +63,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def pasteable(fix: str, args: argparse.Namespace) -> str:
-    """A fix's (or a note's) command lines name the recipe this command was given, so they run when pasted."""
-    recipe = getattr(args, "recipe", None)
-    return re.sub(r"\bRECIPE\b", lambda _: shlex.quote(recipe), fix) if recipe else fix
+def pasteable(fix: str, recipe: str | None, plan: str | None = None) -> str:
+    """A fix's (or a note's) command lines name the recipe (and the saved plan) this command was given, so they
+    run when pasted."""
+    for word, value in ((r"RECIPE", recipe), (r"PLAN(?:\.json)?", plan)):
+        if value:
+            fix = re.sub(rf"\b{word}\b", lambda _, v=value: shlex.quote(v), fix)
+    return fix
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         code = args.run(args)
         sys.stdout.flush()  # the notes follow the output, also when both go to one terminal
         for note in NOTES:
-            print(pasteable(str(note), args), file=sys.stderr)
+            print(pasteable(str(note), getattr(args, "recipe", None)), file=sys.stderr)
         return code
     except HexError as exc:
-        exc.fix = pasteable(exc.fix, args)
+        exc.fix = pasteable(exc.fix, getattr(args, "recipe", None), getattr(args, "plan", None))
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -137,11 +137,25 @@ def _train(config, plan, make_scheduler) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return run(list(sys.argv[1:] if argv is None else argv))
+        return run(argv)
     except HexError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        print(f"error: {_pasteable(exc, argv).message}", file=sys.stderr)
         return 2
+
+
+def _pasteable(exc: HexError, argv: list[str]) -> HexError:
+    """The error with its fix naming this run's recipe and saved plan (``hex.plan_path``)."""
+    from areal_hex_plugin.cli import pasteable
+
+    try:
+        path, overrides = split_argv(argv)
+    except HexError:
+        return exc
+    plans = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("hex.plan_path=")]
+    exc.fix = pasteable(exc.fix, path, plans[-1] if plans else None)
+    return exc
 
 
 if __name__ == "__main__":

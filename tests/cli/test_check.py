@@ -4,6 +4,7 @@ exit 2 and one message naming the key and the fix, no traceback."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -120,7 +121,9 @@ def test_no_reachable_cluster_is_refused_naming_the_scheduler(plan_file: Path, m
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi here
     message = _refused(capsys, "check", str(RECIPE), f"hex.plan_path={plan_file}", "scheduler.type=hex_local")
     assert message.startswith(" scheduler.type=hex_local: cannot read the live local inventory")
-    assert "--offline" in message
+    command = message.split("or check everything else with ", 1)[1].strip()
+    assert command == f"areal-hex check {RECIPE} --offline"
+    assert main([*shlex.split(command)[1:], f"hex.plan_path={plan_file}"]) == 0
 
 
 @pytest.mark.parametrize(

@@ -102,3 +102,14 @@ def test_the_over_budget_fix_replans_within_the_budget(tmp_path: Path, capsys) -
     command = re.match(r"re-plan within the budget: (areal-hex [^;]+);", fix).group(1)
     assert _run_pasted(command) == 0
     assert main(argv) == 0
+
+
+def test_a_plan_for_another_model_is_told_the_command_that_replans_it(tmp_path: Path, capsys) -> None:
+    plan = tmp_path / "plan.json"
+    assert main(["plan", TINY, "--json", str(plan)]) == 0
+    argv = ["simulate", MIX, "--plan", str(plan), "--steps", "1"]
+    fix = _fix(capsys, *argv)
+    command = re.search(r"\((areal-hex [^)]+)\)", fix).group(1)
+    assert command == f"areal-hex plan {MIX} --json {plan}"  # this recipe and this plan, not placeholders
+    assert _run_pasted(command) == 0
+    assert main(argv) == 0
