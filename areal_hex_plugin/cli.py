@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
+import shlex
 import sys
 
 from areal_hex_plugin import __version__
@@ -16,6 +18,7 @@ from areal_hex_plugin.errors import HexError
 
 COMMANDS = (
     "validate",
+    "check",
     "inventory",
     "catalog",
     "estimate",
@@ -47,16 +50,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with Hydra overrides anywhere after the recipe (``plan R --json out.json a=1 --pareto``),
+    as AReaL users write them; any other unknown word is refused."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    flags = [word for word in extra if word.startswith("-") or not hasattr(args, "overrides")]
+    if flags:
+        parser.error(f"unrecognized arguments: {' '.join(flags)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
+def pasteable(fix: str, recipe: str | None, plan: str | None = None) -> str:
+    """A fix's (or a note's) command lines name the recipe (and the saved plan) this command was given, so they
+    run when pasted."""
+    for word, value in ((r"RECIPE", recipe), (r"PLAN(?:\.json)?", plan)):
+        if value:
+            fix = re.sub(rf"\b{word}\b", lambda _, v=value: shlex.quote(v), fix)
+    return fix
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     NOTES.clear()
     try:
         code = args.run(args)
         sys.stdout.flush()  # the notes follow the output, also when both go to one terminal
         for note in NOTES:
-            print(note, file=sys.stderr)
+            print(pasteable(str(note), getattr(args, "recipe", None)), file=sys.stderr)
         return code
     except HexError as exc:
+        exc.fix = pasteable(exc.fix, getattr(args, "recipe", None), getattr(args, "plan", None))
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

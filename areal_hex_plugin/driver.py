@@ -3,8 +3,9 @@
 Same shape as upstream's example scripts (and usable as an ``areal train run --driver`` function on 2.x):
 call :func:`register` (the plugin's one way in, shared with user scripts), load the recipe, take the plan
 (``hex.plan_path``, or solve it now), rewrite the upstream config, check the plan against the recipe's cluster and
-the live one, then train with ``HexPPOTrainer`` and the recipe's ``hex.workflow``. ``hex.dry_run=true`` prints
-the rewritten config and the placement and exits without starting anything. Bad input exits 2 with one message.
+the live one (the pre-flight of ``areal-hex check``, ``areal/preflight.py``), then train with ``HexPPOTrainer`` and
+the recipe's ``hex.workflow``. ``hex.dry_run=true`` runs the same checks, prints the rewritten config and the
+placement and exits without starting anything. Bad input exits 2 with one message.
 """
 
 from __future__ import annotations
@@ -33,54 +34,38 @@ def split_argv(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def obtain_plan(recipe, config):
-    """The saved plan at ``hex.plan_path`` (checked against the recipe, and its layouts by the cost model as the
-    planner's own are), or a plan solved now."""
+    """The saved plan at ``hex.plan_path`` (checked against the recipe and its budget, and its layouts by the cost
+    model as the planner's own are), or a plan solved now."""
     from areal_hex_plugin.costmodel import CostModel, recipe_calibration
     from areal_hex_plugin.costmodel.plan_check import plan_estimates
-    from areal_hex_plugin.plan import load_plan_for
+    from areal_hex_plugin.saved_plan import load_saved_plan
 
     if not config.hex.plan_path:
         from areal_hex_plugin.scheduler import plan_recipe
 
         plan = plan_recipe(recipe)  # for the recipe's backends: the plan areal-hex plan RECIPE shows
         return plan, f"solved at start for {plan.runtime}"
-    plan = load_plan_for(config.hex.plan_path, recipe.cluster, recipe.workload.model, "hex.plan_path")
+    plan = load_saved_plan(config.hex.plan_path, recipe, "hex.plan_path")
     plan_estimates(CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe)), plan)
     return plan, f"plan {config.hex.plan_path}"
 
 
 def run(argv: list[str]) -> int:
-    from areal_hex_plugin.areal.plugin import register
-    from areal_hex_plugin.specs.recipe import load_recipe
-
-    register()
-    path, overrides = split_argv(argv)
-    recipe = load_recipe(path, overrides)  # the core reader: precise messages for a bad hex: section
-
-    from areal_hex_plugin.areal.config import load_hex_config
     from areal_hex_plugin.areal.dryrun import describe_dry_run
-    from areal_hex_plugin.areal.launch import check_scheduler_type, scheduler_factory
-    from areal_hex_plugin.areal.rewrite import apply_plan
-    from areal_hex_plugin.outfiles import check_writable, write_json
+    from areal_hex_plugin.areal.launch import scheduler_factory
+    from areal_hex_plugin.areal.preflight import preflight
+    from areal_hex_plugin.outfiles import write_json
 
-    config, _ = load_hex_config(["--config", path, *overrides])
-    check_scheduler_type(config.scheduler.type)
-    check_writable(config.hex.plan_out, "hex.plan_out")
-    plan, source = obtain_plan(recipe, config)
-    rewrite = apply_plan(config, plan)  # refuses a plan these backends cannot start
+    path, overrides = split_argv(argv)
+    checked = preflight(path, overrides, run=True)  # every check of `areal-hex check`, before anything starts
+    config, plan = checked.config, checked.plan
     if config.hex.plan_out:
         written = write_json(config.hex.plan_out, plan.to_dict(), "hex.plan_out")
         print(f"plan written to {written}", file=sys.stderr)
     if config.hex.dry_run:
-        print(describe_dry_run(config, rewrite, plan, source))
+        print(describe_dry_run(checked))
         return 0
-    check_transport(config)
-    check_workflow(config.hex.workflow)
-    if config.hex.reward_fn is not None:
-        check_workflow(
-            config.hex.reward_fn, "hex.reward_fn", "areal.reward.gsm8k.gsm8k_reward_fn", "function"
-        )
-    make_scheduler = scheduler_factory(config, plan, rewrite.placement)
+    make_scheduler = scheduler_factory(config, plan, checked.rewrite.placement)
     return _train(config, plan, make_scheduler)
 
 
@@ -108,30 +93,6 @@ def check_transport(config) -> None:
     from areal_hex_plugin.transport.wire import load_token
 
     load_token()
-
-
-def check_workflow(
-    path: str,
-    field: str = "hex.workflow",
-    example: str = "areal.workflow.openai.math_agent.MathAgent",
-    kind: str = "class",
-) -> None:
-    """``hex.workflow`` (or ``hex.reward_fn``) must name an object in a module that exists, checked before any
-    worker starts. The module is found, not imported: it runs on the rollout workers, which may have packages
-    this machine lacks."""
-    import importlib.util
-
-    module, _, name = path.rpartition(".")
-    try:
-        found = bool(module and name) and importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise HexError(
-            field,
-            f"{path!r} names no {kind} in an installed module",
-            f"give an import path such as {example}",
-        )
 
 
 def workflow_kwargs(config, temperature: float | None = None) -> dict:
@@ -176,11 +137,25 @@ def _train(config, plan, make_scheduler) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return run(list(sys.argv[1:] if argv is None else argv))
+        return run(argv)
     except HexError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        print(f"error: {_pasteable(exc, argv).message}", file=sys.stderr)
         return 2
+
+
+def _pasteable(exc: HexError, argv: list[str]) -> HexError:
+    """The error with its fix naming this run's recipe and saved plan (``hex.plan_path``)."""
+    from areal_hex_plugin.cli import pasteable
+
+    try:
+        path, overrides = split_argv(argv)
+    except HexError:
+        return exc
+    plans = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("hex.plan_path=")]
+    exc.fix = pasteable(exc.fix, path, plans[-1] if plans else None)
+    return exc
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Output files as people use them: ``-`` is stdout, special files are written in place, regular files are
-replaced atomically with the mode the umask gives (or the mode the file already had)."""
+replaced atomically with the mode the umask gives (or the mode the file already had), and missing folders are
+created when the output is written (checked before any work: a file in the way or a folder that cannot be made is
+refused up front)."""
 
 from __future__ import annotations
 
@@ -31,16 +33,38 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
+def check_folder(folder: str | Path, what: str) -> Path:
+    """Refuse, before any work is done, a folder that is a file or cannot be created (its nearest existing
+    ancestor a file or not writable); it is created when written to (:func:`make_folder`)."""
+    target = Path(os.path.realpath(Path(folder).expanduser()))
+    existing = target
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise HexError(what, f"{existing} is a file, not a folder", "write somewhere else")
+    if existing != target and not os.access(existing, os.W_OK | os.X_OK):
+        raise HexError(what, f"cannot create {target}: {existing} is not writable", "write somewhere else")
+    return target
+
+
+def make_folder(folder: str | Path, what: str) -> Path:
+    """``folder``, created with its parents if missing."""
+    target = check_folder(folder, what)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HexError(what, f"cannot create {target}: {exc.strerror}", "write somewhere else") from None
+    return target
+
+
 def check_writable(path: str | Path | None, what: str) -> None:
-    """Refuse a destination whose folder is missing, before any work is done."""
+    """Refuse a destination that is a folder, or whose folder cannot be created, before any work is done."""
     if path is None or is_stdout(path):
         return
     target = Path(path).expanduser()
     if target.is_dir():
         raise HexError(what, f"{target} is a folder", "give a file name inside it")
-    parent = Path(os.path.realpath(target)).parent
-    if not parent.is_dir():
-        raise HexError(what, f"folder {parent} does not exist", "create it first or write somewhere else")
+    check_folder(Path(os.path.realpath(target)).parent, what)
 
 
 def _in_place(target: Path) -> bool:
@@ -71,6 +95,7 @@ def write_output(path: str | Path, data: str | bytes, what: str = "--json") -> P
                 handle.write(raw)
             return target
         real = Path(os.path.realpath(target))  # a symlink to a file keeps being a symlink
+        make_folder(real.parent, what)
         mode = stat.S_IMODE(real.stat().st_mode) if real.exists() else _umask_mode()
         fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
         try:

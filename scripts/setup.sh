@@ -72,6 +72,11 @@ for other in .venv/.setup-*; do  # a stamp without a profile name is a CPU set-u
     exit 2
   fi
 done
+n=0
+steps=4
+[ "$profile" = gpu ] && steps=3
+step() { n=$((n + 1)); echo "set-up $n/$steps (${SECONDS}s): $*" >&2; }  # progress: the whole set-up takes minutes
+step "virtual environment .venv"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install -qq --disable-pip-version-check)
 if [ "$profile" = gpu ]; then
@@ -80,17 +85,21 @@ if [ "$profile" = gpu ]; then
       "PYTHON=python3.12 bash scripts/setup.sh --gpu --megatron" >&2
     exit 2
   fi
+  step "the plugin with upstream's GPU stack (uv $uv_version, upstream's overrides)"
   "${pip[@]}" "uv==$uv_version"
   .venv/bin/uv pip install --python .venv/bin/python -e ".[$extras]" "${uv_args[@]}"
 else
   # torch first and pinned: an unpinned torch (or uv) resolves to a multi-GB CUDA build (docs/install facts).
+  step "torch 2.13.0 (CPU), the plugin with its areal, plot and dev extras"
   "${pip[@]}" "torch==2.13.0"
   "${pip[@]}" -e ".[areal,plot,dev]"
   # areal's own pins want CUDA torch 2.10; its import-time needs come from the [areal] extra above.
+  step "areal 1.0.4"
   "${pip[@]}" --no-deps "areal==1.0.4"
 fi
+step "compiling bytecode"
 # Compiled bytecode makes `import areal` 3x faster when PYTHONDONTWRITEBYTECODE is set.
 .venv/bin/python -m compileall -q -j 0 .venv/lib >/dev/null 2>&1 || true
 rm -f .venv/.setup-*
 touch "$stamp"
-echo "set-up done: .venv ($profile profile)"
+echo "set-up done: .venv ($profile profile, ${SECONDS}s)"

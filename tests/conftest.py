@@ -23,3 +23,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     time each, see pyproject.toml) the long files start early instead of leaving one worker alone at the end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
+
+
+@pytest.fixture
+def transport_token(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The relay's shared secret, as a run (and its pre-flight, the dry run too) needs it."""
+    token = "test-token-0123456789abcdef"
+    monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", token)
+    return token

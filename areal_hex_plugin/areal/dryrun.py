@@ -1,4 +1,5 @@
-"""What ``hex.dry_run=true`` prints: the upstream config after the plan's rewrite, and the placement table."""
+"""What ``hex.dry_run=true`` prints: the pre-flight's checks (``areal-hex check``), the upstream config after the
+plan's rewrite, and the placement table."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from dataclasses import asdict
 
 import yaml
 
+from areal_hex_plugin.areal.preflight import Preflight
 from areal_hex_plugin.areal.rewrite import Rewrite
-from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.tables import render_table
 
 SPEC_FIELDS = ("cpu", "gpu", "mem", "port_count", "cmd", "env_vars")
@@ -69,9 +70,14 @@ def placement_table(rewrite: Rewrite) -> str:
     )
 
 
-def describe_dry_run(config, rewrite: Rewrite, plan: HexPlan, plan_source: str) -> str:
+def describe_dry_run(checked: Preflight) -> str:
+    config, rewrite, plan = checked.config, checked.rewrite, checked.plan
     lines = [
-        f"AReaL-Hex dry run ({plan_source}); nothing was started.",
+        f"AReaL-Hex dry run ({checked.plan_source}); nothing was started.",
+        "",
+        "# Pre-flight (areal-hex check)",
+        *(f"ok   {line}" for line in checked.passed),
+        *(f"note {line}" for line in checked.notes),
         "",
         "# Upstream config after the plan's rewrite",
         yaml.safe_dump(rewritten_config(config), sort_keys=False, default_flow_style=False).rstrip(),

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from areal_hex_plugin.costmodel.fit_baselines import check_baselines, fit_baselines, setting_from
     from areal_hex_plugin.outfiles import check_writable, console, write_json
+    from areal_hex_plugin.progress import working
     from areal_hex_plugin.sim.baselines import baseline_phases
     from areal_hex_plugin.specs.recipe import load_recipe
 
@@ -73,12 +74,13 @@ def run(args: argparse.Namespace) -> int:
         for file in sorted(folder.glob("*.yaml")):
             recipe = load_recipe(file, [])
             recipes[recipe.workload.model.name] = recipe
-        fit = fit_baselines(data, {m: setting_from(r) for m, r in recipes.items()}, calibration,
-                            Path(args.baselines).name)  # fmt: skip
-        calibration = fit.calibration
-        types = sorted({*types, *fit.factors})
-        out["points"] = fit.points
-        out["check"] = baseline_phases(recipes, calibration, data)
+        with working(f"fitting {len(recipes)} models to {args.baselines}"):
+            fit = fit_baselines(data, {m: setting_from(r) for m, r in recipes.items()}, calibration,
+                                Path(args.baselines).name)  # fmt: skip
+            calibration = fit.calibration
+            types = sorted({*types, *fit.factors})
+            out["points"] = fit.points
+            out["check"] = baseline_phases(recipes, calibration, data)
     out["gpu_types"] = {
         t: {k: float(f"{v:.4g}") for k, v in calibration.as_dict([t])[t].items()} for t in types
     }

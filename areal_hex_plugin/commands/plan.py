@@ -51,6 +51,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--plot", metavar="OUT.png", help="draw the Pareto frontier (implies --pareto); - for stdout"
     )
+    parser.add_argument(
+        "--export",
+        nargs=2,
+        metavar=("slurm|ray|skypilot", "OUT"),
+        help="write a job that runs the driver with this plan: an sbatch script, a Ray Jobs submission (JSON) "
+        "or a SkyPilot task (YAML); the plan goes beside it as <OUT stem>.plan.json",
+    )
     parser.set_defaults(run=run)
 
 
@@ -70,10 +77,13 @@ def run(args: argparse.Namespace) -> int:
         from areal_hex_plugin.errors import HexError
 
         raise HexError("--steps", f"must be between 1 and 10,000,000, got {args.steps}", "give a step count")
+    from areal_hex_plugin.commands.export import check_export
+
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         check_writable(path, flag)  # before solving, not after
     out = console(args.json, args.plot)
     recipe = load_recipe_from_args(args)
+    check_export(args.export, recipe)
     if args.exhaustive:
         check_exhaustive_depth(recipe)
     request = PlanRequest(
@@ -82,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         target_tokens_per_s=args.target_tokens_per_s,
         pareto=args.pareto or bool(args.plot),
     )
-    with working(f"planning {args.recipe}"):
+    with working(f"planning {args.recipe}" + (" and its cost frontier" if request.pareto else "")):
         plan = plan_recipe(recipe, request)
     print(describe_plan(plan, out, args.steps), file=out)
     if args.unconstrained:
@@ -98,7 +108,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nplan written to {plan.save(args.json)}", file=out)
     if args.plot:
         print(f"frontier plotted to {plot_frontier(plan, args.plot)}", file=out)
+    if args.export:
+        _export(args, plan, recipe, out)
     return 0
+
+
+def _export(args: argparse.Namespace, plan, recipe, out) -> None:
+    """``--export``: the job, with the overrides and the objective flags the plan was made with."""
+    from areal_hex_plugin.commands.export import export
+
+    overrides = list(args.overrides)
+    if args.budget is not None:
+        overrides.append(f"hex.objective.budget_per_hour={args.budget:g}")
+    if args.target_tokens_per_s is not None:
+        overrides.append(f"hex.objective.target_tokens_per_s={args.target_tokens_per_s:g}")
+    kind, where = args.export
+    job, plan_path = export(kind, where, plan, recipe, args.recipe, overrides)
+    submit = {
+        "slurm": f"sbatch {job}",
+        "ray": f"python -c 'import json, ray.job_submission as j; "
+        f'j.JobSubmissionClient().submit_job(**json.load(open("{job}")))\'',
+        "skypilot": f"sky launch {job} --secret AREAL_HEX_TRANSPORT_TOKEN",
+    }[kind]
+    print(f"{kind} job written to {job} (plan {plan_path}); submit it with: {submit}", file=out)
 
 
 def check_exhaustive_depth(recipe) -> None:
@@ -110,13 +142,12 @@ def check_exhaustive_depth(recipe) -> None:
     limit, depth = LIMITS["hex.solver.max_pp_stages"], recipe.solver.max_pp_stages
     if depth <= limit:
         return
-    solver = (recipe.config.get("hex") or {}).get("solver") or {}
     explicit = recipe.hex.solver.max_pp_stages is not None
     why = "as set" if explicit else f"unset: as deep as {recipe.workload.model.name}'s {depth} layers allow"
     raise HexError(
         "--exhaustive",
         f"exhaustive mode enumerates pipelines of at most {limit} stages; hex.solver.max_pp_stages is {depth} "
         f"({why})",
-        f"add {'' if 'max_pp_stages' in solver else '+'}hex.solver.max_pp_stages={limit} to prove the optimum "
-        f"among pipelines of at most {limit} stages, or drop --exhaustive",
+        f"append hex.solver.max_pp_stages={limit} to the command to prove the optimum among pipelines of at most "
+        f"{limit} stages, or drop --exhaustive",
     )

@@ -87,15 +87,18 @@ def _measure(args: argparse.Namespace, recipe, pool) -> dict[str, Any]:
     """Run the recipe's model on this machine's GPUs (SGLang, then FSDP)."""
     import torch
 
-    from areal_hex_plugin.areal.config import load_hex_config
+    from areal_hex_plugin.areal.preflight import load_upstream_config, upstream_keys
     from areal_hex_plugin.areal.profile_decode import measure_decode
     from areal_hex_plugin.areal.profile_train import check_request, measure_train
+    from areal_hex_plugin.specs.overrides import checked_overrides
 
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     gpus = args.train_gpus or max(1, min(pool.gpus_per_machine, visible))
     minibatches = recipe.workload.rl.ppo_n_minibatches
     sequences = args.train_sequences or 2 * gpus * minibatches
-    config, _ = load_hex_config(["--config", str(recipe.path), *args.overrides])
+    # As a run loads it (load_expr_config), with upstream's errors as one message naming the key.
+    overrides = checked_overrides(args.overrides, upstream_keys)
+    config = load_upstream_config(str(recipe.path), overrides, save=True)
     check_request(config, gpus, sequences, args.train_sequence_tokens)
     device = _local_gpu(recipe, pool.gpu_type)
     decode = measure_decode(

@@ -16,7 +16,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="re-run the paper's experiments (equal budget, equal throughput, ablation, solve time)",
     )
     parser.add_argument("--json", metavar="OUT", help="write the results as JSON; - for stdout")
-    parser.add_argument("--plots", metavar="DIR", help="draw each simulated plan's timelines into DIR")
+    parser.add_argument(
+        "--plots", metavar="DIR", help="draw each simulated plan's timelines into DIR (created if missing)"
+    )
     parser.add_argument(
         "--recipes", metavar="DIR", default=str(RECIPES), help="folder with 1.5b.yaml, 7b.yaml, 14b.yaml"
     )
@@ -26,15 +28,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from areal_hex_plugin.outfiles import check_writable, console, write_json
+    from areal_hex_plugin.outfiles import check_folder, check_writable, console, write_json
     from areal_hex_plugin.sim.reproduce import MODELS, reproduce, tables
 
     folder = Path(args.recipes).expanduser()
     missing = [f for f in MODELS.values() if not (folder / f).is_file()]
     if missing:
         raise HexError("--recipes", f"{folder} lacks {', '.join(missing)}", "point at recipes/paper")
-    if args.plots and not Path(args.plots).expanduser().is_dir():
-        raise HexError("--plots", f"{args.plots} is not a folder", "create it first")
+    if args.plots:
+        check_folder(args.plots, "--plots")  # created when the first plot is written
     check_writable(args.json, "--json")
     con = console(args.json)
     out, runs = reproduce(

@@ -43,8 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.outfiles import check_writable, console, write_json
-    from areal_hex_plugin.plan import load_plan_for
     from areal_hex_plugin.progress import working
+    from areal_hex_plugin.saved_plan import load_saved_plan
     from areal_hex_plugin.scheduler import plan_recipe
     from areal_hex_plugin.sim.engine import simulate
     from areal_hex_plugin.sim.inputs import sim_spec
@@ -69,10 +69,7 @@ def run(args: argparse.Namespace) -> int:
             f"simulate at most {max(1, MAX_SAMPLES // recipe.workload.rl.samples_per_step)} steps",
         )
     with working(f"simulating {args.steps} steps of {args.recipe}"):
-        if args.plan:
-            plan = load_plan_for(args.plan, recipe.cluster, recipe.workload.model, "--plan")
-        else:
-            plan = plan_recipe(recipe)
+        plan = load_saved_plan(args.plan, recipe, "--plan") if args.plan else plan_recipe(recipe)
         spec = sim_spec(recipe, plan)
         if args.no_kv_recompute:
             spec = dataclasses.replace(spec, kv_recompute=False)

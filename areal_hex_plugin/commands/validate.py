@@ -18,5 +18,6 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = load_recipe_from_args(args)
     print(describe_recipe(recipe))
-    print(f"\n{args.recipe}: valid")
+    print(f"\n{args.recipe}: valid (the hex: section and the upstream keys the planner reads; `areal-hex check` also "
+          "loads the whole upstream config, the workflow, the token and the live inventory)")  # fmt: skip
     return 0

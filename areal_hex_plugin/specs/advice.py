@@ -141,7 +141,8 @@ def _defaults(recipe: Recipe) -> list[Note]:
                 "hex.calibration",
                 f"efficiency factors of {', '.join(cluster.gpu_types)} are built-in assumptions "
                 "(costmodel/calibration.py), not measured",
-                "measure a type with areal-hex profile RECIPE --gpu-type TYPE --json FILE",
+                f"measure each type on a machine with it, e.g. areal-hex profile RECIPE --gpu-type "
+                f"{cluster.gpu_types[0]} --json {cluster.gpu_types[0]}.json",
             )
         )
     return notes

@@ -4,6 +4,7 @@ AReaL takes them, applied to a recipe with one clear error per bad key."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -13,6 +14,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.specs.schema_keys import KeyCheck, check_key
 
 _ABSENT = object()
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
@@ -41,6 +43,40 @@ def _parse(item: str) -> Override:
     if override.package is not None:
         raise HexError(f"override {item!r}", "sets a config-group package (@)", "write key=value")
     return override
+
+
+def hex_keys(key: str) -> KeyCheck:
+    """The schema the core knows: the ``hex:`` section (:class:`HexConfig`); upstream's keys it cannot tell."""
+    from areal_hex_plugin.specs.config import HexConfig
+
+    head, _, rest = key.partition(".")
+    if head != "hex" or not rest:
+        return KeyCheck(None)
+    check = check_key(HexConfig, rest)
+    return KeyCheck(check.known, check.meant and f"hex.{check.meant}")
+
+
+def checked_overrides(overrides: list[str], keys: Callable[[str], KeyCheck] = hex_keys) -> list[str]:
+    """``overrides`` with every key the schema ``keys`` knows written ``++key=value`` (set it, whether or not
+    the recipe has it: the config class gives every field a default, so ``hex.dry_run=true`` needs no ``+``);
+    a key the schema lacks is refused, naming the key meant."""
+    out = []
+    for item in overrides:
+        override = _parse(item)
+        if override.type == OverrideType.DEL:
+            out.append(item)
+            continue
+        key, text = override.key_or_group, item.split("=", 1)[1]
+        check = keys(key)
+        if check.known is False:
+            fix = (
+                f"did you mean {check.meant}? write {check.meant}={text}"
+                if check.meant
+                else "check its spelling"
+            )
+            raise HexError(key, f"is not a key of the config (override {item!r})", fix)
+        out.append(f"++{key}={text}" if check.known else item)
+    return out
 
 
 def _apply(cfg: Any, item: str, override: Override) -> None:
@@ -72,10 +108,11 @@ def _apply(cfg: Any, item: str, override: Override) -> None:
 
 
 def apply_overrides(config: dict, overrides: list[str]) -> dict:
-    """``config`` with ``overrides`` applied and interpolations resolved (plain containers)."""
+    """``config`` with ``overrides`` applied (:func:`checked_overrides` first) and interpolations resolved
+    (plain containers)."""
     cfg = OmegaConf.create(config)
-    for item in overrides:
-        _apply(cfg, item, _parse(item))
+    for given, item in zip(overrides, checked_overrides(overrides), strict=True):
+        _apply(cfg, given, _parse(item))
     try:
         return OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as exc:

@@ -36,11 +36,14 @@ PLACEHOLDERS = {
     "X": "H20",
     "A": "127.0.0.1:1",
     "ray|slurm|local": "local",
+    "slurm|ray|skypilot": "slurm",
+    "JOB": "{tmp}/job.sbatch",
 }
 # --exhaustive refuses clusters above the brute force's size limit, which every paper and mix recipe exceeds.
 EXHAUSTIVE_RECIPE = "recipes/ci/tiny.yaml"
 AFTER_FLAG = {"--budget": "130", "--target-tokens-per-s": "20000", "--steps": "3"}
-NEEDS_HARDWARE = ("inventory", "profile")
+# check asks the live cluster and needs the relay's token, as a run does.
+NEEDS_HARDWARE = ("inventory", "profile", "check")
 
 
 def _doc_commands() -> list[tuple[str, str]]:

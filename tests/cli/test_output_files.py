@@ -77,11 +77,13 @@ def test_a_replaced_file_keeps_its_mode_and_a_symlink_stays_a_symlink(tmp_path):
     assert stat.S_IMODE(real.stat().st_mode) == 0o640
 
 
-def test_a_folder_or_a_missing_folder_is_refused(tmp_path):
+def test_a_folder_is_refused_and_a_missing_folder_is_created(tmp_path):
     with pytest.raises(HexError, match="is a folder"):
         write_json(tmp_path, {})
-    with pytest.raises(HexError, match="does not exist"):
-        write_json(tmp_path / "no" / "x.json", {})
+    assert json.loads(write_json(tmp_path / "no" / "such" / "x.json", {"a": 1}).read_text()) == {"a": 1}
+    (tmp_path / "file").write_text("")
+    with pytest.raises(HexError, match="is a file, not a folder"):
+        write_json(tmp_path / "file" / "x.json", {})
 
 
 def test_plan_json_and_plot_to_stdout(tmp_path, monkeypatch, capsysbinary):

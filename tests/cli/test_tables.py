@@ -62,7 +62,7 @@ def test_the_hosts_column_stays_narrow_at_scale():
     assert "h20-[" in idle and ", h20-" not in idle
 
 
-def test_progress_shows_on_a_terminal_for_work_longer_than_a_second(monkeypatch):
+def test_progress_shows_on_a_terminal_and_in_a_log_for_long_work_only(monkeypatch):
     terminal = _Terminal()
     monkeypatch.setattr("sys.stderr", terminal)
     with working("quick", after_s=1.0):
@@ -71,11 +71,16 @@ def test_progress_shows_on_a_terminal_for_work_longer_than_a_second(monkeypatch)
     with working("solving", after_s=0.05):
         time.sleep(0.5)
     assert "solving" in terminal.getvalue()
-    piped = io.StringIO()  # a pipe or a log: nothing, so bad input stays one message
+    piped = io.StringIO()  # a pipe or a log: a line once the work is long, one a while, one when it ends
     monkeypatch.setattr("sys.stderr", piped)
-    with working("solving", after_s=0.0):
-        time.sleep(0.1)
+    with working("quick", after_s=1.0):
+        pass
     assert piped.getvalue() == ""
+    with working("solving", after_s=0.0, every_s=0.05):
+        time.sleep(0.2)
+    lines = piped.getvalue().splitlines()
+    assert lines[0] == "solving ..." and lines[1].startswith("solving ... ")
+    assert lines[-1].startswith("solving: done in ")
 
 
 def test_the_chosen_plan_is_compared_per_dollar_too(plan):

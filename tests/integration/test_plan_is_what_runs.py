@@ -51,6 +51,7 @@ def _shape(plan: dict) -> dict:
     _cases(),
     ids=lambda x: x.stem if isinstance(x, Path) else (x[0].split("=")[1] if x else "recipe"),
 )
+@pytest.mark.usefixtures("transport_token")
 def test_plan_and_driver_dry_run_agree(recipe: Path, overrides: list[str], tmp_path: Path, capsys) -> None:
     shown, run = tmp_path / "shown.json", tmp_path / "run.json"
     assert cli_main(["plan", str(recipe), *overrides, "--json", str(shown)]) == 0

@@ -168,7 +168,7 @@ CASES = [
     ("zero-batch", _top("train_dataset", "batch_size", 0), [], "train_dataset.batch_size"),
     ("zero-time-limit", _hex("solver.time_limit_s", 0), [], "hex.solver.time_limit_s"),
     ("override-without-equals", None, ["hex.solver.seed"], "override 'hex.solver.seed'"),
-    ("override-unknown-key", None, ["hex.solver.sed=1"], "override 'hex.solver.sed=1'"),
+    ("override-unknown-key", None, ["hex.solver.sed=1"], "hex.solver.sed"),
     ("override-bad-type", None, ["hex.cluster.pools.0.machines=many"], "hex.cluster.pools[0].machines"),
     ("yaml-syntax", "hex:\n  cluster: [unclosed\n", [], "recipe"),
     ("empty-file", "", [], "recipe"),

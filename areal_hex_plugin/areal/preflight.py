@@ -1,0 +1,217 @@
+"""The pre-flight: every check a run needs, before anything starts, in one function that ``areal-hex check``, the
+driver and its dry run share.
+
+In order: the overrides' keys against upstream's config class; the ``hex:`` section (the core reader); the whole
+upstream config through upstream's own loader with :class:`HexGRPOConfig`; the scheduler type; the workflow and
+reward function; the transport's token; the plan (saved or solved now) against the recipe, its budget and the
+backends; and the live inventory (Ray, Slurm or this machine) against the plan's hosts and GPU types. Each failure
+is one :class:`HexError` naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.specs.schema_keys import KeyCheck
+
+SOURCES = {"hex_local": "local", "hex_ray": "ray", "hex_slurm": "slurm"}
+
+
+class InventoryUnreachable(HexError):
+    """The scheduler's cluster could not be asked for its machines (no Ray cluster, no sinfo, no nvidia-smi)."""
+
+
+@dataclass
+class Preflight:
+    """What the checks loaded, for the run (or the dry run) to go on with."""
+
+    recipe: Any
+    config: Any
+    plan: Any
+    plan_source: str
+    rewrite: Any
+    passed: list[str] = field(default_factory=list)  # one line per check, in order
+    notes: list[str] = field(default_factory=list)
+
+
+def upstream_keys(key: str) -> KeyCheck:
+    """``key`` against the whole config class: upstream's GRPO config plus the ``hex:`` section."""
+    from areal_hex_plugin.areal.config import HexGRPOConfig
+    from areal_hex_plugin.specs.schema_keys import check_key
+
+    return check_key(HexGRPOConfig, key)
+
+
+def _unknown_key(exc, path: str) -> HexError:
+    key = getattr(exc, "full_key", None) or str(getattr(exc, "key", "") or "")
+    check = upstream_keys(key) if key else KeyCheck(None)
+    owner = getattr(getattr(exc, "object_type", None), "__name__", None)
+    problem = f"unknown key in {path}" + (
+        f" ({owner} has no field {key.rsplit('.', 1)[-1]!r})" if owner else ""
+    )
+    fix = (
+        f"did you mean {check.meant}? rename {key} to {check.meant} in {path}"
+        if check.meant
+        else f"remove {key} from {path} or check its spelling"
+    )
+    return HexError(key or "recipe", problem, fix)
+
+
+def load_upstream_config(path: str, overrides: list[str], save: bool = False):
+    """The recipe as upstream loads an experiment (``--config FILE`` + Hydra overrides, merged over
+    :class:`HexGRPOConfig`'s defaults). ``save``: through ``load_expr_config`` itself, which also points
+    name_resolve at the recipe's and saves config.yaml to the log folder (a real run); else its loading steps
+    only, writing nothing. Upstream's errors become one :class:`HexError`."""
+    from areal.api.cli_args import load_expr_config, parse_cli_args, to_structured_cfg
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    from areal_hex_plugin.areal.config import HexGRPOConfig
+
+    argv = ["--config", path, *overrides]
+    try:
+        if save:
+            return load_expr_config(argv, HexGRPOConfig)[0]
+        cfg, _ = parse_cli_args(argv)
+        return OmegaConf.to_object(to_structured_cfg(cfg, config_cls=HexGRPOConfig))
+    except (ConfigKeyError, ConfigAttributeError) as exc:
+        raise _unknown_key(exc, path) from None
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "recipe"
+        problem = str(getattr(exc, "msg", None) or exc).splitlines()[0]
+        raise HexError(key, problem, "give it a value of the type upstream's config declares") from None
+    except HydraException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ConfigKeyError | ConfigAttributeError):
+            raise _unknown_key(cause, path) from None
+        raise HexError("recipe", str(exc).splitlines()[0], "fix the override or the recipe") from None
+
+
+def _check_callable(path: str, field_name: str, kind: str, example: str) -> str:
+    """``path`` names a ``kind`` in an installed module. The module is imported when it can be here; one that
+    needs packages this machine lacks (it runs on the rollout workers) is found, not imported, and said so."""
+    import importlib
+    import importlib.util
+
+    from areal_hex_plugin.specs.schema_keys import closest
+
+    module, _, name = path.rpartition(".")
+    wrong = HexError(
+        field_name,
+        f"{path!r} names no {kind} in an installed module",
+        f"give an import path such as {example}",
+    )
+    try:
+        if not (module and name) or importlib.util.find_spec(module) is None:
+            raise wrong
+    except (ImportError, ValueError):
+        raise wrong from None
+    try:
+        loaded = importlib.import_module(module)
+    except Exception as exc:  # a dependency of the module missing here: the workers must have it
+        return f"{field_name}: {path} (found; not imported here: {type(exc).__name__}: {exc})"
+    target = getattr(loaded, name, None)
+    if target is None or (kind == "class" and not isinstance(target, type)) or not callable(target):
+        meant = closest(name, [n for n in dir(loaded) if not n.startswith("_")])
+        fix = (
+            f"did you mean {module}.{meant}? write {field_name}={module}.{meant}"
+            if meant
+            else f"give an import path such as {example}"
+        )
+        raise HexError(field_name, f"{module} has no {kind} {name!r}", fix)
+    return f"{field_name}: {path} imports"
+
+
+def _read_inventory(kind: str, source: str) -> list:
+    from areal_hex_plugin.inventory import machines_from_local, machines_from_ray, machines_from_slurm
+
+    read: dict[str, Callable[[], list]] = {
+        "local": machines_from_local,
+        "ray": lambda: machines_from_ray(os.environ.get("RAY_ADDRESS")),
+        "slurm": machines_from_slurm,
+    }
+    try:
+        return read[source]()
+    except HexError as exc:
+        raise InventoryUnreachable(
+            f"scheduler.type={kind}",
+            f"cannot read the live {source} inventory ({exc.field}: {exc.problem})",
+            f"{exc.fix}; or check everything else with areal-hex check RECIPE --offline",
+        ) from None
+
+
+def check_live_inventory(config, plan) -> str:
+    """The plan's machines against the live cluster ``scheduler.type`` runs on: its GPU types, and its hosts or
+    as many machines of each type (hex_local: the GPUs of this machine)."""
+    from areal_hex_plugin.areal.launch import SHARE_GPUS_ENV, check_local_gpus
+    from areal_hex_plugin.areal.placement import check_plan_fits_inventory
+    from areal_hex_plugin.inventory import group_pools
+
+    source = SOURCES[config.scheduler.type]
+    machines = _read_inventory(config.scheduler.type, source)
+    if source == "local":
+        check_local_gpus(plan, machines, os.environ.get(SHARE_GPUS_ENV) == "1")
+    else:
+        check_plan_fits_inventory(plan, group_pools(machines), source)
+    found = ", ".join(f"{m.gpus} x {m.gpu_name}" for m in machines[:4]) + (
+        " ..." if len(machines) > 4 else ""
+    )
+    return f"live inventory ({source}): {len(machines)} machines ({found}) host the plan"
+
+
+def preflight(path: str, overrides: list[str], offline: bool = False, run: bool = False) -> Preflight:
+    """Run every check (``areal-hex check``; ``offline``: all but the live inventory). ``run``: for the driver,
+    which loads the config as a real run does (:func:`load_upstream_config` with ``save``), and whose dry run
+    takes an unreachable cluster as a note (a reachable one that lacks the plan's machines still fails)."""
+    from areal_hex_plugin.areal.launch import check_scheduler_type
+    from areal_hex_plugin.areal.plugin import register
+    from areal_hex_plugin.areal.rewrite import apply_plan
+    from areal_hex_plugin.driver import check_transport, obtain_plan
+    from areal_hex_plugin.outfiles import check_writable
+    from areal_hex_plugin.specs.overrides import checked_overrides
+    from areal_hex_plugin.specs.recipe import load_recipe
+
+    register()
+    overrides = checked_overrides(overrides, upstream_keys)
+    recipe = load_recipe(path, overrides)  # the core reader: precise messages for a bad hex: section
+    dry_run = recipe.hex.dry_run
+    config = load_upstream_config(path, overrides, save=run and not dry_run)
+    passed = [f"upstream config: {path} loads as HexGRPOConfig ({len(overrides)} overrides)"]
+    check_scheduler_type(config.scheduler.type)
+    check_writable(config.hex.plan_out, "hex.plan_out")
+    passed.append(
+        _check_callable(
+            config.hex.workflow, "hex.workflow", "class", "areal.workflow.openai.math_agent.MathAgent"
+        )
+    )
+    if config.hex.reward_fn is not None:
+        passed.append(
+            _check_callable(
+                config.hex.reward_fn, "hex.reward_fn", "function", "areal.reward.gsm8k.gsm8k_reward_fn"
+            )
+        )
+    check_transport(config)
+    passed.append(
+        f"transport: {config.hex.transport}" + (" (token set)" if config.hex.transport == "relay" else "")
+    )
+    plan, source = obtain_plan(recipe, config)
+    rewrite = apply_plan(config, plan)  # refuses a plan these backends cannot start
+    passed.append(
+        f"plan: {source}; ${plan.predicted.cost_per_hour:,.2f}/h, {plan.predicted.tokens_per_s:,.0f} tokens/s"
+    )
+    result = Preflight(recipe, config, plan, source, rewrite, passed)
+    if offline:
+        result.notes.append("live inventory: not checked (--offline)")
+        return result
+    try:
+        passed.append(check_live_inventory(config, plan))
+    except InventoryUnreachable as exc:
+        if not (run and dry_run):
+            raise
+        result.notes.append(f"live inventory: not checked ({exc.problem})")
+    return result
