@@ -31,7 +31,7 @@ def test_a_pipeline_deeper_than_four_stages_wins_and_the_default_finds_it():
     assert sum(s.layers for s in deep.train.stages) == 48
 
 
-@pytest.mark.parametrize(("extra", "fix"), [((), "+hex.solver.max_pp_stages=4"), ((BRUTE_DEPTH,), None)])
+@pytest.mark.parametrize(("extra", "fix"), [((), "hex.solver.max_pp_stages=4"), ((BRUTE_DEPTH,), None)])
 def test_exhaustive_mode_names_the_depth_bound_it_needs(capsys, extra, fix):
     pools = "hex.cluster.pools=[{name: a, gpu_type: H20, gpus_per_machine: 4, machines: 2, price_per_gpu_hour: 2}]"
     argv = [
@@ -47,4 +47,4 @@ def test_exhaustive_mode_names_the_depth_bound_it_needs(capsys, extra, fix):
         assert code == 0, err
         return
     assert code == 2 and err.startswith("error: --exhaustive") and "Traceback" not in err
-    assert "hex.solver.max_pp_stages is 28 (unset" in err and f"fix: add {fix}" in err
+    assert "hex.solver.max_pp_stages is 28 (unset" in err and f"fix: append {fix} to the command" in err
