@@ -24,6 +24,7 @@ COMMANDS = (
     "calibrate",
     "simulate",
     "reproduce",
+    "replan",
 )
 
 
