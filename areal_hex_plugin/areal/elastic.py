@@ -19,8 +19,9 @@ One :class:`ElasticRollout` per training rollout controller (``HexRolloutControl
   committed, so it never serves weights the trainer did not commit; its planned share is then re-solved in.
 - **Drift.** Each step's served output lengths (the trajectories' loss masks) are scored against the lengths the
   shares were solved for: when they move the predicted rollout time by more than ``drift_threshold``, the shares are
-  re-solved with the measured lengths and a re-plan suggestion is logged, with the lengths written out for
-  ``hex.workload.output_lengths: {kind: file}``.
+  re-solved with the measured lengths, and a re-plan suggestion is logged: the planner's plan for the measured
+  lengths (solved off the training thread), the machines it would move and its predicted gain, with the lengths
+  written out for ``hex.workload.output_lengths: {kind: file}``.
 
 Every change is appended to the plan's ``changes`` (``hex_plan.json`` beside upstream's config) and shows in
 ``hex/elastic/*`` through upstream's StatsLogger.
@@ -129,6 +130,7 @@ class ElasticRollout:
         record: Callable[[PlanChange], None] = lambda change: None,
         relaunch: Callable[[int], str] | None = None,
         widen: Callable[[], None] = lambda: None,
+        suggest: Callable[[Any], Any] | None = None,
         reroute: Callable[[Sequence[bool]], None] | None = None,
         lengths_file: str | None = None,
         probe: Callable[[str, float], bool] = http_probe,
@@ -150,6 +152,8 @@ class ElasticRollout:
         self._set_shares, self._in_flight, self._record = set_shares, in_flight, record
         self._staleness = staleness  # upstream's StalenessManager of the controller
         self._relaunch, self._reroute, self._widen = relaunch, reroute, widen
+        self._suggest = suggest  # workload -> replan.LengthSuggestion (a solve: run off the training thread)
+        self.suggested_gain: float | None = None
         self._lengths_file = lengths_file
         self._probe, self._version_of = probe, version_of
         self._first_failure: list[float | None] = [None] * len(shapes)
@@ -449,6 +453,8 @@ class ElasticRollout:
             if abs(self.drift) > self.config.drift_threshold:
                 self._rebalance(measured, now.shares, lengths, basis)
         out["hex/elastic/drift"] = self.drift
+        if self.suggested_gain is not None:
+            out["hex/elastic/replan_gain"] = self.suggested_gain
         out.update({f"hex/elastic/share/{n}": s for n, s in zip(self.names, self.shares, strict=True)})
         stat = getattr(self._staleness(), "rollout_stat", None)
         logger.info(
@@ -473,11 +479,35 @@ class ElasticRollout:
         if self._lengths_file:
             Path(self._lengths_file).write_text("".join(f"{n}\n" for n in lengths))
             written = f" (written to {self._lengths_file})"
+        logger.warning(f"length drift: {reason}; shares re-balanced online to {self._share_text()}")
+        if self._suggest is not None:
+            threading.Thread(
+                target=self._log_suggestion, args=(measured.workload, written), name="hex-replan", daemon=True
+            ).start()
+
+    def _log_suggestion(self, workload, written: str) -> None:
+        """What a re-plan for the served lengths would change and gain (the planner's search, off the training
+        thread)."""
+        try:
+            found = self._suggest(workload)
+        except Exception as error:  # a suggestion only: the run goes on
+            logger.warning(f"no re-plan suggestion for the served lengths ({error})")
+            return
+        self.suggested_gain = found.gain
+        figures = (
+            f"the planner's plan for them predicts {found.tokens_per_s:,.1f} tokens/s against about "
+            f"{found.current_tokens_per_s:,.1f} for the running plan at these lengths ({found.gain:+.1%})"
+        )
+        if not found.diff:
+            logger.info(
+                f"re-plan suggestion: none, the layout stays ({figures}); the re-balanced shares suffice"
+            )
+            return
+        moves = "; ".join(f"{d.host}: {d.before or '(new)'} -> {d.after or '(gone)'}" for d in found.diff)
         logger.warning(
-            f"length drift: {reason}; shares re-balanced online to {self._share_text()}. Re-plan suggestion: plan "
-            f"the recipe with hex.workload.output_lengths={{kind: file, path: <the served lengths>{written}}} "
-            "(areal-hex plan RECIPE), and restart from the recover checkpoint with hex.plan_path of that plan "
-            "when it moves machines"
+            f"re-plan suggestion for the served lengths: {figures}, moving {len(found.diff)} machines ({moves}). "
+            f"Plan the recipe with hex.workload.output_lengths={{kind: file, path: <the served lengths>{written}}} "
+            "(areal-hex plan RECIPE --json PLAN.json) and resume from the recover checkpoint with hex.plan_path"
         )
 
 
@@ -486,6 +516,7 @@ def attach_elastic(trainer) -> ElasticRollout | None:
     from areal_hex_plugin.areal.engines import HexRolloutController
     from areal_hex_plugin.areal.planning import recipe_of
     from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.scheduler.replan import replan_for_lengths
 
     config, rollout = trainer.config, trainer.rollout
     if not config.hex.elastic.enabled or not isinstance(rollout, HexRolloutController):
@@ -504,6 +535,7 @@ def attach_elastic(trainer) -> ElasticRollout | None:
         record=trainer.hex_record_change,
         relaunch=rollout.hex_relaunch if trainer.hex_relaunches() else None,
         widen=rollout.hex_widen_admission,
+        suggest=lambda workload: replan_for_lengths(recipe, trainer.hex_plan, workload),
         reroute=trainer.hex_reroute,
         lengths_file=trainer.hex_log_path("hex_served_lengths.txt"),
     )

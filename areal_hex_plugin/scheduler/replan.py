@@ -358,6 +358,40 @@ def _keep_roles(old: HexPlan, new: HexPlan) -> HexPlan:
     return replace(new, machines=machines, train=train, changes=list(old.changes))
 
 
+@dataclass(frozen=True)
+class LengthSuggestion:
+    """The plan that measured output lengths give, beside the running plan at those lengths."""
+
+    plan: HexPlan
+    diff: tuple[MachineDiff, ...]  # machines that would change role or layout
+    current_tokens_per_s: float  # the running plan's prediction, re-scored at the measured lengths
+    tokens_per_s: float  # the new plan's
+
+    @property
+    def gain(self) -> float:
+        return self.tokens_per_s / self.current_tokens_per_s - 1 if self.current_tokens_per_s else 0.0
+
+
+def replan_for_lengths(recipe, current: HexPlan, workload) -> LengthSuggestion:
+    """Plan ``recipe`` with ``workload``'s (measured) output lengths, and score ``current`` at them: its rollout
+    time scaled by the ratio of its replica groups' makespans at the two lengths (the planner's share rule), its
+    tokens per step by the ratio of the mean lengths."""
+    from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.scheduler import plan_recipe
+
+    measured = replace(recipe, workload=workload)
+    new = _keep_roles(current, plan_recipe(measured))
+    samples = recipe.workload.rl.samples_per_step * max(1, current.solver.window_steps)
+    makespans = []
+    for r in (recipe, measured):
+        cm = CostModel(r.cluster, r.workload, recipe_calibration(r))
+        groups = tuple((_config(cm, g), g.count) for g in current.rollout.replicas)
+        makespans.append(best_split(groups, samples, r.workload.output_lengths.mean)[0])
+    rescored = _rescaled(recipe, current, makespans[1] / makespans[0], current.machines)
+    tokens = rescored.tokens_per_s * workload.output_lengths.mean / recipe.workload.output_lengths.mean
+    return LengthSuggestion(new, machine_diff(current, new), tokens, new.predicted.tokens_per_s)
+
+
 def _layout(machine: Machine) -> tuple:
     return tuple((g.gpu, g.role, g.stage, g.tp_rank) for g in machine.gpus)
 

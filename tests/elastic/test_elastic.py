@@ -209,6 +209,22 @@ def test_doubled_lengths_rebalance_the_shares(rig, tmp_path):
     assert metrics["hex/elastic/live_servers"] == 2.0
 
 
+def test_a_drift_logs_the_planners_suggestion_and_its_gain(rig, tmp_path):
+    from areal_hex_plugin.plan import HexPlan
+    from areal_hex_plugin.scheduler.replan import replan_for_lengths
+    from tests.e2e.run import two_layout_plan
+
+    elastic, router, changes, _, _ = rig
+    recipe = load_recipe(REPO / "recipes" / "ci" / "tiny.yaml")
+    plan = HexPlan.load(two_layout_plan(tmp_path, "hex_local"))
+    elastic._suggest = lambda workload: replan_for_lengths(recipe, plan, workload)
+    elastic._lengths = [4] * 16
+    assert "hex/elastic/replan_gain" not in elastic.step_metrics()
+    _wait(lambda: elastic.suggested_gain is not None, 30)
+    elastic._lengths = [4] * 16
+    assert elastic.step_metrics()["hex/elastic/replan_gain"] == elastic.suggested_gain
+
+
 def test_a_relaunch_that_fails_leaves_the_server_out(rig, servers):
     elastic, router, changes, _, _ = rig
 

@@ -144,3 +144,33 @@ def test_bad_input_is_one_message(tiny_plan, args, field, capsys):
     assert main(["replan", "--plan", str(tiny_plan), "--recipe", str(TINY), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {field}") and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def paper_7b(tmp_path_factory):
+    from areal_hex_plugin.scheduler import plan_recipe
+
+    recipe = load_recipe(REPO / "recipes" / "paper" / "7b.yaml")
+    return recipe, plan_recipe(recipe)
+
+
+def test_a_replan_at_the_planned_lengths_moves_nothing_and_gains_nothing(paper_7b):
+    from areal_hex_plugin.scheduler.replan import replan_for_lengths
+
+    recipe, plan = paper_7b
+    found = replan_for_lengths(recipe, plan, recipe.workload)
+    assert found.diff == ()
+    assert found.current_tokens_per_s == pytest.approx(plan.predicted.tokens_per_s, rel=1e-6)
+    assert found.gain == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_replan_for_much_shorter_outputs_says_what_moves_and_what_it_gains(paper_7b):
+    from areal_hex_plugin.scheduler.replan import replan_for_lengths
+    from areal_hex_plugin.scheduler.reshare import with_lengths
+
+    recipe, plan = paper_7b
+    short = with_lengths(recipe.workload, [recipe.workload.output_lengths.mean // 8] * 256, "measured")
+    found = replan_for_lengths(recipe, plan, short)
+    assert found.diff  # shorter outputs: the planner moves machines
+    assert found.tokens_per_s == found.plan.predicted.tokens_per_s > 0
+    assert found.gain > 0  # and it beats the running layout at those lengths
