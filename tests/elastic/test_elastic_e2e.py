@@ -16,9 +16,7 @@ server's copy of it) before its first request; the shares changed within two ste
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import threading
 import time
 from pathlib import Path
@@ -27,15 +25,9 @@ import pytest
 
 pytest.importorskip("areal")
 
-from tests.e2e.run import (  # noqa: E402
-    environment,
-    new_mark,
-    processes_left,
-    processes_with,
-    run_driver,
-    two_layout_plan,
-)
+from tests.e2e.run import environment, new_mark, processes_left, run_driver, two_layout_plan  # noqa: E402
 from tests.e2e.sglang_server import LENGTHS_FILE_ENV  # noqa: E402
+from tests.elastic.procs import flag, kill_where  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TIMEOUT_S = 600
@@ -88,17 +80,11 @@ class Watcher(threading.Thread):
                 return
 
     def _kill(self, log: Path) -> None:
-        port = log.stem.rsplit("-", 1)[1]
-        for entry in processes_with(self.mark):
-            pid = entry.split(" ", 1)[0]
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"tests.e2e.sglang_server" in argv and port.encode() in argv:
-                os.kill(int(pid), signal.SIGKILL)
-                self.killed_at, self.killed_log = time.time(), log
-                return
+        port = log.stem.rsplit("-", 1)[1].encode()
+        if kill_where(
+            self.mark, lambda argv: b"tests.e2e.sglang_server" in argv and flag(argv, b"--port") == port
+        ):
+            self.killed_at, self.killed_log = time.time(), log
 
 
 def test_a_server_lost_and_relaunched_and_lengths_that_double(tmp_path: Path) -> None:
