@@ -393,7 +393,13 @@ class ElasticRollout:
             finally:
                 _held_verdicts.reset(tokens[1])
                 _attempt_picks.reset(tokens[0])
-            lost = await self._until_done_or_lost(task, picks)
+            try:
+                lost = await self._until_done_or_lost(task, picks)
+            except (
+                BaseException
+            ):  # the sample itself is cancelled (teardown): so is its attempt, in its context
+                task.cancel()
+                raise
             if lost:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

@@ -237,3 +237,30 @@ def test_a_relaunch_that_fails_leaves_the_server_out(rig, servers):
     assert elastic.states == [DOWN, UP] and router.shares == [0.0, 1.0]
     assert replace(changes[0], reason="") == replace(changes[0], reason="")  # recorded once
     assert len(changes) == 1
+
+
+def test_a_cancelled_sample_cancels_its_attempt(rig):
+    elastic, router, _, _, _ = rig
+    cancelled = []
+
+    async def attempt(task):
+        rank = router.choose()
+        elastic.picked(rank)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.append(task.task_id)
+            raise
+        finally:
+            router.release(rank, completed=False)
+
+    async def scenario():
+        outer = asyncio.ensure_future(elastic.submit(Task(1), attempt, lambda: 2, lambda _: None))
+        await asyncio.sleep(0.2)
+        outer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await outer
+        await asyncio.sleep(0.05)  # the attempt's own cancellation runs in its task
+
+    asyncio.run(scenario())
+    assert cancelled == [1] and router.outstanding == [0, 0]
