@@ -27,6 +27,7 @@ COMMANDS = (
     "calibrate",
     "simulate",
     "reproduce",
+    "replan",
 )
 
 

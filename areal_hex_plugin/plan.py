@@ -222,6 +222,29 @@ class PoolRole:
     split: int = spec(0, "machines split between training and rollout (some GPUs each)", _INDEX)
 
 
+CHANGE_KINDS = ("lost", "gained", "reshare", "drift", "replan")
+
+
+@dataclass(frozen=True)
+class PlanChange:
+    """One change to a running plan: a server lost or gained, shares re-solved for length drift, or a re-plan
+    (``areal-hex replan``). ``shares`` are the routing shares after it, per server (``pool/index``)."""
+
+    kind: str = spec(help="what changed", choices=CHANGE_KINDS)
+    hosts: list[str] = spec(
+        help="the machines (or servers) concerned", default_factory=list, max_items=1 << 16
+    )
+    reason: str = spec("", "why, in words")
+    step: int | None = spec(
+        None, "the training step it happened in (None: between runs)", between(0, 1 << 40)
+    )
+    tokens_per_s_before: float = spec(0.0, "predicted tokens/s before", _RATE)
+    tokens_per_s_after: float = spec(0.0, "predicted tokens/s after", _RATE)
+    shares: dict[str, float] = spec(
+        help="routing share of each server after the change", range=between(0, 1), default_factory=dict
+    )
+
+
 @dataclass(frozen=True)
 class HexPlan:
     """Which machine does what, with which layouts, and what that is predicted to buy."""
@@ -256,6 +279,11 @@ class HexPlan:
     warnings: list[str] = spec(help="what the planner warns about", default_factory=list)
     runtime: str = spec(
         "", "the runtime the plan was made for (RuntimeCaps.describe()); empty in older plans"
+    )
+    changes: list[PlanChange] = spec(
+        help="what changed since the plan was made, in order (lost and gained servers, re-plans)",
+        default_factory=list,
+        max_items=1 << 16,
     )
     schema_version: int = spec(SCHEMA_VERSION, "the plan format's version", between(1, SCHEMA_VERSION))
 

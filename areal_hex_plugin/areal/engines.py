@@ -72,7 +72,15 @@ class HexSGLangBackend(SGLangBackend):
 
 class HexRolloutController(RolloutController):
     """Starts each planned server with its own layout and flags, routes rollouts by the plan's shares instead of
-    round-robin, and counts completions per pool."""
+    round-robin, and counts completions per pool. With ``hex_elastic`` (``areal/elastic.py``, attached by the
+    trainer) it resubmits the samples of a lost server, skips lost servers in control calls and relaunches them."""
+
+    hex_elastic = None  # ElasticRollout, once attached
+
+    @property
+    def staleness_manager(self):
+        inner = self._staleness_manager
+        return inner if self.hex_elastic is None else self.hex_elastic.manager(inner)
 
     def _slots(self):
         # eval-rollout reuses the rollout servers, so it follows the rollout slots.
@@ -90,7 +98,7 @@ class HexRolloutController(RolloutController):
     async def _collective_rpc_async(self, method: str, *args, **kwargs):
         if method != "launch_server" or kwargs.get("server_args") is None:
             return await super()._collective_rpc_async(method, *args, **kwargs)
-        base = kwargs.pop("server_args")
+        base = self._hex_server_args = kwargs.pop("server_args")
         slots = self._slots()
         return await asyncio.gather(
             *(
@@ -106,6 +114,70 @@ class HexRolloutController(RolloutController):
             )
         )
 
+    async def _generic_collective_rpc_async(self, method, workers, engine_name_fn, *args, **kwargs):
+        elastic = self.hex_elastic
+        if elastic is None or workers is not self.workers:
+            return await super()._generic_collective_rpc_async(
+                method, workers, engine_name_fn, *args, **kwargs
+            )
+        ranks = [
+            rank for rank in range(len(workers)) if elastic.reachable(rank)
+        ]  # a lost server answers nothing
+        return await asyncio.gather(
+            *(
+                self.scheduler.async_call_engine(
+                    *args,
+                    worker_id=workers[rank].id,
+                    method=method,
+                    engine_name=engine_name_fn(rank),
+                    **kwargs,
+                )
+                for rank in ranks
+            )
+        )
+
+    def hex_relaunch(self, rank: int) -> str:
+        """Start server ``rank`` again on its worker, with its layout and flags; its new ``host:port``."""
+        from areal.api import LocalInfServerInfo
+        from areal.infra.utils.concurrent import run_async_task
+
+        answer = run_async_task(
+            self.scheduler.async_call_engine,
+            self.workers[rank].id,
+            "hex_relaunch_server",
+            engine_name=self._engine_name(rank),
+            server_args=self._slots()[rank].launch_args(self._hex_server_args),
+        )
+        self.server_infos[rank] = LocalInfServerInfo(host=answer["host"], port=answer["port"], process=None)
+        return f"{answer['host']}:{answer['port']}"
+
+    def hex_widen_admission(self) -> None:
+        """Every worker still reachable admits as much as the whole controller (see ``hex_set_admission``)."""
+        from areal.infra.utils.concurrent import run_async_task
+
+        manager = self._staleness_manager
+        run_async_task(
+            self._collective_rpc_async,
+            "hex_set_admission",
+            max_concurrent_rollouts=manager.max_concurrent_rollouts,
+            consumer_batch_size=manager.consumer_batch_size,
+        )
+
+    def pause(self):
+        if self.hex_elastic is not None:  # before a weight update: the route leaves lost servers out
+            self.hex_elastic.before_update()
+        super().pause()
+
+    def set_version(self, version: int) -> None:
+        super().set_version(version)
+        if self.hex_elastic is not None:
+            self.hex_elastic.on_version(version)
+
+    def destroy(self):
+        if self.hex_elastic is not None:
+            self.hex_elastic.stop()
+        super().destroy()
+
     def _router(self) -> ShareRouter:
         router = getattr(self, "_hex_router", None)
         if router is None or len(router.shares) != len(self.workers):
@@ -120,6 +192,8 @@ class HexRolloutController(RolloutController):
         """The server for the next request; inside :meth:`_routed` it is released when the call ends, otherwise
         the caller releases it."""
         rank = self._router().choose()
+        if self.hex_elastic is not None:
+            self.hex_elastic.picked(rank)
         picks = _picks.get()
         if picks is not None:
             picks.append(rank)
@@ -142,19 +216,31 @@ class HexRolloutController(RolloutController):
                 router.release(rank, completed=ok)
 
     def _create_submit_callback(self, pending_task):
-        submit = super()._create_submit_callback(pending_task)
+        upstream = super()._create_submit_callback
+
+        async def attempt(task_input):
+            # Upstream returns None for a rollout that failed, timed out or was rejected.
+            return await self._routed(upstream(task_input), lambda result: result is not None)
 
         async def submit_and_release():
-            # Upstream returns None for a rollout that failed, timed out or was rejected.
-            return await self._routed(submit, lambda result: result is not None)
+            if self.hex_elastic is None:
+                return await attempt(pending_task)
+            return await self.hex_elastic.submit(
+                pending_task, attempt, self._task_id_generator.next, self._forget_task
+            )
 
         return submit_and_release
+
+    def _forget_task(self, task_id: int) -> None:
+        with self._futures_lock:
+            self._pending_futures.pop(task_id, None)
 
     async def agenerate(self, req):
         return await self._routed(functools.partial(super().agenerate, req), lambda _: True)
 
     def export_stats(self) -> dict[str, float]:
-        return {**super().export_stats(), **self.pool_sample_stats()}
+        elastic = self.hex_elastic.step_metrics() if self.hex_elastic is not None else {}
+        return {**super().export_stats(), **self.pool_sample_stats(), **elastic}
 
     def pool_sample_stats(self) -> dict[str, float]:
         """Requests each pool completed and failed since the last export, as ``hex/rollout/<pool>/samples`` and
@@ -176,6 +262,32 @@ class HexRemoteSGLangEngine(RelayReceiverMixin, RemoteSGLangEngine):
     def __init__(self, config) -> None:
         super().__init__(config)
         self._engine = RemoteInfEngine(config, HexSGLangBackend())
+
+    def hex_set_admission(self, max_concurrent_rollouts: int, consumer_batch_size: int) -> None:
+        """Admit this many rollouts on this worker: upstream splits the controller's limits evenly over the
+        servers, so the servers left after one is lost must take its part (the controller's own limits still
+        bound the whole)."""
+        executor = self._engine.workflow_executor
+        manager = executor.staleness_manager
+        with manager.lock:
+            manager.max_concurrent_rollouts = max_concurrent_rollouts
+            manager.consumer_batch_size = consumer_batch_size
+        with executor.dispatcher._input_cv:  # a producer waiting for capacity looks again
+            executor.dispatcher._input_cv.notify_all()
+
+    def hex_relaunch_server(self, server_args: dict[str, Any]) -> dict[str, Any]:
+        """Start this worker's server again (it died, the worker lives) and send requests to it; where it is."""
+        from areal.utils.network import format_hostport
+
+        engine = self._engine
+        engine.local_server_processes = [
+            info
+            for info in engine.local_server_processes
+            if info.process is None or info.process.poll() is None
+        ]
+        info = engine.launch_server(dict(server_args))
+        engine.addresses = [format_hostport(info.host, info.port)]
+        return {"host": info.host, "port": info.port}
 
     @classmethod
     def as_controller(cls, config, scheduler):

@@ -4,7 +4,9 @@
 share within one request. ``least_outstanding``: the server with the fewest requests in flight per unit of
 share (a fast server drains its queue sooner and so gets more), ties broken by the weighted round-robin.
 Every :meth:`ShareRouter.choose` is matched by one :meth:`ShareRouter.release`, which counts the request as
-completed (it produced a result) or failed (error, time-out, abort, or no trajectory).
+completed (it produced a result) or failed (error, time-out, abort, or no trajectory). A server with share 0 (lost,
+or not yet holding the current weights) gets no request; :meth:`ShareRouter.set_shares` changes the shares while
+requests are in flight.
 """
 
 from __future__ import annotations
@@ -19,16 +21,28 @@ class ShareRouter:
     def __init__(self, shares: Sequence[float], policy: str = "shares") -> None:
         if policy not in ROUTING_POLICIES:
             raise ValueError(f"unknown routing policy {policy!r}; use one of {', '.join(ROUTING_POLICIES)}")
-        if not shares or any(s <= 0 for s in shares):
-            raise ValueError(f"shares must be positive, got {list(shares)}")
-        total = float(sum(shares))
-        self.shares = [s / total for s in shares]
+        self.shares = self._normalised(shares)
         self.policy = policy
         self.outstanding = [0] * len(shares)
         self.completed = [0] * len(shares)
         self.failed = [0] * len(shares)
         self._credit = [0.0] * len(shares)
         self._lock = threading.Lock()
+
+    @staticmethod
+    def _normalised(shares: Sequence[float]) -> list[float]:
+        if not shares or any(s < 0 for s in shares) or not any(s > 0 for s in shares):
+            raise ValueError(f"shares must be non-negative with one positive, got {list(shares)}")
+        total = float(sum(shares))
+        return [s / total for s in shares]
+
+    def set_shares(self, shares: Sequence[float]) -> None:
+        """Route by ``shares`` from now on (one per server, as many as before; the requests in flight stay)."""
+        if len(shares) != len(self.shares):
+            raise ValueError(f"{len(shares)} shares for {len(self.shares)} servers")
+        with self._lock:
+            self.shares = self._normalised(shares)
+            self._credit = [0.0] * len(shares)
 
     def _round_robin(self, candidates: list[int]) -> int:
         for i in range(len(self.shares)):
@@ -40,7 +54,7 @@ class ShareRouter:
     def choose(self) -> int:
         """The server for the next request (counted as in flight until :meth:`release`)."""
         with self._lock:
-            candidates = list(range(len(self.shares)))
+            candidates = [i for i, share in enumerate(self.shares) if share > 0]
             if self.policy == "least_outstanding":
                 load = [self.outstanding[i] / self.shares[i] for i in candidates]
                 candidates = [i for i in candidates if load[i] == min(load)]

@@ -6,26 +6,31 @@ saves ``hex_plan.json`` beside upstream's ``config.yaml`` and returns the Hex sc
 Rollout servers use the engine class :func:`register` installed (``HexRemoteSGLangEngine``: per-GPU-type flags,
 share routing), through ``_rollout_engine_cls`` (upstream's hook with ``patches/0002``). With
 ``hex.transport: relay`` the actor is the transport's ``HexFSDPPPOActor`` or ``HexMegatronRelayActor`` and its
-controller gets the plan's rollout pools and links. Upstream's stats logger is wrapped to add ``hex/*``.
+controller gets the plan's rollout pools and links. Upstream's stats logger is wrapped to add ``hex/*``. Rollout
+servers lost and gained mid-run and length drift are handled by :mod:`elastic` (``hex.elastic``); each change is
+appended to ``hex_plan.json``.
 Weights go to the rollout servers every ``plan.solver.window_steps`` steps (:mod:`update_window`).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 from areal.trainer import rl_trainer
 from areal.trainer.rl_trainer import PPOTrainer
 from areal.utils.stats_logger import StatsLogger
 
+from areal_hex_plugin.areal.elastic import attach_elastic, reroute
 from areal_hex_plugin.areal.launch import scheduler_factory
 from areal_hex_plugin.areal.metrics import HexStatsLog
 from areal_hex_plugin.areal.plugin import ROLLOUT_ENGINES, TRAIN_ENGINES, load, register, swapped
 from areal_hex_plugin.areal.rewrite import apply_plan, uses_relay
 from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
 from areal_hex_plugin.areal.update_window import push_every
-from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.plan import HexPlan, PlanChange
 
 PLAN_FILE = "hex_plan.json"
 
@@ -60,6 +65,26 @@ class HexPPOTrainer(PPOTrainer):
         rollouts = [r for r in (self.rollout, self.eval_rollout) if r is not None]
         push_every(plan.solver.window_steps, self.actor, rollouts)
         self.stats_logger = HexStatsLog(self.stats_logger, plan)
+        self._hex_plan_lock = threading.Lock()
+        self.hex_elastic = attach_elastic(self)
+
+    # -- elastic rollout (areal/elastic.py) ----------------------------------------------------------------
+
+    def hex_record_change(self, change: PlanChange) -> None:
+        """Append a change to the running plan and rewrite ``hex_plan.json`` beside upstream's config."""
+        with self._hex_plan_lock:
+            self.hex_plan = replace(self.hex_plan, changes=[*self.hex_plan.changes, change])
+            save_plan_beside_config(self.config, self.hex_plan)
+
+    def hex_relaunches(self) -> bool:
+        """A relaunched server can receive the current version only over the relay."""
+        return uses_relay(self.config)
+
+    def hex_reroute(self, reachable: list[bool]) -> None:
+        reroute(self.actor, self.rollout, reachable)
+
+    def hex_log_path(self, name: str) -> str:
+        return os.path.join(StatsLogger.get_log_path(self.config.stats_logger), name)
 
     def _train_engine_cls(self, backend: str) -> type | None:
         """The train engine :func:`register` installed for ``hex.transport`` and this actor backend, if any."""
@@ -87,6 +112,8 @@ class HexPPOTrainer(PPOTrainer):
         return actor
 
     def close(self):
+        if getattr(self, "hex_elastic", None) is not None:
+            self.hex_elastic.stop()
         # Upstream destroys the rollout before the actor: stop the receivers (and free their staged weights) first.
         stop_receivers = getattr(self.actor, "stop_receivers", None)
         if stop_receivers is not None:

@@ -277,6 +277,38 @@ def check_relay_sender(
 
 
 @dataclass
+class ElasticConfig:
+    """How a run copes with rollout servers that come and go and with output lengths that drift
+    (``areal/elastic.py``). A lost server is noticed within ``failures_to_down * (health_interval_s +
+    health_timeout_s)`` seconds (sooner when one of its requests fails)."""
+
+    enabled: bool = spec(
+        True, "watch the rollout servers, resubmit a lost server's samples, re-solve the shares"
+    )
+    health_interval_s: float = spec(
+        1.0, "seconds between two health probes of a rollout server", above(0, 3600, "s")
+    )
+    health_timeout_s: float = spec(2.0, "a health probe unanswered this long fails", above(0, 3600, "s"))
+    failures_to_down: int = spec(
+        2, "consecutive failed probes after which a server counts as lost", between(1, 100)
+    )
+    relaunch: bool = spec(
+        True,
+        "relaunch a lost server on its machine while its worker answers; it rejoins the routing once it holds the "
+        "trainer's current version (needs hex.transport=relay)",
+    )
+    drift_threshold: float = spec(
+        0.2,
+        "re-balance the shares when the served output lengths move the predicted rollout time by more than this "
+        "fraction",
+        above(0, 100),
+    )
+    drift_min_samples: int = spec(
+        8, "samples a step must serve before its lengths are compared", between(1, 1 << 30)
+    )
+
+
+@dataclass
 class HexConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     gpu_catalog: dict[str, GpuTypeConfig] = field(default_factory=dict)
@@ -290,6 +322,7 @@ class HexConfig:
         choices=TRANSPORTS,
     )
     relay: RelayConfig = field(default_factory=RelayConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
     routing: str = spec(
         "shares",
         "how the rollout controller picks a server: shares (weighted round-robin by the plan's shares) or "

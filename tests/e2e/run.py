@@ -120,10 +120,10 @@ def environment(folder: Path, mark: str, extra: dict[str, str] | None = None) ->
     return env
 
 
-def overrides(folder: Path, scheduler: str) -> list[str]:
+def overrides(folder: Path, scheduler: str, steps: int = STEPS) -> list[str]:
     return [
         f"scheduler.type={scheduler}",
-        f"total_train_steps={STEPS}",
+        f"total_train_steps={steps}",
         f"actor.path={folder / 'model'}",
         f"train_dataset.path={folder / 'gsm8k'}",
         f"cluster.fileroot={folder / 'exp'}",
@@ -186,9 +186,10 @@ def run_driver(
     timeout_s: float,
     extra: tuple[str, ...] = (),
     recipe: Path = RECIPE,
+    steps: int = STEPS,
 ) -> Run:
-    """Make the assets in ``folder`` and run the driver on ``recipe`` there; a run past ``timeout_s`` is killed
-    whole."""
+    """Make the assets in ``folder`` and run the driver on ``recipe`` there for ``steps`` steps; a run past
+    ``timeout_s`` is killed whole."""
     write_assets(folder)
     for name in ("name_resolve", "home", "wandb"):
         (folder / name).mkdir(exist_ok=True)
@@ -198,7 +199,7 @@ def run_driver(
         "areal_hex_plugin.driver",
         "--config",
         str(recipe),
-        *overrides(folder, scheduler),
+        *overrides(folder, scheduler, steps),
         *extra,
     ]
     start = time.monotonic()

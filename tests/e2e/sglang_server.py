@@ -45,6 +45,18 @@ from areal_hex_plugin.transport.sinks import TensorParallelSink, shard_dim
 from tests.transport.sglang_standin import SGLangStandIn
 
 LOG_DIR_ENV = "HEX_STANDIN_LOG_DIR"
+# A file holding a whole number N: every generation then ends (as at EOS) after N tokens. Read at each request,
+# so a test can change the served lengths mid-run.
+LENGTHS_FILE_ENV = "HEX_STANDIN_LENGTHS_FILE"
+
+
+def forced_length() -> int | None:
+    """The output length ``HEX_STANDIN_LENGTHS_FILE`` sets now (None: unset, or no number there)."""
+    path = os.environ.get(LENGTHS_FILE_ENV)
+    try:
+        return int(Path(path).read_text()) if path else None
+    except (OSError, ValueError):
+        return None
 
 
 def weights_digest(named_tensors) -> str:
@@ -307,6 +319,7 @@ class SGLangCPUServer(SGLangStandIn):
         if not params.get("ignore_eos"):
             stops.add(self._eos)
         cache, step_ids = None, torch.tensor([input_ids])
+        forced = forced_length()
         for _ in range(int(params.get("max_new_tokens", 16))):
             with self._lock, torch.no_grad():
                 if self._epoch != epoch:
@@ -316,7 +329,7 @@ class SGLangCPUServer(SGLangStandIn):
             token, logprob = self._sample(logits, temperature, top_k, top_p)
             tokens.append(token)
             logprobs.append(logprob)
-            if token in stops:
+            if token in stops or len(tokens) == forced:
                 return tokens, logprobs, {"type": "stop", "matched": token}
             step_ids = torch.tensor([[token]])
         return tokens, logprobs, finish

@@ -53,8 +53,9 @@ def test_release_counts_failures_and_refuses_a_second_release() -> None:
 def test_bad_router_input() -> None:
     with pytest.raises(ValueError, match="unknown routing policy"):
         ShareRouter([1.0], policy="random")
-    with pytest.raises(ValueError, match="positive"):
-        ShareRouter([1.0, 0.0])
+    for shares in ([0.0, 0.0], [-1.0, 2.0], []):
+        with pytest.raises(ValueError, match="positive"):
+            ShareRouter(shares)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,592 @@
+"""Elastic rollout: servers lost and gained while a run goes on, and output lengths that drift.
+
+One :class:`ElasticRollout` per training rollout controller (``HexRolloutController``), in the driver's process:
+
+- **Health.** A thread probes every server's ``/health`` every ``hex.elastic.health_interval_s`` (unanswered after
+  ``health_timeout_s``: failed); ``failures_to_down`` failures in a row mark it lost, so a server leaves the routing
+  at most ``deadline_s = failures_to_down * (interval + timeout)`` seconds after it stops answering. A request that
+  fails probes its server at once.
+- **Lost.** Its share drops to 0 and the shares are re-solved over the servers left by the planner's rollout model
+  (``scheduler/reshare.py``: milliseconds, no re-plan) and applied to the router in place. The controller
+  resubmits every sample in flight on it to the survivors (:meth:`ElasticRollout.submit`): the attempt on the lost
+  server is cancelled (or its failure held back from upstream's staleness manager), the sample goes out again under
+  a new task id, and only its last attempt is accepted or rejected, so each sample counts once. Upstream splits
+  the admission limits evenly over the servers' workers; the workers left are given the whole controller's (which
+  still bounds the total), or they could not make a step's samples on their own. Weight updates leave it out: the
+  relay route is rebuilt without it before the next update.
+- **Gained.** With ``relaunch`` and a worker that still answers, its server is started again on its machine. It
+  joins the relay route at the next update and the routing only once it reports the version the trainer
+  committed, so it never serves weights the trainer did not commit; its planned share is then re-solved in.
+- **Drift.** Each step's served output lengths (the trajectories' loss masks) are scored against the lengths the
+  shares were solved for: when they move the predicted rollout time by more than ``drift_threshold``, the shares are
+  re-solved with the measured lengths, and a re-plan suggestion is logged: the planner's plan for the measured
+  lengths (solved off the training thread), the machines it would move and its predicted gain, with the lengths
+  written out for ``hex.workload.output_lengths: {kind: file}``.
+
+Every change is appended to the plan's ``changes`` (``hex_plan.json`` beside upstream's config) and shows in
+``hex/elastic/*`` through upstream's StatsLogger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from areal.utils import logging
+
+from areal_hex_plugin.plan import PlanChange
+from areal_hex_plugin.scheduler.reshare import RESOLUTION, ServerShape, reshare, with_lengths
+from areal_hex_plugin.specs.config import ElasticConfig
+
+logger = logging.getLogger("HexElastic")
+
+UP, DOWN, JOINING = "up", "down", "joining"
+# How often a waiting sample looks whether its server was lost.
+POLL_S = 0.1
+
+# Per attempt of one sample: the servers it picked, and the verdicts upstream gave it (held back until final).
+_attempt_picks: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("hex_attempt", default=None)
+_held_verdicts: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "hex_verdicts", default=None
+)
+
+
+def http_probe(address: str, timeout_s: float) -> bool:
+    """Whether the server at ``host:port`` answers ``/health`` within ``timeout_s``."""
+    import requests
+
+    try:
+        return requests.get(f"http://{address}/health", timeout=timeout_s).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def served_version(address: str, timeout_s: float) -> str | None:
+    """The weight version the server at ``host:port`` reports (SGLang's ``/get_weight_version``), None if none."""
+    import requests
+
+    try:
+        answer = requests.get(f"http://{address}/get_weight_version", timeout=timeout_s)
+        return str(answer.json().get("weight_version")) if answer.status_code == 200 else None
+    except (requests.RequestException, ValueError):
+        return None
+
+
+def output_lengths(trajectory: Any) -> list[int]:
+    """Generated tokens per sequence of a trajectory (its loss mask's ones per row); [] when it has none.
+
+    In the controller a trajectory's tensors are upstream's RTensors (shapes only; the data stays on the rollout
+    worker): the loss mask alone is fetched, past the fetch buffer the trainer's own reads go through."""
+    mask = trajectory.get("loss_mask") if isinstance(trajectory, dict) else None
+    if hasattr(mask, "shard") and getattr(mask.data, "is_meta", False):
+        from areal.infra.rpc.rtensor import get_backend
+
+        try:
+            mask = get_backend().fetch([mask.shard])[0]
+        except Exception as error:  # a lost worker: the lengths of this one sample stay unmeasured
+            logger.warning(f"cannot read a trajectory's loss mask ({error}); its lengths are not measured")
+            return []
+    if mask is None or not hasattr(mask, "sum"):
+        return []
+    return [int(n) for n in mask.sum(-1).reshape(-1).tolist()]
+
+
+class _HeldVerdicts:
+    """Upstream's staleness manager, except that a rejection inside a resubmittable attempt is held back."""
+
+    def __init__(self, inner, held: list[str]) -> None:
+        self._inner, self._held = inner, held
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def on_rollout_rejected(self) -> None:
+        self._held.append("rejected")
+
+
+class ElasticRollout:
+    """Server states, health probes, resubmission, share re-solving and drift for one rollout controller."""
+
+    def __init__(
+        self,
+        config: ElasticConfig,
+        cost_model,
+        shapes: Sequence[ServerShape],
+        names: Sequence[str],
+        addresses: Sequence[str],
+        *,
+        set_shares: Callable[[Sequence[float]], None],
+        in_flight: Callable[[int], int],
+        staleness: Callable[[], Any],
+        record: Callable[[PlanChange], None] = lambda change: None,
+        relaunch: Callable[[int], str] | None = None,
+        widen: Callable[[], None] = lambda: None,
+        suggest: Callable[[Any], Any] | None = None,
+        reroute: Callable[[Sequence[bool]], None] | None = None,
+        lengths_file: str | None = None,
+        probe: Callable[[str, float], bool] = http_probe,
+        version_of: Callable[[str, float], str | None] = served_version,
+    ) -> None:
+        self.config = config
+        self.cm = cost_model  # the lengths the current shares were solved for
+        self.shapes, self.names, self.addresses = list(shapes), list(names), list(addresses)
+        self.states = [UP] * len(shapes)
+        self.failures = [0] * len(shapes)
+        self.shares: tuple[float, ...] = ()
+        self.counts: Counter[str] = Counter()
+        self.detections: list[
+            dict[str, Any]
+        ] = []  # each loss: rank, when its first failed probe was, when marked
+        self.version = 0
+        self.step = 0
+        self.drift = 0.0
+        self._set_shares, self._in_flight, self._record = set_shares, in_flight, record
+        self._staleness = staleness  # upstream's StalenessManager of the controller
+        self._relaunch, self._reroute, self._widen = relaunch, reroute, widen
+        self._suggest = suggest  # workload -> replan.LengthSuggestion (a solve: run off the training thread)
+        self.suggested_gain: float | None = None
+        self._lengths_file = lengths_file
+        self._probe, self._version_of = probe, version_of
+        self._first_failure: list[float | None] = [None] * len(shapes)
+        self._lengths: list[int] = []
+        self._accepted: set[int] = set()  # samples (first task ids) accepted
+        self._route_dirty = False
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(
+            max_workers=min(16, max(1, len(shapes))), thread_name_prefix="hex-health"
+        )
+
+    def summary(self) -> dict[str, int]:
+        """What happened to the samples and servers so far."""
+        keys = (
+            "accepted",
+            "rejected",
+            "resubmitted",
+            "in_flight_at_loss",
+            "duplicates",
+            "lost",
+            "relaunched",
+        )
+        return {key: self.counts[key] for key in (*keys, "gained", "reshares", "changes")}
+
+    @property
+    def deadline_s(self) -> float:
+        """At most this long from a server's last answer to its leaving the routing."""
+        c = self.config
+        return c.failures_to_down * (c.health_interval_s + c.health_timeout_s)
+
+    # -- life --------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._watch, name="hex-elastic", daemon=True)
+        self._thread.start()
+        logger.info(
+            f"watching {len(self.shapes)} rollout servers: a lost one leaves the routing within "
+            f"{self.deadline_s:.1f} s"
+        )
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        logger.info(f"hex elastic summary: {json.dumps(self.summary())}")
+        if self._thread is not None:
+            self._thread.join(timeout=self.deadline_s + 5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.config.health_interval_s):
+            ranks = [r for r, state in enumerate(self.states) if state != DOWN]
+            answers = self._pool.map(
+                lambda r: self._probe(self.addresses[r], self.config.health_timeout_s), ranks
+            )
+            for rank, ok in zip(ranks, answers, strict=True):
+                self._after_probe(rank, ok)
+
+    def _after_probe(self, rank: int, ok: bool) -> None:
+        with self._lock:
+            if self.states[rank] == DOWN:
+                return
+            if ok:
+                self.failures[rank], self._first_failure[rank] = 0, None
+                return
+            self.failures[rank] += 1
+            if self._first_failure[rank] is None:
+                self._first_failure[rank] = time.time()
+            if self.failures[rank] >= self.config.failures_to_down:
+                self.mark_down(rank, f"{self.failures[rank]} health probes failed")
+
+    def confirm_failure(self, rank: int) -> bool:
+        """A request on ``rank`` failed: probe it now; whether it is (now) lost."""
+        if self.states[rank] == DOWN:
+            return True
+        if self._probe(self.addresses[rank], self.config.health_timeout_s):
+            return False
+        self._after_probe(rank, False)
+        # One more probe decides at once rather than at the next round.
+        if self.states[rank] != DOWN and not self._probe(self.addresses[rank], self.config.health_timeout_s):
+            self.mark_down(rank, "a request failed and its server does not answer")
+        return self.states[rank] == DOWN
+
+    # -- states ------------------------------------------------------------------------------------------
+
+    def live(self) -> list[bool]:
+        """Which servers take requests."""
+        return [state == UP for state in self.states]
+
+    def reachable(self, rank: int) -> bool:
+        """Whether ``rank``'s worker and server take control calls (pause, version, stats): not lost."""
+        return self.states[rank] != DOWN
+
+    def is_down(self, rank: int) -> bool:
+        return self.states[rank] == DOWN
+
+    def mark_down(self, rank: int, reason: str) -> None:
+        with self._lock:
+            if self.states[rank] == DOWN:
+                return
+            was_serving = self.states[rank] == UP
+            before = self._tokens_per_s()
+            self.states[rank] = DOWN
+            now = time.time()
+            in_flight = self._in_flight(rank) if was_serving else 0
+            self.counts["lost"] += 1
+            self.counts["in_flight_at_loss"] += in_flight
+            first = self._first_failure[rank] or now
+            self.detections.append(
+                {"rank": rank, "first_failure": first, "marked": now, "in_flight": in_flight}
+            )
+            self._route_dirty = True
+            if any(self.live()):
+                self._apply(reshare(self.cm, self.shapes, self.live()).shares)
+            logger.warning(
+                f"rollout server {self.names[rank]} lost ({reason}) at {now:.3f}, {now - first:.2f} s after its "
+                f"first failed probe: {in_flight} samples in flight go to the others; shares now "
+                f"{self._share_text()}"
+            )
+            self._change("lost", [self.names[rank]], reason, before)
+        self._admit_all()
+        if self._relaunch is not None and self.config.relaunch:
+            threading.Thread(target=self._bring_back, args=(rank,), name="hex-relaunch", daemon=True).start()
+
+    def _admit_all(self) -> None:
+        """Upstream splits the admission limits evenly over the servers; the ones left take the lost one's part."""
+        try:
+            self._widen()
+        except Exception as error:  # a worker lost with its server: the health probes say so next
+            logger.warning(f"cannot widen the rollout workers' admission ({error})")
+
+    def _bring_back(self, rank: int) -> None:
+        try:
+            address = self._relaunch(rank)
+        except Exception as error:  # the machine is gone too: it stays lost
+            logger.warning(f"rollout server {self.names[rank]} cannot be relaunched ({error}); it stays out")
+            return
+        with self._lock:
+            self.addresses[rank] = address
+            self.failures[rank], self._first_failure[rank] = 0, None
+            self.states[rank] = JOINING
+            self._route_dirty = True
+            self.counts["relaunched"] += 1
+        logger.info(
+            f"rollout server {self.names[rank]} relaunched at {address}; it joins the routing once it holds the "
+            "trainer's next committed version"
+        )
+
+    def before_update(self) -> None:
+        """Before a weight update: the relay route follows the servers that are not lost (joining ones included,
+        so they receive the version)."""
+        with self._lock:
+            if not self._route_dirty or self._reroute is None:
+                return
+            self._route_dirty = False
+            reachable = [state != DOWN for state in self.states]
+        self._reroute(reachable)
+
+    def on_version(self, version: int) -> None:
+        """The trainer committed ``version`` to the servers: a joining server that holds it starts serving."""
+        self.version = version
+        for rank, state in enumerate(self.states):
+            if state != JOINING:
+                continue
+            held = self._version_of(self.addresses[rank], self.config.health_timeout_s)
+            if held != str(version):
+                continue
+            with self._lock:
+                before = self._tokens_per_s()
+                self.states[rank] = UP
+                self._apply(reshare(self.cm, self.shapes, self.live()).shares)
+                self.counts["gained"] += 1
+                logger.info(
+                    f"rollout server {self.names[rank]} serves again, on version {version}; shares now "
+                    f"{self._share_text()}"
+                )
+                self._change("gained", [self.names[rank]], f"relaunched, holds version {version}", before)
+            self._admit_all()
+
+    # -- shares ------------------------------------------------------------------------------------------
+
+    def _apply(self, shares: Sequence[float]) -> None:
+        self.shares = tuple(shares)
+        self._set_shares(shares)
+        self.counts["reshares"] += 1
+
+    def _share_text(self) -> str:
+        return ", ".join(f"{n}: {s:.3f}" for n, s in zip(self.names, self.shares, strict=True))
+
+    def _tokens_per_s(self) -> float:
+        """Predicted generation speed of the serving servers (samples per second of the split, in tokens)."""
+        if not any(self.live()):
+            return 0.0
+        result = reshare(self.cm, self.shapes, self.live())
+        return RESOLUTION * self.cm.workload.output_lengths.mean / result.makespan_s
+
+    def _change(self, kind: str, hosts: list[str], reason: str, before: float) -> None:
+        change = PlanChange(
+            kind=kind,
+            hosts=hosts,
+            reason=reason,
+            step=self.step,
+            tokens_per_s_before=round(before, 3),
+            tokens_per_s_after=round(self._tokens_per_s(), 3),
+            shares={n: round(s, 6) for n, s in zip(self.names, self.shares, strict=True)},
+        )
+        self.counts["changes"] += 1
+        self._record(change)
+
+    # -- samples -----------------------------------------------------------------------------------------
+
+    def picked(self, rank: int) -> None:
+        """The controller chose ``rank`` for the attempt running in this context."""
+        picks = _attempt_picks.get()
+        if picks is not None:
+            picks.append(rank)
+
+    def manager(self, inner):
+        """Upstream's staleness manager as this context's attempt sees it (rejections held back)."""
+        held = _held_verdicts.get()
+        return inner if held is None or inner is None else _HeldVerdicts(inner, held)
+
+    async def submit(self, task_input, attempt: Callable, new_task_id: Callable[[], int], forget: Callable):
+        """Run one sample to its end: ``attempt(task_input)`` (an awaitable of upstream's submit-then-wait that
+        releases its server) until it gives a trajectory, or fails on a server that still answers; a sample
+        whose server is lost goes out again, to the others, under a new task id (the lost server's late callback
+        must not resolve the new attempt). ``forget(task_id)`` drops a cancelled attempt's pending future."""
+        resubmits, sample = 0, task_input.task_id
+        while True:
+            picks: list[int] = []
+            held: list[str] = []
+            tokens = (_attempt_picks.set(picks), _held_verdicts.set(held))
+            try:
+                task = asyncio.ensure_future(attempt(task_input))
+            finally:
+                _held_verdicts.reset(tokens[1])
+                _attempt_picks.reset(tokens[0])
+            try:
+                lost = await self._until_done_or_lost(task, picks)
+            except (
+                BaseException
+            ):  # the sample itself is cancelled (teardown): so is its attempt, in its context
+                task.cancel()
+                raise
+            if lost:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                forget(task_input.task_id)
+            else:
+                result = task.result()
+                if result is not None:
+                    lengths = await asyncio.to_thread(output_lengths, result.trajectory)
+                    with self._lock:
+                        self.counts["accepted"] += 1
+                        self.counts["duplicates"] += sample in self._accepted
+                        self._accepted.add(sample)
+                        self._lengths.extend(lengths)
+                    return result
+                lost = bool(picks) and await asyncio.to_thread(self.confirm_failure, picks[-1])
+            if not lost or not any(self.live()) or resubmits >= len(self.shapes):
+                for _ in held:  # the sample's last attempt: its verdict goes to upstream's manager
+                    self.counts["rejected"] += 1
+                    self._staleness().on_rollout_rejected()
+                return None
+            resubmits += 1
+            self.counts["resubmitted"] += 1
+            task_input = replace(task_input, task_id=new_task_id())
+
+    async def _until_done_or_lost(self, task: asyncio.Future, picks: list[int]) -> bool:
+        while not task.done():
+            await asyncio.wait({task}, timeout=POLL_S)
+            if not task.done() and picks and self.states[picks[-1]] == DOWN:
+                return True
+        return False
+
+    # -- drift -------------------------------------------------------------------------------------------
+
+    def step_metrics(self) -> dict[str, float]:
+        """Once per training step: the drift check, and ``hex/elastic/*``."""
+        from areal_hex_plugin.costmodel import CostModel
+
+        with self._lock:
+            lengths, self._lengths = self._lengths, []
+        out = {
+            "hex/elastic/live_servers": float(sum(self.live())),
+            "hex/elastic/lost": float(self.counts["lost"]),
+            "hex/elastic/gained": float(self.counts["gained"]),
+            "hex/elastic/resubmitted": float(self.counts["resubmitted"]),
+            "hex/elastic/changes": float(self.counts["changes"]),
+        }
+        if len(lengths) >= self.config.drift_min_samples and any(self.live()):
+            measured = CostModel(
+                self.cm.cluster,
+                with_lengths(self.cm.workload, lengths, f"served at step {self.step}"),
+                self.cm.calibration,
+            )
+            live = self.live()
+            basis, now = reshare(self.cm, self.shapes, live), reshare(measured, self.shapes, live)
+            self.drift = now.makespan_s / basis.makespan_s - 1
+            out["hex/elastic/served_mean_tokens"] = sum(lengths) / len(lengths)
+            if abs(self.drift) > self.config.drift_threshold:
+                self._rebalance(measured, now.shares, lengths, basis)
+        out["hex/elastic/drift"] = self.drift
+        if self.suggested_gain is not None:
+            out["hex/elastic/replan_gain"] = self.suggested_gain
+        out.update({f"hex/elastic/share/{n}": s for n, s in zip(self.names, self.shares, strict=True)})
+        stat = getattr(self._staleness(), "rollout_stat", None)
+        logger.info(
+            f"hex elastic step {self.step} ended at {time.time():.3f}: {json.dumps(self.summary())}; upstream's "
+            f"rollouts {stat}"
+        )
+        self.step += 1
+        return out
+
+    def _rebalance(self, measured, shares: Sequence[float], lengths: list[int], basis) -> None:
+        with self._lock:
+            before = self._tokens_per_s()
+            was = self.cm.workload.output_lengths.mean
+            self.cm = measured
+            self._apply(shares)
+            reason = (
+                f"served outputs average {measured.workload.output_lengths.mean:.1f} tokens against {was:.1f}: "
+                f"the predicted rollout time moves {self.drift:+.0%}"
+            )
+            self._change("drift", [], reason, before)
+        written = ""
+        if self._lengths_file:
+            Path(self._lengths_file).write_text("".join(f"{n}\n" for n in lengths))
+            written = f" (written to {self._lengths_file})"
+        logger.warning(f"length drift: {reason}; shares re-balanced online to {self._share_text()}")
+        if self._suggest is not None:
+            threading.Thread(
+                target=self._log_suggestion, args=(measured.workload, written), name="hex-replan", daemon=True
+            ).start()
+
+    def _log_suggestion(self, workload, written: str) -> None:
+        """What a re-plan for the served lengths would change and gain (the planner's search, off the training
+        thread)."""
+        try:
+            found = self._suggest(workload)
+        except Exception as error:  # a suggestion only: the run goes on
+            logger.warning(f"no re-plan suggestion for the served lengths ({error})")
+            return
+        self.suggested_gain = found.gain
+        figures = (
+            f"the planner's plan for them predicts {found.tokens_per_s:,.1f} tokens/s against about "
+            f"{found.current_tokens_per_s:,.1f} for the running plan at these lengths ({found.gain:+.1%})"
+        )
+        if not found.diff:
+            logger.info(
+                f"re-plan suggestion: none, the layout stays ({figures}); the re-balanced shares suffice"
+            )
+            return
+        moves = "; ".join(f"{d.host}: {d.before or '(new)'} -> {d.after or '(gone)'}" for d in found.diff)
+        logger.warning(
+            f"re-plan suggestion for the served lengths: {figures}, moving {len(found.diff)} machines ({moves}). "
+            f"Plan the recipe with hex.workload.output_lengths={{kind: file, path: <the served lengths>{written}}} "
+            "(areal-hex plan RECIPE --json PLAN.json) and resume from the recover checkpoint with hex.plan_path"
+        )
+
+
+def attach_elastic(trainer) -> ElasticRollout | None:
+    """Watch the trainer's rollout servers (``hex.elastic``); None when disabled or not a Hex controller."""
+    from areal_hex_plugin.areal.engines import HexRolloutController
+    from areal_hex_plugin.areal.planning import recipe_of
+    from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.scheduler.replan import replan_for_lengths
+
+    config, rollout = trainer.config, trainer.rollout
+    if not config.hex.elastic.enabled or not isinstance(rollout, HexRolloutController):
+        return None
+    recipe = recipe_of(config)
+    slots = rollout._slots()
+    elastic = ElasticRollout(
+        config.hex.elastic,
+        CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe)),
+        [ServerShape(s.pool, s.tp, s.pp) for s in slots],
+        [f"{s.host}/{rank}" for rank, s in enumerate(slots)],
+        [f"{info.host}:{info.port}" for info in rollout.server_infos],
+        set_shares=lambda shares: rollout._router().set_shares(shares),
+        in_flight=lambda rank: rollout._router().outstanding[rank],
+        staleness=lambda: rollout._staleness_manager,
+        record=trainer.hex_record_change,
+        relaunch=rollout.hex_relaunch if trainer.hex_relaunches() else None,
+        widen=rollout.hex_widen_admission,
+        suggest=lambda workload: replan_for_lengths(recipe, trainer.hex_plan, workload),
+        reroute=trainer.hex_reroute,
+        lengths_file=trainer.hex_log_path("hex_served_lengths.txt"),
+    )
+    elastic.shares = tuple(rollout._router().shares)
+    rollout.hex_elastic = elastic
+    elastic.start()
+    return elastic
+
+
+def reroute(actor, rollout, reachable: Sequence[bool]) -> None:
+    """Point the relay at the ``reachable`` rollout servers only (before an update): each one's receiver (started
+    once, so the same endpoint), the plan's pools, and the train workers' coordinator rebuilt through the
+    transport's ``hex_configure_transport``. Nothing to do on upstream's own weight path."""
+    from areal.infra.utils.concurrent import run_async_task
+
+    from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
+
+    settings = getattr(actor, "hex_settings", None)
+    if settings is None or not settings.pools:
+        return
+    ranks = [rank for rank, ok in enumerate(reachable) if ok]
+
+    async def start_all() -> list[str]:
+        return await asyncio.gather(
+            *(
+                rollout.scheduler.async_call_engine(
+                    rollout.workers[rank].id,
+                    "hex_start_receiver",
+                    engine_name=rollout._engine_name(rank),
+                    **settings.receiver,
+                )
+                for rank in ranks
+            )
+        )
+
+    endpoints = dict(zip(ranks, (Endpoint.parse(text) for text in run_async_task(start_all)), strict=True))
+    route = Route(
+        [
+            PoolRoute(
+                pool.name, [endpoints[i] for i in pool.workers], pool.cross_gb_per_s, pool.intra_gb_per_s
+            )
+            for pool in (replace(p, workers=[i for i in p.workers if i in endpoints]) for p in settings.pools)
+            if pool.workers
+        ]
+    )
+    actor._hex_route = route
+    actor._custom_function_call("hex_configure_transport", route.to_dict(), settings.sender)
+    logger.info(f"relay route now {route.replica_count} servers: {route.to_dict()}")

@@ -1,0 +1,79 @@
+"""Routing shares for the rollout servers a run has now: the planner's rollout model, without a re-plan.
+
+When a server is lost or gained, or the served output lengths drift from the plan's, the layout stays and only
+the shares move. Each live server is scored by the cost model as phase 1b scores a replica shape
+(:meth:`CostModel.rollout` of its pool, TP and PP under the workload's output lengths), identical servers form one
+replica group, and :func:`inflight.best_split` (the planner's own share rule) splits ``resolution`` samples over the
+groups; a group's samples are spread evenly over its servers. ``resolution`` sets how fine the shares are (the
+router takes fractions; the plan's integer samples per step would round a small change away). Milliseconds, no
+CP-SAT: the same numbers the planner used, for the servers that are here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from areal_hex_plugin.costmodel import CostModel, RolloutStage
+from areal_hex_plugin.scheduler.inflight import best_split
+from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig
+from areal_hex_plugin.specs.workload import LengthDistribution, WorkloadSpec
+
+# Samples the shares are split over: fractions to 1/1000.
+RESOLUTION = 1000
+
+
+@dataclass(frozen=True)
+class ServerShape:
+    """One rollout server: its pool and layout (what the cost model needs to score it)."""
+
+    pool: str
+    tp: int = 1
+    pp: int = 1
+
+
+@dataclass(frozen=True)
+class Reshare:
+    """Per-server shares (0 for a server not live) and the predicted seconds to generate ``resolution`` samples
+    over the live servers (the makespan :func:`best_split` minimised)."""
+
+    shares: tuple[float, ...]
+    makespan_s: float
+
+
+def replica_config(cm: CostModel, shape: ServerShape) -> ReplicaConfig:
+    """The cost model's replica of ``shape`` (as ``Evaluator.feasible_shapes`` builds it)."""
+    estimate = cm.rollout(tuple(RolloutStage(pool=shape.pool, tp=shape.tp) for _ in range(shape.pp)))
+    return ReplicaConfig(
+        shape.pool, shape.tp, shape.pp, estimate.tokens_per_s, estimate.concurrency, estimate.recompute_s
+    )
+
+
+def reshare(
+    cm: CostModel, servers: Sequence[ServerShape], live: Sequence[bool], resolution: int = RESOLUTION
+) -> Reshare:
+    """Shares over the ``live`` servers by the planner's rollout model; raises ValueError when none is live."""
+    if len(live) != len(servers):
+        raise ValueError(f"{len(live)} live flags for {len(servers)} servers")
+    members: dict[ServerShape, list[int]] = {}
+    for index, (shape, up) in enumerate(zip(servers, live, strict=True)):
+        if up:
+            members.setdefault(shape, []).append(index)
+    if not members:
+        raise ValueError("no live rollout server to share the samples")
+    shapes = sorted(members, key=lambda s: (s.pool, s.tp, s.pp))
+    groups = tuple((replica_config(cm, shape), len(members[shape])) for shape in shapes)
+    makespan, samples = best_split(groups, max(resolution, len(groups)), cm.workload.output_lengths.mean)
+    shares = [0.0] * len(servers)
+    total = sum(samples)
+    for shape, count in zip(shapes, samples, strict=True):
+        for index in members[shape]:
+            shares[index] = count / total / len(members[shape])
+    return Reshare(tuple(shares), makespan)
+
+
+def with_lengths(workload: WorkloadSpec, lengths: Sequence[int], source: str) -> WorkloadSpec:
+    """``workload`` with the output lengths measured (each capped at ``max_new_tokens``, as the plan's are)."""
+    cap = workload.rl.max_new_tokens
+    measured = LengthDistribution(tuple(sorted(min(cap, max(1, int(n))) for n in lengths)), source)
+    return replace(workload, output_lengths=measured)

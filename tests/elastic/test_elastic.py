@@ -1,0 +1,266 @@
+"""``areal/elastic.py`` on its own: real HTTP servers (the transport tests' SGLang stand-in), the real router,
+cost model and upstream's StalenessManager; the controller's calls are the functions it is given."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, replace
+
+import pytest
+
+pytest.importorskip("areal")
+
+import torch  # noqa: E402
+from areal.infra.staleness_manager import StalenessManager  # noqa: E402
+
+from areal_hex_plugin.areal.elastic import DOWN, JOINING, UP, ElasticRollout, output_lengths  # noqa: E402
+from areal_hex_plugin.areal.routing import ShareRouter  # noqa: E402
+from areal_hex_plugin.costmodel import CostModel, recipe_calibration  # noqa: E402
+from areal_hex_plugin.scheduler.reshare import ServerShape  # noqa: E402
+from areal_hex_plugin.specs.config import ElasticConfig  # noqa: E402
+from areal_hex_plugin.specs.recipe import load_recipe  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
+from tests.transport.sglang_standin import SGLangStandIn  # noqa: E402
+
+CONFIG = ElasticConfig(health_interval_s=0.2, health_timeout_s=0.5, failures_to_down=2, drift_min_samples=4)
+SHAPES = [ServerShape("big", 1), ServerShape("small", 2)]
+
+
+@dataclass
+class Task:
+    task_id: int
+
+
+@dataclass
+class Result:
+    task_id: int
+    trajectory: dict
+
+
+class _Version:
+    def get_version(self) -> int:
+        return 0
+
+
+@pytest.fixture
+def servers():
+    started = [SGLangStandIn(1), SGLangStandIn(2)]
+    yield started
+    for server in started:
+        server.close()
+
+
+@pytest.fixture
+def rig(servers, tmp_path):
+    recipe = load_recipe(REPO / "recipes" / "ci" / "tiny.yaml")
+    router = ShareRouter([0.5, 0.5])
+    changes, relaunched = [], []
+    manager = StalenessManager(_Version(), 16, 8, 1)
+
+    def relaunch(rank):
+        server = SGLangStandIn(2)
+        # SGLang's label of the loaded weights, as the e2e stand-in answers it.
+        server.app.add_url_rule(
+            "/get_weight_version",
+            "version",
+            lambda: {"weight_version": server.weight_version},
+            methods=["GET"],
+        )
+        relaunched.append(server)
+        return server.address
+
+    elastic = ElasticRollout(
+        CONFIG,
+        CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe)),
+        SHAPES,
+        ["big-2/0", "small-0/1"],
+        [s.address for s in servers],
+        set_shares=router.set_shares,
+        in_flight=lambda rank: router.outstanding[rank],
+        staleness=lambda: manager,
+        record=changes.append,
+        relaunch=relaunch,
+        lengths_file=str(tmp_path / "lengths.txt"),
+    )
+    yield elastic, router, changes, relaunched, manager
+    elastic.stop()
+    for server in relaunched:
+        server.close()
+
+
+def _wait(condition, seconds: float) -> float:
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < seconds, "timed out"
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def test_a_silent_server_leaves_the_routing_within_the_deadline(rig, servers):
+    elastic, router, changes, relaunched, _ = rig
+    elastic.start()
+    time.sleep(0.3)
+    assert elastic.states == [UP, UP]
+    servers[1].close()
+    waited = _wait(lambda: elastic.states[1] != UP, elastic.deadline_s + 1)
+    assert waited <= elastic.deadline_s
+    assert router.shares == [1.0, 0.0]
+    (change,) = changes
+    assert (change.kind, change.hosts, change.shares) == (
+        "lost",
+        ["small-0/1"],
+        {"big-2/0": 1.0, "small-0/1": 0.0},
+    )
+    assert change.tokens_per_s_after < change.tokens_per_s_before
+    # Relaunched on its machine: it joins the relay route but takes no request until it holds the version.
+    _wait(lambda: elastic.states[1] == JOINING, 5)
+    rerouted = []
+    elastic._reroute = rerouted.append
+    elastic.before_update()
+    assert rerouted == [[True, True]]
+    elastic.on_version(1)  # it still serves "default"
+    assert elastic.states[1] == JOINING and router.shares[1] == 0.0
+    relaunched[0].weight_version = "1"
+    elastic.on_version(1)
+    assert elastic.states[1] == UP and 0 < router.shares[1] < 1
+    assert [c.kind for c in changes] == ["lost", "gained"]
+    assert changes[-1].shares == pytest.approx(
+        dict(zip(["big-2/0", "small-0/1"], router.shares, strict=True))
+    )
+
+
+def _trajectory(lengths: list[int]) -> dict:
+    mask = torch.zeros(len(lengths), 32, dtype=torch.int32)
+    for row, n in enumerate(lengths):
+        mask[row, 8 : 8 + n] = 1
+    return {"loss_mask": mask}
+
+
+def test_output_lengths_come_from_the_loss_mask():
+    assert output_lengths(_trajectory([3, 7])) == [3, 7]
+    assert output_lengths({}) == [] and output_lengths(None) == []
+
+
+def test_a_lost_servers_sample_goes_out_again_once(rig, servers):
+    elastic, router, _, _, manager = rig
+    elastic._relaunch = None
+    forgotten, tried = [], []
+
+    async def attempt(task):
+        rank = router.choose()
+        elastic.picked(rank)
+        tried.append((task.task_id, rank))
+        try:
+            if rank == 1:
+                await asyncio.sleep(60)  # the lost server never answers
+            return Result(task.task_id, _trajectory([4, 4]))
+        finally:
+            router.release(rank)
+
+    async def scenario():
+        ids = iter(range(100, 200))
+        first = asyncio.ensure_future(elastic.submit(Task(1), attempt, lambda: next(ids), forgotten.append))
+        second = asyncio.ensure_future(elastic.submit(Task(2), attempt, lambda: next(ids), forgotten.append))
+        await asyncio.sleep(0.3)
+        elastic.mark_down(1, "test")
+        return await asyncio.gather(first, second)
+
+    results = asyncio.run(scenario())
+    assert all(r is not None for r in results)
+    assert [t for t, r in tried if r == 1] == forgotten  # the attempt on the lost server was cancelled
+    assert elastic.counts["resubmitted"] == elastic.counts["in_flight_at_loss"] == 1
+    assert elastic.summary()["accepted"] == 2 and elastic.counts["duplicates"] == 0
+    assert manager.rollout_stat.rejected == 0
+
+
+def test_a_failure_on_a_live_server_is_rejected_once(rig):
+    elastic, router, _, _, manager = rig
+    manager.on_rollout_enqueued()
+    manager.on_rollout_submitted()
+
+    async def attempt(task):
+        rank = router.choose()
+        elastic.picked(rank)
+        router.release(rank, completed=False)
+        elastic.manager(manager).on_rollout_rejected()  # as upstream's submit-then-wait does
+        return None
+
+    assert asyncio.run(elastic.submit(Task(1), attempt, lambda: 2, lambda _: None)) is None
+    assert manager.rollout_stat.rejected == 1 and manager.rollout_stat.running == 0
+    assert elastic.counts["resubmitted"] == 0 and elastic.states == [UP, UP]
+
+
+def test_doubled_lengths_rebalance_the_shares(rig, tmp_path):
+    elastic, router, changes, _, _ = rig
+    elastic._lengths = [4] * 16
+    elastic.step_metrics()  # the plan assumed ~11 tokens: re-balanced to 4
+    shares_at_4 = list(router.shares)
+    assert [c.kind for c in changes] == ["drift"]
+    elastic._lengths = [8] * 16
+    metrics = elastic.step_metrics()
+    assert metrics["hex/elastic/drift"] > CONFIG.drift_threshold
+    assert [c.kind for c in changes] == ["drift", "drift"] and changes[-1].step == 1
+    assert router.shares != shares_at_4 and sum(router.shares) == pytest.approx(1.0)
+    assert (tmp_path / "lengths.txt").read_text().split() == ["8"] * 16
+    elastic._lengths = [8] * 16
+    assert abs(elastic.step_metrics()["hex/elastic/drift"]) < 1e-9  # steady: nothing more moves
+    assert len(changes) == 2
+    assert metrics["hex/elastic/live_servers"] == 2.0
+
+
+def test_a_drift_logs_the_planners_suggestion_and_its_gain(rig, tmp_path):
+    from areal_hex_plugin.plan import HexPlan
+    from areal_hex_plugin.scheduler.replan import replan_for_lengths
+    from tests.e2e.run import two_layout_plan
+
+    elastic, router, changes, _, _ = rig
+    recipe = load_recipe(REPO / "recipes" / "ci" / "tiny.yaml")
+    plan = HexPlan.load(two_layout_plan(tmp_path, "hex_local"))
+    elastic._suggest = lambda workload: replan_for_lengths(recipe, plan, workload)
+    elastic._lengths = [4] * 16
+    assert "hex/elastic/replan_gain" not in elastic.step_metrics()
+    _wait(lambda: elastic.suggested_gain is not None, 30)
+    elastic._lengths = [4] * 16
+    assert elastic.step_metrics()["hex/elastic/replan_gain"] == elastic.suggested_gain
+
+
+def test_a_relaunch_that_fails_leaves_the_server_out(rig, servers):
+    elastic, router, changes, _, _ = rig
+
+    def fail(rank):
+        raise RuntimeError("machine gone")
+
+    elastic._relaunch = fail
+    elastic.mark_down(0, "test")
+    time.sleep(0.2)
+    assert elastic.states == [DOWN, UP] and router.shares == [0.0, 1.0]
+    assert replace(changes[0], reason="") == replace(changes[0], reason="")  # recorded once
+    assert len(changes) == 1
+
+
+def test_a_cancelled_sample_cancels_its_attempt(rig):
+    elastic, router, _, _, _ = rig
+    cancelled = []
+
+    async def attempt(task):
+        rank = router.choose()
+        elastic.picked(rank)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.append(task.task_id)
+            raise
+        finally:
+            router.release(rank, completed=False)
+
+    async def scenario():
+        outer = asyncio.ensure_future(elastic.submit(Task(1), attempt, lambda: 2, lambda _: None))
+        await asyncio.sleep(0.2)
+        outer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await outer
+        await asyncio.sleep(0.05)  # the attempt's own cancellation runs in its task
+
+    asyncio.run(scenario())
+    assert cancelled == [1] and router.outstanding == [0, 0]

@@ -1,0 +1,178 @@
+"""A rollout server killed mid-step, relaunched, and served lengths that double, through the real driver.
+
+The CI e2e run (``tests/e2e``: upstream's trainer, FSDP on 2 gloo ranks, the relay, the SGLang stand-in servers,
+``hex_local``) on the hand-laid two-layout plan, with a watcher thread in the test that
+
+1. SIGKILLs the CPU-SMALL server while it has requests in flight in the first step;
+2. once the relaunched server has loaded a version, doubles the served output lengths (4 -> 8 tokens: the
+   stand-in ends every generation after the number in ``HEX_STANDIN_LENGTHS_FILE``).
+
+Checked: the run finishes its steps; the loss is detected within the stated deadline; every sample in flight on
+the lost server was resubmitted and each sample accepted once; the shares were re-solved for the survivor (the
+plan's ``changes``); the relaunched server loaded the version the trainer committed (same weights as the other
+server's copy of it) before its first request; the shares changed within two steps of the lengths doubling.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("areal")
+
+from tests.e2e.run import environment, new_mark, processes_left, run_driver, two_layout_plan  # noqa: E402
+from tests.e2e.sglang_server import LENGTHS_FILE_ENV  # noqa: E402
+from tests.elastic.procs import flag, kill_where, own_seed  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+TIMEOUT_S = 600
+# One epoch of the CI data set (64 prompts, 8 a step); a step takes about 2 s here, enough of them for the lost
+# server to be relaunched (a server start), join, and see the lengths double with steps left.
+STEPS = 8
+INTERVAL_S, PROBE_TIMEOUT_S, FAILURES = 0.5, 1.0, 2
+DEADLINE_S = FAILURES * (INTERVAL_S + PROBE_TIMEOUT_S)
+ELASTIC = (
+    f"++hex.elastic.health_interval_s={INTERVAL_S}",
+    f"++hex.elastic.health_timeout_s={PROBE_TIMEOUT_S}",
+    f"++hex.elastic.failures_to_down={FAILURES}",
+)
+
+
+def _records(path: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+class Watcher(threading.Thread):
+    """Kills the small server mid-step, then doubles the lengths once its replacement has loaded a version."""
+
+    def __init__(self, folder: Path, mark: str, lengths: Path) -> None:
+        super().__init__(daemon=True)
+        self.folder, self.mark, self.lengths = folder, mark, lengths
+        self.killed_at: float | None = None
+        self.killed_log: Path | None = None
+        self.doubled_at: float | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        servers = self.folder / "servers"
+        while not self.done.wait(0.05):
+            smalls = sorted(servers.glob("small-*.jsonl"))
+            if self.killed_at is None and smalls:
+                records = _records(smalls[0])
+                if sum(r["event"] == "request" for r in records) >= 2:  # in flight: at most 4 run at once
+                    self._kill(smalls[0])
+            elif self.killed_at is not None and self.doubled_at is None:
+                for log in smalls:
+                    if log != self.killed_log and any(
+                        r["event"] == "load" and r["version"] != "default" for r in _records(log)
+                    ):
+                        self.lengths.write_text("8")
+                        self.doubled_at = time.time()
+            if self.doubled_at is not None:
+                return
+
+    def _kill(self, log: Path) -> None:
+        port = log.stem.rsplit("-", 1)[1].encode()
+        if kill_where(
+            self.mark, lambda argv: b"tests.e2e.sglang_server" in argv and flag(argv, b"--port") == port
+        ):
+            self.killed_at, self.killed_log = time.time(), log
+
+
+def test_a_server_lost_and_relaunched_and_lengths_that_double(tmp_path: Path) -> None:
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("4")
+    env = environment(
+        tmp_path, new_mark(), {"HEX_LOCAL_GPUS": "CPU-BIG:3,CPU-SMALL:2", LENGTHS_FILE_ENV: str(lengths)}
+    )
+    plan_file = two_layout_plan(tmp_path, "hex_local")
+    watcher = Watcher(tmp_path, env["HEX_E2E_RUN"], lengths)
+    watcher.start()
+    extra = (f"hex.plan_path={plan_file}", *ELASTIC, own_seed())
+    run = run_driver(tmp_path, "hex_local", env, TIMEOUT_S, extra, STEPS)
+    watcher.done.set()
+    assert run.returncode == 0, run.log[-6000:]
+    assert watcher.killed_at is not None, "the small server was never killed"
+    figures: dict = {"seconds": round(run.seconds, 1)}
+
+    # Detected within the deadline, its in-flight samples resubmitted, each sample accepted once.
+    (lost,) = re.findall(r"rollout server (\S+) lost \(.*?\) at (\d+\.\d+)", run.log)
+    figures["detection_s"] = round(float(lost[1]) - watcher.killed_at, 3)
+    assert 0 <= figures["detection_s"] <= DEADLINE_S + 1.0, figures
+    (summary,) = re.findall(r"hex elastic summary: (\{.*\})", run.log)
+    counts = json.loads(summary)
+    figures["counts"] = counts
+    assert counts["in_flight_at_loss"] >= 1 and counts["resubmitted"] == counts["in_flight_at_loss"], counts
+    assert counts["duplicates"] == 0 and counts["rejected"] == 0, counts
+    batch = 8  # train_dataset.batch_size: prompts (samples of n_samples sequences) per step
+    assert counts["accepted"] >= STEPS * batch, counts
+    # Every step ran and was logged; the killed server left requests unfinished, each of an in-flight sample
+    # (n_samples = 2 requests each).
+    assert len(re.findall(r"hex elastic step \d+ ended", run.log)) == STEPS
+    assert len([r for r in run.wandb_history() if "hex/elastic/live_servers" in r]) == STEPS
+    killed = _records(watcher.killed_log)
+    unfinished = sum(r["event"] == "request" for r in killed) - sum(r["event"] == "generate" for r in killed)
+    assert 1 <= unfinished <= 2 * counts["in_flight_at_loss"], (unfinished, counts)
+    figures["unfinished_requests_on_the_lost_server"] = unfinished
+
+    # The plan records the changes: lost (the survivor takes everything), gained, then the drift re-balance.
+    changes = run.plan["changes"]
+    kinds = [c["kind"] for c in changes]
+    assert "lost" in kinds and "gained" in kinds, kinds
+    loss = changes[kinds.index("lost")]
+    assert {name.split("/")[0]: share for name, share in loss["shares"].items()} == {
+        "big-2": 1.0,
+        "small-0": 0.0,
+    }
+    gain = changes[kinds.index("gained")]
+    assert all(share > 0 for share in gain["shares"].values()), gain
+
+    # The relaunched server loaded a committed version (the weights the big server got for it) before its
+    # first request, and served nothing else.
+    servers = run.server_logs()
+    (new_name,) = [n for n in servers if n.startswith("small") and n != watcher.killed_log.stem]
+    new = servers[new_name]
+    first_request = next(i for i, r in enumerate(new) if r["event"] == "request")
+    loads = [(i, r) for i, r in enumerate(new) if r["event"] == "load" and r["version"] != "default"]
+    assert loads and loads[0][0] < first_request, new[: first_request + 1]
+    big = {
+        r["version"]: r["digest"]
+        for n, rs in servers.items()
+        if n.startswith("big")
+        for r in rs
+        if r["event"] == "load"
+    }
+    assert all(big[r["version"]] == r["digest"] for _, r in loads)
+    assert {r["version"] for r in new if r["event"] == "generate"} <= {r["version"] for _, r in loads}
+    figures["relaunched_first_version"] = loads[0][1]["version"]
+
+    # Lengths doubled: the shares changed within the next two steps.
+    assert watcher.doubled_at is not None
+    drifts = [c for c in changes if c["kind"] == "drift"]
+    after = [
+        c for c in drifts if c["step"] is not None and c["step"] >= _step_at(run.log, watcher.doubled_at)
+    ]
+    # A change at the end of the step the lengths doubled in, or of the next one: the shares of the two steps after.
+    assert after and after[0]["step"] <= _step_at(run.log, watcher.doubled_at) + 1, (
+        drifts,
+        watcher.doubled_at,
+    )
+    before_shares = [c["shares"] for c in changes if changes.index(c) < changes.index(after[0])][-1]
+    assert after[0]["shares"] != before_shares
+    figures["shares"] = {c["kind"]: c["shares"] for c in changes}
+    assert processes_left(run.mark, wait_s=30) == []
+    print(f"\n[e2e elastic] {json.dumps(figures)}")
+
+
+def _step_at(log: str, when: float) -> int:
+    """The training step the run was in at time ``when`` (one past the last step the controller saw end)."""
+    ended = [(int(s), float(t)) for s, t in re.findall(r"hex elastic step (\d+) ended at (\d+\.\d+)", log)]
+    return 1 + max([s for s, t in ended if t <= when], default=-1)

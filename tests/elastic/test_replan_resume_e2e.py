@@ -1,0 +1,133 @@
+"""A training rank lost, ``areal-hex replan``, and the run resumed from upstream's recover checkpoint on the new plan.
+
+Run 1 is the CI e2e run (``hex_local``, the hand-laid plan: FSDP dp2 on big-0 and big-1) with a watcher that
+SIGKILLs the second actor worker (big-1's rank) once the servers hold version 3. The run stops (non-zero, not
+hung). ``replan --lost big-1`` then moves only big-0 (dp2 -> dp1) and drops big-1, the rollout machines untouched;
+run 2, in the same experiment folder with ``hex.plan_path`` of the new plan, recovers from the last recover
+checkpoint: its first step is the one after it, and the first version its servers load is the recovered one,
+with the very weights run 1's servers had for that version.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("areal")
+
+from areal_hex_plugin.cli import main  # noqa: E402
+from tests.e2e.run import RECIPE, environment, new_mark, processes_left, run_driver, two_layout_plan  # noqa: E402
+from tests.e2e.sglang_server import LOG_DIR_ENV  # noqa: E402
+from tests.elastic.procs import flag, kill_where, own_seed  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+TIMEOUT_S = 480
+STEPS = 8
+KILL_AT_VERSION = "3"
+
+
+def _loads(folder: Path) -> dict[str, list[dict]]:
+    """Each server's weight loads, by log name."""
+    out = {}
+    for path in sorted(folder.glob("*.jsonl")):
+        try:
+            records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        except (OSError, ValueError):
+            continue
+        out[path.stem] = [r for r in records if r["event"] == "load"]
+    return out
+
+
+class ActorKiller(threading.Thread):
+    def __init__(self, servers: Path, mark: str) -> None:
+        super().__init__(daemon=True)
+        self.servers, self.mark = servers, mark
+        self.killed = False
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.05):
+            loads = _loads(self.servers)
+            if loads and all(any(r["version"] == KILL_AT_VERSION for r in rs) for rs in loads.values()):
+                self.killed = kill_where(self.mark, _second_actor)
+                return
+
+
+def _second_actor(argv: list[bytes]) -> bool:
+    return (
+        b"areal.infra.rpc.rpc_server" in argv
+        and flag(argv, b"--role") == b"actor"
+        and flag(argv, b"--worker-index") == b"1"
+    )
+
+
+def _train_steps(log: str) -> list[int]:
+    return [int(s) for s in re.findall(r"Train step (\d+)/\d+ done", log)]
+
+
+def test_a_lost_training_rank_replanned_and_resumed(tmp_path: Path, capsys) -> None:
+    plan_file = two_layout_plan(tmp_path, "hex_local")
+    gpus = {"HEX_LOCAL_GPUS": "CPU-BIG:3,CPU-SMALL:2"}
+    env = environment(tmp_path, new_mark(), gpus)
+    killer = ActorKiller(tmp_path / "servers", env["HEX_E2E_RUN"])
+    killer.start()
+    start = time.monotonic()
+    seed = own_seed()
+    first = run_driver(tmp_path, "hex_local", env, TIMEOUT_S, (f"hex.plan_path={plan_file}", seed), STEPS)
+    killer.done.set()
+    assert killer.killed, first.log[-3000:]
+    assert first.returncode != 0 and "killed after" not in first.log, first.log[-3000:]  # stopped, not hung
+    assert processes_left(first.mark, wait_s=30) == []
+    done_before = _train_steps(first.log)
+    assert done_before and len(done_before) < STEPS
+
+    new_plan = tmp_path / "replanned.json"
+    argv = [
+        "replan",
+        "--plan",
+        str(plan_file),
+        "--lost",
+        "big-1",
+        "--recipe",
+        str(RECIPE),
+        "--json",
+        str(new_plan),
+    ]
+    assert main(argv) == 0
+    diff = capsys.readouterr().out
+    changed = {line.split()[0] for line in diff.splitlines() if line.startswith(("big-", "small-"))}
+    assert changed == {"big-0", "big-1"}, diff  # the rollout machines stay as they were
+    replanned = json.loads(new_plan.read_text())
+    assert [(s["dp"], s["hosts"]) for s in replanned["train"]["stages"]] == [(1, ["big-0"])]
+
+    env = environment(tmp_path, new_mark(), {**gpus, LOG_DIR_ENV: str(tmp_path / "servers-resumed")})
+    # The CI recipe's recover checkpoints hold no optimizer state (recover.no_save_optim): none to load either.
+    resume = (f"hex.plan_path={new_plan}", seed, "++recover.no_load_optim=true")
+    second = run_driver(tmp_path, "hex_local", env, TIMEOUT_S, resume, STEPS)
+    assert second.returncode == 0, second.log[-6000:]
+    # The plan it ran is the re-plan, its change list continued (the shares re-balanced for the served lengths).
+    assert {**second.plan, "changes": replanned["changes"]} == replanned
+    assert second.plan["changes"][: len(replanned["changes"])] == replanned["changes"]
+    resumed = _train_steps(second.log)
+    # The step counter continues from upstream's recover info (the steps its checkpoint holds: at least those the
+    # killed run logged), and the recovered weights carry that version.
+    (last,) = re.findall(r"Recovering from StepInfo\(.*?global_step=(\d+)", second.log)
+    assert int(last) >= done_before[-1], (last, done_before)
+    assert resumed == list(range(int(last) + 1, STEPS + 1)), (last, resumed)
+    recovered = last
+    before, after = _loads(tmp_path / "servers"), _loads(tmp_path / "servers-resumed")
+    for name, records in after.items():
+        (first_load, *_) = [r for r in records if r["version"] != "default"]
+        assert first_load["version"] == recovered, (name, records)
+        assert {r["digest"] for rs in before.values() for r in rs if r["version"] == recovered} == {
+            first_load["digest"]
+        }, name
+    assert processes_left(second.mark, wait_s=30) == []
+    print(
+        f"\n[e2e replan-resume] {json.dumps({'killed_after_steps': done_before, 'resumed_steps': resumed, 'seconds': round(time.monotonic() - start, 1)})}"
+    )

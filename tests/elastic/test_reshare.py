@@ -1,0 +1,57 @@
+"""Shares for the servers a run has now, by the planner's rollout model (``scheduler/reshare.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+from areal_hex_plugin.scheduler.inflight import best_split
+from areal_hex_plugin.scheduler.reshare import RESOLUTION, ServerShape, replica_config, reshare, with_lengths
+from areal_hex_plugin.specs.recipe import load_recipe
+from tests.conftest import REPO
+
+SERVERS = [ServerShape("big", 1), ServerShape("small", 2), ServerShape("big", 1)]
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    return load_recipe(REPO / "recipes" / "ci" / "tiny.yaml")
+
+
+def _cm(recipe, workload=None) -> CostModel:
+    return CostModel(recipe.cluster, workload or recipe.workload, recipe_calibration(recipe))
+
+
+def test_the_shares_are_the_planners_split_over_the_live_servers(recipe):
+    cm = _cm(recipe)
+    result = reshare(cm, SERVERS, [True, True, True])
+    assert sum(result.shares) == pytest.approx(1.0)
+    groups = ((replica_config(cm, SERVERS[0]), 2), (replica_config(cm, SERVERS[1]), 1))
+    makespan, split = best_split(groups, RESOLUTION, recipe.workload.output_lengths.mean)
+    assert result.makespan_s == makespan
+    assert result.shares == pytest.approx((split[0] / 2000, split[1] / 1000, split[0] / 2000))
+
+
+def test_a_dead_server_gets_nothing_and_the_rest_take_its_share(recipe):
+    cm = _cm(recipe)
+    full, lost = reshare(cm, SERVERS, [True, True, True]), reshare(cm, SERVERS, [True, False, True])
+    assert lost.shares[1] == 0.0 and lost.shares[0] == lost.shares[2] == pytest.approx(0.5)
+    assert lost.makespan_s > full.makespan_s  # fewer servers, a longer step
+    with pytest.raises(ValueError, match="no live"):
+        reshare(cm, SERVERS, [False, False, False])
+
+
+def test_longer_outputs_move_the_shares(recipe):
+    """At the tiny recipe's scale the slower pool gains relatively more from longer outputs (its fixed costs
+    are amortised over more tokens): doubled lengths move the shares by the model's own numbers."""
+    short = with_lengths(recipe.workload, [4] * 64, "measured")
+    long = with_lengths(recipe.workload, [8] * 64, "measured")
+    a = reshare(_cm(recipe, short), SERVERS[:2], [True, True])
+    b = reshare(_cm(recipe, long), SERVERS[:2], [True, True])
+    assert b.makespan_s > 1.5 * a.makespan_s
+    assert b.shares[1] > a.shares[1]
+
+
+def test_measured_lengths_are_capped_like_the_plans(recipe):
+    workload = with_lengths(recipe.workload, [1000, 0, 5], "measured")
+    assert workload.output_lengths.lengths == (1, 5, recipe.workload.rl.max_new_tokens)
