@@ -86,6 +86,11 @@ class Channel:
         self._send_lock = threading.Lock()
 
     @property
+    def key(self) -> bytes:
+        """The connection's own key (from the handshake's nonces): only its two ends hold it."""
+        return self._key
+
+    @property
     def peer_host(self) -> str:
         return self.sock.getpeername()[0]
 

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import socket
 import struct
 import time
 
+import torch
+
 from areal_hex_plugin.transport import wire
+from areal_hex_plugin.transport.buckets import pack
+from areal_hex_plugin.transport.protocol import Kind, digests_after, make
 from areal_hex_plugin.transport.route import Endpoint
 from tests.transport.harness import Proxy
 
@@ -109,3 +114,62 @@ class TamperingProxy(Proxy):
             for end in (source, sink):
                 with contextlib.suppress(OSError):
                     end.shutdown(socket.SHUT_RDWR)
+
+
+class SocketBytes:
+    """Payload bytes on a data channel itself (the ``tcp`` link), for attackers that send buckets."""
+
+    def __init__(self, channel) -> None:
+        self.channel = channel
+
+    def send(self, chunk: torch.Tensor) -> None:
+        self.channel.send_bytes(memoryview(chunk.numpy()))
+
+
+def send_bucket(
+    channel,
+    link,
+    session: str,
+    version: int,
+    index: int,
+    copy: int,
+    named: dict[str, torch.Tensor],
+    key: bytes,
+    chunk: int,
+    cut: bool = False,
+) -> str:
+    """A bucket of ``named`` with chunk digests made with ``key`` (what a relay that holds the token computes)
+    on ``channel`` and ``link``; ``cut``: the header only, then the channel is closed. Returns its digest."""
+    bucket = pack(index, named.items(), key, chunk)
+    header = make(
+        Kind.BUCKET,
+        session=session,
+        version=version,
+        index=index,
+        copy=copy,
+        nbytes=bucket.nbytes,
+        chunk=chunk,
+        manifest=bucket.manifest(),
+    )
+    channel.send(header)
+    if cut:
+        channel.close()
+        return ""
+    for offset in range(0, bucket.nbytes, chunk):
+        link.send(bucket.data[offset : offset + chunk])
+    if hasattr(link, "flush"):
+        link.flush()
+    channel.send(digests_after(header, bucket.chunks))
+    return bucket.digest(key)
+
+
+def raw_connection(endpoint: Endpoint, source: str = "") -> socket.socket | None:
+    """One TCP connection that never starts the handshake (None when the node's queue is full)."""
+    sock = socket.socket()
+    sock.setblocking(False)
+    sock.bind((source, 0))
+    if sock.connect_ex((endpoint.host, endpoint.port)) not in (0, errno.EINPROGRESS):
+        sock.close()
+        return None
+    sock.setblocking(True)
+    return sock
