@@ -22,8 +22,8 @@ machine alone), so a node without a route accepts nobody else; data links only f
 ``prepare`` named for the current session, exactly those, whatever ``allowed_hosts`` (a further filter) says.
 Versions come from that control channel alone, each above the committed one by at most ``max_version_step``.
 Handshakes are capped in number (some slots kept for the trainer's hosts) and bounded by a deadline; data links are
-capped per peer and in total, and one that carries no bucket by its deadline is closed; the accept loop outlives
-descriptor exhaustion.
+capped per peer and in total, and a peer's link beyond one per part that carries no bucket by its deadline is
+closed; the accept loop outlives descriptor exhaustion.
 
 End to end: the trainer seals the version digest for each replica with a key of its control channel to that
 replica (``buckets.replica_key``), which a relay never sees. A replica checks the seal at ``end``, takes no bucket
@@ -665,39 +665,44 @@ class ReceiverNode:
         session = self._session
         if session is None or session.id != session_id:
             return
-        refusal = self._admit_data(channel, session)
+        refusal, extra = self._admit_data(channel, session)
         if refusal:
             self._refuse(channel.sock, channel.peer_host, refusal)
             return
         try:
-            self._carry(channel, session)
+            self._carry(channel, extra)
         finally:
             with self._lock:
                 self._data.pop(channel, None)
 
-    def _admit_data(self, channel: Channel, session: _Session) -> str:
+    def _admit_data(self, channel: Channel, session: _Session) -> tuple[str, bool]:
         """Why a new data link is refused ('' when it is taken): at most two per part of the session, and two,
-        from one peer, and ``max_data_links`` in all."""
+        from one peer, and ``max_data_links`` in all; and whether it is beyond the one per part its peer's lanes
+        need (then it must carry a bucket within the timeout)."""
         peer, most = channel.peer_host, 2 * session.parts + 2
         with self._lock:
             if self._stopping.is_set():
-                return "the node is stopping"
+                return "the node is stopping", False
             if len(self._data) >= self.config.max_data_links:
-                return f"{len(self._data)} data links are open (hex.relay max_data_links)"
-            if sum(other.peer_host == peer for other in self._data) >= most:
-                return f"{most} data links from this peer are open, as many as {session.parts} parts need"
+                return f"{len(self._data)} data links are open (hex.relay max_data_links)", False
+            open_links = sum(other.peer_host == peer for other in self._data)
+            if open_links >= most:
+                return (
+                    f"{most} data links from this peer are open, as many as {session.parts} parts need",
+                    False,
+                )
             self._data[channel] = threading.current_thread()
-        return ""
+        return "", open_links >= session.parts
 
-    def _carry(self, channel: Channel, session: _Session) -> None:
-        """Receive the link's buckets; the first must come within the timeout (an idle fresh link is closed)."""
-        deadline = time.monotonic() + self.config.timeout_s
+    def _carry(self, channel: Channel, extra: bool) -> None:
+        """Receive the link's buckets; an ``extra`` link that carries none within the timeout is closed."""
+        deadline = time.monotonic() + self.config.timeout_s if extra else None
         channel.settimeout(self.config.timeout_s)
         link = open_receiving_link(channel, self.config.timeout_s, self.device)
         lane: tuple[_Session, int] | None = None  # the session and part this link carries now
         try:
             while True:
-                if lane is None:
+                if lane is None and deadline is not None:
                     header = channel.recv({Kind.BUCKET}, deadline)
                 else:
                     channel.settimeout(None)  # idle between versions; a closed peer, or stop(), ends the wait

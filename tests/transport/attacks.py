@@ -96,7 +96,7 @@ class TamperingProxy(Proxy):
         if not forward:
             return super()._pump(source, sink, forward)
         try:  # handshake bytes pass; then every frame is parsed and payloads after a bucket frame rewritten
-            sink.sendall(wire.recv_exact(source, 48))  # client nonce + proof
+            sink.sendall(wire.recv_exact(source, wire.CLIENT_HELLO_BYTES))  # client nonce, key share, proof
             while True:
                 length = wire.recv_exact(source, _LENGTH.size)
                 body = wire.recv_exact(source, _LENGTH.unpack(length)[0])
@@ -173,3 +173,26 @@ def raw_connection(endpoint: Endpoint, source: str = "") -> socket.socket | None
         return None
     sock.setblocking(True)
     return sock
+
+
+class RecordingProxy(Proxy):
+    """On-path observer (it may hold the token): forwards everything and keeps every byte of connection ``i``
+    in ``seen[(i, True)]`` (towards the target) and ``seen[(i, False)]`` (back)."""
+
+    def __init__(self, target: Endpoint) -> None:
+        self.seen: dict[tuple[int, bool], bytearray] = {}
+        super().__init__(target)
+
+    def _pump(self, source: socket.socket, sink: socket.socket, forward: bool) -> None:
+        index = next(i for i, pair in enumerate(self.connections) if source in pair)
+        seen = self.seen.setdefault((index, forward), bytearray())
+        try:
+            while data := source.recv(1 << 16):
+                seen += data
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)

@@ -6,6 +6,7 @@ too-small stage, a gloo link at exit and a failed removal may not cost a version
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
 import resource
 import subprocess
@@ -161,6 +162,22 @@ def test_the_commit_seal_is_the_control_channels_not_the_content_keys(node):
     control.close()
     assert forged["t"] == "error" and "seal" in forged["error"], forged
     assert honest["t"] == "verified", honest
+
+
+def test_a_token_holder_on_the_path_cannot_derive_a_connections_key(node):
+    """The seal's key comes from the control connection's key: one who holds the token and saw every byte of
+    that connection (a relay on the path) must not be able to compute it from the handshake's nonces."""
+    receiver = node()
+    proxy = attacks.RecordingProxy(receiver.endpoint)
+    sender = _sender(proxy.endpoint)
+    try:
+        assert sender.send_version(1, [list(_state(7).items())]).committed == [str(proxy.endpoint)]
+        control_key = next(iter(sender._pools.values())).controls[proxy.endpoint].channel.key
+    finally:
+        sender.close()
+        proxy.close()
+    server_nonce, client_nonce = bytes(proxy.seen[(0, False)][:16]), bytes(proxy.seen[(0, True)][:16])
+    assert control_key != hmac.digest(TOKEN, b"hex-session" + server_nonce + client_nonce, "sha256")
 
 
 # -- 2. versions and routes come from the trainer alone -----------------------------------------------------
