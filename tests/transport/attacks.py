@@ -193,6 +193,4 @@ class RecordingProxy(Proxy):
         except OSError:
             pass
         finally:
-            for end in (source, sink):
-                with contextlib.suppress(OSError):
-                    end.shutdown(socket.SHUT_RDWR)
+            self.cut(index)
