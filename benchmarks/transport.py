@@ -299,7 +299,9 @@ def replica_worker(args: argparse.Namespace) -> None:
     from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode
 
     sink = _KeepSink()
-    node = ReceiverNode(sink, ReceiverConfig(bind_host=args.address, port=PORT, timeout_s=60.0))
+    trainer = f"{args.address.rsplit('.', 1)[0]}.254"  # the trainer's address in this pool (_address)
+    config = ReceiverConfig(bind_host=args.address, port=PORT, timeout_s=60.0, trainer_hosts=[trainer])
+    node = ReceiverNode(sink, config)
     node.start()
     _answer({"ready": args.address})
     for line in sys.stdin:

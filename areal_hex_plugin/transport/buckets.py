@@ -198,6 +198,19 @@ def part_digest(key: bytes, part: int, bucket_digests: list[str]) -> str:
     return hmac.digest(key, b"hex-part" + body, "sha256").hex()
 
 
+def replica_key(channel_key: bytes, session: str) -> bytes:
+    """The key only the trainer and one replica hold for a session: from the key of the control channel between
+    them (its handshake's fresh nonces), never seen by a relay, which holds the token and the content key."""
+    return hmac.digest(channel_key, b"hex-replica" + session.encode(), "sha256")
+
+
+def seal(key: bytes, session: str, version: int, digest: str) -> str:
+    """The trainer's MAC over a version digest, keyed by :func:`replica_key`: what a replica checks, over the
+    digests of exactly the bytes it staged, before it verifies and again right before it commits."""
+    body = json.dumps([session, version, digest], separators=(",", ":")).encode()
+    return hmac.digest(key, b"hex-seal" + body, "sha256").hex()
+
+
 def version_digest(key: bytes, version: int, part_digests: list[str]) -> str:
     body = json.dumps([version, part_digests], separators=(",", ":")).encode()
     return hmac.digest(key, b"hex-version" + body, "sha256").hex()

@@ -62,7 +62,7 @@ class HexPPOActorController(PPOActorController):
                 "hex transport: call configure_hex_transport(settings) before the first update"
             )
         if getattr(self, "_hex_route", None) is None:
-            self._hex_route = start_receivers(self.rollout, self.hex_settings)
+            self._hex_route = start_receivers(self.rollout, self.hex_settings, trainer_hosts(self))
             self._custom_function_call(
                 "hex_configure_transport", self._hex_route.to_dict(), self.hex_settings.sender
             )
@@ -120,11 +120,17 @@ def call_receivers(rollout, method: str, **kwargs: Any) -> list[Any]:
     return run_async_task(call_all)
 
 
-def start_receivers(rollout, settings: TransportSettings) -> Route:
-    """Start every rollout engine's receiver; the route through them, pool by pool."""
-    endpoints = [
-        Endpoint.parse(text) for text in call_receivers(rollout, "hex_start_receiver", **settings.receiver)
-    ]
+def trainer_hosts(train_controller) -> list[str]:
+    """Where the trainer's control channels come from: the host of the train worker of rank 0 (the sender)."""
+    workers = getattr(train_controller, "workers", None) or []
+    return [workers[0].ip] if workers else []
+
+
+def start_receivers(rollout, settings: TransportSettings, trainers: list[str] | None = None) -> Route:
+    """Start every rollout engine's receiver, taking control only from ``trainers`` (hosts; None or empty: the
+    rollout machine's own); the route through them, pool by pool."""
+    options = {**settings.receiver, **({"trainer_hosts": trainers} if trainers else {})}
+    endpoints = [Endpoint.parse(text) for text in call_receivers(rollout, "hex_start_receiver", **options)]
     pools = settings.pools or [TransportPool("rollout", list(range(len(endpoints))), 1.5, 5.0)]
     return Route(
         [

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import torch
@@ -32,8 +33,9 @@ class DataLink(Protocol):
     def send(self, chunk: torch.Tensor) -> None:
         """Hand ``chunk`` over (it may still be in flight; it must not change until :meth:`close`)."""
 
-    def receive(self, pieces: list[torch.Tensor]) -> Iterator[torch.Tensor]:
-        """Fill the pieces in order, yielding each one as soon as its bytes are in it."""
+    def receive(self, pieces: Sequence[torch.Tensor]) -> Iterator[torch.Tensor]:
+        """Fill the pieces in order, yielding each one as soon as its bytes are in it; a piece is asked for
+        (``pieces[i]``, which may make it then) only right before its bytes are received into it."""
 
     def close(self) -> None: ...
 
@@ -67,7 +69,7 @@ class SocketLink:
     def send(self, chunk: torch.Tensor) -> None:
         self.channel.send_bytes(memoryview(chunk.numpy()))
 
-    def receive(self, pieces: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+    def receive(self, pieces: Sequence[torch.Tensor]) -> Iterator[torch.Tensor]:
         for piece in pieces:
             self.channel.recv_into(memoryview(piece.numpy()))
             yield piece
@@ -138,10 +140,10 @@ class TorchLink:
             buffer.copy_(chunk, non_blocking=chunk.is_pinned())
             self._sends[slot] = (self.group.send([buffer], 1 - self.rank, _TAG), chunk)
 
-    def receive(self, pieces: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+    def receive(self, pieces: Sequence[torch.Tensor]) -> Iterator[torch.Tensor]:
         if not self.staged:  # each piece's receive is posted before the one before it is handed out
             waiting: deque[tuple[dist.Work, torch.Tensor]] = deque()
-            for piece in [*pieces, None]:
+            for piece in itertools.chain(pieces, [None]):
                 if piece is not None:
                     waiting.append((self.group.recv([piece], 1 - self.rank, _TAG), piece))
                 if len(waiting) == 2 or (piece is None and waiting):

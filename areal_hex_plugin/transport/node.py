@@ -17,15 +17,26 @@ serves every session whose upstream its peer is, each frame still authenticated 
 each chunk with the version's content key. A link that breaks, or carries a bucket of another session than the
 node's, is closed, never reused.
 
-Who may connect: the ``allowed_hosts`` (names resolved), or by default the route's own peers, i.e. while a
-control channel is open only its host and the upstream neighbour the sender named for the session. Handshakes are
-capped in number and bounded by a deadline, and the accept loop outlives descriptor exhaustion.
+Who may connect: the control channel only from the ``trainer_hosts`` its controller named (by default this
+machine alone), so a node without a route accepts nobody else; data links only from the peers the trainer's
+``prepare`` named for the current session, exactly those, whatever ``allowed_hosts`` (a further filter) says.
+Versions come from that control channel alone, each above the committed one by at most ``max_version_step``.
+Handshakes are capped in number (some slots kept for the trainer's hosts) and bounded by a deadline; data links are
+capped per peer and in total, and a peer's link beyond one per part that carries no bucket by its deadline is
+closed; the accept loop outlives descriptor exhaustion.
+
+End to end: the trainer seals the version digest for each replica with a key of its control channel to that
+replica (``buckets.replica_key``), which a relay never sees. A replica checks the seal at ``end``, takes no bucket
+of the session after it, and right before it commits recomputes the digest from exactly what it holds staged and
+checks the commit's seal again: a relay forwards the bytes but cannot vouch for them.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
+import hmac
 import logging
 import queue
 import socket
@@ -40,6 +51,7 @@ from typing import Any, Protocol
 
 import torch
 
+from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.transport.buckets import (
     bucket_digest,
     bucket_index,
@@ -47,10 +59,20 @@ from areal_hex_plugin.transport.buckets import (
     entries_from_manifest,
     hash_chunk,
     part_digest,
+    replica_key,
+    seal,
 )
 from areal_hex_plugin.transport.buckets import version_digest as digest_of_version
 from areal_hex_plugin.transport.links import DataLink, connect_data_link, current_device, open_receiving_link
-from areal_hex_plugin.transport.protocol import Kind, Message, ProtocolError, digests_after, make
+from areal_hex_plugin.transport.protocol import (
+    MAX_PARTS,
+    Kind,
+    Message,
+    ProtocolError,
+    chunk_count,
+    digests_after,
+    make,
+)
 from areal_hex_plugin.transport.route import Endpoint
 from areal_hex_plugin.transport.scratch import OwnedDir
 from areal_hex_plugin.transport.stage import SparePages, StagedVersion
@@ -77,7 +99,7 @@ class ReceiverConfig:
     port: int = 0
     # A silent upstream, or a data link that stops moving, is given up after this long.
     timeout_s: float = 30.0
-    # Host names or addresses allowed to connect at all; empty: the route's own peers (see the module doc).
+    # Host names or addresses allowed to connect at all, on top of the route's own peers (never beyond them).
     allowed_hosts: list[str] = field(default_factory=list)
     # Node-local directory under which the node stages versions, in a dir of its own; None: /dev/shm (else the
     # temp dir).
@@ -86,7 +108,16 @@ class ReceiverConfig:
     # back to), so a commit holds only the new version in memory; None: it stays in the stage dir.
     rollback_dir: str | None = None
     max_handshakes: int = 32
+    # Handshake slots kept for connections from the trainer's hosts, on top of max_handshakes.
+    trainer_handshakes: int = 4
     handshake_timeout_s: float = 5.0
+    # Incoming data links at once, in total (each peer also at most two per part of the session, and two).
+    max_data_links: int = 4 * MAX_PARTS
+    # Where the trainer's control channel may come from (the controller names the sending train worker's host);
+    # the default, this machine alone.
+    trainer_hosts: list[str] = field(default_factory=lambda: ["127.0.0.1", "::1"])
+    # A version more than this above the committed one is refused (the first version is taken as it comes).
+    max_version_step: int = 1 << 16
 
 
 @dataclass
@@ -104,23 +135,60 @@ class _Session:
     downstream: tuple[str, str] = ("", "")
     # The data connection that carries each lane here (a second one for a lane is refused).
     lanes: dict[int, object] = field(default_factory=dict)
+    # The key only the trainer and this replica hold for the session (the seal's).
+    seal_key: bytes = b""
+    # The buckets being received now; none may start once ``end`` sealed the session.
+    receiving: set[int] = field(default_factory=set)
+    sealed: bool = False
+    # What ``end`` verified: the parts it announced and the version digest.
+    announced: list[Any] = field(default_factory=list)
     verified: str = ""
 
-    def close_forwarders(self) -> None:
+    def take_forwarders(self) -> list[_Forwarder]:
         forwarders, self.forwarders = self.forwarders, []
-        _close_all(forwarders)
+        return forwarders
+
+
+_CLOSING: set[threading.Thread] = set()  # forwarders being closed, waited for at exit (see _close_all)
+_CLOSING_LOCK = threading.Lock()
 
 
 def _close_all(forwarders: list[_Forwarder]) -> None:
-    for forwarder in forwarders:  # tearing a link down can take a while; nobody waits for it
-        threading.Thread(target=forwarder.close, daemon=True).start()
+    """Close forwarders on threads of their own (tearing a link down can take a while; nobody waits for it), but
+    before the process exits: a gloo group still being shut down at exit aborts the process."""
+    for forwarder in forwarders:
+        thread = threading.Thread(target=_closing, args=(forwarder,), daemon=True)
+        with _CLOSING_LOCK:
+            _CLOSING.add(thread)
+        thread.start()
+
+
+def _closing(forwarder: _Forwarder) -> None:
+    try:
+        forwarder.close()
+    finally:
+        with _CLOSING_LOCK:
+            _CLOSING.discard(threading.current_thread())
+
+
+def wait_for_closing(timeout_s: float = 10.0) -> None:
+    """Wait (at most ``timeout_s``) until every forwarder handed to :func:`_close_all` is closed."""
+    deadline = time.monotonic() + timeout_s
+    with _CLOSING_LOCK:
+        threads = list(_CLOSING)
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(wait_for_closing)
 
 
 class _Forwarder:
     """Sends frames and chunks to the downstream neighbour on its own thread (the pipeline stage)."""
 
-    def __init__(self, channel: Channel, link: DataLink, peer: str, report) -> None:
+    def __init__(self, channel: Channel, link: DataLink, peer: str, session: str, report) -> None:
         self.channel, self.link, self.peer, self.report = channel, link, peer, report
+        self.session = session  # the one it forwards for now (a kept forwarder moves on to the next)
         self.queue: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self.broken = False
         self.thread = threading.Thread(target=self._run, name=f"hex-forward-{peer}", daemon=True)
@@ -142,7 +210,9 @@ class _Forwarder:
                 self.link.send(payload)
         except Exception as error:  # noqa: BLE001 - any failure of the downstream link is reported
             self.broken = True
-            self.report(make(Kind.FORWARD_FAILED, peer=self.peer, error=str(error)[:2000]))
+            self.report(
+                make(Kind.FORWARD_FAILED, session=self.session, peer=self.peer, error=str(error)[:2000])
+            )
 
     def reusable(self) -> bool:
         """Idle (everything queued went out), never broken, and the neighbour has not closed the link."""
@@ -169,15 +239,19 @@ class ReceiverNode:
         self.digest = ""
         self.refused = 0
         self._allowed = resolve_hosts(self.config.allowed_hosts) if self.config.allowed_hosts else None
+        self._trainers = resolve_hosts(self.config.trainer_hosts)
         self._lock = threading.Lock()
         self._session: _Session | None = None
         # The last committed session's forwarders, for the next session to reuse (see the module doc).
         self._kept: tuple[tuple[str, str], list[_Forwarder]] | None = None
-        # Open incoming data channels (they outlive sessions; stop() closes them).
-        self._data: set[Channel] = set()
+        # Open incoming data channels with the threads serving them (they outlive sessions; stop() closes them).
+        self._data: dict[Channel, threading.Thread] = {}
+        # Staged versions whose removal failed, removed again at the next session and at stop().
+        self._leftovers: list[StagedVersion] = []
         self._last_committed: StagedVersion | None = None
         self._control: Channel | None = None
         self._handshakes = threading.BoundedSemaphore(self.config.max_handshakes)
+        self._trainer_handshakes = threading.BoundedSemaphore(self.config.trainer_handshakes)
         self._listener: socket.socket | None = None
         self._stopping = threading.Event()
         # Stage and rollback dirs of the node's own, gone with it (or with its process: see scratch.py).
@@ -196,7 +270,8 @@ class ReceiverNode:
     # -- lifecycle ----------------------------------------------------------------------------------------
 
     def start(self) -> Endpoint:
-        listener = socket.create_server((self.config.bind_host, self.config.port), backlog=64)
+        family = socket.getaddrinfo(self.config.bind_host, self.config.port, type=socket.SOCK_STREAM)[0][0]
+        listener = socket.create_server((self.config.bind_host, self.config.port), family=family, backlog=64)
         self._listener = listener
         threading.Thread(target=self._accept_loop, name="hex-node-accept", daemon=True).start()
         return Endpoint(self.config.bind_host, listener.getsockname()[1])
@@ -214,10 +289,14 @@ class ReceiverNode:
         with self._lock:
             self._end_session()
             self._drop_kept()
-            data, self._data = self._data, set()
+            data, self._data = self._data, {}
+        wait_for_closing()  # a gloo group still being shut down when the process exits aborts it
         for channel in data:
             channel.close()
+        for thread in data.values():  # each closes its link (its group) as it ends
+            thread.join(timeout=5)
         self._settle()
+        self._remove_leftovers()
         for scratch in self._scratch:
             scratch.remove()
 
@@ -240,35 +319,44 @@ class ReceiverNode:
                     time.sleep(backoff)
                 continue
             backoff = 0.05
-            if not self._handshakes.acquire(blocking=False):
-                self._refuse(sock, address[0], "too many handshakes at once")
+            peer = address[0]
+            if not self._peer_allowed(peer):  # before any handshake: no slot, no thread, no byte sent
+                self._refuse(sock, peer, "not the trainer nor a peer of the route (hex.relay.trainer_hosts)")
+                continue
+            slot = self._handshake_slot(peer)
+            if slot is None:
+                self._refuse(sock, peer, "too many handshakes at once")
                 continue
             try:
-                threading.Thread(target=self._serve, args=(sock, address[0]), daemon=True).start()
+                threading.Thread(target=self._serve, args=(sock, peer, slot), daemon=True).start()
             except RuntimeError:  # no thread to be had: refuse, keep the loop
-                self._handshakes.release()
-                self._refuse(sock, address[0], "no thread for the handshake")
+                slot.release()
+                self._refuse(sock, peer, "no thread for the handshake")
+
+    def _handshake_slot(self, peer: str) -> threading.BoundedSemaphore | None:
+        """A free handshake slot: the trainer's hosts have slots of their own, then share the others."""
+        pools = [self._trainer_handshakes, self._handshakes] if peer in self._trainers else [self._handshakes]
+        return next((pool for pool in pools if pool.acquire(blocking=False)), None)
 
     def _refuse(self, sock: socket.socket, peer: str, reason: str) -> None:
         self.refused += 1
         logger.warning("refused a connection from %s: %s", peer, reason)
         sock.close()
 
-    def _peer_allowed(self, peer: str) -> bool:
-        if self._allowed is not None:
-            return peer in self._allowed
-        control, session = self._control, self._session
-        if control is None:
-            return True  # the first control channel: the token decides
-        return peer == control.peer_host or (session is not None and peer in session.upstream)
+    def _peer_allowed(self, peer: str, role: str = "") -> bool:
+        """May ``peer`` connect (in ``role``; '' before the handshake: in either)? The control channel only from
+        the trainer's hosts, data links only from the current session's upstream; ``allowed_hosts`` only
+        narrows that."""
+        if self._allowed is not None and peer not in self._allowed:
+            return False
+        session = self._session
+        trainer = peer in self._trainers and role != "data"
+        return trainer or (role != "control" and session is not None and peer in session.upstream)
 
-    def _serve(self, sock: socket.socket, peer: str) -> None:
+    def _serve(self, sock: socket.socket, peer: str, slot: threading.BoundedSemaphore) -> None:
         channel: Channel | None = None
         try:
             try:
-                if not self._peer_allowed(peer):
-                    self._refuse(sock, peer, "not a peer of the route (hex.relay.allowed_hosts)")
-                    return
                 deadline = time.monotonic() + self.config.handshake_timeout_s
                 channel = authenticate_as_server(sock, self.token, deadline)
                 if channel is None:
@@ -276,7 +364,10 @@ class ReceiverNode:
                     return
                 hello = channel.recv({Kind.HELLO}, deadline)
             finally:
-                self._handshakes.release()
+                slot.release()
+            if not self._peer_allowed(peer, hello["role"]):
+                self._refuse(sock, peer, f"no {hello['role']} channel from a host that is not the route's")
+                return
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # both kinds idle between versions
             if hello["role"] == "control":
@@ -364,8 +455,17 @@ class ReceiverNode:
     def _end_session(self) -> None:
         session, self._session = self._session, None
         if session is not None:
-            session.close_forwarders()
-            session.stage.remove()
+            _close_all(session.take_forwarders())
+            self._remove(session.stage)
+
+    def _remove(self, stage: StagedVersion) -> None:
+        if not stage.remove():
+            self._leftovers.append(stage)
+
+    def _remove_leftovers(self) -> None:
+        leftovers, self._leftovers = self._leftovers, []
+        for stage in leftovers:
+            self._remove(stage)
 
     def _drop_kept(self) -> None:
         kept, self._kept = self._kept, None
@@ -373,25 +473,35 @@ class ReceiverNode:
             _close_all(kept[1])
 
     def _on_prepare(self, message: Message) -> Message:
-        """Start a new session: drop whatever was staged and the old downstream link."""
-        if message["version"] <= self.version:
+        """Start a new session: drop whatever was staged and the old downstream link, and every data link from a
+        host that is not upstream in the new one."""
+        version, step = message["version"], self.config.max_version_step
+        if version <= self.version:
+            return make(
+                Kind.ERROR, id=0, error=f"version {version} is not above the committed {self.version}"
+            )
+        if self.version >= 0 and version > self.version + step:
             return make(
                 Kind.ERROR,
                 id=0,
-                error=f"version {message['version']} is not above the committed {self.version}",
+                error=f"version {version} is more than {step} above the committed {self.version}",
             )
         control = self._control
+        assert control is not None
         named = [host for host in message["upstream"] if host]
         hosts = resolve_hosts(named) if named else set()
-        if len(named) < len(message["upstream"]) and control is not None:
+        if len(named) < len(message["upstream"]):
             hosts.add(control.peer_host)
+        self._remove_leftovers()
         with self._lock:
             self._end_session()
-            stage = StagedVersion(self.stage_root, message["version"], self._spare)
+            stage = StagedVersion(self.stage_root, version, self._spare)
             key = content_key(self.token, message["update"])
-            self._session = _Session(
-                message["session"], message["version"], key, hosts, message["parts"], stage
-            )
+            self._session = _Session(message["session"], version, key, hosts, message["parts"], stage)
+            self._session.seal_key = replica_key(control.key, message["session"])
+            strangers = [channel for channel in self._data if channel.peer_host not in hosts]
+        for channel in strangers:
+            channel.close()
         return make(Kind.READY, id=0, version=self.version)
 
     def _on_connect(self, message: Message) -> Message:
@@ -401,7 +511,7 @@ class ReceiverNode:
         if isinstance(session, str):
             return make(Kind.ERROR, id=0, error=session)
         downstream, backend = message["downstream"], message["backend"]
-        session.close_forwarders()
+        _close_all(session.take_forwarders())
         with self._lock:
             kept, self._kept = self._kept, None
         if kept is not None:
@@ -411,6 +521,8 @@ class ReceiverNode:
                 and all(forwarder.reusable() for forwarder in kept[1])
             ):
                 session.downstream, session.forwarders = kept
+                for forwarder in session.forwarders:
+                    forwarder.session = session.id
                 return make(Kind.CONNECTED, id=0)
             _close_all(kept[1])
         forwarders = []
@@ -426,40 +538,58 @@ class ReceiverNode:
                     self.config.timeout_s,
                     self.device,
                 )
-                forwarders.append(_Forwarder(channel, link, downstream, self._report))
+                forwarders.append(_Forwarder(channel, link, downstream, session.id, self._report))
         except Exception as error:  # noqa: BLE001 - reported to the sender, which re-routes
-            for forwarder in forwarders:
-                threading.Thread(target=forwarder.close, daemon=True).start()
+            _close_all(forwarders)
             return make(Kind.DOWNSTREAM_FAILED, id=0, peer=downstream, error=str(error)[:2000])
         session.downstream, session.forwarders = (downstream, backend), forwarders
         return make(Kind.CONNECTED, id=0)
 
     def _on_end(self, message: Message) -> Message:
+        """Seal the session (no bucket lands after this), then check what is staged against the trainer's
+        sealed digest."""
         session = self._current(message)
         if isinstance(session, str):
             return make(Kind.ERROR, id=0, error=session)
+        if not self._sealed_by_trainer(session, message):
+            return make(Kind.ERROR, id=0, error="end: its seal is not the trainer's for this replica")
+        with self._lock:
+            if session.receiving:
+                return make(Kind.ERROR, id=0, error=f"buckets {sorted(session.receiving)} are still arriving")
+            session.sealed = True
+        problem = self._check_staged(session, message["parts"], message["digest"])
+        if problem:
+            return make(Kind.ERROR, id=0, error=problem)
+        session.announced, session.verified = message["parts"], message["digest"]
+        return make(Kind.VERIFIED, id=0, digest=session.verified)
+
+    def _sealed_by_trainer(self, session: _Session, message: Message) -> bool:
+        expected = seal(session.seal_key, session.id, session.version, message["digest"])
+        return hmac.compare_digest(expected, message["seal"])
+
+    def _check_staged(self, session: _Session, announced: list[Any], digest: str) -> str:
+        """What differs between the staged buckets (their digests, computed here as their bytes landed) and the
+        version the trainer announced ('' when nothing)."""
         with self._lock:
             digests = dict(session.digests)
             staged = {
                 index: (entries, data.numel()) for index, (entries, data) in session.stage.buckets.items()
             }
-        problem = _check_parts(session, message["parts"], digests, staged)
+        problem = _check_parts(session, announced, digests, staged)
         if problem:
-            return make(Kind.ERROR, id=0, error=problem)
+            return problem
         parts = [
             part_digest(
                 session.key, part, [digests[bucket_index(part, session.parts, i)] for i in range(count)]
             )
-            for part, (count, _, _) in enumerate(message["parts"])
+            for part, (count, _, _) in enumerate(announced)
         ]
-        wrong = [part for part, digest in enumerate(parts) if digest != message["parts"][part][2]]
+        wrong = [part for part, digest in enumerate(parts) if digest != announced[part][2]]
         if wrong:
-            return make(Kind.ERROR, id=0, error=f"part {wrong[0]}: digest differs from its sender's")
-        digest = digest_of_version(session.key, session.version, parts)
-        if digest != message["digest"]:
-            return make(Kind.ERROR, id=0, error="version digest differs from the sender's")
-        session.verified = digest
-        return make(Kind.VERIFIED, id=0, digest=digest)
+            return f"part {wrong[0]}: digest differs from its sender's"
+        if digest_of_version(session.key, session.version, parts) != digest:
+            return "version digest differs from the sender's"
+        return ""
 
     def _on_commit(self, message: Message) -> Message:
         session = self._current(message)
@@ -467,6 +597,13 @@ class ReceiverNode:
             return make(Kind.ERROR, id=0, error=session)
         if not session.verified or session.verified != message["digest"]:
             return make(Kind.ERROR, id=0, error="commit of a version this session did not verify")
+        if not self._sealed_by_trainer(session, message):
+            return make(Kind.ERROR, id=0, error="commit: its seal is not the trainer's for this replica")
+        problem = self._check_staged(session, session.announced, session.verified)  # exactly what loads now
+        if problem:
+            return make(
+                Kind.ERROR, id=0, error=f"commit: the staged version changed after its end ({problem})"
+            )
         with (
             self._lock
         ):  # every replica holds every bucket: the links are idle, and kept for the next version
@@ -479,7 +616,7 @@ class ReceiverNode:
         try:
             self.sink.load(session.version, session.stage)
         except BaseException:
-            session.stage.remove()  # the last committed version stays, and stays staged
+            self._remove(session.stage)  # the last committed version stays, and stays staged
             raise
         previous, self._last_committed = self._last_committed, session.stage
         self.version, self.digest = session.version, session.verified
@@ -491,8 +628,8 @@ class ReceiverNode:
 
     def _keep(self, previous: StagedVersion | None, current: StagedVersion) -> None:
         """Retire the version before the one just loaded, and move that one to the rollback dir (if any)."""
-        if previous is not None:
-            previous.retire()
+        if previous is not None and not previous.retire():
+            self._leftovers.append(previous)
         if self.rollback_root is None:
             return
         try:
@@ -528,18 +665,48 @@ class ReceiverNode:
         session = self._session
         if session is None or session.id != session_id:
             return
-        channel.settimeout(self.config.timeout_s)
-        link = open_receiving_link(channel, self.config.timeout_s, self.device)
+        refusal, extra = self._admit_data(channel, session)
+        if refusal:
+            self._refuse(channel.sock, channel.peer_host, refusal)
+            return
+        try:
+            self._carry(channel, extra)
+        finally:
+            with self._lock:
+                self._data.pop(channel, None)
+
+    def _admit_data(self, channel: Channel, session: _Session) -> tuple[str, bool]:
+        """Why a new data link is refused ('' when it is taken): at most two per part of the session, and two,
+        from one peer, and ``max_data_links`` in all; and whether it is beyond the one per part its peer's lanes
+        need (then it must carry a bucket within the timeout)."""
+        peer, most = channel.peer_host, 2 * session.parts + 2
         with self._lock:
             if self._stopping.is_set():
-                link.close()
-                return
-            self._data.add(channel)
+                return "the node is stopping", False
+            if len(self._data) >= self.config.max_data_links:
+                return f"{len(self._data)} data links are open (hex.relay max_data_links)", False
+            open_links = sum(other.peer_host == peer for other in self._data)
+            if open_links >= most:
+                return (
+                    f"{most} data links from this peer are open, as many as {session.parts} parts need",
+                    False,
+                )
+            self._data[channel] = threading.current_thread()
+        return "", open_links >= session.parts
+
+    def _carry(self, channel: Channel, extra: bool) -> None:
+        """Receive the link's buckets; an ``extra`` link that carries none within the timeout is closed."""
+        deadline = time.monotonic() + self.config.timeout_s if extra else None
+        channel.settimeout(self.config.timeout_s)
+        link = open_receiving_link(channel, self.config.timeout_s, self.device)
         lane: tuple[_Session, int] | None = None  # the session and part this link carries now
         try:
             while True:
-                channel.settimeout(None)  # idle between versions; a closed peer, or stop(), ends the wait
-                header = channel.recv({Kind.BUCKET})
+                if lane is None and deadline is not None:
+                    header = channel.recv({Kind.BUCKET}, deadline)
+                else:
+                    channel.settimeout(None)  # idle between versions; a closed peer, or stop(), ends the wait
+                    header = channel.recv({Kind.BUCKET})
                 channel.settimeout(self.config.timeout_s)
                 session = self._session
                 if session is None or (header["session"], header["version"]) != (session.id, session.version):
@@ -552,16 +719,26 @@ class ReceiverNode:
                         f"bucket {header['index']} is not of part {lane[1]}, which this link carries"
                     )
                 self._receive_bucket(session, header, channel, link)
+        except (OSError, ConnectionError, ValueError, RuntimeError) as error:
+            self._upstream_lost(lane, error)
+            raise
         finally:
             self._release_lane(lane, channel)
-            with self._lock:
-                self._data.discard(channel)
             link.close()
+
+    def _upstream_lost(self, lane: tuple[_Session, int] | None, error: BaseException) -> None:
+        """A link that carried part of the current session broke (was closed or reset, not merely silent: a
+        stalled upstream is the trainer's to time out) before its end: the trainer repairs it."""
+        session = self._session
+        if isinstance(error, TimeoutError) or lane is None or lane[0] is not session:
+            return
+        if not session.sealed and not self._stopping.is_set():
+            self._report(make(Kind.UPSTREAM_LOST, session=session.id, error=str(error)[:2000]))
 
     def _claim_lane(self, session: _Session, channel: Channel, index: int) -> int:
         """The part this link carries in ``session`` (its first bucket's); refused to a peer that is not the
         session's upstream (a link kept from an earlier route), and for a part another link carries."""
-        if not self._peer_allowed(channel.peer_host):
+        if not self._peer_allowed(channel.peer_host, "data"):
             raise ProtocolError(
                 f"{channel.peer_host} is not upstream of this replica in session {session.id}"
             )
@@ -579,35 +756,57 @@ class ReceiverNode:
 
     def _receive_bucket(self, session: _Session, header: Message, channel: Channel, link: DataLink) -> None:
         """The bytes chunk by chunk (each forwarded and hashed as it lands), then the chunk digests to check."""
-        index, nbytes, step = header["index"], header["nbytes"], header["chunk"]
+        index, nbytes = header["index"], header["nbytes"]
+        chunk_count(header)
         entries = entries_from_manifest(header["manifest"])
         if entries[-1].offset + entries[-1].nbytes != nbytes:
             raise ProtocolError(f"bucket {index}: the manifest does not cover {nbytes} bytes")
+        with self._lock:
+            if session.sealed:  # after end: what the trainer sealed is what stays staged
+                raise ProtocolError(f"bucket {index} after the end of session {session.id}")
+            if index in session.receiving:
+                raise ProtocolError(f"bucket {index} is arriving on another link")
+            session.receiving.add(index)
+        try:
+            ok = self._receive_into_stage(session, header, channel, link, entries)
+        finally:
+            with self._lock:
+                session.receiving.discard(index)
+        # Acknowledged once no longer arriving: the end that may follow at once finds it settled.
+        self._report(make(Kind.ACK, session=session.id, index=index, copy=header["copy"], ok=ok, error=""))
+
+    def _refuse_bucket(self, session: _Session, header: Message, error: Exception) -> ConnectionError:
+        """Tell the sender why this replica cannot take the bucket (e.g. its stage dir is full); the data link
+        ends."""
+        index, copy = header["index"], header["copy"]
+        self._report(
+            make(Kind.ACK, session=session.id, index=index, copy=copy, ok=False, error=str(error)[:2000])
+        )
+        return ConnectionError(f"bucket {index} refused: {error}")
+
+    def _receive_into_stage(
+        self, session: _Session, header: Message, channel: Channel, link: DataLink, entries: list[Any]
+    ) -> bool:
+        """Stage, forward and hash the bucket's bytes; True when its chunk digests match."""
+        index, nbytes, step = header["index"], header["nbytes"], header["chunk"]
         forwarder = session.forwarders[index % session.parts] if session.forwarders else None
         if forwarder is not None:
             forwarder.queue.put(("frame", header))
         try:
-            data = session.stage.allocate(index, header["copy"], entries, nbytes)
+            session.stage.allocate(index, header["copy"], entries, nbytes)
+            landing = session.stage.landing(index, step)
         except Exception as error:
-            self._report(
-                make(
-                    Kind.ACK,
-                    session=session.id,
-                    index=index,
-                    copy=header["copy"],
-                    ok=False,
-                    error=str(error)[:2000],
-                )
-            )
-            raise ConnectionError(f"bucket {index} refused: {error}") from error  # ends this data link
+            raise self._refuse_bucket(session, header, error) from error
         ok, chunks = False, []
         try:  # a bucket that does not arrive whole and verified is not kept
             hashed = []
-            pieces = [data[offset : offset + step] for offset in range(0, nbytes, step)]
-            for chunk_index, piece in enumerate(link.receive(pieces)):
-                if forwarder is not None:
-                    forwarder.queue.put(("chunk", piece))
-                hashed.append(hash_chunk(session.key, index, chunk_index, piece))
+            try:
+                for chunk_index, piece in enumerate(link.receive(landing)):
+                    if forwarder is not None:
+                        forwarder.queue.put(("chunk", piece))
+                    hashed.append(hash_chunk(session.key, index, chunk_index, piece))
+            except HexError as error:  # the stage dir filled up under this bucket
+                raise self._refuse_bucket(session, header, error) from error
             sent = channel.recv({Kind.DIGESTS})
             chunks = sent["chunks"]
             if dict(sent.fields) != dict(digests_after(header, chunks).fields) or len(chunks) != len(hashed):
@@ -624,7 +823,7 @@ class ReceiverNode:
                 else:
                     session.digests.pop(index, None)
                     session.stage.drop(index)
-        self._report(make(Kind.ACK, session=session.id, index=index, copy=header["copy"], ok=ok, error=""))
+        return ok
 
 
 def _check_parts(

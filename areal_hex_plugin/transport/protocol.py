@@ -28,6 +28,11 @@ MAX_COPIES = 64
 MAX_PARTS = 32
 MAX_HOSTS = 64
 MIN_CHUNK_BYTES = 4 << 10
+# Chunks per bucket: their digests must fit one frame (a ``digests`` frame), and a receiver's work per bucket is
+# bounded by them.
+MAX_CHUNKS = 1 << 16
+# Tensor names safetensors keeps for itself (a staged file with one would not load).
+RESERVED_NAMES = frozenset({"__metadata__"})
 # safetensors dtype names of the tensors a bucket may carry (torch name -> safetensors name).
 DTYPES = {
     "float64": "F64",
@@ -70,6 +75,7 @@ class Kind(enum.StrEnum):
     ERROR = "error"
     ACK = "ack"
     FORWARD_FAILED = "forward_failed"
+    UPSTREAM_LOST = "upstream_lost"  # a data link from upstream broke before the session's end
     # upstream -> downstream, on a data connection
     LINK = "link"
     BUCKET = "bucket"
@@ -123,7 +129,7 @@ def _flag(value: Any) -> str | None:
 
 
 def _digests(value: Any) -> str | None:
-    if not isinstance(value, list) or len(value) > MAX_BUCKET_BYTES // MIN_CHUNK_BYTES:
+    if not isinstance(value, list) or len(value) > MAX_CHUNKS:
         return "must be a list of chunk digests"
     return next((f"entry {i} is not a digest" for i, d in enumerate(value) if _DIGEST.check(d)), None)
 
@@ -145,6 +151,7 @@ def _manifest(value: Any) -> str | None:
         name, dtype, shape, offset, nbytes = entry
         problem = (
             _NAME.check(name)
+            or (f"name {name!r} is reserved by safetensors" if name in RESERVED_NAMES else None)
             or (None if dtype in DTYPES else f"dtype {dtype!r} is not allowed")
             or _shape(shape)
             or integer(end, end)(offset)
@@ -218,8 +225,16 @@ FIELDS: dict[Kind, dict[str, Field]] = {
         "parts": integer(1, MAX_PARTS),
     },
     Kind.CONNECT: {"session": _SESSION, "downstream": _ENDPOINT, "backend": choice(*RELAY_BACKENDS)},
-    Kind.END: {"session": _SESSION, "version": _VERSION, "parts": Field(_parts), "digest": _DIGEST},
-    Kind.COMMIT: {"session": _SESSION, "version": _VERSION, "digest": _DIGEST},
+    # ``seal``: the version digest's MAC with the key of the trainer's control channel to this replica
+    # (buckets.seal), which no relay can compute.
+    Kind.END: {
+        "session": _SESSION,
+        "version": _VERSION,
+        "parts": Field(_parts),
+        "digest": _DIGEST,
+        "seal": _DIGEST,
+    },
+    Kind.COMMIT: {"session": _SESSION, "version": _VERSION, "digest": _DIGEST, "seal": _DIGEST},
     Kind.ABORT: {"session": text(32)},
     Kind.STATUS: {},
     Kind.READY: {"version": integer(-1, MAX_VERSION)},
@@ -237,7 +252,8 @@ FIELDS: dict[Kind, dict[str, Field]] = {
         "ok": Field(_flag),
         "error": _ERROR,
     },
-    Kind.FORWARD_FAILED: {"peer": _ENDPOINT, "error": _ERROR},
+    Kind.FORWARD_FAILED: {"session": _SESSION, "peer": _ENDPOINT, "error": _ERROR},
+    Kind.UPSTREAM_LOST: {"session": _SESSION, "error": _ERROR},
     Kind.LINK: {"backend": choice(*RELAY_BACKENDS)},
     Kind.BUCKET: {
         "session": _SESSION,
@@ -295,6 +311,17 @@ class Message:
 
     def to_wire(self) -> dict[str, Any]:
         return {"kind": self.kind.value, **self.fields}
+
+
+def chunk_count(bucket: Message) -> int:
+    """How many chunks a ``bucket`` header's bytes come in (a header with more than MAX_CHUNKS is refused)."""
+    count = -(-bucket["nbytes"] // bucket["chunk"])
+    if count > MAX_CHUNKS:
+        raise ProtocolError(
+            f"bucket {bucket['index']}: {bucket['nbytes']} bytes in chunks of {bucket['chunk']} are more than "
+            f"{MAX_CHUNKS} chunks"
+        )
+    return count
 
 
 def make(kind: Kind, **fields: Any) -> Message:

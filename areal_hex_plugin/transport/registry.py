@@ -59,7 +59,7 @@ class RelayWeightTransport:
         """What the train workers need: the route through every rollout server's receiver (started now), the
         sender's options and the commit threshold."""
         from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
-        from areal_hex_plugin.transport.controller_adapter import start_receivers
+        from areal_hex_plugin.transport.controller_adapter import start_receivers, trainer_hosts
 
         placement = getattr(trainer.scheduler, "placement", None)
         if placement is None or not hasattr(trainer.config, "hex"):
@@ -68,7 +68,7 @@ class RelayWeightTransport:
                 "hex_slurm) and a config with a hex: section (HexGRPOConfig)"
             )
         settings = transport_settings(placement, cluster_of(trainer.config), trainer.config.hex.relay)
-        route = start_receivers(trainer.rollout, settings)
+        route = start_receivers(trainer.rollout, settings, trainer_hosts(getattr(trainer, "actor", None)))
         return {
             "route": route.to_dict(),
             "sender": settings.sender,

@@ -5,6 +5,8 @@ stay in ``/dev/shm`` or on the rollback disk, one model's worth per killed serve
 directory therefore holds an exclusive ``flock`` on its ``.owner`` file for the life of the process (the kernel
 drops it when the process dies, in any pid namespace), and a new directory removes the siblings whose lock is
 free. ``.owner`` appears only already locked, so a directory still being created is never taken for an orphan.
+Only the process that made a directory removes it: a forked child (a helper that exits the normal way runs the
+exit handlers it inherited) leaves its parent's directories alone.
 """
 
 from __future__ import annotations
@@ -34,13 +36,15 @@ class OwnedDir:
         self._lock = os.open(pending, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.rename(pending, self.path / _OWNER)
-        self._finalizer = weakref.finalize(self, _remove, self.path, self._lock)
+        self._finalizer = weakref.finalize(self, _remove, self.path, self._lock, os.getpid())
 
     def remove(self) -> None:
         self._finalizer()
 
 
-def _remove(path: Path, lock: int) -> None:
+def _remove(path: Path, lock: int, owner: int) -> None:
+    if os.getpid() != owner:  # a forked child: the directory and its lock are the parent's
+        return
     shutil.rmtree(path, ignore_errors=True)
     os.close(lock)
 

@@ -37,6 +37,8 @@ from areal_hex_plugin.transport.buckets import (
     content_key,
     pack,
     part_digest,
+    replica_key,
+    seal,
     version_digest,
 )
 from areal_hex_plugin.transport.links import DataLink, check_backend, connect_data_link, current_device
@@ -126,7 +128,7 @@ class _Control:
         try:
             while True:
                 message = self.channel.recv()
-                if message.kind in (Kind.ACK, Kind.FORWARD_FAILED):
+                if message.kind in (Kind.ACK, Kind.FORWARD_FAILED, Kind.UPSTREAM_LOST):
                     self._events.put((self.pool, self.endpoint, message))
                 else:
                     self.replies.put(message)
@@ -168,6 +170,10 @@ class _Control:
 
     def request(self, kind: Kind, **fields: Any) -> Message:
         return self.reply(self.send(kind, **fields))
+
+    def seal(self, session: str, version: int, digest: str) -> str:
+        """The version digest's MAC for this replica alone (keyed by this control channel's key)."""
+        return seal(replica_key(self.channel.key, session), session, version, digest)
 
     def close(self) -> None:
         self.closed = True
@@ -350,6 +356,7 @@ class RelaySender:
         self._report = UpdateReport(version, "", 0, 0.0, update=self._update)
         self._drain_events()
         self._failed = {}
+        self._link_repairs: dict[Endpoint, int] = {}
         for state in self._pools.values():
             # Replicas that failed an earlier version are tried again: a recovered one gets this version whole.
             state.alive = list(state.route.replicas)
@@ -458,7 +465,13 @@ class RelaySender:
         pending = {
             control: (
                 state,
-                control.send(Kind.COMMIT, session=state.session, version=self._version, digest=report.digest),
+                control.send(
+                    Kind.COMMIT,
+                    session=state.session,
+                    version=self._version,
+                    digest=report.digest,
+                    seal=control.seal(state.session, self._version, report.digest),
+                ),
             )
             for state in self._pools.values()
             for control in self._live_controls(state)
@@ -723,10 +736,18 @@ class RelaySender:
             if kind == Kind.ACK and message["session"] == state.session:
                 last_progress = time.monotonic()
                 self._on_ack(state, endpoint, message)
-            elif kind == Kind.FORWARD_FAILED and Endpoint.parse(message["peer"]) in state.alive:
-                self._reroute(
-                    state, Endpoint.parse(message["peer"]), f"link from {endpoint} broke: {message['error']}"
-                )
+            elif kind == Kind.FORWARD_FAILED and message["session"] == state.session:
+                peer = Endpoint.parse(message["peer"])
+                if peer in state.alive:
+                    self._repair_link(state, peer, f"link from {endpoint} broke: {message['error']}")
+                last_progress = time.monotonic()
+            elif (
+                kind == Kind.UPSTREAM_LOST
+                and message["session"] == state.session
+                and endpoint != state.alive[0]
+            ):
+                # A link between two replicas (the relay's own link from here is this process's to judge).
+                self._repair_link(state, endpoint, f"its link from upstream broke: {message['error']}")
                 last_progress = time.monotonic()
             elif message.fields.get("lost"):
                 self._reroute(state, endpoint, message["error"])
@@ -761,11 +782,27 @@ class RelaySender:
             state.copies[index] = copy + 1
             self._repairs.setdefault(state.route.name, _Repair()).resend[index] = copy + 1
 
-    def _reroute(self, state: _PoolState, endpoint: Endpoint, reason: str) -> None:
+    def _repair_link(self, state: _PoolState, endpoint: Endpoint, reason: str) -> None:
+        """A link into ``endpoint`` broke while the replica itself still answers: a repair round (the pool's
+        chain again, in a new session, every bucket sent again) keeps it in the version; a replica whose links
+        break ``max_resends`` times in one version is re-routed around."""
+        repairs = self._link_repairs[endpoint] = self._link_repairs.get(endpoint, 0) + 1
+        if repairs > self.config.max_resends:
+            self._reroute(state, endpoint, f"{reason} ({repairs - 1} repair rounds before)")
+            return
+        logger.warning(
+            "pool %s: replica %s: %s; repair round %d", state.route.name, endpoint, reason, repairs
+        )
+        self._reroute(state, None, reason)
+
+    def _reroute(self, state: _PoolState, endpoint: Endpoint | None, reason: str) -> None:
+        """Abort the pool's session, drop ``endpoint`` (None: nobody, a repair round), then prepare a new one and
+        send every bucket into it."""
         for control in self._live_controls(state):
             if control.endpoint != endpoint:
                 control.request(Kind.ABORT, session=state.session)
-        self._mark_failed(state, endpoint, reason)
+        if endpoint is not None:
+            self._mark_failed(state, endpoint, reason)
         self._prepare(state)
         assert self._report is not None
         self._report.reroutes += 1
@@ -793,6 +830,7 @@ class RelaySender:
                     version=self._version,
                     parts=parts,
                     digest=digest,
+                    seal=control.seal(state.session, self._version, digest),
                 ),
             )
             for state in self._pools.values()

@@ -103,11 +103,13 @@ class RelayReceiverMixin:
         model_path: str | None = None,
         bind_interface: str | None = None,
         rollback_dir: str | None = "/var/tmp/areal-hex",
+        trainer_hosts: list[str] | None = None,
     ) -> str:
         """Start (once) the receiver; returns ``host:port``.
 
         It listens on ``bind_host``, else on the IPv4 address of ``bind_interface`` (resolved here, on the rollout
-        machine), else on this host's own address.
+        machine), else on this host's own address. Only ``trainer_hosts`` (the controller names the host of the
+        train worker that sends, rank 0) may open its control channel; None: this machine alone.
         """
         if self._hex_node is None:
             from areal.utils.network import gethostip
@@ -122,6 +124,8 @@ class RelayReceiverMixin:
                 stage_dir,
                 rollback_dir=rollback_dir,
             )
+            if trainer_hosts:
+                config.trainer_hosts = list(trainer_hosts)
             self._hex_node = ReceiverNode(SGLangDiskSink(self, model_path), config)
             self._hex_endpoint = str(self._hex_node.start())
         return self._hex_endpoint

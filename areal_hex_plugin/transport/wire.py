@@ -2,8 +2,11 @@
 
 Why HMAC frames and not mutual TLS: every machine already holds the shared token, and weights need integrity, not
 secrecy. TLS would need a certificate authority and a key pair on every rollout machine, and would encrypt every
-payload byte on the relay's hot path. Here the handshake (two fresh nonces, each side proving the token) derives a
-session key ``HMAC(token, "hex-session" | server nonce | client nonce)``; every frame after it carries
+payload byte on the relay's hot path. Here the handshake (two fresh nonces and an ephemeral Diffie-Hellman exchange
+in RFC 3526's 2048-bit group, each side proving the token over everything it saw) derives a session key
+``HMAC(token, "hex-session" | server nonce | client nonce | shared secret)``, so another token holder that reads
+every byte of the connection (a relay on the path) still cannot compute it; the server does its modular
+exponentiations only after the client proved the token. Every frame after it carries
 ``HMAC-SHA256(session key, direction | sequence number | body)``, so a frame cannot be forged, changed, replayed,
 reordered or moved to another connection without the token. Payload bytes travel outside frames (on the socket,
 or through a gloo/NCCL group) and are authenticated by their keyed chunk digests, which the bucket's frame
@@ -31,6 +34,19 @@ from areal_hex_plugin.transport.protocol import MAX_FRAME_BYTES, Kind, Message, 
 TOKEN_ENV = "AREAL_HEX_TRANSPORT_TOKEN"
 TAG_BYTES = 32
 _NONCE_BYTES = 16
+# RFC 3526 group 14 (2048-bit MODP), generator 2; exponents of 256 bits.
+_DH_PRIME = int(
+    "FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"
+    "EF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED"
+    "EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE45B3DC2007CB8A163BF0598DA48361C55D39A69163FA8FD24CF5F"
+    "83655D23DCA3AD961C62F356208552BB9ED529077096966D670C354E4ABC9804F1746C08CA18217C32905E462E36CE3B"
+    "E39E772C180E86039B2783A2EC07A28FB5C55DF06F4C52C9DE2BCBF6955817183995497CEA956AE515D2261898FA0510"
+    "15728E5A8AACAA68FFFFFFFFFFFFFFFF",
+    16,
+)
+_SHARE_BYTES = 256
+# What the client sends after the server's nonce: its nonce, its key share and its proof.
+CLIENT_HELLO_BYTES = _NONCE_BYTES + _SHARE_BYTES + 32
 _LENGTH = struct.Struct("!I")
 _SEQUENCE = struct.Struct("!Q")
 
@@ -84,6 +100,11 @@ class Channel:
         self._out, self._in = (b"c", b"s") if client else (b"s", b"c")
         self._sent = self._received = 0
         self._send_lock = threading.Lock()
+
+    @property
+    def key(self) -> bytes:
+        """The connection's own key (from the handshake's nonces): only its two ends hold it."""
+        return self._key
 
     @property
     def peer_host(self) -> str:
@@ -150,8 +171,21 @@ class Channel:
         self.sock.close()
 
 
-def _session_key(token: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    return hmac.digest(token, b"hex-session" + server_nonce + client_nonce, "sha256")
+def _key_pair() -> tuple[int, bytes]:
+    exponent = secrets.randbits(256) | 1 << 255
+    return exponent, pow(2, exponent, _DH_PRIME).to_bytes(_SHARE_BYTES, "big")
+
+
+def _shared_secret(exponent: int, share: bytes) -> bytes | None:
+    """The Diffie-Hellman secret with the peer's ``share``; None for a share outside (1, p - 1)."""
+    value = int.from_bytes(share, "big")
+    if not 1 < value < _DH_PRIME - 1:
+        return None
+    return pow(value, exponent, _DH_PRIME).to_bytes(_SHARE_BYTES, "big")
+
+
+def _session_key(token: bytes, server_nonce: bytes, client_nonce: bytes, secret: bytes) -> bytes:
+    return hmac.digest(token, b"hex-session" + server_nonce + client_nonce + secret, "sha256")
 
 
 def _proof(token: bytes, side: bytes, first: bytes, second: bytes) -> bytes:
@@ -159,32 +193,42 @@ def _proof(token: bytes, side: bytes, first: bytes, second: bytes) -> bytes:
 
 
 def authenticate_as_client(sock: socket.socket, token: bytes) -> Channel:
-    """Prove the token to the server, check the server's proof (mutual, nothing secret on the wire)."""
+    """Prove the token to the server over both nonces and this side's key share, check the server's proof over
+    its share too (mutual; no secret on the wire)."""
+    exponent, share = _key_pair()
     try:
         server_nonce = recv_exact(sock, _NONCE_BYTES)
-        client_nonce = secrets.token_bytes(_NONCE_BYTES)
-        sock.sendall(client_nonce + _proof(token, b"client", server_nonce, client_nonce))
-        answer = recv_exact(sock, 32)
+        hello = secrets.token_bytes(_NONCE_BYTES) + share
+        sock.sendall(hello + _proof(token, b"client", server_nonce, hello))
+        answer = recv_exact(sock, _SHARE_BYTES + 32)
     except (OSError, ConnectionError) as error:
         raise AuthError(
             f"peer closed the connection during the handshake: a wrong token, or this machine is not on the "
             f"receiver's allowed hosts ({error})"
         ) from error
-    if not hmac.compare_digest(answer, _proof(token, b"server", client_nonce, server_nonce)):
+    server_share, proof = answer[:_SHARE_BYTES], answer[_SHARE_BYTES:]
+    if not hmac.compare_digest(proof, _proof(token, b"server", hello, server_nonce + server_share)):
         raise AuthError("peer does not hold the shared transport token")
-    return Channel(sock, _session_key(token, server_nonce, client_nonce), client=True)
+    secret = _shared_secret(exponent, server_share)
+    if secret is None:
+        raise AuthError("peer sent an invalid key share")
+    return Channel(sock, _session_key(token, server_nonce, hello[:_NONCE_BYTES], secret), client=True)
 
 
 def authenticate_as_server(sock: socket.socket, token: bytes, deadline: float) -> Channel | None:
     """The channel when the client proved the token by ``deadline``; None (the caller closes) otherwise."""
     server_nonce = secrets.token_bytes(_NONCE_BYTES)
     sock.sendall(server_nonce)
-    reply = recv_exact(sock, _NONCE_BYTES + 32, deadline)
-    client_nonce, proof = reply[:_NONCE_BYTES], reply[_NONCE_BYTES:]
-    if not hmac.compare_digest(proof, _proof(token, b"client", server_nonce, client_nonce)):
+    hello = recv_exact(sock, CLIENT_HELLO_BYTES, deadline)
+    hello, proof = hello[:-32], hello[-32:]
+    if not hmac.compare_digest(proof, _proof(token, b"client", server_nonce, hello)):
         return None
-    sock.sendall(_proof(token, b"server", client_nonce, server_nonce))
-    return Channel(sock, _session_key(token, server_nonce, client_nonce), client=False)
+    exponent, share = _key_pair()  # only now: an unproven client costs no exponentiation
+    secret = _shared_secret(exponent, hello[_NONCE_BYTES:])
+    if secret is None:
+        return None
+    sock.sendall(share + _proof(token, b"server", hello, server_nonce + share))
+    return Channel(sock, _session_key(token, server_nonce, hello[:_NONCE_BYTES], secret), client=False)
 
 
 def connect(host: str, port: int, token: bytes, timeout_s: float) -> Channel:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import socket
 import struct
 import time
 
+import torch
+
 from areal_hex_plugin.transport import wire
+from areal_hex_plugin.transport.buckets import pack
+from areal_hex_plugin.transport.protocol import Kind, digests_after, make
 from areal_hex_plugin.transport.route import Endpoint
 from tests.transport.harness import Proxy
 
@@ -91,7 +96,7 @@ class TamperingProxy(Proxy):
         if not forward:
             return super()._pump(source, sink, forward)
         try:  # handshake bytes pass; then every frame is parsed and payloads after a bucket frame rewritten
-            sink.sendall(wire.recv_exact(source, 48))  # client nonce + proof
+            sink.sendall(wire.recv_exact(source, wire.CLIENT_HELLO_BYTES))  # client nonce, key share, proof
             while True:
                 length = wire.recv_exact(source, _LENGTH.size)
                 body = wire.recv_exact(source, _LENGTH.unpack(length)[0])
@@ -109,3 +114,83 @@ class TamperingProxy(Proxy):
             for end in (source, sink):
                 with contextlib.suppress(OSError):
                     end.shutdown(socket.SHUT_RDWR)
+
+
+class SocketBytes:
+    """Payload bytes on a data channel itself (the ``tcp`` link), for attackers that send buckets."""
+
+    def __init__(self, channel) -> None:
+        self.channel = channel
+
+    def send(self, chunk: torch.Tensor) -> None:
+        self.channel.send_bytes(memoryview(chunk.numpy()))
+
+
+def send_bucket(
+    channel,
+    link,
+    session: str,
+    version: int,
+    index: int,
+    copy: int,
+    named: dict[str, torch.Tensor],
+    key: bytes,
+    chunk: int,
+    cut: bool = False,
+) -> str:
+    """A bucket of ``named`` with chunk digests made with ``key`` (what a relay that holds the token computes)
+    on ``channel`` and ``link``; ``cut``: the header only, then the channel is closed. Returns its digest."""
+    bucket = pack(index, named.items(), key, chunk)
+    header = make(
+        Kind.BUCKET,
+        session=session,
+        version=version,
+        index=index,
+        copy=copy,
+        nbytes=bucket.nbytes,
+        chunk=chunk,
+        manifest=bucket.manifest(),
+    )
+    channel.send(header)
+    if cut:
+        channel.close()
+        return ""
+    for offset in range(0, bucket.nbytes, chunk):
+        link.send(bucket.data[offset : offset + chunk])
+    if hasattr(link, "flush"):
+        link.flush()
+    channel.send(digests_after(header, bucket.chunks))
+    return bucket.digest(key)
+
+
+def raw_connection(endpoint: Endpoint, source: str = "") -> socket.socket | None:
+    """One TCP connection that never starts the handshake (None when the node's queue is full)."""
+    sock = socket.socket()
+    sock.setblocking(False)
+    sock.bind((source, 0))
+    if sock.connect_ex((endpoint.host, endpoint.port)) not in (0, errno.EINPROGRESS):
+        sock.close()
+        return None
+    sock.setblocking(True)
+    return sock
+
+
+class RecordingProxy(Proxy):
+    """On-path observer (it may hold the token): forwards everything and keeps every byte of connection ``i``
+    in ``seen[(i, True)]`` (towards the target) and ``seen[(i, False)]`` (back)."""
+
+    def __init__(self, target: Endpoint) -> None:
+        self.seen: dict[tuple[int, bool], bytearray] = {}
+        super().__init__(target)
+
+    def _pump(self, source: socket.socket, sink: socket.socket, forward: bool) -> None:
+        index = next(i for i, pair in enumerate(self.connections) if source in pair)
+        seen = self.seen.setdefault((index, forward), bytearray())
+        try:
+            while data := source.recv(1 << 16):
+                seen += data
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            self.cut(index)

@@ -14,7 +14,14 @@ from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode
 from areal_hex_plugin.transport.route import PoolRoute, Route
 from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
 from areal_hex_plugin.transport.sinks import MemorySink
-from areal_hex_plugin.transport.wire import TOKEN_ENV, AuthError, TransportError, connect, load_token
+from areal_hex_plugin.transport.wire import (
+    CLIENT_HELLO_BYTES,
+    TOKEN_ENV,
+    AuthError,
+    TransportError,
+    connect,
+    load_token,
+)
 from tests.transport.harness import TOKEN
 
 
@@ -57,7 +64,7 @@ def test_wrong_token_is_refused_and_node_keeps_serving(nodes):
         connect(node.endpoint.host, node.endpoint.port, b"another-wrong-token-000000", timeout_s=5.0)
     raw = socket.create_connection((node.endpoint.host, node.endpoint.port), timeout=5.0)
     raw.recv(16)
-    raw.sendall(b"GET / HTTP/1.1\r\n\r\n" + b"x" * 30)
+    raw.sendall(b"GET / HTTP/1.1\r\n\r\n".ljust(CLIENT_HELLO_BYTES, b"x"))  # a client hello's length
     assert raw.recv(64) == b""  # closed without an answer
     raw.close()
     assert node.refused == 3

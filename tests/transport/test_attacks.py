@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from areal_hex_plugin.transport.buckets import replica_key, seal
 from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode
 from areal_hex_plugin.transport.route import PoolRoute, Route
 from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
@@ -119,7 +120,8 @@ def test_payload_rewritten_on_the_path_is_never_committed(tmp_path, model_state)
 def test_bare_commit_without_a_verified_end_is_refused(node):
     receiver = node()
     attacker = attacks.TokenHolder(receiver.endpoint, TOKEN)
-    answer = attacker.ask({"kind": "commit", "session": "a" * 16, "version": 999, "digest": "0" * 64})
+    commit = {"session": "a" * 16, "version": 999, "digest": "0" * 64, "seal": "0" * 64}
+    answer = attacker.ask({"kind": "commit", **commit})
     attacker.close()
     assert answer["t"] in ("error", "closed") and receiver.version == -1 and receiver.sink.version == -1
 
@@ -141,6 +143,7 @@ def test_end_with_a_huge_bucket_count_is_refused_at_once(tmp_path):
         )
         began = time.monotonic()
         end = {"session": "a" * 16, "version": 1, "digest": "0" * 64, "parts": [[10**9, 0, "0" * 64]]}
+        end["seal"] = seal(replica_key(attacker.channel.key, "a" * 16), "a" * 16, 1, "0" * 64)
         answer = attacker.ask({"kind": "end", **end})
         attacker.close()
         assert time.monotonic() - began < 2.0
@@ -271,7 +274,15 @@ def test_commit_path_from_the_peer_cannot_leave_the_stage_dir(tmp_path, monkeypa
         )
         attacker = attacks.TokenHolder(endpoint, TOKEN)
         answers = [
-            attacker.ask({"kind": "commit", "session": "a" * 16, "version": version, "digest": "0" * 64})
+            attacker.ask(
+                {
+                    "kind": "commit",
+                    "session": "a" * 16,
+                    "version": version,
+                    "digest": "0" * 64,
+                    "seal": "0" * 64,
+                }
+            )
             for version in ("/x", "/../../../victim/checkpoints", "/../../../outside")
         ]
         attacker.close()

@@ -56,21 +56,46 @@ def test_malformed_bucket_is_refused_naming_the_field(change, problem):
     [
         (
             "end",
-            {"session": _SESSION, "version": 1, "digest": _DIGEST, "parts": [[10**9, 0, _DIGEST]], "id": 1},
+            {
+                "session": _SESSION,
+                "version": 1,
+                "digest": _DIGEST,
+                "parts": [[10**9, 0, _DIGEST]],
+                "id": 1,
+                "seal": _DIGEST,
+            },
             "end.parts: entry 0: buckets",
         ),
-        ("end", {"session": _SESSION, "version": 1, "digest": _DIGEST, "parts": [], "id": 1}, "end.parts"),
         (
             "end",
-            {"session": _SESSION, "version": 1, "digest": _DIGEST, "parts": [[1, 0, _DIGEST]] * 33, "id": 1},
+            {"session": _SESSION, "version": 1, "digest": _DIGEST, "parts": [], "id": 1, "seal": _DIGEST},
+            "end.parts",
+        ),
+        (
+            "end",
+            {
+                "session": _SESSION,
+                "version": 1,
+                "digest": _DIGEST,
+                "parts": [[1, 0, _DIGEST]] * 33,
+                "id": 1,
+                "seal": _DIGEST,
+            },
             "must list 1 to 32 parts",
         ),
         (
             "end",
-            {"session": _SESSION, "version": 1, "digest": _DIGEST, "parts": [[1, -1, _DIGEST]], "id": 1},
+            {
+                "session": _SESSION,
+                "version": 1,
+                "digest": _DIGEST,
+                "parts": [[1, -1, _DIGEST]],
+                "id": 1,
+                "seal": _DIGEST,
+            },
             "entry 0: nbytes",
         ),
-        ("commit", {"session": _SESSION, "version": 2}, "missing fields ['digest', 'id']"),
+        ("commit", {"session": _SESSION, "version": 2}, "missing fields ['digest', 'id', 'seal']"),
         (
             "prepare",
             {"session": _SESSION, "update": _DIGEST, "version": 1, "upstream": ["a b"], "parts": 1, "id": 1},

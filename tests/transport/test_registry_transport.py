@@ -39,7 +39,8 @@ class _EngineCalls:
 
 def _trainer(tmp_path: Path, engines: list) -> SimpleNamespace:
     """What build_meta reads of upstream's PPOTrainer: the config (HexGRPOConfig of the CI recipe), the Hex
-    scheduler's placement (the planner's plan for it) and the rollout controller's workers."""
+    scheduler's placement (the planner's plan for it), the rollout controller's workers and the train
+    controller's."""
     from areal.api.cli_args import load_expr_config
 
     from areal_hex_plugin.areal.config import HexGRPOConfig
@@ -60,7 +61,13 @@ def _trainer(tmp_path: Path, engines: list) -> SimpleNamespace:
         scheduler=_EngineCalls({w.id: e for w, e in zip(workers, engines, strict=True)}),
         _engine_name=lambda rank: f"rollout/{rank}",
     )
-    return SimpleNamespace(config=config, scheduler=SimpleNamespace(placement=placement), rollout=rollout)
+    from areal.utils.network import gethostip
+
+    # The train controller's workers: rank 0's host is the one whose control channels the receivers take.
+    actor = SimpleNamespace(workers=[SimpleNamespace(id="actor/0", ip=gethostip())])
+    return SimpleNamespace(
+        config=config, scheduler=SimpleNamespace(placement=placement), rollout=rollout, actor=actor
+    )
 
 
 def test_upstream_fsdp_actor_runs_the_relay_from_the_registry(tmp_path: Path, monkeypatch) -> None:
