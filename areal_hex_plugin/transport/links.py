@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs.config import RELAY_BACKENDS as BACKENDS
-from areal_hex_plugin.transport.protocol import Kind, ProtocolError, make
+from areal_hex_plugin.transport.protocol import PROTOCOL_VERSION, Kind, ProtocolError, make
 from areal_hex_plugin.transport.wire import Channel, TransportError, connect
 
 _TAG = 7
@@ -395,7 +395,7 @@ def connect_data_link(
     """Connect to a node's data side for ``session`` and open the sending link; the channel closes on failure."""
     channel = connect(host, port, token, timeout_s)
     try:
-        channel.send(make(Kind.HELLO, role="data", proto=1, session=session))
+        channel.send(make(Kind.HELLO, role="data", proto=PROTOCOL_VERSION, session=session))
         return channel, open_sending_link(channel, backend, timeout_s, device)
     except (OSError, RuntimeError, ValueError) as error:  # torch's group errors are RuntimeErrors
         channel.close()

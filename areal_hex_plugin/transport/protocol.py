@@ -16,7 +16,7 @@ from typing import Any
 
 from areal_hex_plugin.specs.config import RELAY_BACKENDS
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Diffie-Hellman handshake, sealed END/COMMIT, upstream_lost
 MAX_FRAME_BYTES = 8 << 20
 MAX_BUCKET_BYTES = 2 << 30  # upstream's weight_chunked_mem_mb default is 1 GiB
 MAX_BUCKETS = 1 << 16

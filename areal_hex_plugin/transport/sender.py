@@ -46,6 +46,7 @@ from areal_hex_plugin.transport.protocol import (
     MAX_HOSTS,
     MAX_PARTS,
     MIN_CHUNK_BYTES,
+    PROTOCOL_VERSION,
     Kind,
     Message,
     digests_after,
@@ -112,7 +113,7 @@ class _Control:
         self.endpoint, self.pool, self.timeout_s = endpoint, pool, timeout_s
         self.channel = connect(endpoint.host, endpoint.port, token, timeout_s)
         try:
-            self.channel.send(make(Kind.HELLO, role="control", proto=1, session=""))
+            self.channel.send(make(Kind.HELLO, role="control", proto=PROTOCOL_VERSION, session=""))
         except OSError as error:
             self.channel.close()
             raise TransportError(f"control connection to {endpoint} broke at once ({error})") from error

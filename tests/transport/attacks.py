@@ -13,7 +13,7 @@ import torch
 
 from areal_hex_plugin.transport import wire
 from areal_hex_plugin.transport.buckets import pack
-from areal_hex_plugin.transport.protocol import Kind, digests_after, make
+from areal_hex_plugin.transport.protocol import PROTOCOL_VERSION, Kind, digests_after, make
 from areal_hex_plugin.transport.route import Endpoint
 from tests.transport.harness import Proxy
 
@@ -32,7 +32,9 @@ class TokenHolder:
         except BaseException:
             self.sock.close()
             raise
-        self.send({"kind": "hello", "role": role, "proto": 1, "session": hello.get("session", "")})
+        self.send(
+            {"kind": "hello", "role": role, "proto": PROTOCOL_VERSION, "session": hello.get("session", "")}
+        )
 
     def send(self, message: dict) -> None:
         """Any frame, tagged with this session's key (the attacker's side checks nothing)."""
