@@ -177,6 +177,14 @@ class HexRemoteSGLangEngine(RelayReceiverMixin, RemoteSGLangEngine):
         super().__init__(config)
         self._engine = RemoteInfEngine(config, HexSGLangBackend())
 
+    def initialize(self, engine_id=None, addr=None, train_data_parallel_size: int | None = None):
+        """Upstream's, except that a rollout worker's executor (started by the controller, which gives no data
+        parallel size) gets the whole staleness and in-flight budgets: upstream splits them evenly over the
+        servers (``consumer_batch_size // servers``), but share routing sends a server its planned share, and a
+        server past 1/n of the batch would wait for a version that needs its own samples (a deadlock). The
+        controller's staleness manager, over the whole batch, keeps the bound."""
+        return super().initialize(engine_id, addr, train_data_parallel_size or 1)
+
     @classmethod
     def as_controller(cls, config, scheduler):
         if config._version == "v2":
