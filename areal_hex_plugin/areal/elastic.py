@@ -10,9 +10,9 @@ One :class:`ElasticRollout` per training rollout controller (``HexRolloutControl
   (``scheduler/reshare.py``: milliseconds, no re-plan) and applied to the router in place. The controller
   resubmits every sample in flight on it to the survivors (:meth:`ElasticRollout.submit`): the attempt on the lost
   server is cancelled (or its failure held back from upstream's staleness manager), the sample goes out again under
-  a new task id, and only its last attempt is accepted or rejected, so each sample counts once. Upstream splits
-  the admission limits evenly over the servers' workers; the workers left are given the whole controller's (which
-  still bounds the total), or they could not make a step's samples on their own. Weight updates leave it out: the
+  a new task id, and only its last attempt is accepted or rejected, so each sample counts once. Every rollout
+  worker admits the whole controller's budget (``HexRemoteSGLangEngine.initialize``), so the workers left can make
+  a step's samples on their own; the controller's limits still bound the total. Weight updates leave it out: the
   relay route is rebuilt without it before the next update.
 - **Gained.** With ``relaunch`` and a worker that still answers, its server is started again on its machine. It
   joins the relay route at the next update and the routing only once it reports the version the trainer
@@ -129,7 +129,6 @@ class ElasticRollout:
         staleness: Callable[[], Any],
         record: Callable[[PlanChange], None] = lambda change: None,
         relaunch: Callable[[int], str] | None = None,
-        widen: Callable[[], None] = lambda: None,
         suggest: Callable[[Any], Any] | None = None,
         reroute: Callable[[Sequence[bool]], None] | None = None,
         lengths_file: str | None = None,
@@ -151,7 +150,7 @@ class ElasticRollout:
         self.drift = 0.0
         self._set_shares, self._in_flight, self._record = set_shares, in_flight, record
         self._staleness = staleness  # upstream's StalenessManager of the controller
-        self._relaunch, self._reroute, self._widen = relaunch, reroute, widen
+        self._relaunch, self._reroute = relaunch, reroute
         self._suggest = suggest  # workload -> replan.LengthSuggestion (a solve: run off the training thread)
         self.suggested_gain: float | None = None
         self._lengths_file = lengths_file
@@ -276,16 +275,8 @@ class ElasticRollout:
                 f"{self._share_text()}"
             )
             self._change("lost", [self.names[rank]], reason, before)
-        self._admit_all()
         if self._relaunch is not None and self.config.relaunch:
             threading.Thread(target=self._bring_back, args=(rank,), name="hex-relaunch", daemon=True).start()
-
-    def _admit_all(self) -> None:
-        """Upstream splits the admission limits evenly over the servers; the ones left take the lost one's part."""
-        try:
-            self._widen()
-        except Exception as error:  # a worker lost with its server: the health probes say so next
-            logger.warning(f"cannot widen the rollout workers' admission ({error})")
 
     def _bring_back(self, rank: int) -> None:
         try:
@@ -333,7 +324,6 @@ class ElasticRollout:
                     f"{self._share_text()}"
                 )
                 self._change("gained", [self.names[rank]], f"relaunched, holds version {version}", before)
-            self._admit_all()
 
     # -- shares ------------------------------------------------------------------------------------------
 
@@ -540,7 +530,6 @@ def attach_elastic(trainer) -> ElasticRollout | None:
         staleness=lambda: rollout._staleness_manager,
         record=trainer.hex_record_change,
         relaunch=rollout.hex_relaunch if trainer.hex_relaunches() else None,
-        widen=rollout.hex_widen_admission,
         suggest=lambda workload: replan_for_lengths(recipe, trainer.hex_plan, workload),
         reroute=trainer.hex_reroute,
         lengths_file=trainer.hex_log_path("hex_served_lengths.txt"),

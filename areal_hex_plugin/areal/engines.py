@@ -151,18 +151,6 @@ class HexRolloutController(RolloutController):
         self.server_infos[rank] = LocalInfServerInfo(host=answer["host"], port=answer["port"], process=None)
         return f"{answer['host']}:{answer['port']}"
 
-    def hex_widen_admission(self) -> None:
-        """Every worker still reachable admits as much as the whole controller (see ``hex_set_admission``)."""
-        from areal.infra.utils.concurrent import run_async_task
-
-        manager = self._staleness_manager
-        run_async_task(
-            self._collective_rpc_async,
-            "hex_set_admission",
-            max_concurrent_rollouts=manager.max_concurrent_rollouts,
-            consumer_batch_size=manager.consumer_batch_size,
-        )
-
     def pause(self):
         if self.hex_elastic is not None:  # before a weight update: the route leaves lost servers out
             self.hex_elastic.before_update()
@@ -263,17 +251,13 @@ class HexRemoteSGLangEngine(RelayReceiverMixin, RemoteSGLangEngine):
         super().__init__(config)
         self._engine = RemoteInfEngine(config, HexSGLangBackend())
 
-    def hex_set_admission(self, max_concurrent_rollouts: int, consumer_batch_size: int) -> None:
-        """Admit this many rollouts on this worker: upstream splits the controller's limits evenly over the
-        servers, so the servers left after one is lost must take its part (the controller's own limits still
-        bound the whole)."""
-        executor = self._engine.workflow_executor
-        manager = executor.staleness_manager
-        with manager.lock:
-            manager.max_concurrent_rollouts = max_concurrent_rollouts
-            manager.consumer_batch_size = consumer_batch_size
-        with executor.dispatcher._input_cv:  # a producer waiting for capacity looks again
-            executor.dispatcher._input_cv.notify_all()
+    def initialize(self, engine_id=None, addr=None, train_data_parallel_size: int | None = None):
+        """Upstream's, except that a rollout worker's executor (started by the controller, which gives no data
+        parallel size) gets the whole staleness and in-flight budgets: upstream splits them evenly over the
+        servers (``consumer_batch_size // servers``), but share routing sends a server its planned share, and a
+        server past 1/n of the batch would wait for a version that needs its own samples (a deadlock). The
+        controller's staleness manager, over the whole batch, keeps the bound."""
+        return super().initialize(engine_id, addr, train_data_parallel_size or 1)
 
     def hex_relaunch_server(self, server_args: dict[str, Any]) -> dict[str, Any]:
         """Start this worker's server again (it died, the worker lives) and send requests to it; where it is."""

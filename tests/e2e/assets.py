@@ -32,7 +32,7 @@ def problems(n: int, seed: int) -> list[dict[str, str]]:
     return rows
 
 
-def write_dataset(folder: Path, train: int = 64, test: int = 8) -> Path:
+def write_dataset(folder: Path, train: int = 128, test: int = 8) -> Path:
     """A local dataset folder that upstream's GSM8K loader reads (``load_dataset(path, name="main")``)."""
     (folder / "main").mkdir(parents=True, exist_ok=True)
     for split, n, seed in (("train", train, 0), ("test", test, 1)):

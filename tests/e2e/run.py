@@ -29,7 +29,6 @@ from tests.e2e.wandb_log import history
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "ci" / "tiny.yaml"
 MARK = "HEX_E2E_RUN"
-STEPS = 3
 TOKEN = "e2e-token-0123456789abcdef"
 RELAY_CHUNK_BYTES = yaml.safe_load(RECIPE.read_text())["hex"]["relay"]["chunk_mb"] << 20
 
@@ -120,7 +119,7 @@ def environment(folder: Path, mark: str, extra: dict[str, str] | None = None) ->
     return env
 
 
-def overrides(folder: Path, scheduler: str, steps: int = STEPS) -> list[str]:
+def overrides(folder: Path, scheduler: str, steps: int) -> list[str]:
     return [
         f"scheduler.type={scheduler}",
         f"total_train_steps={steps}",
@@ -132,61 +131,25 @@ def overrides(folder: Path, scheduler: str, steps: int = STEPS) -> list[str]:
     ]
 
 
-def two_layout_plan(folder: Path, scheduler: str) -> Path:
-    """A plan laid out by hand, as a user may edit a saved one, for ``hex.plan_path`` (the driver checks it as it
-    checks any saved plan, before anything starts): FSDP dp2 on big-0 and big-1, a tp1 server on big-2 and a tp2
-    server on small-0's two GPUs, each with the cost model's speed for its layout and a share in proportion to it,
-    the small server's batch capped at 4, weights pushed after every step. The planner's plan for the recipe gives
-    the rest (objective, predictions, staleness settings)."""
-    from areal_hex_plugin.costmodel import CostModel, RolloutStage, recipe_calibration
-    from areal_hex_plugin.plan import HexPlan
+def solved_plan(folder: Path, scheduler: str, steps: int) -> dict:
+    """The plan the planner solves for the recipe with the run's overrides, as the driver does at start (the
+    solve is deterministic: one CP-SAT worker, a fixed seed); its solve time left out."""
     from areal_hex_plugin.scheduler import plan_recipe
     from areal_hex_plugin.specs.recipe import load_recipe
 
-    recipe = load_recipe(RECIPE, overrides(folder, scheduler), base_dir=REPO)
-    plan = plan_recipe(recipe).to_dict()
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
-    groups = []
-    for pool, gpu_type, tp, cap in (("big", "CPU-BIG", 1, None), ("small", "CPU-SMALL", 2, 4)):
-        estimate = cm.rollout((RolloutStage(pool=pool, tp=tp),))
-        groups.append(
-            {"pool": pool, "gpu_type": gpu_type, "tp": tp, "pp": 1, "count": 1,
-             "tokens_per_s": round(estimate.tokens_per_s, 3), "concurrency": cap or estimate.concurrency}
-        )  # fmt: skip
-    samples = recipe.workload.rl.samples_per_step
-    total = sum(g["tokens_per_s"] for g in groups)
-    for g in groups:
-        g["share"] = round(g["tokens_per_s"] / total, 6)
-    groups[0]["samples_per_step"] = round(samples * groups[0]["share"])
-    groups[1]["samples_per_step"] = samples - groups[0]["samples_per_step"]
-    train = {"gpu": 0, "role": "train", "stage": 0, "tp_rank": 0}
-    serve = {"gpu": 0, "role": "rollout", "stage": 0, "instance": 0, "tp_rank": 0}
-    plan["train"].update(
-        gpus={"CPU-BIG": 2},
-        stages=[
-            {"pool": "big", "gpu_type": "CPU-BIG", "dp": 2, "tp": 1, "layers": 2, "hosts": ["big-0", "big-1"]}
-        ],
-    )
-    plan["rollout"] = {"gpus": {"CPU-BIG": 1, "CPU-SMALL": 2}, "replicas": groups}
-    plan["machines"] = [
-        {"pool": "big", "host": "big-0", "gpu_type": "CPU-BIG", "role": "train", "gpus": [{**train, "dp_rank": 0}]},
-        {"pool": "big", "host": "big-1", "gpu_type": "CPU-BIG", "role": "train", "gpus": [{**train, "dp_rank": 1}]},
-        {"pool": "big", "host": "big-2", "gpu_type": "CPU-BIG", "role": "rollout", "gpus": [{**serve, "group": 0}]},
-        {"pool": "small", "host": "small-0", "gpu_type": "CPU-SMALL", "role": "rollout",
-         "gpus": [{**serve, "group": 1}, {**serve, "gpu": 1, "group": 1, "tp_rank": 1}]},
-    ]  # fmt: skip
-    plan["solver"]["window_steps"] = 1
-    return HexPlan.from_dict(plan).save(folder / "two-layouts.json")
+    plan = plan_recipe(load_recipe(RECIPE, overrides(folder, scheduler, steps), base_dir=REPO)).to_dict()
+    plan["solver"].pop("solve_time_s")
+    return plan
 
 
 def run_driver(
     folder: Path,
     scheduler: str,
+    steps: int,
     env: dict[str, str],
     timeout_s: float,
     extra: tuple[str, ...] = (),
     recipe: Path = RECIPE,
-    steps: int = STEPS,
 ) -> Run:
     """Make the assets in ``folder`` and run the driver on ``recipe`` there for ``steps`` steps; a run past
     ``timeout_s`` is killed whole."""
@@ -200,6 +163,9 @@ def run_driver(
         "--config",
         str(recipe),
         *overrides(folder, scheduler, steps),
+        # Each run its own seed: upstream seeds Python's random with it and draws its workers' ports from that, so
+        # two runs with one seed at once (pytest-xdist, a shared machine) try the same ports.
+        f"seed={int(env[MARK][:6], 16)}",
         *extra,
     ]
     start = time.monotonic()

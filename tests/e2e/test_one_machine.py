@@ -20,7 +20,6 @@ pytest.importorskip("areal")
 from tests.e2e.run import (
     RELAY_CHUNK_BYTES,
     REPO,
-    STEPS,
     TOKEN,
     environment,
     new_mark,
@@ -33,11 +32,12 @@ from tests.transport.harness import relay_digest  # noqa: E402
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 RECIPE = REPO / "recipes" / "ci" / "one_machine.yaml"
 TIMEOUT_S = 600
+STEPS = 3
 
 
 def test_one_machine_split_between_training_and_rollout(tmp_path: Path) -> None:
     env = environment(tmp_path, new_mark(), {"HEX_LOCAL_GPUS": "CPU-ONE:4"})
-    run = run_driver(tmp_path, "hex_local", env, TIMEOUT_S, recipe=RECIPE)
+    run = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, recipe=RECIPE)
     assert run.returncode == 0, run.log[-6000:]
 
     # The plan: one machine, some GPUs training and the others serving.

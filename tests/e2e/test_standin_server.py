@@ -166,3 +166,26 @@ def test_tp2_standin_generates_from_its_shards(tmp_path):
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert records[0]["event"] == "start" and records[0]["tp_size"] == 2
     assert records[0]["max_running_requests"] == 1
+
+
+def test_a_rollout_worker_gets_the_whole_staleness_budget(tmp_path):
+    """Started by the controller (no data-parallel size given), a server's executor may hold the whole batch and
+    every rollout in flight: share routing sends the tp1 server of the CI plan 3/4 of the batch, more than the 1/2
+    upstream's even split (``consumer_batch_size // servers``) allows, and that split stalled the run at its
+    second step. With a data-parallel size (upstream's SPMD trainers) upstream's split stays."""
+    from tests.e2e.sglang_server import SGLangCPUServer
+
+    server = SGLangCPUServer(str(write_model(tmp_path / "model", seed=0)))
+    config = dict(experiment_name="hex", trial_name="t", backend="sglang:d2p1t1", setup_timeout=60)
+    config.update(consumer_batch_size=4, max_concurrent_rollouts=3, max_head_offpolicyness=1)
+    try:
+        for given, budget in ((None, (4, 3)), (2, (2, 1))):
+            engine = HexRemoteSGLangEngine(InferenceEngineConfig(**config))
+            engine.initialize(addr=server.address, train_data_parallel_size=given)
+            try:
+                manager = engine.workflow_executor.staleness_manager
+                assert (manager.consumer_batch_size, manager.max_concurrent_rollouts) == budget, given
+            finally:
+                engine.destroy()
+    finally:
+        server.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -29,9 +28,3 @@ def kill_where(mark: str, chosen: Callable[[list[bytes]], bool]) -> bool:
             os.kill(int(pid), signal.SIGKILL)
             killed = True
     return killed
-
-
-def own_seed() -> str:
-    """A ``seed=`` override of its own for a run: upstream seeds the ports it picks from it, so runs of the same
-    recipe at the same time on one machine (other tests, other checkouts) would otherwise pick the same ports."""
-    return f"seed={random.SystemRandom().randrange(2, 1 << 20)}"

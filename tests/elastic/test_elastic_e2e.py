@@ -27,7 +27,7 @@ pytest.importorskip("areal")
 
 from tests.e2e.run import environment, new_mark, processes_left, run_driver, two_layout_plan  # noqa: E402
 from tests.e2e.sglang_server import LENGTHS_FILE_ENV  # noqa: E402
-from tests.elastic.procs import flag, kill_where, own_seed  # noqa: E402
+from tests.elastic.procs import flag, kill_where  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TIMEOUT_S = 600
@@ -96,8 +96,8 @@ def test_a_server_lost_and_relaunched_and_lengths_that_double(tmp_path: Path) ->
     plan_file = two_layout_plan(tmp_path, "hex_local")
     watcher = Watcher(tmp_path, env["HEX_E2E_RUN"], lengths)
     watcher.start()
-    extra = (f"hex.plan_path={plan_file}", *ELASTIC, own_seed())
-    run = run_driver(tmp_path, "hex_local", env, TIMEOUT_S, extra, STEPS)
+    extra = (f"hex.plan_path={plan_file}", *ELASTIC)
+    run = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, extra)
     watcher.done.set()
     assert run.returncode == 0, run.log[-6000:]
     assert watcher.killed_at is not None, "the small server was never killed"

@@ -23,7 +23,7 @@ pytest.importorskip("areal")
 from areal_hex_plugin.cli import main  # noqa: E402
 from tests.e2e.run import RECIPE, environment, new_mark, processes_left, run_driver, two_layout_plan  # noqa: E402
 from tests.e2e.sglang_server import LOG_DIR_ENV  # noqa: E402
-from tests.elastic.procs import flag, kill_where, own_seed  # noqa: E402
+from tests.elastic.procs import flag, kill_where  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TIMEOUT_S = 480
@@ -77,8 +77,7 @@ def test_a_lost_training_rank_replanned_and_resumed(tmp_path: Path, capsys) -> N
     killer = ActorKiller(tmp_path / "servers", env["HEX_E2E_RUN"])
     killer.start()
     start = time.monotonic()
-    seed = own_seed()
-    first = run_driver(tmp_path, "hex_local", env, TIMEOUT_S, (f"hex.plan_path={plan_file}", seed), STEPS)
+    first = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, (f"hex.plan_path={plan_file}",))
     killer.done.set()
     assert killer.killed, first.log[-3000:]
     assert first.returncode != 0 and "killed after" not in first.log, first.log[-3000:]  # stopped, not hung
@@ -107,8 +106,8 @@ def test_a_lost_training_rank_replanned_and_resumed(tmp_path: Path, capsys) -> N
 
     env = environment(tmp_path, new_mark(), {**gpus, LOG_DIR_ENV: str(tmp_path / "servers-resumed")})
     # The CI recipe's recover checkpoints hold no optimizer state (recover.no_save_optim): none to load either.
-    resume = (f"hex.plan_path={new_plan}", seed, "++recover.no_load_optim=true")
-    second = run_driver(tmp_path, "hex_local", env, TIMEOUT_S, resume, STEPS)
+    resume = (f"hex.plan_path={new_plan}", "++recover.no_load_optim=true")
+    second = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, resume)
     assert second.returncode == 0, second.log[-6000:]
     # The plan it ran is the re-plan, its change list continued (the shares re-balanced for the served lengths).
     assert {**second.plan, "changes": replanned["changes"]} == replanned

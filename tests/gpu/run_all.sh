@@ -28,6 +28,9 @@
 #       run with hex_local on this machine: a tiny Qwen2 and arithmetic prompts made locally, SGLang rollout
 #       servers, FSDP training, weight updates through the relay transport (on one GPU, trainer and server share
 #       it by memory fraction), and measured hex/* metrics logged through upstream's StatsLogger.
+#   learn (HEX_GPU_TIMEOUT_LEARN, 150 s): tests/gpu/learn_check.py. The CPU e2e's learning run (GRPO on the
+#       target-token task, tests/e2e/target_reward.py) through the driver with real SGLang: the last steps' reward
+#       must clear the CPU test's threshold, beyond chance.
 #
 # Each check ends "passed", "failed", "timeout" or "skipped". A check that needs sglang where it is not installed
 # fails ("sglang not installed"). A check that cannot run on this machine (too few GPUs, no megatron-core; a check
@@ -137,6 +140,8 @@ run megatron "${HEX_GPU_TIMEOUT_MEGATRON:-90}" "${megatron_reason:+skip:$megatro
   "$py" tests/gpu/megatron_check.py --json "$out/megatron.json"
 run driver "${HEX_GPU_TIMEOUT_DRIVER:-180}" "$needs_sglang" \
   "$py" tests/gpu/driver_check.py --steps 2
+run learn "${HEX_GPU_TIMEOUT_LEARN:-150}" "$needs_sglang" \
+  "$py" tests/gpu/learn_check.py --json "$out/learn.json" --timeout 140
 
 nothing_ran=""
 [ "$force" = 0 ] && nothing_ran=$gpu_reason
