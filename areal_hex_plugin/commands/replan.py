@@ -30,6 +30,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--recipe", metavar="RECIPE", help="the recipe the plan was made for (default: the plan's own recipe)"
     )
     parser.add_argument("--json", metavar="OUT", help="write the new plan as JSON; - for stdout")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="the overrides the run gave the recipe (Hydra grammar)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -61,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if not lost and not gained:
         raise HexError("--lost", "names no host (and nothing is --gained)", "give e.g. --lost big-1")
     old = HexPlan.load(args.plan, "--plan")
-    recipe = load_recipe(args.recipe or old.recipe)
+    recipe = load_recipe(args.recipe or old.recipe, args.overrides)
     result = replan(recipe, old, lost, gained)
     print(describe_replan(result), file=out)
     if args.json:

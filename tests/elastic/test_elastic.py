@@ -19,8 +19,7 @@ from areal_hex_plugin.areal.routing import ShareRouter  # noqa: E402
 from areal_hex_plugin.costmodel import CostModel, recipe_calibration  # noqa: E402
 from areal_hex_plugin.scheduler.reshare import ServerShape  # noqa: E402
 from areal_hex_plugin.specs.config import ElasticConfig  # noqa: E402
-from areal_hex_plugin.specs.recipe import load_recipe  # noqa: E402
-from tests.conftest import REPO  # noqa: E402
+from tests.elastic.plans import elastic_recipe, two_layout_plan  # noqa: E402
 from tests.transport.sglang_standin import SGLangStandIn  # noqa: E402
 
 CONFIG = ElasticConfig(health_interval_s=0.2, health_timeout_s=0.5, failures_to_down=2, drift_min_samples=4)
@@ -53,7 +52,7 @@ def servers():
 
 @pytest.fixture
 def rig(servers, tmp_path):
-    recipe = load_recipe(REPO / "recipes" / "ci" / "tiny.yaml")
+    recipe = elastic_recipe()
     router = ShareRouter([0.5, 0.5])
     changes, relaunched = [], []
     manager = StalenessManager(_Version(), 16, 8, 1)
@@ -212,10 +211,9 @@ def test_doubled_lengths_rebalance_the_shares(rig, tmp_path):
 def test_a_drift_logs_the_planners_suggestion_and_its_gain(rig, tmp_path):
     from areal_hex_plugin.plan import HexPlan
     from areal_hex_plugin.scheduler.replan import replan_for_lengths
-    from tests.e2e.run import two_layout_plan
 
     elastic, router, changes, _, _ = rig
-    recipe = load_recipe(REPO / "recipes" / "ci" / "tiny.yaml")
+    recipe = elastic_recipe()
     plan = HexPlan.load(two_layout_plan(tmp_path, "hex_local"))
     elastic._suggest = lambda workload: replan_for_lengths(recipe, plan, workload)
     elastic._lengths = [4] * 16

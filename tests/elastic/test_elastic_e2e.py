@@ -25,8 +25,9 @@ import pytest
 
 pytest.importorskip("areal")
 
-from tests.e2e.run import environment, new_mark, processes_left, run_driver, two_layout_plan  # noqa: E402
+from tests.e2e.run import environment, new_mark, processes_left, run_driver  # noqa: E402
 from tests.e2e.sglang_server import LENGTHS_FILE_ENV  # noqa: E402
+from tests.elastic.plans import LONGER, two_layout_plan  # noqa: E402
 from tests.elastic.procs import flag, kill_where  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -93,10 +94,10 @@ def test_a_server_lost_and_relaunched_and_lengths_that_double(tmp_path: Path) ->
     env = environment(
         tmp_path, new_mark(), {"HEX_LOCAL_GPUS": "CPU-BIG:3,CPU-SMALL:2", LENGTHS_FILE_ENV: str(lengths)}
     )
-    plan_file = two_layout_plan(tmp_path, "hex_local")
+    plan_file = two_layout_plan(tmp_path, "hex_local", STEPS)
     watcher = Watcher(tmp_path, env["HEX_E2E_RUN"], lengths)
     watcher.start()
-    extra = (f"hex.plan_path={plan_file}", *ELASTIC)
+    extra = (f"hex.plan_path={plan_file}", *LONGER, *ELASTIC)
     run = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, extra)
     watcher.done.set()
     assert run.returncode == 0, run.log[-6000:]

@@ -16,13 +16,13 @@ from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler.replan import replan
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
+from tests.elastic.plans import LONGER, elastic_recipe, two_layout_plan
 
 TINY = REPO / "recipes" / "ci" / "tiny.yaml"
 
 
 @pytest.fixture(scope="module")
 def tiny_plan(tmp_path_factory) -> Path:
-    from tests.e2e.run import two_layout_plan
 
     return two_layout_plan(tmp_path_factory.mktemp("plan"), "hex_local")
 
@@ -33,7 +33,7 @@ def _by_host(plan: HexPlan) -> dict:
 
 def test_a_lost_rollout_machine_changes_only_rollout_shares(tiny_plan):
     old = HexPlan.load(tiny_plan)
-    result = replan(load_recipe(TINY), old, ["small-0"], {})
+    result = replan(elastic_recipe(), old, ["small-0"], {})
     new = result.plan
     assert not result.structural
     # Training and every surviving machine exactly as before; only the lost machine's replica goes.
@@ -43,8 +43,9 @@ def test_a_lost_rollout_machine_changes_only_rollout_shares(tiny_plan):
     assert all(after[h] == before[h] for h in after)
     assert [(d.host, d.before, d.after) for d in result.diff] == [("small-0", "rollout tp2pp1 x1", "")]
     # The shares are re-solved over the survivors: the big server takes every sample.
+    samples = elastic_recipe().workload.rl.samples_per_step
     assert [(g.pool, g.count, g.share, g.samples_per_step) for g in new.rollout.replicas] == [
-        ("big", 1, 1.0, 16)
+        ("big", 1, 1.0, samples)
     ]
     assert new.predicted.cost_per_hour == pytest.approx(3 * 3.0)  # the three big GPUs left, at $3/h
     assert new.predicted.tokens_per_s < old.predicted.tokens_per_s
@@ -56,7 +57,7 @@ def test_a_lost_rollout_machine_changes_only_rollout_shares(tiny_plan):
 
 def test_a_gained_machine_serves_its_pools_planned_shape(tiny_plan):
     old = HexPlan.load(tiny_plan)
-    new = replan(load_recipe(TINY), old, ["small-0"], {"big": ["big-9"]}).plan
+    new = replan(elastic_recipe(), old, ["small-0"], {"big": ["big-9"]}).plan
     assert new.train == old.train
     (group,) = new.rollout.replicas
     assert (group.pool, group.tp, group.count, group.share) == ("big", 1, 2, 1.0)
@@ -67,7 +68,7 @@ def test_a_gained_machine_serves_its_pools_planned_shape(tiny_plan):
 def test_a_spare_machine_replaces_a_lost_one_one_for_one(tiny_plan):
     old = HexPlan.load(tiny_plan)
     # A gained machine of the lost one's pool takes its place: same role, GPUs and layout; nothing else moves.
-    result = replan(load_recipe(TINY), old, ["big-1"], {"big": ["big-7"]})
+    result = replan(elastic_recipe(), old, ["big-1"], {"big": ["big-7"]})
     new = result.plan
     assert not result.structural
     assert new.predicted == old.predicted and new.rollout == old.rollout
@@ -78,7 +79,7 @@ def test_a_spare_machine_replaces_a_lost_one_one_for_one(tiny_plan):
 
 def test_a_lost_training_machine_replans_and_keeps_the_other_roles(tiny_plan):
     old = HexPlan.load(tiny_plan)
-    result = replan(load_recipe(TINY), old, ["big-1"], {})
+    result = replan(elastic_recipe(), old, ["big-1"], {})
     new = result.plan
     assert result.structural
     after = _by_host(new)
@@ -95,7 +96,7 @@ def test_a_lost_training_machine_replans_and_keeps_the_other_roles(tiny_plan):
 
 @pytest.mark.parametrize("lost", [["small-0"], ["big-1"]])
 def test_replan_is_deterministic(tiny_plan, lost):
-    recipe, old = load_recipe(TINY), HexPlan.load(tiny_plan)
+    recipe, old = elastic_recipe(), HexPlan.load(tiny_plan)
     first, second = (replan(recipe, old, lost, {}).plan.to_dict() for _ in range(2))
     for plan in (first, second):  # the solver's wall time is the one figure a clock decides
         plan["solver"].pop("solve_time_s")
@@ -114,6 +115,7 @@ def test_the_command_prints_its_diff_and_writes_a_plan_that_loads(tiny_plan, tmp
         str(TINY),
         "--json",
         str(out),
+        *LONGER,
     ]
     assert main(argv) == 0
     text = capsys.readouterr().out
@@ -124,7 +126,7 @@ def test_the_command_prints_its_diff_and_writes_a_plan_that_loads(tiny_plan, tmp
     # The new plan runs on the recipe as any saved plan does (the driver's hex.plan_path check).
     from areal_hex_plugin.plan import check_plan_fits
 
-    recipe = load_recipe(TINY)
+    recipe = elastic_recipe()
     check_plan_fits(plan, recipe.cluster, recipe.workload.model)
     assert main(argv) == 0  # and again: the same file
     assert json.loads(out.read_text()) == plan.to_dict()

@@ -21,8 +21,9 @@ import pytest
 pytest.importorskip("areal")
 
 from areal_hex_plugin.cli import main  # noqa: E402
-from tests.e2e.run import RECIPE, environment, new_mark, processes_left, run_driver, two_layout_plan  # noqa: E402
+from tests.e2e.run import RECIPE, environment, new_mark, processes_left, run_driver  # noqa: E402
 from tests.e2e.sglang_server import LOG_DIR_ENV  # noqa: E402
+from tests.elastic.plans import LONGER, two_layout_plan  # noqa: E402
 from tests.elastic.procs import flag, kill_where  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -71,13 +72,13 @@ def _train_steps(log: str) -> list[int]:
 
 
 def test_a_lost_training_rank_replanned_and_resumed(tmp_path: Path, capsys) -> None:
-    plan_file = two_layout_plan(tmp_path, "hex_local")
+    plan_file = two_layout_plan(tmp_path, "hex_local", STEPS)
     gpus = {"HEX_LOCAL_GPUS": "CPU-BIG:3,CPU-SMALL:2"}
     env = environment(tmp_path, new_mark(), gpus)
     killer = ActorKiller(tmp_path / "servers", env["HEX_E2E_RUN"])
     killer.start()
     start = time.monotonic()
-    first = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, (f"hex.plan_path={plan_file}",))
+    first = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, (f"hex.plan_path={plan_file}", *LONGER))
     killer.done.set()
     assert killer.killed, first.log[-3000:]
     assert first.returncode != 0 and "killed after" not in first.log, first.log[-3000:]  # stopped, not hung
@@ -96,6 +97,7 @@ def test_a_lost_training_rank_replanned_and_resumed(tmp_path: Path, capsys) -> N
         str(RECIPE),
         "--json",
         str(new_plan),
+        *LONGER,
     ]
     assert main(argv) == 0
     diff = capsys.readouterr().out
@@ -106,7 +108,7 @@ def test_a_lost_training_rank_replanned_and_resumed(tmp_path: Path, capsys) -> N
 
     env = environment(tmp_path, new_mark(), {**gpus, LOG_DIR_ENV: str(tmp_path / "servers-resumed")})
     # The CI recipe's recover checkpoints hold no optimizer state (recover.no_save_optim): none to load either.
-    resume = (f"hex.plan_path={new_plan}", "++recover.no_load_optim=true")
+    resume = (f"hex.plan_path={new_plan}", *LONGER, "++recover.no_load_optim=true")
     second = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, resume)
     assert second.returncode == 0, second.log[-6000:]
     # The plan it ran is the re-plan, its change list continued (the shares re-balanced for the served lengths).

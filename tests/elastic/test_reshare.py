@@ -7,15 +7,14 @@ import pytest
 from areal_hex_plugin.costmodel import CostModel, recipe_calibration
 from areal_hex_plugin.scheduler.inflight import best_split
 from areal_hex_plugin.scheduler.reshare import RESOLUTION, ServerShape, replica_config, reshare, with_lengths
-from areal_hex_plugin.specs.recipe import load_recipe
-from tests.conftest import REPO
+from tests.elastic.plans import elastic_recipe
 
 SERVERS = [ServerShape("big", 1), ServerShape("small", 2), ServerShape("big", 1)]
 
 
 @pytest.fixture(scope="module")
 def recipe():
-    return load_recipe(REPO / "recipes" / "ci" / "tiny.yaml")
+    return elastic_recipe()
 
 
 def _cm(recipe, workload=None) -> CostModel:
