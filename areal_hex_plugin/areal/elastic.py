@@ -546,12 +546,15 @@ def reroute(actor, rollout, reachable: Sequence[bool]) -> None:
     transport's ``hex_configure_transport``. Nothing to do on upstream's own weight path."""
     from areal.infra.utils.concurrent import run_async_task
 
+    from areal_hex_plugin.transport.controller_adapter import receiver_options, trainer_hosts
     from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
 
     settings = getattr(actor, "hex_settings", None)
     if settings is None or not settings.pools:
         return
     ranks = [rank for rank, ok in enumerate(reachable) if ok]
+    # A receiver first started here (a server lost before the first update) takes control from the trainer only.
+    options = receiver_options(settings, trainer_hosts(actor))
 
     async def start_all() -> list[str]:
         return await asyncio.gather(
@@ -560,7 +563,7 @@ def reroute(actor, rollout, reachable: Sequence[bool]) -> None:
                     rollout.workers[rank].id,
                     "hex_start_receiver",
                     engine_name=rollout._engine_name(rank),
-                    **settings.receiver,
+                    **options,
                 )
                 for rank in ranks
             )

@@ -126,10 +126,16 @@ def trainer_hosts(train_controller) -> list[str]:
     return [workers[0].ip] if workers else []
 
 
+def receiver_options(settings: TransportSettings, trainers: list[str] | None = None) -> dict:
+    """``hex_start_receiver``'s arguments: the settings' receiver options, taking control only from ``trainers``
+    (hosts; None or empty: the rollout machine's own)."""
+    return {**settings.receiver, **({"trainer_hosts": trainers} if trainers else {})}
+
+
 def start_receivers(rollout, settings: TransportSettings, trainers: list[str] | None = None) -> Route:
-    """Start every rollout engine's receiver, taking control only from ``trainers`` (hosts; None or empty: the
-    rollout machine's own); the route through them, pool by pool."""
-    options = {**settings.receiver, **({"trainer_hosts": trainers} if trainers else {})}
+    """Start every rollout engine's receiver (see :func:`receiver_options`); the route through them, pool by
+    pool."""
+    options = receiver_options(settings, trainers)
     endpoints = [Endpoint.parse(text) for text in call_receivers(rollout, "hex_start_receiver", **options)]
     pools = settings.pools or [TransportPool("rollout", list(range(len(endpoints))), 1.5, 5.0)]
     return Route(
