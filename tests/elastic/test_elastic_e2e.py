@@ -27,7 +27,7 @@ pytest.importorskip("areal")
 
 from tests.e2e.run import environment, new_mark, processes_left, run_driver  # noqa: E402
 from tests.e2e.sglang_server import LENGTHS_FILE_ENV  # noqa: E402
-from tests.elastic.plans import LONGER, two_layout_plan  # noqa: E402
+from tests.elastic.plans import LONGER, elastic_recipe, two_layout_plan  # noqa: E402
 from tests.elastic.procs import flag, kill_where  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -113,15 +113,15 @@ def test_a_server_lost_and_relaunched_and_lengths_that_double(tmp_path: Path) ->
     figures["counts"] = counts
     assert counts["in_flight_at_loss"] >= 1 and counts["resubmitted"] == counts["in_flight_at_loss"], counts
     assert counts["duplicates"] == 0 and counts["rejected"] == 0, counts
-    batch = 8  # train_dataset.batch_size: prompts (samples of n_samples sequences) per step
-    assert counts["accepted"] >= STEPS * batch, counts
+    rl = elastic_recipe().workload.rl
+    assert counts["accepted"] >= STEPS * rl.batch_size, counts  # prompts (samples of n_samples sequences)
     # Every step ran and was logged; the killed server left requests unfinished, each of an in-flight sample
-    # (n_samples = 2 requests each).
+    # (n_samples requests each).
     assert len(re.findall(r"hex elastic step \d+ ended", run.log)) == STEPS
     assert len([r for r in run.wandb_history() if "hex/elastic/live_servers" in r]) == STEPS
     killed = _records(watcher.killed_log)
     unfinished = sum(r["event"] == "request" for r in killed) - sum(r["event"] == "generate" for r in killed)
-    assert 1 <= unfinished <= 2 * counts["in_flight_at_loss"], (unfinished, counts)
+    assert 1 <= unfinished <= rl.n_samples * counts["in_flight_at_loss"], (unfinished, counts)
     figures["unfinished_requests_on_the_lost_server"] = unfinished
 
     # The plan records the changes: lost (the survivor takes everything), gained, then the drift re-balance.
