@@ -13,7 +13,8 @@ import dataclasses
 from collections.abc import Mapping
 
 from areal_hex_plugin.costmodel.calibration import Calibration
-from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
+from areal_hex_plugin.scheduler import plan_recipe
+from areal_hex_plugin.sim.reproduce import paper_request
 from areal_hex_plugin.specs.config import CalibrationConfig, GpuEfficiencyConfig
 from areal_hex_plugin.specs.rental import rent
 
@@ -49,7 +50,7 @@ def baseline_phases(recipes: Mapping[str, object], calibration: Calibration, dat
         calibrated = with_calibration(recipe, calibration, types)
         for name, c in data["clusters"].items():
             setting = homogeneous(calibrated, c["gpu_type"], int(c["gpus"]))
-            plan = plan_recipe(setting, PlanRequest(budget_per_hour=setting.cluster.price_per_hour))
+            plan = plan_recipe(setting, paper_request(setting))  # whole machines per role, as measured
             p = plan.predicted
             values = {
                 "rollout_s": max(p.rollout_time_s, p.train_time_s),

@@ -26,7 +26,13 @@ SEVEN_H20 = """    pools:
 @pytest.fixture(scope="module")
 def one_h20_node():
     """A live Ray cluster of one machine with 8 (fake) H20 GPUs."""
-    ray.init(num_cpus=1, num_gpus=8, resources={"accelerator_type:H20": 1}, include_dashboard=False)
+    ray.init(
+        address="local",
+        num_cpus=1,
+        num_gpus=8,
+        resources={"accelerator_type:H20": 1},
+        include_dashboard=False,
+    )
     try:
         yield
     finally:

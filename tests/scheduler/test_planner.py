@@ -133,8 +133,8 @@ def test_cli_writes_plan_json_and_plot(tmp_path, capsys):
     [
         ["--budget", "1"],
         ["--target-tokens-per-s", "1e15"],
-        ["--json", "/nonexistent-dir/plan.json"],
-        ["--plot", "/nonexistent-dir/frontier.png"],
+        ["--json", "/dev/null/plan.json"],
+        ["--plot", "/dev/null/frontier.png"],
         ["hex.solver.num_workers=0"],
         ["+hex.solver.rollout_layout=[3,1]"],
         ["+hex.solver.rollout_layout=[1,9]"],

@@ -115,7 +115,7 @@ def plan_samples(recipe) -> int:
     [
         (["--steps", "0"], "--steps"),
         (["--plan", "/nonexistent/plan.json"], "plan"),
-        (["--json", "/nonexistent-dir/out.json"], "--json"),
+        (["--json", "/dev/null/out.json"], "--json"),
     ],
 )
 def test_bad_input_exits_2_with_the_field(argv, field, tmp_path, capsys):

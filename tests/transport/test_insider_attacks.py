@@ -503,9 +503,13 @@ def test_a_node_stopped_after_gloo_links_exits_cleanly():
     )
 
 
-def test_a_failed_version_removal_is_reported_and_retried(tmp_path, caplog):
-    from areal_hex_plugin.transport.stage import StagedVersion
+def test_a_failed_version_removal_is_reported_and_retried(tmp_path, caplog, monkeypatch):
+    from areal_hex_plugin.transport.stage import StagedVersion, logger
 
+    # A logging set-up of an earlier test in this process (upstream's dictConfig) may have disabled the logger or
+    # stopped its propagation to pytest's capture: this test reads what the node logs.
+    monkeypatch.setattr(logger, "disabled", False)
+    monkeypatch.setattr(logger, "propagate", True)
     staged = StagedVersion(tmp_path, 3)
     (staged.directory / "bucket-00000-00.safetensors").write_bytes(b"x" * 64)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
