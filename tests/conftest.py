@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = sorted((REPO / "recipes").glob("*/*.yaml"))
+# A local Ray node waits 30 s for its GCS to start by default; on a loaded 2-core CI machine that start has taken
+# longer (the hex_ray e2e failed there waiting for gcs_server_port). Set here, before any fixture starts Ray.
+os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "180")
 
 
 @pytest.fixture(autouse=True)

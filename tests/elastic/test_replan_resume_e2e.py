@@ -1,7 +1,8 @@
 """A training rank lost, ``areal-hex replan``, and the run resumed from upstream's recover checkpoint on the new plan.
 
 Run 1 is the CI e2e run (``hex_local``, the hand-laid plan: FSDP dp2 on big-0 and big-1) with a watcher that
-SIGKILLs the second actor worker (big-1's rank) once the servers hold version 3. The run stops (non-zero, not
+SIGKILLs the second actor worker (big-1's rank) once the servers hold version 3 and its recover dump is
+complete. The run stops (non-zero, not
 hung). ``replan --lost big-1`` then moves only big-0 (dp2 -> dp1) and drops big-1, the rollout machines untouched;
 run 2, in the same experiment folder with ``hex.plan_path`` of the new plan, recovers from the last recover
 checkpoint: its first step is the one after it, and the first version its servers load is the recovered one,
@@ -44,17 +45,33 @@ def _loads(folder: Path) -> dict[str, list[dict]]:
     return out
 
 
+def _recovered_step(folder: Path) -> int | None:
+    """The global step of upstream's last complete recover dump under ``folder`` (its step info is written last)."""
+    for path in folder.rglob("recover_info/step_info.json"):
+        try:
+            return json.loads(path.read_text())["global_step"]
+        except (OSError, ValueError, KeyError):
+            return None
+    return None
+
+
 class ActorKiller(threading.Thread):
-    def __init__(self, servers: Path, mark: str) -> None:
+    """Kills the second actor once every server holds KILL_AT_VERSION and the recover dump of the step that made it
+    is complete. Upstream writes the recover checkpoint in place and its step info after it, so a kill inside the
+    dump leaves the next step's weights under the last step's info: a torn checkpoint this test is not about."""
+
+    def __init__(self, folder: Path, mark: str) -> None:
         super().__init__(daemon=True)
-        self.servers, self.mark = servers, mark
+        self.folder, self.mark = folder, mark
         self.killed = False
         self.done = threading.Event()
 
     def run(self) -> None:
+        made_by = int(KILL_AT_VERSION) - 1  # version v is the weights after global step v - 1
         while not self.done.wait(0.05):
-            loads = _loads(self.servers)
-            if loads and all(any(r["version"] == KILL_AT_VERSION for r in rs) for rs in loads.values()):
+            loads = _loads(self.folder / "servers")
+            served = loads and all(any(r["version"] == KILL_AT_VERSION for r in rs) for rs in loads.values())
+            if served and (_recovered_step(self.folder) or -1) >= made_by:
                 self.killed = kill_where(self.mark, _second_actor)
                 return
 
@@ -75,7 +92,7 @@ def test_a_lost_training_rank_replanned_and_resumed(tmp_path: Path, capsys) -> N
     plan_file = two_layout_plan(tmp_path, "hex_local", STEPS)
     gpus = {"HEX_LOCAL_GPUS": "CPU-BIG:3,CPU-SMALL:2"}
     env = environment(tmp_path, new_mark(), gpus)
-    killer = ActorKiller(tmp_path / "servers", env["HEX_E2E_RUN"])
+    killer = ActorKiller(tmp_path, env["HEX_E2E_RUN"])
     killer.start()
     start = time.monotonic()
     first = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, (f"hex.plan_path={plan_file}", *LONGER))

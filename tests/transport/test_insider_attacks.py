@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import logging
 import os
 import resource
 import subprocess
@@ -503,13 +504,16 @@ def test_a_node_stopped_after_gloo_links_exits_cleanly():
     )
 
 
-def test_a_failed_version_removal_is_reported_and_retried(tmp_path, caplog, monkeypatch):
+def test_a_failed_version_removal_is_reported_and_retried(tmp_path, monkeypatch):
     from areal_hex_plugin.transport.stage import StagedVersion, logger
 
-    # A logging set-up of an earlier test in this process (upstream's dictConfig) may have disabled the logger or
-    # stopped its propagation to pytest's capture: this test reads what the node logs.
+    # Read the node's log at its own logger: upstream's getLogger replaces logging's root and manager on every call,
+    # so whether a record reaches pytest's capture (on the original root) depends on which test ran first.
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
     monkeypatch.setattr(logger, "disabled", False)
-    monkeypatch.setattr(logger, "propagate", True)
+    monkeypatch.setattr(logger, "handlers", [handler])
     staged = StagedVersion(tmp_path, 3)
     (staged.directory / "bucket-00000-00.safetensors").write_bytes(b"x" * 64)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -519,14 +523,13 @@ def test_a_failed_version_removal_is_reported_and_retried(tmp_path, caplog, monk
         with pytest.raises(OSError):
             while True:
                 held.append(open("/dev/null"))  # noqa: SIM115 - the descriptor table fills up
-        with caplog.at_level("ERROR"):
-            staged.remove()
+        staged.remove()
         failed_now = staged.directory.exists()
     finally:
         for handle in held:
             handle.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert failed_now and any(str(staged.directory) in record.getMessage() for record in caplog.records)
+    assert failed_now and any(str(staged.directory) in record.getMessage() for record in records)
     staged.remove()
     assert not staged.directory.exists()
 

@@ -3,6 +3,8 @@ through SGLang's own disk-update API, version label, resume; the server's TP sli
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -48,8 +50,12 @@ def test_commit_goes_through_sglang_disk_update(tmp_path, monkeypatch):
             shards = [server.model.shards[rank][name] for rank in range(2)]
             assert torch.equal(torch.cat(shards, dim) if dim is not None else shards[0], full), name
         (stage,) = tmp_path.iterdir()  # the receiver's own areal-hex-* dir, with its owner lock
-        # v7 kept: what SGLang rolls back to (its pages in memory spare for the next version's buckets)
-        assert sorted(path.name for path in stage.iterdir()) == [".owner", "spare", "v7"]
+        # v7 kept: what SGLang rolls back to (its pages in memory spare for the next version's buckets). The node's
+        # keeper moves them off the commit's path, so the listing settles a moment after the commit returns.
+        deadline = time.monotonic() + 30
+        while (listing := sorted(path.name for path in stage.iterdir())) != [".owner", "spare", "v7"]:
+            assert time.monotonic() < deadline, listing
+            time.sleep(0.05)
         engine.hex_stop_receiver()
         assert list(tmp_path.iterdir()) == []
     finally:
