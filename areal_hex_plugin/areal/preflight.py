@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from areal_hex_plugin.errors import HexError
@@ -127,6 +128,41 @@ def _check_callable(path: str, field_name: str, kind: str, example: str) -> str:
     return f"{field_name}: {path} imports"
 
 
+def recover_root(config) -> Path:
+    """Where upstream's recover dump of this trial lives (``Saver.get_save_root``'s layout, without making it)."""
+    import getpass
+
+    recover = config.recover
+    user = getpass.getuser()
+    return Path(recover.fileroot) / "checkpoints" / user / recover.experiment_name / recover.trial_name
+
+
+def check_recover_checkpoint(config) -> str | None:
+    """A recover checkpoint the run would resume from was not being written when the last run stopped.
+
+    Upstream writes the checkpoint in place, then its step info: a run stopped in between (a training rank lost
+    during the dump) leaves weights newer than the step they are loaded as, possibly half of each step's."""
+    if config.recover.mode in ("off", "disabled"):
+        return None
+    root = recover_root(config)
+    info = root / "recover_info" / "step_info.json"
+    if not info.is_file():
+        return None
+    written = info.stat().st_mtime
+    for checkpoint in sorted(root.glob("*/recover_checkpoint")):
+        newer = [path for path in checkpoint.rglob("*") if path.is_file() and path.stat().st_mtime > written]
+        if newer:
+            raise HexError(
+                "recover",
+                f"the recover checkpoint {checkpoint} was being written when the last run stopped: "
+                f"{len(newer)} of its files are newer than its step info {info}, so its weights are not the "
+                "step it would resume from",
+                f"start this trial afresh (move {root} aside), or start a new trial_name from the last model "
+                "the saver wrote (actor.path=<that folder>)",
+            )
+    return f"recover: resumes from {info}"
+
+
 def _read_inventory(kind: str, source: str) -> list:
     from areal_hex_plugin.inventory import machines_from_local, machines_from_ray, machines_from_slurm
 
@@ -195,6 +231,9 @@ def preflight(path: str, overrides: list[str], offline: bool = False, run: bool 
                 config.hex.reward_fn, "hex.reward_fn", "function", "areal.reward.gsm8k.gsm8k_reward_fn"
             )
         )
+    resuming = check_recover_checkpoint(config)
+    if resuming:
+        passed.append(resuming)
     check_transport(config)
     passed.append(
         f"transport: {config.hex.transport}" + (" (token set)" if config.hex.transport == "relay" else "")

@@ -166,3 +166,52 @@ def test_simulate_refuses_a_saved_plan_over_the_budget(plan_file: Path, capsys) 
     cost = json.loads(plan_file.read_text())["predicted"]["cost_per_hour"]
     message = _refused(capsys, "simulate", str(RECIPE), "--plan", str(plan_file), f"hex.objective.budget_per_hour={cost - 10:g}")  # fmt: skip
     assert message.startswith(" --plan: the plan at") and "over its budget" in message
+
+
+def _recover_dump(tmp_path: Path, checkpoint_after_info: bool) -> list[str]:
+    """Upstream's recover layout for the recipe's experiment under ``tmp_path`` (its own path functions), the
+    checkpoint written before its step info as upstream does, or after it (a dump the run stopped inside)."""
+    import os
+
+    from areal.utils.recover import RecoverHandler
+    from areal.utils.saver import Saver
+
+    names = (
+        "experiment_name=hex-recover",
+        "trial_name=t0",
+        f"cluster.fileroot={tmp_path}",
+        "recover.mode=auto",
+    )
+    checkpoint = Path(Saver.get_recover_checkpoint_path("hex-recover", "t0", str(tmp_path)))
+    info = Path(RecoverHandler.recover_info_path("hex-recover", "t0", str(tmp_path))) / "step_info.json"
+    info.parent.mkdir(parents=True, exist_ok=True)
+    (checkpoint / "__0_0.distcp").write_bytes(b"w")
+    info.write_text('{"epoch": 0, "epoch_step": 2, "global_step": 2, "steps_per_epoch": 8}')
+    os.utime(checkpoint / "__0_0.distcp", (100, 100))
+    os.utime(info, (200, 200))
+    if checkpoint_after_info:
+        os.utime(checkpoint / "__0_0.distcp", (300, 300))
+    return list(names)
+
+
+def test_a_consistent_recover_checkpoint_is_what_the_run_resumes_from(
+    plan_file: Path, tmp_path: Path, capsys
+) -> None:
+    names = _recover_dump(tmp_path, checkpoint_after_info=False)
+    assert main(["check", str(RECIPE), f"hex.plan_path={plan_file}", *names, "--offline"]) == 0
+    assert "ok   recover: resumes from" in capsys.readouterr().out
+
+
+def test_a_recover_checkpoint_written_after_its_step_info_is_refused(
+    plan_file: Path, tmp_path: Path, capsys
+) -> None:
+    names = _recover_dump(tmp_path, checkpoint_after_info=True)
+    message = _refused(capsys, "check", str(RECIPE), f"hex.plan_path={plan_file}", *names, "--offline")
+    assert message.startswith(" recover: the recover checkpoint") and "was being written" in message
+    assert "fix: start this trial afresh" in message
+    # Recovery off: nothing is resumed, nothing to refuse.
+    assert (
+        main(["check", str(RECIPE), f"hex.plan_path={plan_file}", *names, "recover.mode=off", "--offline"])
+        == 0
+    )
+    assert "recover:" not in capsys.readouterr().out
