@@ -28,6 +28,7 @@ COMMANDS = (
     "simulate",
     "reproduce",
     "replan",
+    "join",
 )
 
 

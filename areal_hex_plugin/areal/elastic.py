@@ -17,6 +17,11 @@ One :class:`ElasticRollout` per training rollout controller (``HexRolloutControl
 - **Gained.** With ``relaunch`` and a worker that still answers, its server is started again on its machine. It
   joins the relay route at the next update and the routing only once it reports the version the trainer
   committed, so it never serves weights the trainer did not commit; its planned share is then re-solved in.
+- **Joined.** ``areal-hex join`` appends a request to ``hex_join.jsonl`` beside the run's plan (``joins.py``);
+  the watcher reads it at its next probe round and starts the machine's servers through the run's scheduler
+  (``areal/join.py``: hex_local). They are added with share 0 and join the relay route at the next update; each
+  takes requests once it reports the version the trainer committed, and the shares are then re-solved for the
+  larger fleet. A join that fails is recorded as lost; requests written before the run started are set aside.
 - **Drift.** Each step's served output lengths (the trajectories' loss masks) are scored against the lengths the
   shares were solved for: when they move the predicted rollout time by more than ``drift_threshold``, the shares are
   re-solved with the measured lengths, and a re-plan suggestion is logged: the planner's plan for the measured
@@ -43,6 +48,7 @@ from typing import Any
 
 from areal.utils import logging
 
+from areal_hex_plugin.joins import JOIN_FILE, JoinRequest, read_requests, tag
 from areal_hex_plugin.plan import PlanChange
 from areal_hex_plugin.scheduler.reshare import RESOLUTION, ServerShape, reshare, with_lengths
 from areal_hex_plugin.specs.config import ElasticConfig
@@ -129,6 +135,8 @@ class ElasticRollout:
         staleness: Callable[[], Any],
         record: Callable[[PlanChange], None] = lambda change: None,
         relaunch: Callable[[int], str] | None = None,
+        join: Callable[[JoinRequest, set[str]], Any] | None = None,
+        joins_file: str | None = None,
         suggest: Callable[[Any], Any] | None = None,
         reroute: Callable[[Sequence[bool]], None] | None = None,
         lengths_file: str | None = None,
@@ -151,6 +159,10 @@ class ElasticRollout:
         self._set_shares, self._in_flight, self._record = set_shares, in_flight, record
         self._staleness = staleness  # upstream's StalenessManager of the controller
         self._relaunch, self._reroute = relaunch, reroute
+        self._join, self._joins_file = join, joins_file  # join(request, busy hosts) -> areal.join.Joined
+        self._joins_read = 0
+        self._joined_by: dict[int, int] = {}  # rank -> the join request that started it
+        self._joiner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hex-join")  # one join at a time
         self._suggest = suggest  # workload -> replan.LengthSuggestion (a solve: run off the training thread)
         self.suggested_gain: float | None = None
         self._lengths_file = lengths_file
@@ -177,7 +189,7 @@ class ElasticRollout:
             "lost",
             "relaunched",
         )
-        return {key: self.counts[key] for key in (*keys, "gained", "reshares", "changes")}
+        return {key: self.counts[key] for key in (*keys, "gained", "joined", "reshares", "changes")}
 
     @property
     def deadline_s(self) -> float:
@@ -188,6 +200,10 @@ class ElasticRollout:
     # -- life --------------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self._join is not None and self._joins_file and Path(self._joins_file).exists():
+            aside = f"{self._joins_file}.before-{int(time.time())}"
+            Path(self._joins_file).rename(aside)  # requests for an earlier run in this folder
+            logger.warning(f"join requests written before this run started set aside in {aside}")
         self._thread = threading.Thread(target=self._watch, name="hex-elastic", daemon=True)
         self._thread.start()
         logger.info(
@@ -203,9 +219,11 @@ class ElasticRollout:
         if self._thread is not None:
             self._thread.join(timeout=self.deadline_s + 5)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._joiner.shutdown(wait=False, cancel_futures=True)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.config.health_interval_s):
+            self._take_joins()
             ranks = [r for r, state in enumerate(self.states) if state != DOWN]
             answers = self._pool.map(
                 lambda r: self._probe(self.addresses[r], self.config.health_timeout_s), ranks
@@ -295,6 +313,53 @@ class ElasticRollout:
             "trainer's next committed version"
         )
 
+    # -- joins -------------------------------------------------------------------------------------------
+
+    def _take_joins(self) -> None:
+        """The join requests appended since the last round, each started in turn off the watcher's thread."""
+        if self._join is None or not self._joins_file:
+            return
+        requests, problems = read_requests(self._joins_file, self._joins_read)
+        self._joins_read += len(requests) + len(problems)
+        for problem in problems:
+            logger.warning(problem)
+        for request in requests:
+            self._joiner.submit(self._join_one, request)
+
+    def _join_one(self, request: JoinRequest) -> None:
+        with self._lock:
+            busy = {
+                name.split("/")[0]
+                for name, state in zip(self.names, self.states, strict=True)
+                if state != DOWN
+            }
+        logger.info(f"{tag(request.index)}: {request.host} (pool {request.pool}) joins; starting its servers")
+        try:
+            joined = self._join(request, busy)
+        except Exception as error:  # the machine does not come: recorded, the run goes on
+            logger.warning(f"{tag(request.index)} failed: {error}")
+            with self._lock:
+                self._change(
+                    "lost", [request.host], f"{tag(request.index)} failed: {error}", self._tokens_per_s()
+                )
+            return
+        with self._lock:
+            for shape, name, address in zip(joined.shapes, joined.names, joined.addresses, strict=True):
+                self._joined_by[len(self.states)] = request.index
+                self.shapes.append(shape)
+                self.names.append(name)
+                self.addresses.append(address)
+                self.failures.append(0)
+                self._first_failure.append(None)
+                self.states.append(JOINING)  # last: control calls reach a rank once it has a state
+            self.shares = (*self.shares, *(0.0 for _ in joined.names))
+            joined.attach()
+            self._route_dirty = True
+        logger.info(
+            f"{tag(request.index)}: servers {', '.join(joined.names)} started at {', '.join(joined.addresses)}; "
+            "each takes requests once it holds the trainer's next committed version"
+        )
+
     def before_update(self) -> None:
         """Before a weight update: the relay route follows the servers that are not lost (joining ones included,
         so they receive the version)."""
@@ -319,11 +384,16 @@ class ElasticRollout:
                 self.states[rank] = UP
                 self._apply(reshare(self.cm, self.shapes, self.live()).shares)
                 self.counts["gained"] += 1
+                request = self._joined_by.get(rank)
+                if request is None:
+                    how = f"relaunched, holds version {version}"
+                else:
+                    self.counts["joined"] += 1
+                    how = f"joined ({tag(request)}), holds version {version}"
                 logger.info(
-                    f"rollout server {self.names[rank]} serves again, on version {version}; shares now "
-                    f"{self._share_text()}"
+                    f"rollout server {self.names[rank]} serves ({how}); shares now {self._share_text()}"
                 )
-                self._change("gained", [self.names[rank]], f"relaunched, holds version {version}", before)
+                self._change("gained", [self.names[rank]], how, before)
 
     # -- shares ------------------------------------------------------------------------------------------
 
@@ -427,31 +497,33 @@ class ElasticRollout:
         """Once per training step: the drift check, and ``hex/elastic/*``."""
         from areal_hex_plugin.costmodel import CostModel
 
+        # One lock with the watcher: a machine that joins grows the servers' lists.
         with self._lock:
             lengths, self._lengths = self._lengths, []
-        out = {
-            "hex/elastic/live_servers": float(sum(self.live())),
-            "hex/elastic/lost": float(self.counts["lost"]),
-            "hex/elastic/gained": float(self.counts["gained"]),
-            "hex/elastic/resubmitted": float(self.counts["resubmitted"]),
-            "hex/elastic/changes": float(self.counts["changes"]),
-        }
-        if len(lengths) >= self.config.drift_min_samples and any(self.live()):
-            measured = CostModel(
-                self.cm.cluster,
-                with_lengths(self.cm.workload, lengths, f"served at step {self.step}"),
-                self.cm.calibration,
-            )
-            live = self.live()
-            basis, now = reshare(self.cm, self.shapes, live), reshare(measured, self.shapes, live)
-            self.drift = now.makespan_s / basis.makespan_s - 1
-            out["hex/elastic/served_mean_tokens"] = sum(lengths) / len(lengths)
-            if abs(self.drift) > self.config.drift_threshold:
-                self._rebalance(measured, now.shares, lengths, basis)
-        out["hex/elastic/drift"] = self.drift
-        if self.suggested_gain is not None:
-            out["hex/elastic/replan_gain"] = self.suggested_gain
-        out.update({f"hex/elastic/share/{n}": s for n, s in zip(self.names, self.shares, strict=True)})
+            out = {
+                "hex/elastic/live_servers": float(sum(self.live())),
+                "hex/elastic/lost": float(self.counts["lost"]),
+                "hex/elastic/gained": float(self.counts["gained"]),
+                "hex/elastic/joined": float(self.counts["joined"]),
+                "hex/elastic/resubmitted": float(self.counts["resubmitted"]),
+                "hex/elastic/changes": float(self.counts["changes"]),
+            }
+            if len(lengths) >= self.config.drift_min_samples and any(self.live()):
+                measured = CostModel(
+                    self.cm.cluster,
+                    with_lengths(self.cm.workload, lengths, f"served at step {self.step}"),
+                    self.cm.calibration,
+                )
+                live = self.live()
+                basis, now = reshare(self.cm, self.shapes, live), reshare(measured, self.shapes, live)
+                self.drift = now.makespan_s / basis.makespan_s - 1
+                out["hex/elastic/served_mean_tokens"] = sum(lengths) / len(lengths)
+                if abs(self.drift) > self.config.drift_threshold:
+                    self._rebalance(measured, now.shares, lengths, basis)
+            out["hex/elastic/drift"] = self.drift
+            if self.suggested_gain is not None:
+                out["hex/elastic/replan_gain"] = self.suggested_gain
+            out.update({f"hex/elastic/share/{n}": s for n, s in zip(self.names, self.shares, strict=True)})
         stat = getattr(self._staleness(), "rollout_stat", None)
         logger.info(
             f"hex elastic step {self.step} ended at {time.time():.3f}: {json.dumps(self.summary())}; upstream's "
@@ -530,6 +602,8 @@ def attach_elastic(trainer) -> ElasticRollout | None:
         staleness=lambda: rollout._staleness_manager,
         record=trainer.hex_record_change,
         relaunch=rollout.hex_relaunch if trainer.hex_relaunches() else None,
+        join=trainer.hex_join if trainer.hex_relaunches() else None,
+        joins_file=trainer.hex_log_path(JOIN_FILE),
         suggest=lambda workload: replan_for_lengths(recipe, trainer.hex_plan, workload),
         reroute=trainer.hex_reroute,
         lengths_file=trainer.hex_log_path("hex_served_lengths.txt"),

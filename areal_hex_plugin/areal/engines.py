@@ -15,6 +15,7 @@ import functools
 import os
 import subprocess
 import sys
+import threading
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -24,7 +25,9 @@ from areal.api.cli_args import SchedulingSpec
 from areal.engine.sglang_remote import RemoteSGLangEngine, SGLangBackend
 from areal.infra.controller.rollout_controller import RolloutController
 from areal.infra.remote_inf_engine import RemoteInfEngine
+from areal.utils import logging
 
+from areal_hex_plugin.areal.placement import ROLLOUT_ROLE
 from areal_hex_plugin.areal.routing import ShareRouter
 from areal_hex_plugin.transport.sglang_adapter import RelayReceiverMixin
 
@@ -36,6 +39,7 @@ SERVER_MODULE_ENV = "HEX_SGLANG_SERVER_MODULE"
 # The servers picked inside one routed call (submit or agenerate); released when that call ends.
 _picks: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("hex_picks", default=None)
 T = TypeVar("T")
+logger = logging.getLogger("HexRolloutController")
 
 
 def per_server_specs(job_tasks: list[SchedulingSpec], instance_size: int, slots) -> list[SchedulingSpec]:
@@ -76,6 +80,7 @@ class HexRolloutController(RolloutController):
     trainer) it resubmits the samples of a lost server, skips lost servers in control calls and relaunches them."""
 
     hex_elastic = None  # ElasticRollout, once attached
+    _hex_lock = threading.Lock()  # servers attached (a machine that joined) against the per-pool counts
 
     @property
     def staleness_manager(self):
@@ -151,6 +156,77 @@ class HexRolloutController(RolloutController):
         self.server_infos[rank] = LocalInfServerInfo(host=answer["host"], port=answer["port"], process=None)
         return f"{answer['host']}:{answer['port']}"
 
+    def hex_start_servers(self, slots, role: str) -> tuple[list, list]:
+        """Start a worker, its engine and its server for each of ``slots`` (a machine that joins; ranks
+        ``slot.index`` on), under the scheduler role ``role``: their workers and server infos, not yet routed to
+        (:meth:`hex_attach`)."""
+        from areal.api import Job
+        from areal.infra.utils.concurrent import run_async_task
+
+        placement = self.scheduler.placement
+        self.scheduler.placement = replace(placement, slots={**placement.slots, role: tuple(slots)})
+        spec = self.config.scheduling_spec[0]
+        job = Job(
+            replicas=len(slots),
+            tasks=per_server_specs([spec] * len(slots), 1, slots),
+            scheduling_strategy=self.config.scheduling_strategy,
+            role=role,
+        )
+        self._hex_join_roles = [*getattr(self, "_hex_join_roles", []), role]
+        engine = f"{self.inf_engine.__module__}.{self.inf_engine.__name__}"
+
+        async def start():
+            self.scheduler.create_workers(job=job)
+            workers = self.scheduler.get_workers(role=role)
+            pairs = list(zip(workers, slots, strict=True))
+            await asyncio.gather(
+                *(
+                    self.scheduler.create_engine(
+                        worker_id=w.id,
+                        engine=engine,
+                        engine_name=self._engine_name(s.index),
+                        config=self.config,
+                    )
+                    for w, s in pairs
+                )
+            )
+            infos = await asyncio.gather(
+                *(
+                    self.scheduler.async_call_engine(
+                        w.id,
+                        "launch_server",
+                        engine_name=self._engine_name(s.index),
+                        server_args=s.launch_args(self._hex_server_args),
+                    )
+                    for w, s in pairs
+                )
+            )
+            await asyncio.gather(
+                *(
+                    self.scheduler.async_call_engine(
+                        w.id, "initialize", engine_name=self._engine_name(s.index), engine_id=str(s.index)
+                    )
+                    for w, s in pairs
+                )
+            )
+            return workers, list(infos)
+
+        return run_async_task(start)
+
+    def hex_attach(self, slots, workers, infos) -> None:
+        """Add started servers (:meth:`hex_start_servers`) as ranks ``slot.index``: routed with share 0 until the
+        elastic watcher re-solves the shares; control calls reach them from now on."""
+        with self._hex_lock:
+            placement = self.scheduler.placement
+            rollout = (*placement.slots[ROLLOUT_ROLE], *slots)
+            self.scheduler.placement = replace(placement, slots={**placement.slots, ROLLOUT_ROLE: rollout})
+            router = self._router()
+            for slot in slots:
+                self._hex_pools.append(slot.pool)
+                router.add_server()
+            self.server_infos.extend(infos)
+            self.workers.extend(workers)
+
     def pause(self):
         if self.hex_elastic is not None:  # before a weight update: the route leaves lost servers out
             self.hex_elastic.before_update()
@@ -165,11 +241,16 @@ class HexRolloutController(RolloutController):
         if self.hex_elastic is not None:
             self.hex_elastic.stop()
         super().destroy()
+        for role in getattr(self, "_hex_join_roles", []):  # the workers of machines that joined
+            try:
+                self.scheduler.delete_workers(role=role)
+            except Exception as error:
+                logger.error(f"cannot delete the workers of {role}: {error}")
 
     def _router(self) -> ShareRouter:
         router = getattr(self, "_hex_router", None)
-        if router is None or len(router.shares) != len(self.workers):
-            slots = self._slots()
+        if router is None:  # once: servers that join are added to it (hex_attach)
+            slots = self._slots()[: len(self.workers) or None]
             self._hex_pools = [s.pool for s in slots]
             router = self._hex_router = ShareRouter(
                 [s.share for s in slots], self.scheduler.placement.routing
@@ -235,8 +316,11 @@ class HexRolloutController(RolloutController):
         ``hex/rollout/<pool>/failed``."""
         router = self._router()
         counts: dict[str, float] = defaultdict(float)
-        for kind, per_server in (("samples", router.take_completed()), ("failed", router.take_failed())):
-            for pool, n in zip(self._hex_pools, per_server, strict=True):
+        with self._hex_lock:  # a server attached between the two reads is counted from the next export
+            taken = (("samples", router.take_completed()), ("failed", router.take_failed()))
+            pools = list(self._hex_pools)
+        for kind, per_server in taken:
+            for pool, n in zip(pools, per_server, strict=True):
                 counts[f"hex/rollout/{pool}/{kind}"] += n
         # The eval-rollout controller routes over the same servers; its counts must not replace training's.
         if self._worker_role != "rollout":

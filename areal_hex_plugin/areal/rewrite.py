@@ -55,12 +55,18 @@ def _train_backend(current: str, placement: Placement) -> str:
 
 def _with_server_flags(placement: Placement, config) -> Placement:
     """Each rollout slot with the flags its server overrides in upstream's ``server_args``."""
+    slots = flagged(placement.slots[ROLLOUT_ROLE], config)
+    return replace(placement, slots={**placement.slots, ROLLOUT_ROLE: slots})
+
+
+def flagged(slots, config) -> tuple:
+    """Rollout ``slots`` with the flags of their GPU type, layout and concurrency (``sglang_flags.server_flags``)."""
     catalog = build_catalog({name: asdict(figures) for name, figures in config.hex.gpu_catalog.items()})
     base = {
         "attention_backend": getattr(config.sglang, "attention_backend", None),
         "mem_fraction_static": config.sglang.mem_fraction_static,
     }
-    slots = tuple(
+    return tuple(
         replace(
             s,
             server_flags=tuple(
@@ -69,9 +75,8 @@ def _with_server_flags(placement: Placement, config) -> Placement:
                 ).items()
             ),
         )
-        for s in placement.slots[ROLLOUT_ROLE]
+        for s in slots
     )
-    return replace(placement, slots={**placement.slots, ROLLOUT_ROLE: slots})
 
 
 def _rollout_backend(kind: str, placement: Placement) -> tuple[str, list[str]]:

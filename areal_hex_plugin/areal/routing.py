@@ -6,7 +6,7 @@ share (a fast server drains its queue sooner and so gets more), ties broken by t
 Every :meth:`ShareRouter.choose` is matched by one :meth:`ShareRouter.release`, which counts the request as
 completed (it produced a result) or failed (error, time-out, abort, or no trajectory). A server with share 0 (lost,
 or not yet holding the current weights) gets no request; :meth:`ShareRouter.set_shares` changes the shares while
-requests are in flight.
+requests are in flight; :meth:`ShareRouter.add_server` adds a server (a machine that joined) with share 0.
 """
 
 from __future__ import annotations
@@ -43,6 +43,13 @@ class ShareRouter:
         with self._lock:
             self.shares = self._normalised(shares)
             self._credit = [0.0] * len(shares)
+
+    def add_server(self) -> int:
+        """One more server, with share 0 until :meth:`set_shares` gives it one; its index."""
+        with self._lock:
+            for counts in (self.shares, self.outstanding, self.completed, self.failed, self._credit):
+                counts.append(0)
+            return len(self.shares) - 1
 
     def _round_robin(self, candidates: list[int]) -> int:
         for i in range(len(self.shares)):

@@ -7,8 +7,8 @@ Rollout servers use the engine class :func:`register` installed (``HexRemoteSGLa
 share routing), through ``_rollout_engine_cls`` (upstream's hook with ``patches/0002``). With
 ``hex.transport: relay`` the actor is the transport's ``HexFSDPPPOActor`` or ``HexMegatronRelayActor`` and its
 controller gets the plan's rollout pools and links. Upstream's stats logger is wrapped to add ``hex/*``. Rollout
-servers lost and gained mid-run and length drift are handled by :mod:`elastic` (``hex.elastic``); each change is
-appended to ``hex_plan.json``.
+servers lost and gained mid-run (and machines that join, ``areal-hex join``) and length drift are handled by
+:mod:`elastic` (``hex.elastic``); each change is appended to ``hex_plan.json``.
 Weights go to the rollout servers every ``plan.solver.window_steps`` steps (:mod:`update_window`).
 """
 
@@ -79,6 +79,12 @@ class HexPPOTrainer(PPOTrainer):
     def hex_relaunches(self) -> bool:
         """A relaunched server can receive the current version only over the relay."""
         return uses_relay(self.config)
+
+    def hex_join(self, request, busy: set[str]):
+        """Start the servers of a machine that joins (``areal-hex join``); :func:`join.join_machine`."""
+        from areal_hex_plugin.areal.join import join_machine
+
+        return join_machine(self, request, busy)
 
     def hex_reroute(self, reachable: list[bool]) -> None:
         reroute(self.actor, self.rollout, reachable)

@@ -18,25 +18,34 @@ def cluster_of(config) -> Cluster:
     return build_cluster(config.hex.cluster, catalog)
 
 
+def with_servers(settings, slots, cluster: Cluster, train_slots):
+    """``settings`` with the rollout servers of ``slots`` in their pools' ``TransportPool`` (a new pool's links:
+    the slowest from any training machine to it, and its own between machines); changed in place, returned."""
+    from areal_hex_plugin.transport.controller_adapter import TransportPool
+
+    train_pools = {s.pool for s in train_slots}
+    pools = {pool.name: pool for pool in settings.pools}
+    for slot in slots:
+        if slot.pool not in pools:
+            pools[slot.pool] = TransportPool(
+                name=slot.pool,
+                workers=[],
+                cross_gb_per_s=min(cluster.link_gb_per_s(t, slot.pool) for t in train_pools),
+                intra_gb_per_s=cluster.pool(slot.pool).inter_machine_gb_per_s,
+            )
+            settings.pools.append(pools[slot.pool])
+        pools[slot.pool].workers.append(slot.index)
+    return settings
+
+
 def transport_settings(placement: Placement, cluster: Cluster, relay: RelayConfig):
     """The controller's settings: one TransportPool per rollout pool (its workers in the controller's order and
     its links in GB/s), and the sender, receiver and commit options from ``hex.relay``."""
-    from areal_hex_plugin.transport.controller_adapter import TransportPool, TransportSettings
+    from areal_hex_plugin.transport.controller_adapter import TransportSettings
 
-    train_pools = {s.pool for s in placement.slots[TRAIN_ROLE]}
-    members: dict[str, list[int]] = {}
-    for slot in placement.slots[ROLLOUT_ROLE]:
-        members.setdefault(slot.pool, []).append(slot.index)
-    pools = [
-        TransportPool(
-            name=pool,
-            workers=workers,
-            # The slowest link from any training machine to this pool bounds the first hop.
-            cross_gb_per_s=min(cluster.link_gb_per_s(t, pool) for t in train_pools),
-            intra_gb_per_s=cluster.pool(pool).inter_machine_gb_per_s,
-        )
-        for pool, workers in members.items()
-    ]
+    pools = with_servers(
+        TransportSettings(), placement.slots[ROLLOUT_ROLE], cluster, placement.slots[TRAIN_ROLE]
+    ).pools
     sender = {
         "backend": relay.backend,
         "timeout_s": relay.timeout_s,

@@ -183,7 +183,7 @@ def _reshare_rollout(recipe, old: HexPlan, lost: set[str], gained: dict[str, lis
     new_groups = [replace(grp, count=len(alive[i])) for i, grp in groups]
     for pool_name, new_hosts in sorted(gained.items()):
         pool = recipe.cluster.pool(pool_name)
-        shape = _gained_shape(cm, old, pool)
+        shape = gained_shape(cm, old, pool)
         index = next(
             (k for k, g in enumerate(new_groups) if (g.pool, g.tp, g.pp) == (pool.name, shape.tp, shape.pp)),
             None,
@@ -261,7 +261,7 @@ def _config(cm, group: ReplicaGroup) -> ReplicaConfig:
     return replica_config(cm, ServerShape(group.pool, group.tp, group.pp))
 
 
-def _gained_shape(cm, old: HexPlan, pool) -> ReplicaConfig:
+def gained_shape(cm, old: HexPlan, pool) -> ReplicaConfig:
     """The replica shape a gained machine of ``pool`` serves: the plan's fastest per GPU among its one-stage
     groups in that pool, else the cost model's fastest per GPU among one-machine TP layouts."""
     planned = [
