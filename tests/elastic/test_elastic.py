@@ -15,8 +15,11 @@ import torch  # noqa: E402
 from areal.infra.staleness_manager import StalenessManager  # noqa: E402
 
 from areal_hex_plugin.areal.elastic import DOWN, JOINING, UP, ElasticRollout, output_lengths  # noqa: E402
+from areal_hex_plugin.areal.join import Joined  # noqa: E402
+from areal_hex_plugin.areal.placement import ROLLOUT_ROLE, WorkerSlot  # noqa: E402
 from areal_hex_plugin.areal.routing import ShareRouter  # noqa: E402
 from areal_hex_plugin.costmodel import CostModel, recipe_calibration  # noqa: E402
+from areal_hex_plugin.joins import JOIN_FILE, append_request  # noqa: E402
 from areal_hex_plugin.scheduler.reshare import ServerShape  # noqa: E402
 from areal_hex_plugin.specs.config import ElasticConfig  # noqa: E402
 from tests.elastic.plans import elastic_recipe, two_layout_plan  # noqa: E402
@@ -50,6 +53,15 @@ def servers():
         server.close()
 
 
+def _versioned_standin() -> SGLangStandIn:
+    """A tp2 stand-in that answers SGLang's label of the loaded weights, as the e2e stand-in does."""
+    server = SGLangStandIn(2)
+    server.app.add_url_rule(
+        "/get_weight_version", "version", lambda: {"weight_version": server.weight_version}, methods=["GET"]
+    )
+    return server
+
+
 @pytest.fixture
 def rig(servers, tmp_path):
     recipe = elastic_recipe()
@@ -58,14 +70,7 @@ def rig(servers, tmp_path):
     manager = StalenessManager(_Version(), 16, 8, 1)
 
     def relaunch(rank):
-        server = SGLangStandIn(2)
-        # SGLang's label of the loaded weights, as the e2e stand-in answers it.
-        server.app.add_url_rule(
-            "/get_weight_version",
-            "version",
-            lambda: {"weight_version": server.weight_version},
-            methods=["GET"],
-        )
+        server = _versioned_standin()
         relaunched.append(server)
         return server.address
 
@@ -262,3 +267,51 @@ def test_a_cancelled_sample_cancels_its_attempt(rig):
 
     asyncio.run(scenario())
     assert cancelled == [1] and router.outstanding == [0, 0]
+
+
+def test_a_machine_that_joins_serves_once_it_holds_the_version(rig, tmp_path):
+    elastic, router, changes, started, _ = rig
+    joins = tmp_path / JOIN_FILE
+    append_request(joins, "small", "small-7")  # before the run: set aside, never started
+    asked = []
+
+    def join(request, busy):
+        asked.append((request, busy))
+        if request.host == "small-9":
+            raise RuntimeError("no such machine")
+        server = _versioned_standin()
+        started.append(server)
+        slot = WorkerSlot(ROLLOUT_ROLE, 2, "small", "CPU-SMALL", request.host, (5, 6), tp=2)
+        return Joined((slot,), [server.address], router.add_server)
+
+    elastic._join, elastic._joins_file = join, str(joins)
+    elastic.start()
+    assert not joins.exists() and len(list(tmp_path.glob(f"{JOIN_FILE}.before-*"))) == 1
+    assert append_request(joins, "small", "small-1") == 0
+    _wait(lambda: len(elastic.states) == 3, 5)
+    assert [(r.host, busy) for r, busy in asked] == [("small-1", {"big-2", "small-0"})]
+    assert elastic.states == [UP, UP, JOINING] and router.shares[2] == 0
+    # It joins the relay route at the next update, and the routing once it holds the committed version.
+    rerouted = []
+    elastic._reroute = rerouted.append
+    elastic.before_update()
+    assert rerouted == [[True, True, True]]
+    elastic.on_version(1)  # it still serves "default"
+    assert elastic.states[2] == JOINING and router.shares[2] == 0 and changes == []
+    started[0].weight_version = "1"
+    elastic.on_version(1)
+    assert elastic.states == [UP, UP, UP] and all(share > 0 for share in router.shares)
+    (gain,) = changes
+    assert gain.kind == "gained" and gain.hosts == ["small-1/2"] and "join request 0" in gain.reason
+    assert gain.shares == pytest.approx(
+        dict(zip(["big-2/0", "small-0/1", "small-1/2"], router.shares, strict=True))
+    )
+    assert gain.shares["small-0/1"] == pytest.approx(gain.shares["small-1/2"])  # one shape, one share
+    assert gain.tokens_per_s_after > gain.tokens_per_s_before
+    metrics = elastic.step_metrics()
+    assert metrics["hex/elastic/joined"] == 1 and metrics["hex/elastic/live_servers"] == 3
+    # A machine that does not come is recorded as lost; the run goes on.
+    append_request(joins, "small", "small-9")
+    _wait(lambda: len(changes) == 2, 5)
+    assert changes[1].kind == "lost" and "join request 1 failed: no such machine" in changes[1].reason
+    assert elastic.summary()["joined"] == 1 and len(elastic.states) == 3
