@@ -66,7 +66,7 @@ def run(argv: list[str]) -> int:
         print(describe_dry_run(checked))
         return 0
     make_scheduler = scheduler_factory(config, plan, checked.rewrite.placement)
-    return _train(config, plan, make_scheduler)
+    return _train(config, plan, make_scheduler, path, overrides)
 
 
 def check_transport(config) -> None:
@@ -109,11 +109,53 @@ def workflow_kwargs(config, temperature: float | None = None) -> dict:
     )
 
 
-def _train(config, plan, make_scheduler) -> int:
+EXIT_LOST = 3  # the run stopped because a training machine was lost: replan and resume
+
+
+class TrainingLost(HexError):
+    """A training rank stopped answering: the run cannot go on with its layout (exit :data:`EXIT_LOST`)."""
+
+
+def lost_training_hosts(trainer) -> list[str]:
+    """The hosts of the training ranks whose worker no longer answers ``/health`` (before the trainer closes)."""
+    from areal_hex_plugin.areal.elastic import http_probe
+
+    slots = trainer.scheduler.placement.for_role("actor") or ()
+    workers = getattr(trainer.actor, "workers", None) or []
+    dead = [
+        slot.host
+        for worker, slot in zip(workers, slots, strict=False)
+        if not http_probe(f"{worker.ip}:{worker.worker_ports[0]}", 2.0)
+    ]
+    return sorted(set(dead))
+
+
+def resume_fix(recipe: str, overrides: list[str], config, lost: list[str], plan_file: str) -> str:
+    """Pasteable commands: re-plan the run's plan (``plan_file``) without the ``lost`` hosts, then resume from
+    upstream's recover checkpoint on the new plan with this run's overrides."""
+    import shlex
+    from pathlib import Path
+
+    new = str(Path(plan_file).with_name("hex_plan.replanned.json"))
+    kept = [o for o in overrides if not o.lstrip("+").startswith("hex.plan_path=")]
+    resume = [*kept, f"hex.plan_path={new}"]
+    if config.recover.no_save_optim and not any("recover.no_load_optim" in o for o in kept):
+        resume.append("++recover.no_load_optim=true")
+    replan = ["areal-hex", "replan", "--plan", plan_file, "--lost", ",".join(lost), "--recipe", recipe]
+    drive = [sys.executable, "-m", "areal_hex_plugin.driver", "--config", recipe, *resume]
+    note = (
+        " (recover.mode is disabled: it starts again from step 0)"
+        if config.recover.mode == "disabled"
+        else ""
+    )
+    return f"{shlex.join([*replan, '--json', new, *kept])} && {shlex.join(drive)}{note}"
+
+
+def _train(config, plan, make_scheduler, recipe: str = "", overrides: list[str] | None = None) -> int:
     from areal.dataset import get_custom_dataset
     from areal.utils.hf_utils import load_hf_tokenizer
 
-    from areal_hex_plugin.areal.trainer import HexPPOTrainer
+    from areal_hex_plugin.areal.trainer import PLAN_FILE, HexPPOTrainer
 
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
     train_dataset = get_custom_dataset(
@@ -124,14 +166,29 @@ def _train(config, plan, make_scheduler) -> int:
         valid_dataset = get_custom_dataset(
             split="test", dataset_config=config.valid_dataset, tokenizer=tokenizer
         )
+    lost: list[str] = []
     with HexPPOTrainer(
         config, train_dataset, valid_dataset, plan=plan, make_scheduler=make_scheduler
     ) as trainer:
-        trainer.train(
-            workflow=config.hex.workflow,
-            workflow_kwargs=workflow_kwargs(config),
-            eval_workflow=config.hex.workflow if valid_dataset is not None else None,
-            eval_workflow_kwargs=workflow_kwargs(config, temperature=0.6),
+        try:
+            trainer.train(
+                workflow=config.hex.workflow,
+                workflow_kwargs=workflow_kwargs(config),
+                eval_workflow=config.hex.workflow if valid_dataset is not None else None,
+                eval_workflow_kwargs=workflow_kwargs(config, temperature=0.6),
+            )
+        except Exception as error:
+            lost = lost_training_hosts(trainer)  # asked before the trainer closes its workers
+            if not lost:
+                raise
+            plan_file = trainer.hex_log_path(PLAN_FILE)
+            cause = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+    if lost:
+        raise TrainingLost(
+            "training",
+            f"lost {', '.join(lost)} (its training rank stopped answering: {cause}); the run cannot go on with "
+            "its training layout",
+            resume_fix(recipe, overrides or [], config, lost, plan_file),
         )
     return 0
 
@@ -140,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return run(argv)
+    except TrainingLost as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_LOST
     except HexError as exc:
         print(f"error: {_pasteable(exc, argv).message}", file=sys.stderr)
         return 2

@@ -13,7 +13,8 @@ One :class:`ElasticRollout` per training rollout controller (``HexRolloutControl
   a new task id, and only its last attempt is accepted or rejected, so each sample counts once. Every rollout
   worker admits the whole controller's budget (``HexRemoteSGLangEngine.initialize``), so the workers left can make
   a step's samples on their own; the controller's limits still bound the total. Weight updates leave it out: the
-  relay route is rebuilt without it before the next update.
+  relay route is rebuilt without it before the next update, and a server lost during an update (its commit failed
+  and it no longer answers) leaves that version's commit set instead of failing it.
 - **Gained.** With ``relaunch`` and a worker that still answers, its server is started again on its machine. It
   joins the relay route at the next update and the routing only once it reports the version the trainer
   committed, so it never serves weights the trainer did not commit; its planned share is then re-solved in.
@@ -255,6 +256,10 @@ class ElasticRollout:
         if self.states[rank] != DOWN and not self._probe(self.addresses[rank], self.config.health_timeout_s):
             self.mark_down(rank, "a request failed and its server does not answer")
         return self.states[rank] == DOWN
+
+    def lost_among(self, ranks: Sequence[int]) -> int:
+        """Of these servers (a weight update failed to commit on them), how many are lost, each probed now."""
+        return sum(self.confirm_failure(rank) for rank in ranks)
 
     # -- states ------------------------------------------------------------------------------------------
 
@@ -609,6 +614,10 @@ def attach_elastic(trainer) -> ElasticRollout | None:
         lengths_file=trainer.hex_log_path("hex_served_lengths.txt"),
     )
     elastic.shares = tuple(rollout._router().shares)
+    if hasattr(
+        trainer.actor, "hex_lost_among"
+    ):  # the relay: a server lost during an update leaves its commit set
+        trainer.actor.hex_lost_among = elastic.lost_among
     rollout.hex_elastic = elastic
     elastic.start()
     return elastic
@@ -654,5 +663,6 @@ def reroute(actor, rollout, reachable: Sequence[bool]) -> None:
         ]
     )
     actor._hex_route = route
+    actor.hex_ranks = {str(endpoint): rank for rank, endpoint in endpoints.items()}
     actor._custom_function_call("hex_configure_transport", route.to_dict(), settings.sender)
     logger.info(f"relay route now {route.replica_count} servers: {route.to_dict()}")

@@ -11,6 +11,7 @@ committed, and a failed update leaves every replica on its old version.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,10 @@ class TransportSettings:
 class HexPPOActorController(PPOActorController):
     hex_settings: TransportSettings | None = None
     hex_last_report: dict[str, Any] | None = None
+    hex_ranks: dict[str, int] = {}  # each receiver of the route (endpoint text) -> its rollout rank
+    # Set by the elastic watcher (areal/elastic.py): of the rollout ranks a version failed to commit on, how many
+    # are lost servers. Those leave the version's commit set instead of failing it.
+    hex_lost_among: Callable[[list[int]], int] | None = None
 
     def configure_hex_transport(self, settings: TransportSettings) -> None:
         """Set the pools (from the plan) before the first update; the receivers start on first use."""
@@ -63,6 +68,12 @@ class HexPPOActorController(PPOActorController):
             )
         if getattr(self, "_hex_route", None) is None:
             self._hex_route = start_receivers(self.rollout, self.hex_settings, trainer_hosts(self))
+            pairs = zip(self.hex_settings.pools, self._hex_route.pools, strict=False)
+            self.hex_ranks = {
+                str(e): rank
+                for pool, sent in pairs
+                for rank, e in zip(pool.workers, sent.replicas, strict=True)
+            }
             self._custom_function_call(
                 "hex_configure_transport", self._hex_route.to_dict(), self.hex_settings.sender
             )
@@ -76,7 +87,17 @@ class HexPPOActorController(PPOActorController):
     def _check(self, report: dict[str, Any] | None) -> None:
         if report is not None:
             self.hex_last_report = report
-        check_report(report, self._hex_route.replica_count, self.hex_settings.min_committed_fraction)
+        replicas = self._hex_route.replica_count
+        if report is not None and report["failed"] and self.hex_lost_among is not None:
+            ranks = getattr(self, "hex_ranks", {})
+            lost = self.hex_lost_among([ranks[e] for e in report["failed"] if e in ranks])
+            if lost:
+                logger.warning(
+                    f"weights v{report['version']}: {lost} of the replicas that failed it are lost rollout "
+                    "servers; they leave its commit set"
+                )
+            replicas -= lost
+        check_report(report, replicas, self.hex_settings.min_committed_fraction)
 
     def stop_receivers(self) -> None:
         """Stop every replica's receiver and remove its staged weights (teardown, before the rollout goes)."""

@@ -315,3 +315,30 @@ def test_a_machine_that_joins_serves_once_it_holds_the_version(rig, tmp_path):
     _wait(lambda: len(changes) == 2, 5)
     assert changes[1].kind == "lost" and "join request 1 failed: no such machine" in changes[1].reason
     assert elastic.summary()["joined"] == 1 and len(elastic.states) == 3
+
+
+def test_a_server_lost_during_an_update_leaves_its_commit_set(rig, servers):
+    from areal_hex_plugin.transport.controller_adapter import HexPPOActorController, TransportSettings
+    from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
+    from areal_hex_plugin.transport.wire import TransportError
+
+    elastic = rig[0]
+    endpoints = [Endpoint("127.0.0.1", 7001), Endpoint("127.0.0.1", 7002)]
+    actor = HexPPOActorController.__new__(HexPPOActorController)
+    actor._hex_route = Route(
+        [PoolRoute("big", endpoints[:1], 1.0, 1.0), PoolRoute("small", endpoints[1:], 1.0, 1.0)]
+    )
+    actor.hex_settings = TransportSettings(min_committed_fraction=1.0)
+    actor.hex_ranks = {str(e): rank for rank, e in enumerate(endpoints)}
+    actor.hex_lost_among = elastic.lost_among
+    report = {
+        "version": 3, "bytes": 1e6, "seconds": 0.5, "resent_buckets": 0, "reroutes": 0, "part_bytes": {"0": 1},
+        "digest": "0" * 64, "update": "1" * 64, "committed": [str(endpoints[0])],
+        "failed": {str(endpoints[1]): "commit failed: the server did not load"},
+    }  # fmt: skip
+    with pytest.raises(TransportError, match="only 1 of 2 replicas committed"):
+        actor._check(report)  # the small server still answers: its failure fails the version
+    assert elastic.states == [UP, UP]
+    servers[1].close()
+    actor._check(report)  # it does not any more: lost, out of the commit set
+    assert elastic.counts["lost"] == 1 and elastic.states[1] != UP and actor.hex_last_report is report

@@ -2,8 +2,9 @@
 
 Run 1 is the CI e2e run (``hex_local``, the hand-laid plan: FSDP dp2 on big-0 and big-1) with a watcher that
 SIGKILLs the second actor worker (big-1's rank) once the servers hold version 3 and its recover dump is
-complete. The run stops (non-zero, not
-hung). ``replan --lost big-1`` then moves only big-0 (dp2 -> dp1) and drops big-1, the rollout machines untouched;
+complete. The run stops (exit 3, not hung) with one message whose fix is the replan and the resume, pasteable: the
+replan is run as printed and the resume's command is checked to be run 1's own with the new plan. ``replan --lost
+big-1`` then moves only big-0 (dp2 -> dp1) and drops big-1, the rollout machines untouched;
 run 2, in the same experiment folder with ``hex.plan_path`` of the new plan, recovers from the last recover
 checkpoint: its first step is the one after it, and the first version its servers load is the recovered one,
 with the very weights run 1's servers had for that version.
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +25,8 @@ import pytest
 pytest.importorskip("areal")
 
 from areal_hex_plugin.cli import main  # noqa: E402
-from tests.e2e.run import RECIPE, environment, new_mark, processes_left, run_driver  # noqa: E402
+from areal_hex_plugin.driver import EXIT_LOST  # noqa: E402
+from tests.e2e.run import MARK, RECIPE, environment, new_mark, overrides, processes_left, run_driver  # noqa: E402
 from tests.e2e.sglang_server import LOG_DIR_ENV  # noqa: E402
 from tests.elastic.plans import LONGER, two_layout_plan  # noqa: E402
 from tests.elastic.procs import flag, kill_where  # noqa: E402
@@ -98,25 +102,32 @@ def test_a_lost_training_rank_replanned_and_resumed(tmp_path: Path, capsys) -> N
     first = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, (f"hex.plan_path={plan_file}", *LONGER))
     killer.done.set()
     assert killer.killed, first.log[-3000:]
-    assert first.returncode != 0 and "killed after" not in first.log, first.log[-3000:]  # stopped, not hung
+    # Stopped, not hung, with one message whose fix is the replan and the resume, pasteable.
+    assert first.returncode == EXIT_LOST and "killed after" not in first.log, first.log[-3000:]
     assert processes_left(first.mark, wait_s=30) == []
     done_before = _train_steps(first.log)
     assert done_before and len(done_before) < STEPS
-
-    new_plan = tmp_path / "replanned.json"
-    argv = [
-        "replan",
-        "--plan",
-        str(plan_file),
-        "--lost",
-        "big-1",
-        "--recipe",
+    (message,) = re.findall(r"^error: training: lost big-1 \(.*\n  fix: (.*)$", first.log, flags=re.M)
+    replan_cmd, resume_cmd = (shlex.split(part) for part in message.split(" && "))
+    (run_plan,) = tmp_path.glob("exp/logs/*/*/trial0/hex_plan.json")
+    new_plan = run_plan.with_name("hex_plan.replanned.json")
+    run_overrides = [*overrides(tmp_path, "hex_local", STEPS), f"seed={int(env[MARK][:6], 16)}", *LONGER]
+    assert replan_cmd == [
+        "areal-hex", "replan", "--plan", str(run_plan), "--lost", "big-1", "--recipe", str(RECIPE),
+        "--json", str(new_plan), *run_overrides,
+    ]  # fmt: skip
+    # The CI recipe's recover checkpoints hold no optimizer state (recover.no_save_optim): none to load either.
+    resume = (f"hex.plan_path={new_plan}", "++recover.no_load_optim=true")
+    assert resume_cmd == [
+        sys.executable,
+        "-m",
+        "areal_hex_plugin.driver",
+        "--config",
         str(RECIPE),
-        "--json",
-        str(new_plan),
-        *LONGER,
+        *run_overrides,
+        *resume,
     ]
-    assert main(argv) == 0
+    assert main(replan_cmd[1:]) == 0
     diff = capsys.readouterr().out
     changed = {line.split()[0] for line in diff.splitlines() if line.startswith(("big-", "small-"))}
     assert changed == {"big-0", "big-1"}, diff  # the rollout machines stay as they were
@@ -124,9 +135,7 @@ def test_a_lost_training_rank_replanned_and_resumed(tmp_path: Path, capsys) -> N
     assert [(s["dp"], s["hosts"]) for s in replanned["train"]["stages"]] == [(1, ["big-0"])]
 
     env = environment(tmp_path, new_mark(), {**gpus, LOG_DIR_ENV: str(tmp_path / "servers-resumed")})
-    # The CI recipe's recover checkpoints hold no optimizer state (recover.no_save_optim): none to load either.
-    resume = (f"hex.plan_path={new_plan}", *LONGER, "++recover.no_load_optim=true")
-    second = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, resume)
+    second = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, (*LONGER, *resume))
     assert second.returncode == 0, second.log[-6000:]
     # The plan it ran is the re-plan, its change list continued (the shares re-balanced for the served lengths).
     assert {**second.plan, "changes": replanned["changes"]} == replanned
