@@ -143,15 +143,12 @@ def resume_fix(recipe: str, overrides: list[str], config, lost: list[str], plan_
         resume.append("++recover.no_load_optim=true")
     replan = ["areal-hex", "replan", "--plan", plan_file, "--lost", ",".join(lost), "--recipe", recipe]
     drive = [sys.executable, "-m", "areal_hex_plugin.driver", "--config", recipe, *resume]
-    note = (
-        " (recover.mode is disabled: it starts again from step 0)"
-        if config.recover.mode == "disabled"
-        else ""
-    )
+    off = config.recover.mode in ("off", "disabled")
+    note = f" (recover.mode is {config.recover.mode}: it starts again from step 0)" if off else ""
     return f"{shlex.join([*replan, '--json', new, *kept])} && {shlex.join(drive)}{note}"
 
 
-def _train(config, plan, make_scheduler, recipe: str = "", overrides: list[str] | None = None) -> int:
+def _train(config, plan, make_scheduler, recipe: str, overrides: list[str]) -> int:
     from areal.dataset import get_custom_dataset
     from areal.utils.hf_utils import load_hf_tokenizer
 
@@ -188,7 +185,7 @@ def _train(config, plan, make_scheduler, recipe: str = "", overrides: list[str] 
             "training",
             f"lost {', '.join(lost)} (its training rank stopped answering: {cause}); the run cannot go on with "
             "its training layout",
-            resume_fix(recipe, overrides or [], config, lost, plan_file),
+            resume_fix(recipe, overrides, config, lost, plan_file),
         )
     return 0
 

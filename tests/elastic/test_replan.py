@@ -176,3 +176,31 @@ def test_a_replan_for_much_shorter_outputs_says_what_moves_and_what_it_gains(pap
     assert found.diff  # shorter outputs: the planner moves machines
     assert found.tokens_per_s == found.plan.predicted.tokens_per_s > 0
     assert found.gain > 0  # and it beats the running layout at those lengths
+
+
+def test_a_lost_training_machines_fix_is_the_replan_then_this_runs_own_command():
+    import shlex
+    import sys
+    from types import SimpleNamespace
+
+    from areal_hex_plugin.driver import resume_fix
+
+    run = ["scheduler.type=hex_local", "hex.plan_path=/p/old plan.json", "seed=7"]
+    config = SimpleNamespace(recover=SimpleNamespace(no_save_optim=True, mode="on"))
+    replan_cmd, resume_cmd = (
+        shlex.split(part)
+        for part in resume_fix("r.yaml", run, config, ["big-1"], "/run/hex_plan.json").split(" && ")
+    )
+    new = "/run/hex_plan.replanned.json"
+    assert replan_cmd == [
+        "areal-hex", "replan", "--plan", "/run/hex_plan.json", "--lost", "big-1", "--recipe", "r.yaml",
+        "--json", new, "scheduler.type=hex_local", "seed=7",
+    ]  # fmt: skip
+    assert resume_cmd == [
+        sys.executable, "-m", "areal_hex_plugin.driver", "--config", "r.yaml", "scheduler.type=hex_local", "seed=7",
+        f"hex.plan_path={new}", "++recover.no_load_optim=true",
+    ]  # fmt: skip
+    off = SimpleNamespace(recover=SimpleNamespace(no_save_optim=False, mode="disabled"))
+    assert resume_fix("r.yaml", [], off, ["a", "b"], "/run/hex_plan.json").endswith(
+        f"hex.plan_path={new} (recover.mode is disabled: it starts again from step 0)"
+    )
