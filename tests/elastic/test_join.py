@@ -85,3 +85,38 @@ def test_a_malformed_line_is_reported_and_keeps_the_numbering(tmp_path):
     assert [(r.index, r.pool, r.host) for r in requests] == [(2, "small", "small-1")]
     assert [p.split(" is not")[0] for p in problems] == [f"{path} line 1", f"{path} line 2"]
     assert read_requests(path, 3) == ([], [])  # the unfinished last line waits for its newline
+
+
+def test_the_servers_a_joining_machine_runs(laid_out):
+    from areal_hex_plugin.areal.join import machine_slots, on_this_node
+    from areal_hex_plugin.areal.placement import node_local, placement_from_plan
+    from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.errors import HexError
+    from areal_hex_plugin.joins import JoinRequest
+    from tests.elastic.plans import elastic_recipe
+
+    recipe = elastic_recipe()
+    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    placement = node_local(placement_from_plan(laid_out), laid_out)  # as hex_local lays the machines out
+
+    def slots(host: str, pool: str):
+        return machine_slots(cm, laid_out, placement, JoinRequest(0, pool, host), 2, lambda s: s)
+
+    # The same machine back: its planned server on its GPUs, as rank 2.
+    back, new = slots("small-0", "small")
+    assert not new and [(s.index, s.host, s.gpu_ids, s.tp, s.concurrency) for s in back] == [
+        (2, "small-0", (3, 4), 2, 4)
+    ]
+    # A new machine: its pool's planned server (tp2, the plan's batch cap), on the node's free CPU-SMALL GPUs.
+    fresh, new = slots("small-1", "small")
+    assert new and [(s.index, s.host, s.gpu_ids, s.tp, s.concurrency, s.share) for s in fresh] == [
+        (2, "small-1", (0, 1), 2, 4, 0.0)
+    ]
+    assert fresh[0].server_flags == back[0].server_flags
+    assert [s.gpu_ids for s in on_this_node(fresh, placement, {"CPU-BIG": 3, "CPU-SMALL": 4}, 0)] == [(5, 6)]
+    with pytest.raises(HexError, match="has 2 CPU-SMALL GPUs and the run holds 2; the machine needs 2 more"):
+        on_this_node(fresh, placement, {"CPU-BIG": 3, "CPU-SMALL": 2}, 0)
+    big, _ = slots("big-3", "big")
+    assert [(s.host, s.tp, s.gpu_ids) for s in big] == [("big-3", 1, (0,))]
+    with pytest.raises(HexError, match="big-0 trains in this run"):
+        slots("big-0", "big")
