@@ -66,8 +66,8 @@ def read_requests(path: str | os.PathLike, start: int = 0) -> tuple[list[JoinReq
 def host_in_use(plan: HexPlan, requests: list[JoinRequest], host: str) -> str | None:
     """Why ``host`` cannot join the run of ``plan`` (its servers' last recorded change, its plan role, or a join
     request the run has not answered), None when it can (a new host, an idle one, or one whose servers were lost)."""
-    answered = " ".join(c.reason for c in plan.changes)
-    pending = [r.index for r in requests if r.host == host and tag(r.index) not in answered]
+    answered = {int(n) for c in plan.changes for n in re.findall(r"\bjoin request (\d+)\b", c.reason)}
+    pending = [r.index for r in requests if r.host == host and r.index not in answered]
     if pending:
         return f"{tag(pending[0])} for it is not answered yet in the plan's changes"
     machine = next((m for m in plan.machines if m.host == host), None)

@@ -120,3 +120,13 @@ def test_the_servers_a_joining_machine_runs(laid_out):
     assert [(s.host, s.tp, s.gpu_ids) for s in big] == [("big-3", 1, (0,))]
     with pytest.raises(HexError, match="big-0 trains in this run"):
         slots("big-0", "big")
+
+
+def test_a_request_is_answered_only_by_its_own_number(laid_out):
+    from areal_hex_plugin.joins import JoinRequest, host_in_use
+
+    ten = PlanChange(
+        kind="gained", hosts=["small-2/3"], reason="joined (join request 10), holds version 3", step=4
+    )
+    why = host_in_use(replace(laid_out, changes=[ten]), [JoinRequest(1, "small", "small-1")], "small-1")
+    assert why == "join request 1 for it is not answered yet in the plan's changes"
