@@ -103,6 +103,7 @@ def test_a_machine_joins_and_serves_the_current_version(tmp_path: Path) -> None:
     assert {r["version"] for r in new if r["event"] == "generate"} <= {r["version"] for _, r in loads}
     figures["joined_first_version"] = loads[0][1]["version"]
     figures["joined_requests"] = sum(r["event"] == "request" for r in new)
+    figures["asked_to_first_request_s"] = round(new[first_request]["t"] - joiner.asked_at, 1)
     # That version was the trainer's current one: every other server loaded it at the same update.
     first = loads[0][1]
     for name, records in servers.items():
