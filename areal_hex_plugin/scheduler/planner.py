@@ -8,7 +8,16 @@ from dataclasses import dataclass, replace
 
 from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.errors import HexError
-from areal_hex_plugin.plan import Baseline, HexPlan, Objective, ParetoPoint, Predicted, SolverInfo, Staleness
+from areal_hex_plugin.plan import (
+    Baseline,
+    HexPlan,
+    Objective,
+    ParetoPoint,
+    Predicted,
+    Sensitivity,
+    SolverInfo,
+    Staleness,
+)
 from areal_hex_plugin.scheduler.bound import cost_bound, throughput_bound
 from areal_hex_plugin.scheduler.brute import BruteForce, Enumerated, check_size
 from areal_hex_plugin.scheduler.caps import RuntimeCaps, recipe_caps
@@ -18,6 +27,15 @@ from areal_hex_plugin.scheduler.explain import binding_constraint, describe_bind
 from areal_hex_plugin.scheduler.inflight import window_rollout_s
 from areal_hex_plugin.scheduler.placement import place
 from areal_hex_plugin.scheduler.search import THROUGHPUT_TIE, SearchResult, steering_eta, two_phase
+from areal_hex_plugin.scheduler.sensitivity import (
+    FLIP_CHANGE,
+    STEP,
+    WORKLOAD,
+    Held,
+    describe_flip,
+    flips,
+    plan_elasticities,
+)
 from areal_hex_plugin.scheduler.train_search import tp_degrees
 
 # Budget levels of the Pareto sweep (fractions of the whole inventory's price).
@@ -45,6 +63,7 @@ class PlanRequest:
     target_tokens_per_s: float | None = None
     pareto: bool = False
     caps: RuntimeCaps | None = None
+    sensitivity: bool = False  # add HexPlan.sensitivity (scheduler/sensitivity.py) and warn of flips
 
 
 def objective_of(recipe, request: PlanRequest) -> Objective:
@@ -184,6 +203,7 @@ class Planner:
                 f"staleness bound (eta={self.eta}); the paper's schedule assumes C_I >= C_T"
             )
         pareto = [self._point(e) for e in frontier] if swept else []
+        self.chosen, self.rivals = best, rivals
         solve_time = time.monotonic() - self.wall_start
         plan = self._plan(best, result, gap, solve_time, baselines, pareto, warnings)
         return replace(plan, alternatives={name: self._point(e) for name, e in alternatives.items()})
@@ -363,30 +383,31 @@ class Planner:
         budget = self.objective.budget_per_hour
         return [e for e in points if budget is None or e.cost_per_hour <= budget + 1e-9]
 
-    def _picked(self, best: Evaluation, rivals: list[Evaluation]) -> Evaluation:
+    def _picked(self, best: Evaluation, rivals: list[Evaluation], rate=None) -> Evaluation:
         """The plan the objective picks among every plan scored within it: for a target ``best`` (the cheapest
         reaching it); else the cheapest within THROUGHPUT_TIE of the fastest and no slower than a baseline
         (``rivals``: the plan never loses to one it prints), then the cheapest within ``throughput_tolerance``
         of that (``pick: fastest``) or the frontier's knee (``pick: knee``). Every point scored is the same at
-        every eta (the searches are steered at a fixed eta), so the fastest is monotone in eta."""
+        every eta (the searches are steered at a fixed eta), so the fastest is monotone in eta. ``rate``: each
+        plan's tokens/s (default: as scored)."""
         obj = self.objective
         if obj.kind == "target":
             return best
         points = self._within_budget(self._scored())
         if best not in points:
             points.append(best)
-        rate = self.tokens_per_s
+        rate = rate or self.tokens_per_s
         floor = max([(1 - THROUGHPUT_TIE) * max(rate(e) for e in points), *map(rate, rivals)])
         best = _cheapest_reaching(points, floor, rate)
         if obj.pick == "knee":
-            return knee(self._within_budget(self._frontier(best)), self.tokens_per_s)
+            return knee(self._within_budget(self._frontier(best, rate)), rate)
         return _cheapest_reaching(points, (1 - obj.throughput_tolerance) * rate(best), rate)
 
-    def _frontier(self, chosen: Evaluation) -> list[Evaluation]:
+    def _frontier(self, chosen: Evaluation, rate=None) -> list[Evaluation]:
         """Cost vs tokens/s, cheapest first: the non-dominated plans scored (a costlier one joins only if
         PARETO_MIN_GAIN faster than the last), ``chosen`` among them (no cheaper plan scored is as fast: the
         objective picked it so)."""
-        rate = self.tokens_per_s
+        rate = rate or self.tokens_per_s
         points = [e for e in self._scored() if e.split != chosen.split] + [chosen]
         points.sort(key=lambda e: (e.cost_per_hour, -rate(e), e.split))
         frontier: list[Evaluation] = []
@@ -406,6 +427,42 @@ class Planner:
             WITHIN: _cheapest_reaching(inside, floor, self.tokens_per_s),
             KNEE: knee(inside, self.tokens_per_s),
         }
+
+    def with_sensitivity(self, plan: HexPlan) -> HexPlan:
+        """``plan`` (this planner's) with what its ranking hangs on, and a warning per flip
+        (``scheduler/sensitivity.py``)."""
+        calibration, strategy = self.cm.calibration, strategy_for(self.recipe.hex.transport)
+        chosen = self.chosen
+        factors = plan_elasticities(
+            self.cluster,
+            self.workload,
+            calibration,
+            strategy,
+            Held.of_evaluation(chosen),
+            [Held.of_evaluation(e) for e in self.rivals],
+        )
+        candidates = list({e.split: e for e in [*self._scored(), *self.rivals, chosen]}.values())
+
+        def pick(rate):
+            if self.objective.kind != "target":
+                return self._picked(chosen, self.rivals, rate)
+            target = self.objective.target_tokens_per_s
+            reaching = [e for e in candidates if rate(e) >= target]
+            return _cheapest_reaching(reaching, target, rate) if reaching else None
+
+        found = flips(
+            self.cluster, self.workload, calibration, strategy, candidates, pick, chosen, self._gpus_by_type
+        )
+        sensitivity = Sensitivity(
+            step=STEP,
+            factors={k: v for k, v in factors.items() if k != WORKLOAD},
+            workload=factors.get(WORKLOAD, {}),
+            flip_change=FLIP_CHANGE,
+            candidates=len(candidates),
+            flips=found,
+        )
+        warnings = [*plan.warnings, *(describe_flip(f, plan.predicted.cost_per_hour) for f in found)]
+        return replace(plan, sensitivity=sensitivity, warnings=warnings)
 
     def _point(self, e: Evaluation) -> ParetoPoint:
         return ParetoPoint(round(e.cost_per_hour, 4), round(self.tokens_per_s(e), 3), self._gpus_by_type(e))
@@ -464,28 +521,36 @@ def plan_recipe(recipe, request: PlanRequest | None = None) -> HexPlan:
     layout a server can have, unless ``hex.solver.rollout_layout`` fixes it; the best of those is the plan."""
     request = request or PlanRequest()
     request = replace(request, caps=request.caps or recipe_caps(recipe))
+    plan, planner = _solve(recipe, request)
+    return planner.with_sensitivity(plan) if request.sensitivity else plan
+
+
+def _solve(recipe, request: PlanRequest) -> tuple[HexPlan, Planner]:
+    """The plan and the planner that made it."""
     if not request.caps.one_rollout_layout or recipe.hex.solver.rollout_layout:
-        return Planner(recipe, request).solve()
-    best = None
+        planner = Planner(recipe, request)
+        return planner.solve(), planner
+    best, best_planner = None, None
     max_pp = min(recipe.solver.max_pp_stages, request.caps.max_rollout_pp or recipe.solver.max_pp_stages)
     for tp, pp in one_machine_layouts(recipe.cluster, max_pp):
         solver = replace(recipe.hex.solver, rollout_layout=[tp, pp])
+        planner = Planner(replace(recipe, hex=replace(recipe.hex, solver=solver)), request)
         try:
-            plan = Planner(replace(recipe, hex=replace(recipe.hex, solver=solver)), request).solve()
+            plan = planner.solve()
         except HexError:
             continue  # no plan with every server in this layout
         if best is None or (plan.predicted.tokens_per_s, -plan.predicted.cost_per_hour) > (
             best.predicted.tokens_per_s,
             -best.predicted.cost_per_hour,
         ):
-            best = plan
+            best, best_planner = plan, planner
     if best is None:
         raise HexError(
             "actor.weight_update_mode",
             f"no plan with one layout for every rollout server (weights by {request.caps.weight_path}) fits",
             "use hex.transport=relay, which updates servers of different layouts, or add machines",
         )
-    return best
+    return best, best_planner
 
 
 def _cheapest_reaching(points: list[Evaluation], floor: float, rate) -> Evaluation:
