@@ -253,7 +253,9 @@ class Elasticity:
     """How the chosen plan moves with one input, the plan held (``scheduler/sensitivity.py``): d ln(number) /
     d ln(input) by central differences; null where the input is 0 or does not move, or the number is 0."""
 
-    value: float = spec(help="the input's value in the plan's calibration or workload", range=between(0, 1e12))
+    value: float = spec(
+        help="the input's value in the plan's calibration or workload", range=between(0, 1e12)
+    )
     tokens_per_s: float | None = spec(
         help="elasticity of the plan's predicted tokens/s (its $/h does not move)", range=_ELASTICITY
     )
@@ -281,7 +283,9 @@ class Flip:
 class Sensitivity:
     """What the ranking hangs on (``areal-hex plan``; ``scheduler/sensitivity.py``)."""
 
-    step: float = spec(help="relative change of each input for the elasticities (+ and -)", range=between(0, 0.5))
+    step: float = spec(
+        help="relative change of each input for the elasticities (+ and -)", range=between(0, 0.5)
+    )
     factors: dict[str, dict[str, Elasticity]] = spec(help="GPU type -> calibrated factor -> elasticity")
     workload: dict[str, Elasticity] = spec(
         help="mean_tokens, sigma (of ln length below the cap), cap_share (where some samples reach the cap) -> "
@@ -294,7 +298,9 @@ class Sensitivity:
         help="plans the flip check re-ranks (the splits the searches scored, not re-solved)",
         range=between(0, 1 << 40),
     )
-    flips: list[Flip] = spec(help="the changes that flip the chosen plan", default_factory=list, max_items=1 << 16)
+    flips: list[Flip] = spec(
+        help="the changes that flip the chosen plan", default_factory=list, max_items=1 << 16
+    )
 
 
 @dataclass(frozen=True)
@@ -338,7 +344,8 @@ class HexPlan:
         max_items=1 << 16,
     )
     sensitivity: Sensitivity | None = spec(
-        None, "what the ranking hangs on: elasticities to each factor and the workload, and flips (areal-hex plan)"
+        None,
+        "what the ranking hangs on: elasticities to each factor and the workload, and flips (areal-hex plan)",
     )
     schema_version: int = spec(SCHEMA_VERSION, "the plan format's version", between(1, SCHEMA_VERSION))
 

@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         budget_per_hour=args.budget,
         target_tokens_per_s=args.target_tokens_per_s,
         pareto=args.pareto or bool(args.plot),
+        sensitivity=True,
     )
     with working(f"planning {args.recipe}" + (" and its cost frontier" if request.pareto else "")):
         plan = plan_recipe(recipe, request)

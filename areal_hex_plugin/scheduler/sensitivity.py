@@ -146,7 +146,9 @@ def changed(
         a = math.ceil(CAP_SAMPLES_MOVED / (len(at_cap) * abs(change)))
         cap_count = round(share * a * len(body) / (1 - share))
         body, at_cap = body * a, at_cap[:1] * cap_count
-    dist = LengthDistribution(tuple(sorted(body + at_cap)), f"{workload.output_lengths.source}, {inp.name} changed")
+    dist = LengthDistribution(
+        tuple(sorted(body + at_cap)), f"{workload.output_lengths.source}, {inp.name} changed"
+    )
     out = replace(workload, output_lengths=dist)
     value = {
         "mean_tokens": dist.mean,
@@ -160,7 +162,11 @@ Measure = Callable[[WorkloadSpec, Calibration], dict[str, float]]
 
 
 def elasticities(
-    all_inputs: list[Input], measure: Measure, workload: WorkloadSpec, calibration: Calibration, step: float = STEP
+    all_inputs: list[Input],
+    measure: Measure,
+    workload: WorkloadSpec,
+    calibration: Calibration,
+    step: float = STEP,
 ) -> dict[Input, dict[str, float | None]]:
     """Per input, d ln q / d ln x of each number q that ``measure`` gives on a changed workload and calibration."""
     out = {}
