@@ -450,9 +450,7 @@ class Planner:
             reaching = [e for e in candidates if rate(e) >= target]
             return _cheapest_reaching(reaching, target, rate) if reaching else None
 
-        found = flips(
-            self.cluster, self.workload, calibration, strategy, candidates, pick, chosen, self._gpus_by_type
-        )
+        found = flips(self.cluster, self.workload, calibration, strategy, candidates, pick, chosen)
         sensitivity = Sensitivity(
             step=STEP,
             factors={k: v for k, v in factors.items() if k != WORKLOAD},

@@ -226,7 +226,6 @@ def flips(
     candidates: list,
     pick: Callable[[Callable[[object], float]], object],
     chosen,
-    gpus_of: Callable[[object], dict[str, int]],
     change: float = FLIP_CHANGE,
 ) -> list[Flip]:
     """Per input and direction, the plan ``pick`` (the objective's pick among ``candidates``, scored splits, by
@@ -251,7 +250,8 @@ def flips(
                         input=inp.name,
                         change=sign * change,
                         value=value,
-                        gpus=gpus_of(picked),
+                        train=_gpus(cluster, ((s.pool, s.n_gpus) for s in picked.train.stages)),
+                        rollout=_gpus(cluster, ((c.pool, c.gpus * y) for c, y in picked.fleet.groups)),
                         cost_per_hour=round(picked.cost_per_hour, 4),
                         tokens_per_s=round(rates[picked.split], 3),
                         chosen_tokens_per_s=round(rates[chosen.split], 3),
@@ -260,12 +260,24 @@ def flips(
     return out
 
 
+def _gpus(cluster: Cluster, parts: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """GPU type -> GPUs of (pool, GPUs) parts."""
+    out: dict[str, int] = {}
+    for pool, n in parts:
+        gpu_type = cluster.pool(pool).gpu_type
+        out[gpu_type] = out.get(gpu_type, 0) + n
+    return out
+
+
 def describe_flip(flip: Flip, chosen_cost: float) -> str:
     """A flip as a plan warning."""
     what = f"{flip.group} {flip.input}" if flip.group != WORKLOAD else f"the workload's {flip.input}"
-    gpus = " + ".join(f"{n} {t}" for t, n in sorted(flip.gpus.items()))
+    train, rollout = (
+        " + ".join(f"{n} {t}" for t, n in sorted(g.items())) for g in (flip.train, flip.rollout)
+    )
     return (
         f"the plan hangs on {what}: at {100 * flip.change:+.0f}% ({flip.value:.4g}) the planner would pick "
-        f"{gpus} (${flip.cost_per_hour:,.2f}/h, {flip.tokens_per_s:,.0f} tokens/s) over this plan "
+        f"{train} training and {rollout} generating (${flip.cost_per_hour:,.2f}/h, {flip.tokens_per_s:,.0f} "
+        "tokens/s) over this plan "
         f"(${chosen_cost:,.2f}/h, {flip.chosen_tokens_per_s:,.0f} tokens/s there); measure it before renting"
     )

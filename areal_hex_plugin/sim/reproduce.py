@@ -50,11 +50,18 @@ EQUAL_THROUGHPUT_HEX = {H800: 8, H20: 24}  # $86.64/h, the paper's 32-GPU cluste
 SIZES = {24: {H800: 8, H20: 16}, 32: EQUAL_THROUGHPUT_HEX, 40: {H800: 16, H20: 24}}
 
 
+Planned = tuple[HexPlan, Recipe]  # a plan and the recipe it was planned on
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
     plan: HexPlan
     result: SimResult
     recipe: Recipe  # the recipe planned (on its rented cluster)
+
+    @property
+    def planned(self) -> Planned:
+        return self.plan, self.recipe
 
     @property
     def tokens_per_s(self) -> float:
@@ -183,9 +190,9 @@ def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tupl
         out["elasticity"][name] = ratio_elasticities(
             recipe,
             {
-                "equal_budget.hex_vs_h800": (hex_run, h800, False),
-                "equal_budget.hex_vs_h20": (hex_run, h20, False),
-                "equal_throughput.cost_ratio": (small_hex, h800, True),
+                "equal_budget.hex_vs_h800": (hex_run.planned, h800.planned, False),
+                "equal_budget.hex_vs_h20": (hex_run.planned, h20.planned, False),
+                "equal_throughput.cost_ratio": (small_hex.planned, h800.planned, True),
             },
         )
         named = {
@@ -218,22 +225,22 @@ def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tupl
     return out, runs
 
 
-def ratio_elasticities(recipe: Recipe, pairs: dict[str, tuple[Run, Run, bool]]) -> dict[str, dict]:
-    """Per ratio (name -> (Hex run, baseline run, whether per $/h)): its predicted value, the Hex plan's tokens/s
-    (per $/h) over the baseline's, and its elasticity to each factor of the testbed's GPU types and to the
-    workload, every plan held (``scheduler/sensitivity.py``; a plan's $/h does not move, so a ratio per $/h moves
-    as the ratio of tokens/s)."""
+def ratio_elasticities(recipe: Recipe, pairs: dict[str, tuple[Planned, Planned, bool]]) -> dict[str, dict]:
+    """Per ratio (name -> (Hex plan, baseline plan, whether per $/h), each with the recipe it was planned on): its
+    predicted value, the Hex plan's tokens/s (per $/h) over the baseline's, and its elasticity to each factor of
+    the testbed's GPU types and to the workload, every plan held (``scheduler/sensitivity.py``; a plan's $/h does
+    not move, so a ratio per $/h moves as the ratio of tokens/s)."""
     calibration, workload = recipe_calibration(recipe), recipe.workload
-    runs = list({id(r): r for a, b, _ in pairs.values() for r in (a, b)}.values())
+    planned = list({id(p): p for a, b, _ in pairs.values() for p in (a, b)}.values())
 
     def measure(w, c) -> dict[str, float]:
         rates = {}
-        for r in runs:
-            cm = CostModel(r.recipe.cluster, w, c)
-            rates[id(r)] = Held.of_plan(r.plan).tokens_per_s(cm, strategy_for(r.recipe.hex.transport))
+        for plan, on in planned:
+            cm = CostModel(on.cluster, w, c)
+            rates[id(plan)] = Held.of_plan(plan).tokens_per_s(cm, strategy_for(on.hex.transport))
         out = {}
-        for key, (a, b, dollars) in pairs.items():
-            costs = b.plan.predicted.cost_per_hour / a.plan.predicted.cost_per_hour if dollars else 1.0
+        for key, ((a, _), (b, _), dollars) in pairs.items():
+            costs = b.predicted.cost_per_hour / a.predicted.cost_per_hour if dollars else 1.0
             out[key] = rates[id(a)] / rates[id(b)] * costs if rates[id(b)] > 0 else 0.0
         return out
 
