@@ -431,15 +431,9 @@ class Planner:
     def with_sensitivity(self, plan: HexPlan) -> HexPlan:
         """``plan`` (this planner's) with what its ranking hangs on, and a warning per flip
         (``scheduler/sensitivity.py``)."""
-        calibration, strategy = self.cm.calibration, strategy_for(self.recipe.hex.transport)
-        chosen = self.chosen
+        strategy, chosen = strategy_for(self.recipe.hex.transport), self.chosen
         factors = plan_elasticities(
-            self.cluster,
-            self.workload,
-            calibration,
-            strategy,
-            Held.of_evaluation(chosen),
-            [Held.of_evaluation(e) for e in self.rivals],
+            self.cm, strategy, Held.of_evaluation(chosen), [Held.of_evaluation(e) for e in self.rivals]
         )
         candidates = list({e.split: e for e in [*self._scored(), *self.rivals, chosen]}.values())
 
@@ -450,7 +444,7 @@ class Planner:
             reaching = [e for e in candidates if rate(e) >= target]
             return _cheapest_reaching(reaching, target, rate) if reaching else None
 
-        found = flips(self.cluster, self.workload, calibration, strategy, candidates, pick, chosen)
+        found = flips(self.cm, strategy, candidates, pick, chosen)
         sensitivity = Sensitivity(
             step=STEP,
             factors={k: v for k, v in factors.items() if k != WORKLOAD},

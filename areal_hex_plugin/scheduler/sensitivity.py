@@ -149,13 +149,21 @@ def changed(
     dist = LengthDistribution(
         tuple(sorted(body + at_cap)), f"{workload.output_lengths.source}, {inp.name} changed"
     )
-    out = replace(workload, output_lengths=dist)
-    value = {
-        "mean_tokens": dist.mean,
-        "sigma": _sigma([n for n in dist.lengths if n < cap]),
-        "cap_share": len(at_cap) / len(dist.lengths),
-    }[inp.name]
-    return out, calibration, value
+    if inp.name == "mean_tokens":
+        value = dist.mean
+    elif inp.name == "sigma":
+        value = _sigma(body)
+    else:
+        value = len(at_cap) / len(dist.lengths)
+    return replace(workload, output_lengths=dist), calibration, value
+
+
+def model(base: CostModel, workload: WorkloadSpec, calibration: Calibration) -> CostModel:
+    """A cost model of ``base``'s cluster on a changed workload or calibration (``base``'s length statistics
+    where the workload is its own)."""
+    if workload is base.workload:
+        return base.with_calibration(calibration)
+    return CostModel(base.cluster, workload, calibration)
 
 
 Measure = Callable[[WorkloadSpec, Calibration], dict[str, float]]
@@ -186,18 +194,14 @@ def elasticities(
 
 
 def plan_elasticities(
-    cluster: Cluster,
-    workload: WorkloadSpec,
-    calibration: Calibration,
-    strategy: str,
-    chosen: Held,
-    baselines: list[Held],
+    base: CostModel, strategy: str, chosen: Held, baselines: list[Held]
 ) -> dict[str, dict[str, Elasticity]]:
     """Per group (GPU type, or WORKLOAD) and input: the elasticity of the chosen plan's tokens/s and of its ratio
-    to the best of the ``baselines`` (each held)."""
+    to the best of the ``baselines`` (each held), on ``base``'s cluster, workload and calibration."""
+    cluster, workload, calibration = base.cluster, base.workload, base.calibration
 
     def measure(w: WorkloadSpec, c: Calibration) -> dict[str, float]:
-        cm = CostModel(cluster, w, c)
+        cm = model(base, w, c)
         rate = chosen.tokens_per_s(cm, strategy)
         best = max((b.tokens_per_s(cm, strategy) for b in baselines), default=0.0)
         return {"tokens_per_s": rate, "vs_best_baseline": rate / best if best > 0 else 0.0}
@@ -219,9 +223,7 @@ def _rounded(value: float | None) -> float | None:
 
 
 def flips(
-    cluster: Cluster,
-    workload: WorkloadSpec,
-    calibration: Calibration,
+    base: CostModel,
     strategy: str,
     candidates: list,
     pick: Callable[[Callable[[object], float]], object],
@@ -230,6 +232,7 @@ def flips(
 ) -> list[Flip]:
     """Per input and direction, the plan ``pick`` (the objective's pick among ``candidates``, scored splits, by
     a rate) takes when each candidate is re-scored held, where it is not on ``chosen``'s machines."""
+    cluster, workload, calibration = base.cluster, base.workload, base.calibration
     held = {e.split: Held.of_evaluation(e) for e in candidates}
     out = []
     for inp in inputs(cluster.gpu_types, workload, calibration):
@@ -240,7 +243,7 @@ def flips(
             if moved is None:
                 continue
             w, c, value = moved
-            cm = CostModel(cluster, w, c)
+            cm = model(base, w, c)
             rates = {key: h.tokens_per_s(cm, strategy) for key, h in held.items()}
             picked = pick(lambda e, rates=rates: rates[e.split])
             if picked is not None and picked.split != chosen.split:

@@ -28,7 +28,7 @@ from areal_hex_plugin.scheduler.caps import recipe_caps
 from areal_hex_plugin.scheduler.evaluate import Evaluator
 from areal_hex_plugin.scheduler.inflight import replica_stages, window_rollout_s
 from areal_hex_plugin.scheduler.rollout_model import solve_rollout
-from areal_hex_plugin.scheduler.sensitivity import WORKLOAD, Held, elasticities, inputs
+from areal_hex_plugin.scheduler.sensitivity import WORKLOAD, Held, elasticities, inputs, model
 from areal_hex_plugin.scheduler.train_search import search_train
 from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec
@@ -232,11 +232,12 @@ def ratio_elasticities(recipe: Recipe, pairs: dict[str, tuple[Planned, Planned, 
     not move, so a ratio per $/h moves as the ratio of tokens/s)."""
     calibration, workload = recipe_calibration(recipe), recipe.workload
     planned = list({id(p): p for a, b, _ in pairs.values() for p in (a, b)}.values())
+    bases = {id(plan): CostModel(on.cluster, workload, calibration) for plan, on in planned}
 
     def measure(w, c) -> dict[str, float]:
         rates = {}
         for plan, on in planned:
-            cm = CostModel(on.cluster, w, c)
+            cm = model(bases[id(plan)], w, c)
             rates[id(plan)] = Held.of_plan(plan).tokens_per_s(cm, strategy_for(on.hex.transport))
         out = {}
         for key, ((a, _), (b, _), dollars) in pairs.items():
