@@ -60,6 +60,12 @@ class Predicted:
         help="weight sync per step (one update every solver.window_steps steps, averaged)", range=_SECONDS
     )
     reward_s: float = spec(0.0, "reward per step", _SECONDS)
+    loss_free_tokens_per_s: float | None = spec(
+        None,
+        "tokens per second with no machine lost (tokens_per_s is the expected rate with the losses of "
+        "preemptible pools; the same without them)",
+        _RATE,
+    )
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.scheduler.explain import binding_constraint, describe_binding, describe_role, pool_roles
 from areal_hex_plugin.scheduler.inflight import window_rollout_s
 from areal_hex_plugin.scheduler.placement import place
+from areal_hex_plugin.scheduler.preemption import preemption_of
 from areal_hex_plugin.scheduler.search import THROUGHPUT_TIE, SearchResult, steering_eta, two_phase
 from areal_hex_plugin.scheduler.train_search import tp_degrees
 
@@ -109,6 +110,7 @@ class Planner:
             self.solver,
             sync_strategy=strategy_for(recipe.hex.transport),
             caps=self.caps,
+            preemption=preemption_of(recipe),
         )
         self.ev = self.steer.at_eta(self.eta)
         self.cm = self.ev.cm
@@ -422,6 +424,7 @@ class Planner:
             rollout_time_s=round(best.rollout_s, 4),
             weight_sync_s=round(best.sync_s / best.window, 4),
             reward_s=round(best.reward_s, 4),
+            loss_free_tokens_per_s=round(self.ev.tokens_per_step / best.loss_free_step_s, 3),
         )
         # Upstream counts rollouts (one prompt with its n_samples samples), each holding its slot until its
         # longest sample ends: admit enough of them to keep every planned sequence decoding.
