@@ -29,6 +29,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="what-if: interrupted sequences keep their KV cache across weight updates (upstream re-prefills)",
     )
+    parser.add_argument(
+        "--faults",
+        metavar="FILE",
+        help="replay timed machine losses, returns and length drift (a YAML faults file, see "
+        "recipes/faults/); prints the per-step timeline beside the same run without them",
+    )
     parser.add_argument("--json", metavar="OUT", help="write the simulation results as JSON; - for stdout")
     parser.add_argument(
         "--plot", metavar="OUT.png", help="draw a timeline per pool over the last steps (OUT-<pool>.png)"
@@ -73,8 +79,19 @@ def run(args: argparse.Namespace) -> int:
         spec = sim_spec(recipe, plan)
         if args.no_kv_recompute:
             spec = dataclasses.replace(spec, kv_recompute=False)
-        result = simulate(spec, steps=args.steps, seed=args.seed, timeline=bool(args.plot or args.trace))
+        timeline = bool(args.plot or args.trace)
+        if args.faults:
+            from areal_hex_plugin.sim.faults import simulate_faults
+
+            faults = simulate_faults(recipe, plan, spec, args.faults, args.steps, args.seed, timeline)
+            result = faults.hit.result
+        else:
+            faults, result = None, simulate(spec, steps=args.steps, seed=args.seed, timeline=timeline)
     print(describe_simulation(result, plan, out), file=out)
+    if faults:
+        from areal_hex_plugin.sim.faults import describe_faults
+
+        print(f"\n{describe_faults(faults, out)}", file=out)
     if args.json:
         data = {
             "schema_version": SCHEMA_VERSION,
@@ -84,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
             "predicted": dataclasses.asdict(plan.predicted),
         }
         data.update(result.to_dict())
+        if faults:
+            data["faults"] = faults.to_dict()
         print(f"\nresults written to {write_json(args.json, data)}", file=out)
     if args.trace:
         from areal_hex_plugin.sim.trace import chrome_trace
