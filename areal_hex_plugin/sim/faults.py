@@ -407,7 +407,7 @@ class FaultLoop(_Loop):
         lost = self.version - back
         self.steps_lost += lost
         self.pending = [n for notes in self.notes[back:] for n in notes] + self.pending
-        self.pending.append(f"resumed from the checkpoint of step {back}: {lost} steps lost")
+        self.pending.append(f"resumed from the checkpoint of step {back} (steps lost: {lost})")
         del self.steps[back:], self.notes[back:], self.live_per_step[back:]
         self.version = self.weights = back
         self.step_start = self.steps[-1].end_s if self.steps else 0.0
