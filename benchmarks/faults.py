@@ -22,7 +22,8 @@ import yaml
 from report import emit  # benchmarks/report.py, beside this script
 
 from areal_hex_plugin.scheduler import plan_recipe
-from areal_hex_plugin.sim.faults import FaultLoop, read_faults, setting_of, warmup_of
+from areal_hex_plugin.sim.engine import default_warmup
+from areal_hex_plugin.sim.faults import FaultLoop, read_faults, setting_of
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.specs.recipe import load_recipe
 
@@ -81,10 +82,10 @@ def main() -> int:
             path.write_text(yaml.safe_dump({"faults": scenario(plan, plan.predicted.step_time_s, trainer)}))
             faults = read_faults(str(path), recipe, plan)
             start = time.perf_counter()
-            hit = FaultLoop(spec, 0, False, faults, setting).outcome(STEPS, warmup_of(STEPS))
+            hit = FaultLoop(spec, 0, False, faults, setting).outcome(STEPS, default_warmup(STEPS))
             with_faults = time.perf_counter() - start
             start = time.perf_counter()
-            clean = FaultLoop(spec, 0, False, [], setting).outcome(STEPS, warmup_of(STEPS))
+            clean = FaultLoop(spec, 0, False, [], setting).outcome(STEPS, default_warmup(STEPS))
             without = time.perf_counter() - start
             report[name] = {
                 "events": len(faults),

@@ -120,6 +120,12 @@ class Planner:
         self.found: list[Evaluation] = []
         if self.brute:
             check_size(self.ev, self.limits)
+            if self.ev.preemption:
+                raise HexError(
+                    "--exhaustive",
+                    "the brute force does not price preemptible pools (scheduler/preemption.py)",
+                    "plan without --exhaustive",
+                )
 
     def search(
         self,

@@ -463,6 +463,9 @@ def simulate(
     when there are two or more) fill the pipeline and are left out of the steady-state figures."""
     if steps < 1:
         raise ValueError("steps must be at least 1")
-    if warmup is None:
-        warmup = min(steps - 1, max(1, steps // 5))
-    return _Loop(spec, seed, timeline).run(steps, warmup)
+    return _Loop(spec, seed, timeline).run(steps, default_warmup(steps) if warmup is None else warmup)
+
+
+def default_warmup(steps: int) -> int:
+    """The steps that fill the pipeline by default: a fifth, at least one when there are two or more."""
+    return min(steps - 1, max(1, steps // 5))

@@ -30,7 +30,7 @@ from areal_hex_plugin.costmodel import CostModel, recipe_calibration
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler.reshare import ServerShape, drift, reshare
-from areal_hex_plugin.sim.engine import _CALL, _Loop, _Replica
+from areal_hex_plugin.sim.engine import _CALL, _Loop, _Replica, default_warmup
 from areal_hex_plugin.sim.result import SimResult
 from areal_hex_plugin.sim.spec import SimSpec
 from areal_hex_plugin.sim.staleness import AdmissionControl
@@ -460,16 +460,11 @@ class FaultLoop(_Loop):
         return super().stalled()
 
 
-def warmup_of(steps: int) -> int:
-    """The warm-up steps ``engine.simulate`` leaves out by default."""
-    return min(steps - 1, max(1, steps // 5))
-
-
 def play(
     spec: SimSpec, faults: list[Fault], setting: Setting, steps: int, seed: int = 0, timeline: bool = False
 ) -> Outcome:
     """Run ``steps`` training steps with ``faults``."""
-    return FaultLoop(spec, seed, timeline, faults, setting).outcome(steps, warmup_of(steps))
+    return FaultLoop(spec, seed, timeline, faults, setting).outcome(steps, default_warmup(steps))
 
 
 @dataclass

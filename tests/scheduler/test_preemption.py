@@ -130,3 +130,12 @@ def test_bad_preemption_fields(overrides, field):
     with pytest.raises(HexError) as error:
         load_recipe(RECIPE, [*FAST, *overrides])
     assert error.value.field.endswith(field)
+
+
+def test_exhaustive_mode_refuses_preemptible_pools():
+    from areal_hex_plugin.scheduler.planner import PlanRequest
+
+    recipe = load_recipe(REPO / "recipes" / "ci" / "tiny.yaml", spot(1))
+    with pytest.raises(HexError) as error:
+        plan_recipe(recipe, PlanRequest(exhaustive=True))
+    assert error.value.field == "--exhaustive"

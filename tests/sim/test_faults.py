@@ -11,7 +11,8 @@ from areal_hex_plugin.cli import main
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.scheduler import plan_recipe
 from areal_hex_plugin.schemas import load_schema
-from areal_hex_plugin.sim.faults import FaultLoop, play, read_faults, setting_of, warmup_of
+from areal_hex_plugin.sim.engine import default_warmup
+from areal_hex_plugin.sim.faults import FaultLoop, play, read_faults, setting_of
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
@@ -64,7 +65,7 @@ def test_lost_rollout_machines_dip_then_recover_and_each_sample_counts_once(plan
     faults = _faults(tmp_path, events, recipe, plan)
     setting = setting_of(recipe, plan)
     loop = _Counting(spec, 0, False, faults, setting)
-    hit = loop.outcome(STEPS, warmup_of(STEPS))
+    hit = loop.outcome(STEPS, default_warmup(STEPS))
     clean = play(spec, [], setting, STEPS)
     replicas = sum(g.count for g in plan.rollout.replicas)
     live = dict(zip((s.end_s for s in hit.result.steps), hit.live, strict=True))
