@@ -310,9 +310,13 @@ class Planner:
             name = f"homogeneous-{gpu_type}"
             if result.best is None:
                 machines = sum(limits)
+                pre = self.ev.preemption
+                kept_off = pre is not None and not pre.train_allowed
                 why = (
                     "not solved within the time limit"
                     if result.status == "timeout"
+                    else "training is kept off preemptible pools (hex.solver.train_on_preemptible)"
+                    if kept_off and all(p.preemptible for p in self.cluster.pools if p.gpu_type == gpu_type)
                     else "no trainer + rollout split fits"
                 )
                 note = f"{why} on {machines} {gpu_type} machine(s) within ${budget:,.2f}/h"
@@ -343,6 +347,8 @@ class Planner:
         samples = self.workload.rl.samples_per_step * window
         mean = self.workload.output_lengths.mean
         rollout = window_rollout_s(e.fleet.groups, samples, mean, updates=1, even=True) / window + e.reward_s
+        if e.loss is not None:  # priced as the plan is
+            return self.ev.tokens_per_step / e.loss.step_s(e.sync_s / window, rollout, e.train_s)
         return self.ev.tokens_per_step / (e.sync_s / window + max(rollout, e.train_s))
 
     def _gpus_by_type(self, e: Evaluation) -> dict[str, int]:

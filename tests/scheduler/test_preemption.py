@@ -74,6 +74,9 @@ def test_spot_rollout_pool_lowers_expected_tokens_per_s():
     assert p.tokens_per_s < p.loss_free_tokens_per_s
     assert p.tokens_per_s < reliable.predicted.tokens_per_s
     assert reliable.predicted.loss_free_tokens_per_s == reliable.predicted.tokens_per_s
+    # The uniform ablation is priced as the plan is; the spot pool alone cannot train.
+    assert lossy.baselines["uniform"].tokens_per_s <= p.tokens_per_s
+    assert "kept off preemptible pools" in lossy.baselines["homogeneous-H20"].note
     text = describe_plan(lossy)
     assert "with none lost" in text and f"{p.tokens_per_s:,.0f} tokens/s" in text
     assert "with none lost" not in describe_plan(reliable)
