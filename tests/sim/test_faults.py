@@ -196,3 +196,30 @@ def test_a_bad_fault_file_exits_2(planned, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: faults[0].lost: 'nowhere-7' is not a machine of the plan"), err
     assert "Traceback" not in err
+
+
+def test_a_lost_machines_shares_go_to_the_survivors_by_the_planners_rollout_model(planned, tmp_path):
+    from areal_hex_plugin.scheduler.reshare import reshare
+
+    recipe, plan, spec = planned
+    host = _hosts(plan, "rollout")[0]
+    faults = _faults(tmp_path, [{"at_s": 3 * plan.predicted.step_time_s, "lost": host}], recipe, plan)
+    setting = setting_of(recipe, plan)
+    seen = {}
+
+    class Watching(FaultLoop):
+        def detect(self, indices):
+            super().detect(indices)
+            seen["shares"], seen["routing"] = list(self.shares), [list(g) for g in self.routing]
+
+    Watching(spec, 0, False, faults, setting).outcome(6, default_warmup(6))
+    lost = set(faults[0].replicas)
+    lanes = [lane for lane, group in enumerate(spec.lanes) for _ in range(group.count)]  # the loop's order
+    live = [i not in lost for i in range(len(lanes))]
+    shares = reshare(setting.cm, [setting.shapes[lane] for lane in lanes], live).shares
+    expected = [0.0] * len(spec.lanes)
+    for lane, share in zip(lanes, shares, strict=True):
+        expected[lane] += share
+    assert seen["shares"] == pytest.approx(expected)
+    assert sum(seen["shares"]) == pytest.approx(1.0)
+    assert not any(r.index in lost for group in seen["routing"] for r in group)
