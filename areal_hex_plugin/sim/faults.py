@@ -358,6 +358,7 @@ class FaultLoop(_Loop):
         touched: dict[tuple[int, int], _Replica] = {}
         for length, rollout in samples:
             replica = self.pick_replica()
+            self.routed[replica.lane] -= 1  # a sample sent again is no new rollout
             replica.advance(self.now)
             if rollout not in replica.prompts and (replica.index, rollout) not in touched:
                 replica.stall_until = (

@@ -75,6 +75,7 @@ def test_lost_rollout_machines_dip_then_recover_and_each_sample_counts_once(plan
     assert hit.resubmitted > 0
     assert all(n <= spec.n_samples for n in loop.made.values())
     assert loop.consumed == STEPS * spec.batch
+    assert sum(hit.result.routed.values()) == len(loop.remaining)  # rollouts routed, resubmissions apart
 
     # The dip: steps ending while two of five servers are away take longer than the same steps without faults;
     # after the return the run is back to the fault-free pace.
