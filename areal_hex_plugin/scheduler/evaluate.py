@@ -144,7 +144,14 @@ class Evaluator:
         own = self.workload.rl.max_head_offpolicyness
         cm = self.cm.at_eta(eta)
         ev = Evaluator(
-            cm, self.cluster, cm.workload, self.solver, self.sync_strategy, self.caps, False, self.preemption
+            cm,
+            self.cluster,
+            cm.workload,
+            self.solver,
+            self.sync_strategy,
+            self.caps,
+            clocked=False,
+            preemption=self.preemption,
         )
         ev._train = ChainMap({}, self._train)
         if min(eta, own) >= 1:  # the same replica speeds, so the same candidate fleets
