@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.progress import working
     from areal_hex_plugin.saved_plan import load_saved_plan
     from areal_hex_plugin.scheduler import plan_recipe
+    from areal_hex_plugin.sim.agreement import plan_gap
     from areal_hex_plugin.sim.engine import simulate
     from areal_hex_plugin.sim.inputs import sim_spec
     from areal_hex_plugin.sim.report import describe_simulation
@@ -84,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
             "predicted": dataclasses.asdict(plan.predicted),
         }
         data.update(result.to_dict())
+        gap = plan_gap(result, plan)
+        data["plan_gap"] = {"relative": gap.relative, "reason": gap.reason} if gap else None
         print(f"\nresults written to {write_json(args.json, data)}", file=out)
     if args.trace:
         from areal_hex_plugin.sim.trace import chrome_trace
