@@ -65,6 +65,11 @@ def _grid(rows: object, shape: tuple[int, int], where: str) -> Grid:
         if not all(isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf for v in row):
             raise HexError(where, "each figure must be a positive number of milliseconds", _FIX)
         out.append(tuple(math.log(v) for v in row))
+    rising = all(a <= b for row in out for a, b in zip(row, row[1:], strict=False)) and all(
+        a <= b for low, high in zip(out, out[1:], strict=False) for a, b in zip(low, high, strict=True)
+    )
+    if not rising:
+        raise HexError(where, "must not fall as batch or context grows", _FIX)
     return tuple(out)
 
 
