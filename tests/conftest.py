@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,8 @@ RECIPES = sorted((REPO / "recipes").glob("*/*.yaml"))
 # Ray 2.60's first local ray.init() in a process turns token authentication on for the process and its children
 # (RAY_AUTH_MODE=token in os.environ) and writes its token to ~/.ray/auth_token. Each test has a HOME of its own,
 # so a later test's local cluster found no token: its GCS aborted at start and Ray waited for it until it timed
-# out. One token for the whole session, in the environment every Ray process inherits.
-os.environ.setdefault("RAY_AUTH_TOKEN", uuid.uuid4().hex)
+# out. The test clusters run without it (the mode is read once per process, before any test starts Ray).
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 @pytest.fixture(autouse=True)
