@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.progress import working
     from areal_hex_plugin.saved_plan import load_saved_plan
     from areal_hex_plugin.scheduler import plan_recipe
+    from areal_hex_plugin.sim.agreement import plan_gap
     from areal_hex_plugin.sim.engine import simulate
     from areal_hex_plugin.sim.inputs import sim_spec
     from areal_hex_plugin.sim.report import describe_simulation
@@ -83,10 +84,12 @@ def run(args: argparse.Namespace) -> int:
         if args.faults:
             from areal_hex_plugin.sim.faults import simulate_faults
 
+            # The plan's own figures from the run without the events; the timelines show the run with them.
             faults = simulate_faults(recipe, plan, spec, args.faults, args.steps, args.seed, timeline)
-            result = faults.hit.result
+            result, shown = faults.clean.result, faults.hit.result
         else:
             faults, result = None, simulate(spec, steps=args.steps, seed=args.seed, timeline=timeline)
+            shown = result
     print(describe_simulation(result, plan, out), file=out)
     if faults:
         from areal_hex_plugin.sim.faults import describe_faults
@@ -101,17 +104,19 @@ def run(args: argparse.Namespace) -> int:
             "predicted": dataclasses.asdict(plan.predicted),
         }
         data.update(result.to_dict())
+        gap = plan_gap(result, plan)
+        data["plan_gap"] = {"relative": gap.relative, "reason": gap.reason} if gap else None
         if faults:
             data["faults"] = faults.to_dict()
         print(f"\nresults written to {write_json(args.json, data)}", file=out)
     if args.trace:
         from areal_hex_plugin.sim.trace import chrome_trace
 
-        trace = chrome_trace(result, f"{recipe.workload.model.name}: {args.recipe}")
+        trace = chrome_trace(shown, f"{recipe.workload.model.name}: {args.recipe}")
         print(f"trace written to {write_json(args.trace, trace, '--trace')}", file=out)
     if args.plot:
         from areal_hex_plugin.sim.plot import plot_timelines
 
-        for path in plot_timelines(result, args.plot, title=recipe.workload.model.name):
+        for path in plot_timelines(shown, args.plot, title=recipe.workload.model.name):
             print(f"timeline plotted to {path}", file=out)
     return 0
