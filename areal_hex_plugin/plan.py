@@ -60,6 +60,12 @@ class Predicted:
         help="weight sync per step (one update every solver.window_steps steps, averaged)", range=_SECONDS
     )
     reward_s: float = spec(0.0, "reward per step", _SECONDS)
+    loss_free_tokens_per_s: float | None = spec(
+        None,
+        "tokens per second with no machine lost (tokens_per_s is the expected rate with the losses of "
+        "preemptible pools; the same without them)",
+        _RATE,
+    )
 
 
 @dataclass(frozen=True)
@@ -202,8 +208,12 @@ class Binding:
     limits: list[str] = spec(help="every limit that binds, the slower side first", choices=LIMITS)
     train_s: float = spec(help="training per step", range=_SECONDS)
     rollout_s: float = spec(help="generation plus reward per step", range=_SECONDS)
-    sync_s: float = spec(help="weight sync per step", range=_SECONDS)
+    sync_s: float = spec(
+        help="weight sync per step (one update every window_steps steps, averaged)", range=_SECONDS
+    )
     budget_left_per_hour: float | None = spec(None, "$/h of the budget left unspent", _DOLLARS)
+    sync_update_s: float = spec(0.0, "one weight update of the rollout servers", _SECONDS)
+    window_steps: int = spec(1, "training steps per weight update", between(1, 1_000_000))
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,14 @@ from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.scheduler.explain import binding_constraint, describe_binding, describe_role, pool_roles
 from areal_hex_plugin.scheduler.inflight import window_rollout_s
 from areal_hex_plugin.scheduler.placement import place
+from areal_hex_plugin.scheduler.preemption import preemption_of
 from areal_hex_plugin.scheduler.search import THROUGHPUT_TIE, SearchResult, steering_eta, two_phase
 from areal_hex_plugin.scheduler.sensitivity import (
     FLIP_CHANGE,
     STEP,
     WORKLOAD,
     Held,
+    Rules,
     describe_flip,
     flips,
     plan_elasticities,
@@ -128,6 +130,7 @@ class Planner:
             self.solver,
             sync_strategy=strategy_for(recipe.hex.transport),
             caps=self.caps,
+            preemption=preemption_of(recipe),
         )
         self.ev = self.steer.at_eta(self.eta)
         self.cm = self.ev.cm
@@ -137,6 +140,12 @@ class Planner:
         self.found: list[Evaluation] = []
         if self.brute:
             check_size(self.ev, self.limits)
+            if self.ev.preemption:
+                raise HexError(
+                    "--exhaustive",
+                    "the brute force does not price preemptible pools (scheduler/preemption.py)",
+                    "plan without --exhaustive",
+                )
 
     def search(
         self,
@@ -322,9 +331,13 @@ class Planner:
             name = f"homogeneous-{gpu_type}"
             if result.best is None:
                 machines = sum(limits)
+                pre = self.ev.preemption
+                kept_off = pre is not None and not pre.train_allowed
                 why = (
                     "not solved within the time limit"
                     if result.status == "timeout"
+                    else "training is kept off preemptible pools (hex.solver.train_on_preemptible)"
+                    if kept_off and all(p.preemptible for p in self.cluster.pools if p.gpu_type == gpu_type)
                     else "no trainer + rollout split fits"
                 )
                 note = f"{why} on {machines} {gpu_type} machine(s) within ${budget:,.2f}/h"
@@ -355,6 +368,8 @@ class Planner:
         samples = self.workload.rl.samples_per_step * window
         mean = self.workload.output_lengths.mean
         rollout = window_rollout_s(e.fleet.groups, samples, mean, updates=1, even=True) / window + e.reward_s
+        if e.loss is not None:  # priced as the plan is
+            return self.ev.tokens_per_step / e.loss.step_s(e.sync_s / window, rollout, e.train_s)
         return self.ev.tokens_per_step / (e.sync_s / window + max(rollout, e.train_s))
 
     def _gpus_by_type(self, e: Evaluation) -> dict[str, int]:
@@ -431,9 +446,9 @@ class Planner:
     def with_sensitivity(self, plan: HexPlan) -> HexPlan:
         """``plan`` (this planner's) with what its ranking hangs on, and a warning per flip
         (``scheduler/sensitivity.py``)."""
-        strategy, chosen = strategy_for(self.recipe.hex.transport), self.chosen
+        rules, chosen = Rules(strategy_for(self.recipe.hex.transport), self.ev.preemption), self.chosen
         factors = plan_elasticities(
-            self.cm, strategy, Held.of_evaluation(chosen), [Held.of_evaluation(e) for e in self.rivals]
+            self.cm, rules, Held.of_evaluation(chosen), [Held.of_evaluation(e) for e in self.rivals]
         )
         candidates = list({e.split: e for e in [*self._scored(), *self.rivals, chosen]}.values())
 
@@ -444,7 +459,7 @@ class Planner:
             reaching = [e for e in candidates if rate(e) >= target]
             return _cheapest_reaching(reaching, target, rate) if reaching else None
 
-        found = flips(self.cm, strategy, candidates, pick, chosen)
+        found = flips(self.cm, rules, candidates, pick, chosen)
         sensitivity = Sensitivity(
             step=STEP,
             factors={k: v for k, v in factors.items() if k != WORKLOAD},
@@ -471,6 +486,7 @@ class Planner:
             rollout_time_s=round(best.rollout_s, 4),
             weight_sync_s=round(best.sync_s / best.window, 4),
             reward_s=round(best.reward_s, 4),
+            loss_free_tokens_per_s=round(self.ev.tokens_per_step / best.loss_free_step_s, 3),
         )
         # Upstream counts rollouts (one prompt with its n_samples samples), each holding its slot until its
         # longest sample ends: admit enough of them to keep every planned sequence decoding.

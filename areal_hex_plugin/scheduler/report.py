@@ -173,6 +173,23 @@ def _sensitivity(s: Sensitivity) -> list[str]:
     return out
 
 
+def _step_lines(p) -> list[str]:
+    """The predicted step, and with preemptible machines in play the expected rate beside the loss-free one."""
+    parts = (
+        f"weight sync {p.weight_sync_s:.1f}s + max(rollout {p.rollout_time_s:.1f}s incl. reward "
+        f"{p.reward_s:.1f}s, train {p.train_time_s:.1f}s)"
+    )
+    free = p.loss_free_tokens_per_s
+    if not free or math.isclose(free, p.tokens_per_s):
+        return [f"Predicted step {p.step_time_s:.1f}s = {parts}"]
+    return [
+        f"Predicted step {p.step_time_s:.1f}s expected with the losses of preemptible machines; with none lost "
+        f"{p.step_time_s * p.tokens_per_s / free:.1f}s = {parts}",
+        f"Expected {p.tokens_per_s:,.0f} tokens/s with those losses, {free:,.0f} tokens/s with none lost "
+        f"({100 * (p.tokens_per_s / free - 1):+.1f}%)",
+    ]
+
+
 def describe_plan(plan: HexPlan, stream: IO[str] | None = None, steps: int | None = None) -> str:
     """The console view: chosen layout, predicted step, baselines, the alternatives on the frontier (costs for
     ``steps`` training steps), the Pareto frontier when computed, binding constraint, why each pool's role.
@@ -182,13 +199,7 @@ def describe_plan(plan: HexPlan, stream: IO[str] | None = None, steps: int | Non
     out += [f"Planned for {plan.runtime}", ""] if plan.runtime else [""]
     headers = ["role", "pool", "GPU", "layout", "GPUs", "detail", "hosts"]
     out.append(render_table(headers, _layout_rows(plan), right=["GPUs"], stream=stream))
-    out += [
-        "",
-        f"Predicted step {p.step_time_s:.1f}s = weight sync {p.weight_sync_s:.1f}s + max(rollout "
-        f"{p.rollout_time_s:.1f}s incl. reward {p.reward_s:.1f}s, train {p.train_time_s:.1f}s)",
-        "",
-        _comparison(plan, stream),
-    ]
+    out += ["", *_step_lines(p), "", _comparison(plan, stream)]
     if plan.alternatives:
         where = "within the budget" if plan.objective.kind == "budget" else "on the whole inventory"
         out += [

@@ -27,8 +27,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
 
 from areal_hex_plugin.costmodel import Calibration, CostModel, TrainStage
+from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.plan import Elasticity, Flip, HexPlan
 from areal_hex_plugin.scheduler.inflight import best_split, replica_stages
+from areal_hex_plugin.scheduler.preemption import Preemption, preemption_of
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig
 from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.workload import LengthDistribution, WorkloadSpec
@@ -50,6 +52,18 @@ class Input:
     @property
     def label(self) -> str:
         return f"{self.group} {self.name}" if self.group != WORKLOAD else self.name
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How a held plan is scored besides its cost model: the weight-sync strategy, the preemptible pools."""
+
+    strategy: str
+    preemption: Preemption | None = None
+
+    @staticmethod
+    def of(recipe) -> Rules:
+        return Rules(strategy_for(recipe.hex.transport), preemption_of(recipe))
 
 
 @dataclass(frozen=True)
@@ -75,8 +89,9 @@ class Held:
         train = tuple(TrainStage(s.pool, s.dp, s.tp, s.hybrid) for s in plan.train.stages)
         return Held(train, groups, plan.solver.window_steps)
 
-    def tokens_per_s(self, cm: CostModel, strategy: str) -> float:
-        """The paper's metric on ``cm``, as the evaluator scores a split (0 where a layout no longer runs)."""
+    def tokens_per_s(self, cm: CostModel, rules: Rules) -> float:
+        """The paper's metric on ``cm``, as the evaluator scores a split (0 where a layout no longer runs), with
+        the expected losses of preemptible machines where there are some."""
         train = cm.train(self.train)
         estimates = [cm.rollout(replica_stages(c), max_sequences=c.concurrency) for c, _ in self.groups]
         if not train.feasible or not estimates or not all(e.feasible for e in estimates):
@@ -90,8 +105,15 @@ class Held:
         rollout = best_split(groups, samples * self.window, mean)[0] / self.window + cm.reward_s(samples)
         replicas = [(replica_stages(c), y) for c, y in groups if not c.colocated]
         colocated = tuple(sorted({c.pool for c, _ in groups if c.colocated}))
-        sync = cm.weight_sync(cm.senders(self.train), replicas, strategy, colocated).seconds
-        return cm.workload.tokens_per_step / (sync / self.window + max(rollout, train.step_time_s))
+        sync = (
+            cm.weight_sync(cm.senders(self.train), replicas, rules.strategy, colocated).seconds / self.window
+        )
+        if rules.preemption is None:
+            step = sync + max(rollout, train.step_time_s)
+        else:
+            preemption = replace(rules.preemption, lengths=cm.workload.output_lengths)
+            step = preemption.loss(train.gpus, groups).step_s(sync, rollout, train.step_time_s)
+        return cm.workload.tokens_per_step / step
 
 
 def inputs(gpu_types: Iterable[str], workload: WorkloadSpec, calibration: Calibration) -> list[Input]:
@@ -194,7 +216,7 @@ def elasticities(
 
 
 def plan_elasticities(
-    base: CostModel, strategy: str, chosen: Held, baselines: list[Held]
+    base: CostModel, rules: Rules, chosen: Held, baselines: list[Held]
 ) -> dict[str, dict[str, Elasticity]]:
     """Per group (GPU type, or WORKLOAD) and input: the elasticity of the chosen plan's tokens/s and of its ratio
     to the best of the ``baselines`` (each held), on ``base``'s cluster, workload and calibration."""
@@ -202,8 +224,8 @@ def plan_elasticities(
 
     def measure(w: WorkloadSpec, c: Calibration) -> dict[str, float]:
         cm = model(base, w, c)
-        rate = chosen.tokens_per_s(cm, strategy)
-        best = max((b.tokens_per_s(cm, strategy) for b in baselines), default=0.0)
+        rate = chosen.tokens_per_s(cm, rules)
+        best = max((b.tokens_per_s(cm, rules) for b in baselines), default=0.0)
         return {"tokens_per_s": rate, "vs_best_baseline": rate / best if best > 0 else 0.0}
 
     found = elasticities(inputs(cluster.gpu_types, workload, calibration), measure, workload, calibration)
@@ -224,7 +246,7 @@ def _rounded(value: float | None) -> float | None:
 
 def flips(
     base: CostModel,
-    strategy: str,
+    rules: Rules,
     candidates: list,
     pick: Callable[[Callable[[object], float]], object],
     chosen,
@@ -244,7 +266,7 @@ def flips(
                 continue
             w, c, value = moved
             cm = model(base, w, c)
-            rates = {key: h.tokens_per_s(cm, strategy) for key, h in held.items()}
+            rates = {key: h.tokens_per_s(cm, rules) for key, h in held.items()}
             picked = pick(lambda e, rates=rates: rates[e.split])
             if picked is not None and picked.split != chosen.split:
                 out.append(

@@ -21,14 +21,13 @@ from pathlib import Path
 from typing import IO
 
 from areal_hex_plugin.costmodel import CostModel, recipe_calibration
-from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.caps import recipe_caps
 from areal_hex_plugin.scheduler.evaluate import Evaluator
 from areal_hex_plugin.scheduler.inflight import replica_stages, window_rollout_s
 from areal_hex_plugin.scheduler.rollout_model import solve_rollout
-from areal_hex_plugin.scheduler.sensitivity import WORKLOAD, Held, elasticities, inputs, model
+from areal_hex_plugin.scheduler.sensitivity import WORKLOAD, Held, Rules, elasticities, inputs, model
 from areal_hex_plugin.scheduler.train_search import search_train
 from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec
@@ -238,7 +237,7 @@ def ratio_elasticities(recipe: Recipe, pairs: dict[str, tuple[Planned, Planned, 
         rates = {}
         for plan, on in planned:
             cm = model(bases[id(plan)], w, c)
-            rates[id(plan)] = Held.of_plan(plan).tokens_per_s(cm, strategy_for(on.hex.transport))
+            rates[id(plan)] = Held.of_plan(plan).tokens_per_s(cm, Rules.of(on))
         out = {}
         for key, ((a, _), (b, _), dollars) in pairs.items():
             costs = b.predicted.cost_per_hour / a.predicted.cost_per_hour if dollars else 1.0

@@ -14,10 +14,9 @@ import pytest
 from areal_hex_plugin.cli import main
 from areal_hex_plugin.costmodel import CostModel, Efficiency, recipe_calibration
 from areal_hex_plugin.costmodel.calibration import FACTORS, Calibration
-from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.caps import recipe_caps
-from areal_hex_plugin.scheduler.sensitivity import WORKLOAD, Held, Input, changed, inputs
+from areal_hex_plugin.scheduler.sensitivity import WORKLOAD, Held, Input, Rules, changed, inputs
 from areal_hex_plugin.schemas import load_schema
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
@@ -39,12 +38,31 @@ def twins(scale: float) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("recipe", ["recipes/paper/7b.yaml", "recipes/mixes/h100_rtx4090_qwen3-4b.yaml"])
-def test_a_held_plan_rescores_to_the_planners_prediction(recipe):
-    r = load_recipe(REPO / recipe, [])
+SPOT_H20 = [  # the paper recipes' H20 pool preemptible, training allowed there (recover checkpoints)
+    "+hex.cluster.pools.1.preemptible=true",
+    "+hex.cluster.pools.1.preemptions_per_hour=1",
+    "+hex.cluster.pools.1.recovery_s=300",
+    "hex.solver.train_on_preemptible=true",
+    "recover.mode=auto",
+    "recover.freq_steps=10",
+]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides"),
+    [
+        ("recipes/paper/7b.yaml", []),
+        ("recipes/paper/1.5b.yaml", SPOT_H20),
+        ("recipes/mixes/h100_rtx4090_qwen3-4b.yaml", []),
+    ],
+)
+def test_a_held_plan_rescores_to_the_planners_prediction(recipe, overrides):
+    r = load_recipe(REPO / recipe, overrides)
     plan = plan_recipe(r, PlanRequest(sensitivity=True))
+    if overrides:  # the expected losses priced in
+        assert plan.predicted.tokens_per_s < plan.predicted.loss_free_tokens_per_s
     cm = CostModel(r.cluster, r.workload, recipe_calibration(r))
-    held = Held.of_plan(plan).tokens_per_s(cm, strategy_for(r.hex.transport))
+    held = Held.of_plan(plan).tokens_per_s(cm, Rules.of(r))
     assert held == pytest.approx(plan.predicted.tokens_per_s, rel=1e-6)
     # Every factor of every GPU type of the cluster, and the length distribution's figures, are inputs.
     s = plan.sensitivity
