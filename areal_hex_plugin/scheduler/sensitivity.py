@@ -10,12 +10,14 @@ log-lengths about their mean at the same body mean, the cap share by weighting t
 A held plan (:class:`Held`) keeps what the planner decided (training stages, replica shapes and counts, their
 in-flight caps, the update window) and is re-scored on a cost model of the changed inputs as the evaluator scores
 it (``scheduler/evaluate.py``): the window's samples split over the replicas by :func:`best_split`, the step
-weight sync / window + max(rollout incl. reward, train). Nothing is re-solved. The elasticity of a number q to
+weight sync / window + max(rollout incl. reward, train), stretched by the expected losses of preemptible pools
+(``scheduler/preemption.py``). Nothing is re-solved. The elasticity of a number q to
 an input x is d ln q / d ln x by central differences at x (1 +- STEP), the change x actually got in the
 denominator (lengths are whole tokens); None where x is 0 or did not move, or q is 0.
 
 The flip check (:func:`flips`) re-scores every plan the planner's searches scored, each held, at x (1 +-
-FLIP_CHANGE) and lets the objective pick again; a pick on other machines is a flip. It does not re-run the
+FLIP_CHANGE) and lets the objective pick again; a pick with other GPUs (or the same GPUs in other roles) is a
+flip. It does not re-run the
 searches (a re-solve per input would multiply the plan time by twice the inputs), so a flip to a split the
 searches never scored goes unseen.
 """
@@ -48,10 +50,6 @@ class Input:
     group: str  # a GPU type, or WORKLOAD
     name: str
     value: float
-
-    @property
-    def label(self) -> str:
-        return f"{self.group} {self.name}" if self.group != WORKLOAD else self.name
 
 
 @dataclass(frozen=True)
@@ -253,9 +251,11 @@ def flips(
     change: float = FLIP_CHANGE,
 ) -> list[Flip]:
     """Per input and direction, the plan ``pick`` (the objective's pick among ``candidates``, scored splits, by
-    a rate) takes when each candidate is re-scored held, where it is not on ``chosen``'s machines."""
+    a rate) takes when each candidate is re-scored held, where it differs from ``chosen`` in the GPUs of each type
+    training or generating, or in $/h."""
     cluster, workload, calibration = base.cluster, base.workload, base.calibration
     held = {e.split: Held.of_evaluation(e) for e in candidates}
+    mine = _roles(cluster, chosen)
     out = []
     for inp in inputs(cluster.gpu_types, workload, calibration):
         if inp.value <= 0:
@@ -268,30 +268,40 @@ def flips(
             cm = model(base, w, c)
             rates = {key: h.tokens_per_s(cm, rules) for key, h in held.items()}
             picked = pick(lambda e, rates=rates: rates[e.split])
-            if picked is not None and picked.split != chosen.split:
-                out.append(
-                    Flip(
-                        group=inp.group,
-                        input=inp.name,
-                        change=sign * change,
-                        value=value,
-                        train=_gpus(cluster, ((s.pool, s.n_gpus) for s in picked.train.stages)),
-                        rollout=_gpus(cluster, ((c.pool, c.gpus * y) for c, y in picked.fleet.groups)),
-                        cost_per_hour=round(picked.cost_per_hour, 4),
-                        tokens_per_s=round(rates[picked.split], 3),
-                        chosen_tokens_per_s=round(rates[chosen.split], 3),
-                    )
+            if picked is None or (_roles(cluster, picked), picked.cost_per_hour) == (
+                mine,
+                chosen.cost_per_hour,
+            ):
+                continue
+            train, rollout = _roles(cluster, picked)
+            out.append(
+                Flip(
+                    group=inp.group,
+                    input=inp.name,
+                    change=sign * change,
+                    value=value,
+                    train=train,
+                    rollout=rollout,
+                    cost_per_hour=round(picked.cost_per_hour, 4),
+                    tokens_per_s=round(rates[picked.split], 3),
+                    chosen_tokens_per_s=round(rates[chosen.split], 3),
                 )
+            )
     return out
 
 
-def _gpus(cluster: Cluster, parts: Iterable[tuple[str, int]]) -> dict[str, int]:
-    """GPU type -> GPUs of (pool, GPUs) parts."""
-    out: dict[str, int] = {}
-    for pool, n in parts:
-        gpu_type = cluster.pool(pool).gpu_type
-        out[gpu_type] = out.get(gpu_type, 0) + n
-    return out
+def _roles(cluster: Cluster, e) -> tuple[dict[str, int], dict[str, int]]:
+    """GPU type -> GPUs training, and generating, in a scored split."""
+
+    def by_type(parts: Iterable[tuple[str, int]]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for pool, n in parts:
+            gpu_type = cluster.pool(pool).gpu_type
+            out[gpu_type] = out.get(gpu_type, 0) + n
+        return out
+
+    train = by_type((s.pool, s.n_gpus) for s in e.train.stages)
+    return train, by_type((r.pool, r.gpus * y) for r, y in e.fleet.groups)
 
 
 def describe_flip(flip: Flip, chosen_cost: float) -> str:
