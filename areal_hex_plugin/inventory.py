@@ -167,7 +167,9 @@ def machines_from_ray(address: str | None) -> list[Machine]:
             raise HexError(
                 "--address",
                 f"cannot connect to a Ray cluster at {address or 'auto'}: {exc}",
-                "start Ray (`ray start --head`) or give --address HOST:PORT",
+                "start Ray (`ray start --head`) or give --address HOST:PORT; a cluster with token authentication "
+                "(Ray's default for clusters that ray.init starts) also needs RAY_AUTH_MODE=token and its "
+                "RAY_AUTH_TOKEN exported",
             ) from None
     try:
         return machines_from_ray_nodes(ray.nodes())

@@ -60,6 +60,12 @@ class Predicted:
         help="weight sync per step (one update every solver.window_steps steps, averaged)", range=_SECONDS
     )
     reward_s: float = spec(0.0, "reward per step", _SECONDS)
+    loss_free_tokens_per_s: float | None = spec(
+        None,
+        "tokens per second with no machine lost (tokens_per_s is the expected rate with the losses of "
+        "preemptible pools; the same without them)",
+        _RATE,
+    )
 
 
 @dataclass(frozen=True)
@@ -202,8 +208,12 @@ class Binding:
     limits: list[str] = spec(help="every limit that binds, the slower side first", choices=LIMITS)
     train_s: float = spec(help="training per step", range=_SECONDS)
     rollout_s: float = spec(help="generation plus reward per step", range=_SECONDS)
-    sync_s: float = spec(help="weight sync per step", range=_SECONDS)
+    sync_s: float = spec(
+        help="weight sync per step (one update every window_steps steps, averaged)", range=_SECONDS
+    )
     budget_left_per_hour: float | None = spec(None, "$/h of the budget left unspent", _DOLLARS)
+    sync_update_s: float = spec(0.0, "one weight update of the rollout servers", _SECONDS)
+    window_steps: int = spec(1, "training steps per weight update", between(1, 1_000_000))
 
 
 @dataclass(frozen=True)
@@ -242,6 +252,65 @@ class PlanChange:
     tokens_per_s_after: float = spec(0.0, "predicted tokens/s after", _RATE)
     shares: dict[str, float] = spec(
         help="routing share of each server after the change", range=between(0, 1), default_factory=dict
+    )
+
+
+_ELASTICITY = between(-1e6, 1e6)
+
+
+@dataclass(frozen=True)
+class Elasticity:
+    """How the chosen plan moves with one input, the plan held (``scheduler/sensitivity.py``): d ln(number) /
+    d ln(input) by central differences; null where the input is 0 or does not move, or the number is 0."""
+
+    value: float = spec(
+        help="the input's value in the plan's calibration or workload", range=between(0, 1e12)
+    )
+    tokens_per_s: float | None = spec(
+        help="elasticity of the plan's predicted tokens/s (its $/h does not move)", range=_ELASTICITY
+    )
+    vs_best_baseline: float | None = spec(
+        help="elasticity of its tokens/s over the best homogeneous baseline's, each held (null: no baseline)",
+        range=_ELASTICITY,
+    )
+
+
+@dataclass(frozen=True)
+class Flip:
+    """A change of one input at which the objective, re-ranking the plans the searches scored, picks another."""
+
+    group: str = spec(help="the GPU type whose factor changed, or workload")
+    input: str = spec(help="the factor or workload figure changed")
+    change: float = spec(help="its relative change", range=between(-1, 1))
+    value: float = spec(help="its value after the change", range=between(0, 1e12))
+    train: dict[str, int] = spec(help="GPU type -> GPUs training in the plan picked instead", range=_GPUS)
+    rollout: dict[str, int] = spec(help="GPU type -> GPUs generating in it", range=_GPUS)
+    cost_per_hour: float = spec(help="its $ per hour", range=_DOLLARS)
+    tokens_per_s: float = spec(help="its tokens/s after the change", range=_RATE)
+    chosen_tokens_per_s: float = spec(help="the chosen plan's tokens/s after the change", range=_RATE)
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """What the ranking hangs on (``areal-hex plan``; ``scheduler/sensitivity.py``)."""
+
+    step: float = spec(
+        help="relative change of each input for the elasticities (+ and -)", range=between(0, 0.5)
+    )
+    factors: dict[str, dict[str, Elasticity]] = spec(help="GPU type -> calibrated factor -> elasticity")
+    workload: dict[str, Elasticity] = spec(
+        help="mean_tokens, sigma (of ln length below the cap), cap_share (where some samples reach the cap) -> "
+        "elasticity"
+    )
+    flip_change: float = spec(
+        help="relative change of each input the flip check tries (+ and -)", range=between(0, 1)
+    )
+    candidates: int = spec(
+        help="plans the flip check re-ranks (the splits the searches scored, not re-solved)",
+        range=between(0, 1 << 40),
+    )
+    flips: list[Flip] = spec(
+        help="the changes that flip the chosen plan", default_factory=list, max_items=1 << 16
     )
 
 
@@ -284,6 +353,10 @@ class HexPlan:
         help="what changed since the plan was made, in order (lost and gained servers, re-plans)",
         default_factory=list,
         max_items=1 << 16,
+    )
+    sensitivity: Sensitivity | None = spec(
+        None,
+        "what the ranking hangs on: elasticities to each factor and the workload, and flips (areal-hex plan)",
     )
     schema_version: int = spec(SCHEMA_VERSION, "the plan format's version", between(1, SCHEMA_VERSION))
 

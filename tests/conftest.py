@@ -9,9 +9,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = sorted((REPO / "recipes").glob("*/*.yaml"))
-# A local Ray node waits 30 s for its GCS to start by default; on a loaded 2-core CI machine that start has taken
-# longer (the hex_ray e2e failed there waiting for gcs_server_port). Set here, before any fixture starts Ray.
-os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "180")
+# Ray 2.60's first local ray.init() in a process turns token authentication on for the process and its children
+# (RAY_AUTH_MODE=token in os.environ) and writes its token to ~/.ray/auth_token. Each test has a HOME of its own,
+# so a later test's local cluster found no token: its GCS aborted at start and Ray waited for it until it timed
+# out. The test clusters run without it (the mode is read once per process, before any test starts Ray).
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 @pytest.fixture(autouse=True)

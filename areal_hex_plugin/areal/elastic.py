@@ -51,7 +51,7 @@ from areal.utils import logging
 
 from areal_hex_plugin.joins import JOIN_FILE, JoinRequest, read_requests, tag
 from areal_hex_plugin.plan import PlanChange
-from areal_hex_plugin.scheduler.reshare import RESOLUTION, ServerShape, reshare, with_lengths
+from areal_hex_plugin.scheduler.reshare import RESOLUTION, ServerShape, drift, reshare
 from areal_hex_plugin.specs.config import ElasticConfig
 
 logger = logging.getLogger("HexElastic")
@@ -500,8 +500,6 @@ class ElasticRollout:
 
     def step_metrics(self) -> dict[str, float]:
         """Once per training step: the drift check, and ``hex/elastic/*``."""
-        from areal_hex_plugin.costmodel import CostModel
-
         # One lock with the watcher: a machine that joins grows the servers' lists.
         with self._lock:
             lengths, self._lengths = self._lengths, []
@@ -514,17 +512,11 @@ class ElasticRollout:
                 "hex/elastic/changes": float(self.counts["changes"]),
             }
             if len(lengths) >= self.config.drift_min_samples and any(self.live()):
-                measured = CostModel(
-                    self.cm.cluster,
-                    with_lengths(self.cm.workload, lengths, f"served at step {self.step}"),
-                    self.cm.calibration,
-                )
-                live = self.live()
-                basis, now = reshare(self.cm, self.shapes, live), reshare(measured, self.shapes, live)
-                self.drift = now.makespan_s / basis.makespan_s - 1
+                found = drift(self.cm, self.shapes, self.live(), lengths, f"served at step {self.step}")
+                self.drift = found.change
                 out["hex/elastic/served_mean_tokens"] = sum(lengths) / len(lengths)
                 if abs(self.drift) > self.config.drift_threshold:
-                    self._rebalance(measured, now.shares, lengths, basis)
+                    self._rebalance(found.measured, found.shares, lengths)
             out["hex/elastic/drift"] = self.drift
             if self.suggested_gain is not None:
                 out["hex/elastic/replan_gain"] = self.suggested_gain
@@ -537,7 +529,7 @@ class ElasticRollout:
         self.step += 1
         return out
 
-    def _rebalance(self, measured, shares: Sequence[float], lengths: list[int], basis) -> None:
+    def _rebalance(self, measured, shares: Sequence[float], lengths: list[int]) -> None:
         with self._lock:
             before = self._tokens_per_s()
             was = self.cm.workload.output_lengths.mean

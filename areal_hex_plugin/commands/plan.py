@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         budget_per_hour=args.budget,
         target_tokens_per_s=args.target_tokens_per_s,
         pareto=args.pareto or bool(args.plot),
+        sensitivity=True,
     )
     with working(f"planning {args.recipe}" + (" and its cost frontier" if request.pareto else "")):
         plan = plan_recipe(recipe, request)
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         from areal_hex_plugin.scheduler.report import describe_runtime_gap
 
         with working(f"planning {args.recipe} in the paper's unconstrained space"):
-            paper = plan_recipe(recipe, replace(request, caps=PAPER))
+            paper = plan_recipe(recipe, replace(request, caps=PAPER, sensitivity=False))
         print("\n" + describe_runtime_gap(plan, paper, recipe_caps(recipe), out), file=out)
     if args.json:
         print(f"\nplan written to {plan.save(args.json)}", file=out)

@@ -29,6 +29,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="what-if: interrupted sequences keep their KV cache across weight updates (upstream re-prefills)",
     )
+    parser.add_argument(
+        "--faults",
+        metavar="FILE",
+        help="replay timed machine losses, returns and length drift (a YAML faults file, see "
+        "recipes/faults/); prints the per-step timeline beside the same run without them",
+    )
     parser.add_argument("--json", metavar="OUT", help="write the simulation results as JSON; - for stdout")
     parser.add_argument(
         "--plot", metavar="OUT.png", help="draw a timeline per pool over the last steps (OUT-<pool>.png)"
@@ -46,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.progress import working
     from areal_hex_plugin.saved_plan import load_saved_plan
     from areal_hex_plugin.scheduler import plan_recipe
+    from areal_hex_plugin.sim.agreement import plan_gap
     from areal_hex_plugin.sim.engine import simulate
     from areal_hex_plugin.sim.inputs import sim_spec
     from areal_hex_plugin.sim.report import describe_simulation
@@ -73,8 +80,21 @@ def run(args: argparse.Namespace) -> int:
         spec = sim_spec(recipe, plan)
         if args.no_kv_recompute:
             spec = dataclasses.replace(spec, kv_recompute=False)
-        result = simulate(spec, steps=args.steps, seed=args.seed, timeline=bool(args.plot or args.trace))
+        timeline = bool(args.plot or args.trace)
+        if args.faults:
+            from areal_hex_plugin.sim.faults import simulate_faults
+
+            # The plan's own figures from the run without the events; the timelines show the run with them.
+            faults = simulate_faults(recipe, plan, spec, args.faults, args.steps, args.seed, timeline)
+            result, shown = faults.clean.result, faults.hit.result
+        else:
+            faults, result = None, simulate(spec, steps=args.steps, seed=args.seed, timeline=timeline)
+            shown = result
     print(describe_simulation(result, plan, out), file=out)
+    if faults:
+        from areal_hex_plugin.sim.faults import describe_faults
+
+        print(f"\n{describe_faults(faults, out)}", file=out)
     if args.json:
         data = {
             "schema_version": SCHEMA_VERSION,
@@ -84,15 +104,19 @@ def run(args: argparse.Namespace) -> int:
             "predicted": dataclasses.asdict(plan.predicted),
         }
         data.update(result.to_dict())
+        gap = plan_gap(result, plan)
+        data["plan_gap"] = {"relative": gap.relative, "reason": gap.reason} if gap else None
+        if faults:
+            data["faults"] = faults.to_dict()
         print(f"\nresults written to {write_json(args.json, data)}", file=out)
     if args.trace:
         from areal_hex_plugin.sim.trace import chrome_trace
 
-        trace = chrome_trace(result, f"{recipe.workload.model.name}: {args.recipe}")
+        trace = chrome_trace(shown, f"{recipe.workload.model.name}: {args.recipe}")
         print(f"trace written to {write_json(args.trace, trace, '--trace')}", file=out)
     if args.plot:
         from areal_hex_plugin.sim.plot import plot_timelines
 
-        for path in plot_timelines(result, args.plot, title=recipe.workload.model.name):
+        for path in plot_timelines(shown, args.plot, title=recipe.workload.model.name):
             print(f"timeline plotted to {path}", file=out)
     return 0

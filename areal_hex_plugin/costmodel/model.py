@@ -7,7 +7,7 @@ from collections import ChainMap
 from collections.abc import Mapping, Sequence
 
 from areal_hex_plugin.costmodel.calibration import Calibration
-from areal_hex_plugin.costmodel.lengths import length_stats
+from areal_hex_plugin.costmodel.lengths import LengthStats, length_stats
 from areal_hex_plugin.costmodel.rollout import RolloutEstimate, RolloutStage, estimate_rollout
 from areal_hex_plugin.costmodel.train import TrainEstimate, TrainStage, estimate_train
 from areal_hex_plugin.costmodel.weightsync import WeightSyncEstimate, estimate_weight_sync, sender_bytes
@@ -19,12 +19,16 @@ class CostModel:
     """Cost estimates for one cluster and workload; every result is a frozen dataclass, cached by its inputs."""
 
     def __init__(
-        self, cluster: Cluster, workload: WorkloadSpec, calibration: Calibration | None = None
+        self,
+        cluster: Cluster,
+        workload: WorkloadSpec,
+        calibration: Calibration | None = None,
+        lengths: LengthStats | None = None,  # the workload's (computed when not given)
     ) -> None:
         self.cluster = cluster
         self.workload = workload
         self.calibration = calibration or Calibration()
-        self._lengths = length_stats(workload.output_lengths, workload.rl.n_samples)
+        self._lengths = lengths or length_stats(workload.output_lengths, workload.rl.n_samples)
         self._rollout: dict[tuple[tuple[RolloutStage, ...], int | None], RolloutEstimate] = {}
         self._train: dict[tuple[TrainStage, ...], TrainEstimate] = {}
         self._train_stages: dict = {}  # stage costs shared by the layouts (costmodel/train.py)
@@ -41,6 +45,10 @@ class CostModel:
         if min(eta, self.workload.rl.max_head_offpolicyness) >= 1:
             cm._rollout = ChainMap({}, self._rollout)
         return cm
+
+    def with_calibration(self, calibration: Calibration) -> CostModel:
+        """This cluster and workload under another calibration (the workload's length statistics reused)."""
+        return CostModel(self.cluster, self.workload, calibration, self._lengths)
 
     @property
     def estimates(self) -> int:

@@ -29,6 +29,7 @@ from areal_hex_plugin.scheduler.inflight import (
     window_rollout_s,
     windows,
 )
+from areal_hex_plugin.scheduler.preemption import Loss, Preemption
 from areal_hex_plugin.scheduler.rollout_model import (
     ReplicaConfig,
     RolloutSolution,
@@ -75,6 +76,7 @@ class Evaluation:
     sync_s: float  # one weight update, paid once per window
     reward_s: float
     shares: tuple[int, ...] = ()  # samples of each fleet group over one window (window x samples per step)
+    loss: Loss | None = None  # expected losses of its preemptible machines (scheduler/preemption.py)
 
     @property
     def feasible(self) -> bool:
@@ -89,8 +91,15 @@ class Evaluation:
         return self.rollout_s + self.sync_s / self.window
 
     @property
-    def step_s(self) -> float:
+    def loss_free_step_s(self) -> float:
         return self.sync_s / self.window + max(self.rollout_s, self.train_s)
+
+    @property
+    def step_s(self) -> float:
+        """Expected seconds per step: with the expected losses of preemptible machines, if any."""
+        if self.loss is None:
+            return self.loss_free_step_s
+        return self.loss.step_s(self.sync_s / self.window, self.rollout_s, self.train_s)
 
     def tokens_per_s(self, tokens_per_step: float) -> float:
         return tokens_per_step / self.step_s if self.feasible else 0.0
@@ -107,6 +116,7 @@ class Evaluator:
     sync_strategy: str = "relay"
     caps: RuntimeCaps = PAPER  # the layouts the runtime can start (scheduler/caps.py)
     clocked: bool = True  # its work goes on the search's clock (scheduler/cpsat.py)
+    preemption: Preemption | None = None  # preemptible pools: their losses priced, training kept off them
     _configs: dict[str, list[ReplicaConfig]] = field(default_factory=dict)
     _train: dict[tuple[int, ...], TrainChoice | None] = field(default_factory=dict)
     _pool_fleet: dict[tuple[str, int, float], RolloutSolution] = field(default_factory=dict)
@@ -134,7 +144,14 @@ class Evaluator:
         own = self.workload.rl.max_head_offpolicyness
         cm = self.cm.at_eta(eta)
         ev = Evaluator(
-            cm, self.cluster, cm.workload, self.solver, self.sync_strategy, self.caps, clocked=False
+            cm,
+            self.cluster,
+            cm.workload,
+            self.solver,
+            self.sync_strategy,
+            self.caps,
+            clocked=False,
+            preemption=self.preemption,
         )
         ev._train = ChainMap({}, self._train)
         if min(eta, own) >= 1:  # the same replica speeds, so the same candidate fleets
@@ -176,6 +193,7 @@ class Evaluator:
             whole = all(n % p.gpus_per_machine == 0 for p, n in zip(pools, gpus_per_pool, strict=True))
             stages = self.caps.train_stages(self.solver.max_pp_stages)
             equal = self.caps.train_equal_stages and stages > 1
+            allowed = self.preemption is None or self.preemption.may_train(gpus)
             self._train[gpus_per_pool] = (
                 search_train(
                     self.cm,
@@ -186,7 +204,7 @@ class Evaluator:
                     # Hybrid sharding replicates over whole machines.
                     hybrid=self.caps.train_hybrid_sharding and whole,
                 )
-                if gpus
+                if gpus and allowed
                 else None
             )
             self._charge()
@@ -424,6 +442,9 @@ class Evaluator:
             sync_s=sync_s if train else 0.0,
             reward_s=reward_s,
             shares=shares,
+            loss=self.preemption.loss(train.estimate.gpus, fleet.groups)
+            if self.preemption and train
+            else None,
         )
 
 

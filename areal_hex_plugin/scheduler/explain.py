@@ -13,7 +13,8 @@ def binding_constraint(e: Evaluation, objective: Objective, cluster: Cluster) ->
     """Every limit on the chosen plan's throughput, the slower side of the step first."""
     slower = "train" if e.train_s > e.rollout_s else "rollout"
     limits = [slower]
-    if e.sync_s > SYNC_SHARE * e.step_s:
+    sync_per_step = e.sync_s / e.window
+    if sync_per_step > SYNC_SHARE * e.step_s:
         limits.append("weight_sync")
     left = None
     if objective.kind == "budget":
@@ -25,7 +26,7 @@ def binding_constraint(e: Evaluation, objective: Objective, cluster: Cluster) ->
     idle = sum(p.machines - e.split.machines(i) for i, p in enumerate(cluster.pools))
     if objective.kind == "max_throughput" and idle == 0:
         limits.append("inventory")
-    return Binding(slower, limits, e.train_s, e.rollout_s, e.sync_s, left)
+    return Binding(slower, limits, e.train_s, e.rollout_s, sync_per_step, left, e.sync_s, e.window)
 
 
 def describe_binding(b: Binding, objective: Objective) -> str:
@@ -36,7 +37,12 @@ def describe_binding(b: Binding, objective: Objective) -> str:
         parts = [f"rollout ({b.rollout_s:.1f}s incl. reward) is slower than training ({b.train_s:.1f}s)"]
     step = b.sync_s + max(b.train_s, b.rollout_s)
     if "weight_sync" in b.limits:
-        parts.append(f"weight sync takes {b.sync_s:.1f}s ({100 * b.sync_s / step:.0f}% of the step)")
+        every = (
+            f"{b.sync_update_s:.1f}s per update every {b.window_steps} steps, " if b.window_steps > 1 else ""
+        )
+        parts.append(
+            f"weight sync takes {every}{b.sync_s:.1f}s per step ({100 * b.sync_s / step:.0f}% of the step)"
+        )
     if "budget" in b.limits:
         parts.append(
             f"the ${objective.budget_per_hour:,.2f}/h budget (${b.budget_left_per_hour:,.2f}/h left, under one machine)"

@@ -8,7 +8,16 @@ from dataclasses import dataclass, replace
 
 from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.errors import HexError
-from areal_hex_plugin.plan import Baseline, HexPlan, Objective, ParetoPoint, Predicted, SolverInfo, Staleness
+from areal_hex_plugin.plan import (
+    Baseline,
+    HexPlan,
+    Objective,
+    ParetoPoint,
+    Predicted,
+    Sensitivity,
+    SolverInfo,
+    Staleness,
+)
 from areal_hex_plugin.scheduler.bound import cost_bound, throughput_bound
 from areal_hex_plugin.scheduler.brute import BruteForce, Enumerated, check_size
 from areal_hex_plugin.scheduler.caps import RuntimeCaps, recipe_caps
@@ -17,7 +26,18 @@ from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.scheduler.explain import binding_constraint, describe_binding, describe_role, pool_roles
 from areal_hex_plugin.scheduler.inflight import window_rollout_s
 from areal_hex_plugin.scheduler.placement import place
+from areal_hex_plugin.scheduler.preemption import preemption_of
 from areal_hex_plugin.scheduler.search import THROUGHPUT_TIE, SearchResult, steering_eta, two_phase
+from areal_hex_plugin.scheduler.sensitivity import (
+    FLIP_CHANGE,
+    STEP,
+    WORKLOAD,
+    Held,
+    Rules,
+    describe_flip,
+    flips,
+    plan_elasticities,
+)
 from areal_hex_plugin.scheduler.train_search import tp_degrees
 
 # Budget levels of the Pareto sweep (fractions of the whole inventory's price).
@@ -45,6 +65,7 @@ class PlanRequest:
     target_tokens_per_s: float | None = None
     pareto: bool = False
     caps: RuntimeCaps | None = None
+    sensitivity: bool = False  # add HexPlan.sensitivity (scheduler/sensitivity.py) and warn of flips
 
 
 def objective_of(recipe, request: PlanRequest) -> Objective:
@@ -109,6 +130,7 @@ class Planner:
             self.solver,
             sync_strategy=strategy_for(recipe.hex.transport),
             caps=self.caps,
+            preemption=preemption_of(recipe),
         )
         self.ev = self.steer.at_eta(self.eta)
         self.cm = self.ev.cm
@@ -118,6 +140,12 @@ class Planner:
         self.found: list[Evaluation] = []
         if self.brute:
             check_size(self.ev, self.limits)
+            if self.ev.preemption:
+                raise HexError(
+                    "--exhaustive",
+                    "the brute force does not price preemptible pools (scheduler/preemption.py)",
+                    "plan without --exhaustive",
+                )
 
     def search(
         self,
@@ -184,6 +212,7 @@ class Planner:
                 f"staleness bound (eta={self.eta}); the paper's schedule assumes C_I >= C_T"
             )
         pareto = [self._point(e) for e in frontier] if swept else []
+        self.chosen, self.rivals = best, rivals
         solve_time = time.monotonic() - self.wall_start
         plan = self._plan(best, result, gap, solve_time, baselines, pareto, warnings)
         return replace(plan, alternatives={name: self._point(e) for name, e in alternatives.items()})
@@ -302,9 +331,13 @@ class Planner:
             name = f"homogeneous-{gpu_type}"
             if result.best is None:
                 machines = sum(limits)
+                pre = self.ev.preemption
+                kept_off = pre is not None and not pre.train_allowed
                 why = (
                     "not solved within the time limit"
                     if result.status == "timeout"
+                    else "training is kept off preemptible pools (hex.solver.train_on_preemptible)"
+                    if kept_off and all(p.preemptible for p in self.cluster.pools if p.gpu_type == gpu_type)
                     else "no trainer + rollout split fits"
                 )
                 note = f"{why} on {machines} {gpu_type} machine(s) within ${budget:,.2f}/h"
@@ -335,6 +368,8 @@ class Planner:
         samples = self.workload.rl.samples_per_step * window
         mean = self.workload.output_lengths.mean
         rollout = window_rollout_s(e.fleet.groups, samples, mean, updates=1, even=True) / window + e.reward_s
+        if e.loss is not None:  # priced as the plan is
+            return self.ev.tokens_per_step / e.loss.step_s(e.sync_s / window, rollout, e.train_s)
         return self.ev.tokens_per_step / (e.sync_s / window + max(rollout, e.train_s))
 
     def _gpus_by_type(self, e: Evaluation) -> dict[str, int]:
@@ -363,30 +398,31 @@ class Planner:
         budget = self.objective.budget_per_hour
         return [e for e in points if budget is None or e.cost_per_hour <= budget + 1e-9]
 
-    def _picked(self, best: Evaluation, rivals: list[Evaluation]) -> Evaluation:
+    def _picked(self, best: Evaluation, rivals: list[Evaluation], rate=None) -> Evaluation:
         """The plan the objective picks among every plan scored within it: for a target ``best`` (the cheapest
         reaching it); else the cheapest within THROUGHPUT_TIE of the fastest and no slower than a baseline
         (``rivals``: the plan never loses to one it prints), then the cheapest within ``throughput_tolerance``
         of that (``pick: fastest``) or the frontier's knee (``pick: knee``). Every point scored is the same at
-        every eta (the searches are steered at a fixed eta), so the fastest is monotone in eta."""
+        every eta (the searches are steered at a fixed eta), so the fastest is monotone in eta. ``rate``: each
+        plan's tokens/s (default: as scored)."""
         obj = self.objective
         if obj.kind == "target":
             return best
         points = self._within_budget(self._scored())
         if best not in points:
             points.append(best)
-        rate = self.tokens_per_s
+        rate = rate or self.tokens_per_s
         floor = max([(1 - THROUGHPUT_TIE) * max(rate(e) for e in points), *map(rate, rivals)])
         best = _cheapest_reaching(points, floor, rate)
         if obj.pick == "knee":
-            return knee(self._within_budget(self._frontier(best)), self.tokens_per_s)
+            return knee(self._within_budget(self._frontier(best, rate)), rate)
         return _cheapest_reaching(points, (1 - obj.throughput_tolerance) * rate(best), rate)
 
-    def _frontier(self, chosen: Evaluation) -> list[Evaluation]:
+    def _frontier(self, chosen: Evaluation, rate=None) -> list[Evaluation]:
         """Cost vs tokens/s, cheapest first: the non-dominated plans scored (a costlier one joins only if
         PARETO_MIN_GAIN faster than the last), ``chosen`` among them (no cheaper plan scored is as fast: the
         objective picked it so)."""
-        rate = self.tokens_per_s
+        rate = rate or self.tokens_per_s
         points = [e for e in self._scored() if e.split != chosen.split] + [chosen]
         points.sort(key=lambda e: (e.cost_per_hour, -rate(e), e.split))
         frontier: list[Evaluation] = []
@@ -407,6 +443,34 @@ class Planner:
             KNEE: knee(inside, self.tokens_per_s),
         }
 
+    def with_sensitivity(self, plan: HexPlan) -> HexPlan:
+        """``plan`` (this planner's) with what its ranking hangs on, and a warning per flip
+        (``scheduler/sensitivity.py``)."""
+        rules, chosen = Rules(strategy_for(self.recipe.hex.transport), self.ev.preemption), self.chosen
+        factors = plan_elasticities(
+            self.cm, rules, Held.of_evaluation(chosen), [Held.of_evaluation(e) for e in self.rivals]
+        )
+        candidates = list({e.split: e for e in [*self._scored(), *self.rivals, chosen]}.values())
+
+        def pick(rate):
+            if self.objective.kind != "target":
+                return self._picked(chosen, self.rivals, rate)
+            target = self.objective.target_tokens_per_s
+            reaching = [e for e in candidates if rate(e) >= target]
+            return _cheapest_reaching(reaching, target, rate) if reaching else None
+
+        found = flips(self.cm, rules, candidates, pick, chosen)
+        sensitivity = Sensitivity(
+            step=STEP,
+            factors={k: v for k, v in factors.items() if k != WORKLOAD},
+            workload=factors.get(WORKLOAD, {}),
+            flip_change=FLIP_CHANGE,
+            candidates=len(candidates),
+            flips=found,
+        )
+        warnings = [*plan.warnings, *(describe_flip(f, plan.predicted.cost_per_hour) for f in found)]
+        return replace(plan, sensitivity=sensitivity, warnings=warnings)
+
     def _point(self, e: Evaluation) -> ParetoPoint:
         return ParetoPoint(round(e.cost_per_hour, 4), round(self.tokens_per_s(e), 3), self._gpus_by_type(e))
 
@@ -422,6 +486,7 @@ class Planner:
             rollout_time_s=round(best.rollout_s, 4),
             weight_sync_s=round(best.sync_s / best.window, 4),
             reward_s=round(best.reward_s, 4),
+            loss_free_tokens_per_s=round(self.ev.tokens_per_step / best.loss_free_step_s, 3),
         )
         # Upstream counts rollouts (one prompt with its n_samples samples), each holding its slot until its
         # longest sample ends: admit enough of them to keep every planned sequence decoding.
@@ -464,28 +529,36 @@ def plan_recipe(recipe, request: PlanRequest | None = None) -> HexPlan:
     layout a server can have, unless ``hex.solver.rollout_layout`` fixes it; the best of those is the plan."""
     request = request or PlanRequest()
     request = replace(request, caps=request.caps or recipe_caps(recipe))
+    plan, planner = _solve(recipe, request)
+    return planner.with_sensitivity(plan) if request.sensitivity else plan
+
+
+def _solve(recipe, request: PlanRequest) -> tuple[HexPlan, Planner]:
+    """The plan and the planner that made it."""
     if not request.caps.one_rollout_layout or recipe.hex.solver.rollout_layout:
-        return Planner(recipe, request).solve()
-    best = None
+        planner = Planner(recipe, request)
+        return planner.solve(), planner
+    best, best_planner = None, None
     max_pp = min(recipe.solver.max_pp_stages, request.caps.max_rollout_pp or recipe.solver.max_pp_stages)
     for tp, pp in one_machine_layouts(recipe.cluster, max_pp):
         solver = replace(recipe.hex.solver, rollout_layout=[tp, pp])
+        planner = Planner(replace(recipe, hex=replace(recipe.hex, solver=solver)), request)
         try:
-            plan = Planner(replace(recipe, hex=replace(recipe.hex, solver=solver)), request).solve()
+            plan = planner.solve()
         except HexError:
             continue  # no plan with every server in this layout
         if best is None or (plan.predicted.tokens_per_s, -plan.predicted.cost_per_hour) > (
             best.predicted.tokens_per_s,
             -best.predicted.cost_per_hour,
         ):
-            best = plan
+            best, best_planner = plan, planner
     if best is None:
         raise HexError(
             "actor.weight_update_mode",
             f"no plan with one layout for every rollout server (weights by {request.caps.weight_path}) fits",
             "use hex.transport=relay, which updates servers of different layouts, or add machines",
         )
-    return best
+    return best, best_planner
 
 
 def _cheapest_reaching(points: list[Evaluation], floor: float, rate) -> Evaluation:

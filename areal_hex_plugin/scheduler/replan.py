@@ -289,9 +289,14 @@ def _rescaled(recipe, old: HexPlan, ratio: float, machines: list[Machine]) -> Pr
     tokens = p.tokens_per_s * p.step_time_s / step if step > 0 else 0.0
     price = {pool.name: pool.price_per_gpu_hour for pool in recipe.cluster.pools}
     cost = sum(price[m.pool] * sum(g.role != "idle" for g in m.gpus) for m in machines)
+    free = p.loss_free_tokens_per_s  # with preemptible pools: the rate with no machine lost, scaled alike
+    if free is not None:
+        before = p.weight_sync_s + max(p.rollout_time_s, p.train_time_s)
+        free = round(free * before / (p.weight_sync_s + max(rollout, p.train_time_s)), 3)
     return replace(
         p,
         tokens_per_s=round(tokens, 3),
+        loss_free_tokens_per_s=free,
         cost_per_hour=round(cost, 6),
         tokens_per_dollar=round(tokens * 3600 / cost, 3) if cost else 0.0,
         step_time_s=round(step, 6),

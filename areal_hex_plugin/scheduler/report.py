@@ -8,7 +8,7 @@ from typing import IO
 
 from areal_hex_plugin.hostlist import compress_hosts
 from areal_hex_plugin.outfiles import check_writable, save_png
-from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.plan import HexPlan, Sensitivity
 from areal_hex_plugin.scheduler.caps import RuntimeCaps, unmet
 from areal_hex_plugin.tables import render_table
 
@@ -149,6 +149,47 @@ def _runtime(plan: HexPlan) -> str:
     )
 
 
+# Elasticities listed per number in the console view (the largest in size, at least SHOWN_ABOVE).
+SHOWN = 4
+SHOWN_ABOVE = 0.01
+
+
+def _sensitivity(s: Sensitivity) -> list[str]:
+    """The largest elasticities of the plan's tokens/s and of its ratio to the best baseline."""
+    inputs = [(f"{t} {k}", e) for t, per in s.factors.items() for k, e in per.items()]
+    inputs += [(k, e) for k, e in s.workload.items()]
+    out = [
+        f"What the ranking hangs on (elasticity d ln / d ln at +-{100 * s.step:g}% of one input, plan held; "
+        f"--json: every factor; a flip check re-ranked {s.candidates} scored plans at +-{100 * s.flip_change:g}%):"
+    ]
+    for key, label in (
+        ("tokens_per_s", "tokens/s"),
+        ("vs_best_baseline", "vs the best homogeneous baseline"),
+    ):
+        values = [(name, getattr(e, key)) for name, e in inputs if getattr(e, key) is not None]
+        largest = sorted((v for v in values if abs(v[1]) >= SHOWN_ABOVE), key=lambda v: -abs(v[1]))[:SHOWN]
+        shown = ", ".join(f"{name} {value:+.2f}" for name, value in largest) or "none above 0.01"
+        out.append(f"  {label}: {shown}")
+    return out
+
+
+def _step_lines(p) -> list[str]:
+    """The predicted step, and with preemptible machines in play the expected rate beside the loss-free one."""
+    parts = (
+        f"weight sync {p.weight_sync_s:.1f}s + max(rollout {p.rollout_time_s:.1f}s incl. reward "
+        f"{p.reward_s:.1f}s, train {p.train_time_s:.1f}s)"
+    )
+    free = p.loss_free_tokens_per_s
+    if not free or math.isclose(free, p.tokens_per_s):
+        return [f"Predicted step {p.step_time_s:.1f}s = {parts}"]
+    return [
+        f"Predicted step {p.step_time_s:.1f}s expected with the losses of preemptible machines; with none lost "
+        f"{p.step_time_s * p.tokens_per_s / free:.1f}s = {parts}",
+        f"Expected {p.tokens_per_s:,.0f} tokens/s with those losses, {free:,.0f} tokens/s with none lost "
+        f"({100 * (p.tokens_per_s / free - 1):+.1f}%)",
+    ]
+
+
 def describe_plan(plan: HexPlan, stream: IO[str] | None = None, steps: int | None = None) -> str:
     """The console view: chosen layout, predicted step, baselines, the alternatives on the frontier (costs for
     ``steps`` training steps), the Pareto frontier when computed, binding constraint, why each pool's role.
@@ -158,13 +199,7 @@ def describe_plan(plan: HexPlan, stream: IO[str] | None = None, steps: int | Non
     out += [f"Planned for {plan.runtime}", ""] if plan.runtime else [""]
     headers = ["role", "pool", "GPU", "layout", "GPUs", "detail", "hosts"]
     out.append(render_table(headers, _layout_rows(plan), right=["GPUs"], stream=stream))
-    out += [
-        "",
-        f"Predicted step {p.step_time_s:.1f}s = weight sync {p.weight_sync_s:.1f}s + max(rollout "
-        f"{p.rollout_time_s:.1f}s incl. reward {p.reward_s:.1f}s, train {p.train_time_s:.1f}s)",
-        "",
-        _comparison(plan, stream),
-    ]
+    out += ["", *_step_lines(p), "", _comparison(plan, stream)]
     if plan.alternatives:
         where = "within the budget" if plan.objective.kind == "budget" else "on the whole inventory"
         out += [
@@ -198,6 +233,8 @@ def describe_plan(plan: HexPlan, stream: IO[str] | None = None, steps: int | Non
     if s.enumerated:
         out.append(f"Exhaustive: {s.enumerated}")
     out.append(_runtime(plan))
+    if plan.sensitivity:
+        out += _sensitivity(plan.sensitivity)
     out += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(out)
 

@@ -77,3 +77,22 @@ def with_lengths(workload: WorkloadSpec, lengths: Sequence[int], source: str) ->
     cap = workload.rl.max_new_tokens
     measured = LengthDistribution(tuple(sorted(min(cap, max(1, int(n))) for n in lengths)), source)
     return replace(workload, output_lengths=measured)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """Served lengths against the basis: ``change`` is the predicted rollout time at the served lengths over the
+    time at the basis's, less 1; ``measured`` the cost model at the served lengths and ``shares`` its shares."""
+
+    change: float
+    measured: CostModel
+    shares: tuple[float, ...]
+
+
+def drift(
+    cm: CostModel, servers: Sequence[ServerShape], live: Sequence[bool], lengths: Sequence[int], source: str
+) -> Drift:
+    """How far the served ``lengths`` move the predicted rollout time of the ``live`` servers from ``cm``'s."""
+    measured = CostModel(cm.cluster, with_lengths(cm.workload, lengths, source), cm.calibration)
+    basis, now = reshare(cm, servers, live), reshare(measured, servers, live)
+    return Drift(now.makespan_s / basis.makespan_s - 1, measured, now.shares)

@@ -32,7 +32,7 @@ from areal_hex_plugin.sim.result import PoolUsage, Segment, SimResult, StepRecor
 from areal_hex_plugin.sim.spec import LaneSpec, SimSpec
 from areal_hex_plugin.sim.staleness import AdmissionControl
 
-_SEQ_END, _ACCEPT, _TRAIN_DONE, _SYNC_DONE = range(4)
+_SEQ_END, _ACCEPT, _TRAIN_DONE, _SYNC_DONE, _CALL = range(5)
 _EPS_STEPS = 1e-6  # floating-point slack when comparing decode-step clocks
 
 
@@ -51,6 +51,7 @@ class _Replica:
         "prompts",
         "waiting",
         "paused",
+        "down",
         "token",
         "busy_s",
         "segments",
@@ -72,6 +73,7 @@ class _Replica:
         self.prompts: dict[int, int] = {}
         self.waiting: deque[tuple[int, int]] = deque()  # (length, rollout)
         self.paused = False
+        self.down = False  # lost (sim/faults.py): it neither decodes nor resumes after a weight update
         self.token = 0  # bumps invalidate this replica's pending event
         self.busy_s = 0.0
         self.segments: list[Segment] | None = [] if record else None
@@ -122,6 +124,7 @@ class _Loop:
             group = [_Replica(len(self.replicas) + k, i, lane, timeline) for k in range(lane.count)]
             self.lanes.append(group)
             self.replicas.extend(group)
+        self.routing = [list(group) for group in self.lanes]  # the replicas each group routes to
         self.shares = [lane.share if lane.count else 0.0 for lane in spec.lanes]
         self.share_total = sum(self.shares)
         if self.share_total <= 0:
@@ -154,6 +157,8 @@ class _Loop:
         self.interrupted = 0
         self.recompute_s = 0.0  # replica-seconds of KV recompute after weight updates
         self.trainer_segments: list[Segment] | None = [] if timeline else None
+        self.epoch = 0  # a restart from a checkpoint (sim/faults.py) bumps it: older trainer events go stale
+        self.calls: list = []  # callables that _CALL events run (by index)
 
     # -- queue ---------------------------------------------------------------------------------------------
     def push(self, time: float, kind: int, a: int = 0, b: int = 0) -> None:
@@ -182,14 +187,19 @@ class _Loop:
                 best, best_credit = i, self.credit[i]
         self.credit[best] -= self.share_total
         self.routed[best] += 1
-        k = self.next_instance[best]
-        self.next_instance[best] = (k + 1) % len(self.lanes[best])
-        return self.lanes[best][k]
+        group = self.routing[best]
+        k = self.next_instance[best] % len(group)
+        self.next_instance[best] = k + 1
+        return group[k]
+
+    def draw(self) -> list[int]:
+        """The output lengths of one rollout's samples."""
+        return self.rng.choices(self.spec.lengths, k=self.spec.n_samples)
 
     def submit(self) -> None:
         spec = self.spec
         rollout = len(self.remaining)
-        lengths = self.rng.choices(spec.lengths, k=spec.n_samples)
+        lengths = self.draw()
         self.remaining.append(spec.n_samples)
         self.scored_at.append(0.0)
         self.head_version.append(self.weights)
@@ -245,7 +255,7 @@ class _Loop:
         if self.remaining[rollout]:
             return
         if reward_s > 0:
-            self.push(self.scored_at[rollout], _ACCEPT, rollout)
+            self.push(self.scored_at[rollout], _ACCEPT, rollout, self.epoch)
         else:
             self.accept(rollout)
 
@@ -279,7 +289,7 @@ class _Loop:
         self.batch_lags = lags
         self.record_trainer(self.step_start, self.now, "wait")
         self.record_trainer(self.now, self.now + spec.train_s, "train")
-        self.push(self.now + spec.train_s, _TRAIN_DONE)
+        self.push(self.now + spec.train_s, _TRAIN_DONE, self.epoch)
 
     def train_done(self) -> None:
         self.training = False
@@ -298,7 +308,7 @@ class _Loop:
             if replica.segments is not None:
                 replica.record(self.now, self.now + self.spec.sync_s, "sync")
         self.record_trainer(self.now, self.now + self.spec.sync_s, "sync")
-        self.push(self.now + self.spec.sync_s, _SYNC_DONE)
+        self.push(self.now + self.spec.sync_s, _SYNC_DONE, self.epoch)
 
     def end_step(self, sync_s: float) -> None:
         self.version += 1
@@ -322,6 +332,8 @@ class _Loop:
         self.weights = self.version
         self.updates += 1
         for replica in self.replicas:
+            if replica.down:
+                continue
             replica.time = self.now
             replica.paused = False
             n = len(replica.running)
@@ -360,8 +372,11 @@ class _Loop:
                 if b == replica.token:
                     self.on_sequence_end(replica)
             elif kind == _ACCEPT:
-                self.accept(a)
-            else:
+                if b == self.epoch:
+                    self.accept(a)
+            elif kind == _CALL:
+                self.calls[a]()
+            elif a == self.epoch:
                 if kind == _TRAIN_DONE:
                     self.train_done()
                 else:
@@ -448,6 +463,9 @@ def simulate(
     when there are two or more) fill the pipeline and are left out of the steady-state figures."""
     if steps < 1:
         raise ValueError("steps must be at least 1")
-    if warmup is None:
-        warmup = min(steps - 1, max(1, steps // 5))
-    return _Loop(spec, seed, timeline).run(steps, warmup)
+    return _Loop(spec, seed, timeline).run(steps, default_warmup(steps) if warmup is None else warmup)
+
+
+def default_warmup(steps: int) -> int:
+    """The steps that fill the pipeline by default: a fifth, at least one when there are two or more."""
+    return min(steps - 1, max(1, steps // 5))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import IO
 
 from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.sim.agreement import plan_gap
 from areal_hex_plugin.sim.result import SimResult
 from areal_hex_plugin.tables import render_table
 
@@ -32,4 +33,7 @@ def describe_simulation(result: SimResult, plan: HexPlan, stream: IO[str] | None
         "staleness of consumed samples (versions behind: samples): "
         + ", ".join(f"{lag}: {n}" for lag, n in sorted(result.staleness.items())),
     ]
+    gap = plan_gap(result, plan)
+    if gap:
+        lines.append(gap.warning())
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from areal_hex_plugin.scheduler.caps import recipe_caps
 from areal_hex_plugin.scheduler.evaluate import Evaluator
 from areal_hex_plugin.scheduler.inflight import replica_stages, window_rollout_s
 from areal_hex_plugin.scheduler.rollout_model import solve_rollout
+from areal_hex_plugin.scheduler.sensitivity import WORKLOAD, Held, Rules, elasticities, inputs, model
 from areal_hex_plugin.scheduler.train_search import search_train
 from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec
@@ -35,7 +36,7 @@ from areal_hex_plugin.specs.recipe import Recipe, load_recipe
 from areal_hex_plugin.specs.rental import rent
 from areal_hex_plugin.tables import render_table
 
-SCHEMA_VERSION = 2  # of the JSON document (areal_hex_plugin/schemas/reproduce.schema.json)
+SCHEMA_VERSION = 3  # of the JSON document (areal_hex_plugin/schemas/reproduce.schema.json)
 MODELS = {"1.5B": "1.5b.yaml", "7B": "7b.yaml", "14B": "14b.yaml"}
 EQUAL_BUDGET = 126.72  # 24 H800 at $5.28/h
 STEPS = 30
@@ -48,10 +49,18 @@ EQUAL_THROUGHPUT_HEX = {H800: 8, H20: 24}  # $86.64/h, the paper's 32-GPU cluste
 SIZES = {24: {H800: 8, H20: 16}, 32: EQUAL_THROUGHPUT_HEX, 40: {H800: 16, H20: 24}}
 
 
+Planned = tuple[HexPlan, Recipe]  # a plan and the recipe it was planned on
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
     plan: HexPlan
     result: SimResult
+    recipe: Recipe  # the recipe planned (on its rented cluster)
+
+    @property
+    def planned(self) -> Planned:
+        return self.plan, self.recipe
 
     @property
     def tokens_per_s(self) -> float:
@@ -87,7 +96,7 @@ def paper_request(recipe: Recipe, budget: float | None = None) -> PlanRequest:
 
 def run(recipe: Recipe, budget: float | None = None, timeline: bool = False) -> Run:
     plan = plan_recipe(recipe, paper_request(recipe, budget))
-    return Run(plan, simulate(sim_spec(recipe, plan), steps=STEPS, seed=0, timeline=timeline))
+    return Run(plan, simulate(sim_spec(recipe, plan), steps=STEPS, seed=0, timeline=timeline), recipe)
 
 
 def best_mix(recipe: Recipe, gpus: int, budget: float, timeline: bool) -> Run:
@@ -139,6 +148,7 @@ def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tupl
         "plans": {},
         "phases": {},
         "per_dollar": {},
+        "elasticity": {},
     }
     runs: dict[str, Run] = {}
     recipes = {name: load_recipe(recipes_dir / file, []) for name, file in MODELS.items()}
@@ -175,6 +185,15 @@ def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tupl
             str(size): r.plan.predicted.tokens_per_s / r.plan.predicted.cost_per_hour
             for size, r in sorted(sized.items())
         }
+        progress(f"{name}: what the ratios hang on")
+        out["elasticity"][name] = ratio_elasticities(
+            recipe,
+            {
+                "equal_budget.hex_vs_h800": (hex_run.planned, h800.planned, False),
+                "equal_budget.hex_vs_h20": (hex_run.planned, h20.planned, False),
+                "equal_throughput.cost_ratio": (small_hex.planned, h800.planned, True),
+            },
+        )
         named = {
             "equal_budget.hex": hex_run,
             "equal_budget.h800": h800,
@@ -203,6 +222,39 @@ def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tupl
         plan_recipe(rented(base, mix), paper_request(rented(base, mix)))
         out["scheduler_time_s"][str(size)] = time.perf_counter() - start
     return out, runs
+
+
+def ratio_elasticities(recipe: Recipe, pairs: dict[str, tuple[Planned, Planned, bool]]) -> dict[str, dict]:
+    """Per ratio (name -> (Hex plan, baseline plan, whether per $/h), each with the recipe it was planned on): its
+    predicted value, the Hex plan's tokens/s (per $/h) over the baseline's, and its elasticity to each factor of
+    the testbed's GPU types and to the workload, every plan held (``scheduler/sensitivity.py``; a plan's $/h does
+    not move, so a ratio per $/h moves as the ratio of tokens/s)."""
+    calibration, workload = recipe_calibration(recipe), recipe.workload
+    planned = list({id(p): p for a, b, _ in pairs.values() for p in (a, b)}.values())
+    bases = {id(plan): CostModel(on.cluster, workload, calibration) for plan, on in planned}
+
+    def measure(w, c) -> dict[str, float]:
+        rates = {}
+        for plan, on in planned:
+            cm = model(bases[id(plan)], w, c)
+            rates[id(plan)] = Held.of_plan(plan).tokens_per_s(cm, Rules.of(on))
+        out = {}
+        for key, ((a, _), (b, _), dollars) in pairs.items():
+            costs = b.predicted.cost_per_hour / a.predicted.cost_per_hour if dollars else 1.0
+            out[key] = rates[id(a)] / rates[id(b)] * costs if rates[id(b)] > 0 else 0.0
+        return out
+
+    found = elasticities(inputs(sorted(PRICES), workload, calibration), measure, workload, calibration)
+    base = measure(workload, calibration)
+    out = {}
+    for key in pairs:
+        entry: dict = {"predicted": base[key], "factors": {}, "workload": {}}
+        for inp, e in found.items():
+            value = None if e is None or e[key] is None else round(e[key], 4)
+            group = entry["workload"] if inp.group == WORKLOAD else entry["factors"].setdefault(inp.group, {})
+            group[inp.name] = value
+        out[key] = entry
+    return out
 
 
 def _cluster_gpus(r: Run) -> dict[str, int]:
@@ -266,10 +318,26 @@ def tables(out: dict, stream: IO[str] | None = None) -> str:
     lines.append(table(["every plan", "GPUs used", "of", "$/h", "planner t/s", "simulated t/s"], rows))
     lines += [
         "",
+        "What the ratios hang on: d ln(ratio) / d ln(input) at +-5%, every plan held (--json: every input)",
+    ]
+    rows = [
+        [f"{name} {key}", f"{entry['predicted']:.2f}", _largest(entry)]
+        for name, per in out["elasticity"].items()
+        for key, entry in per.items()
+    ]
+    lines.append(table(["ratio", "predicted", "largest elasticities"], rows))
+    lines += [
+        "",
         "Scheduler time (7B): "
         + ", ".join(f"{n} GPUs {t:.2f} s" for n, t in out["scheduler_time_s"].items()),
     ]
     return "\n".join(lines)
+
+
+def _largest(entry: dict, shown: int = 3) -> str:
+    values = [(f"{t} {k}", v) for t, per in entry["factors"].items() for k, v in per.items() if v is not None]
+    values += [(k, v) for k, v in entry["workload"].items() if v is not None]
+    return ", ".join(f"{name} {v:+.2f}" for name, v in sorted(values, key=lambda x: -abs(x[1]))[:shown])
 
 
 def _ratio(a: float, b: float) -> str:

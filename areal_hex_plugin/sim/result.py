@@ -47,7 +47,7 @@ class PoolUsage:
 class Segment:
     start_s: float
     end_s: float
-    state: str  # decode | prefill | sync | idle | train | wait
+    state: str  # decode | prefill | sync | idle | train | wait | stall (waiting for a lost training machine)
 
 
 def row_order(name: str) -> tuple:

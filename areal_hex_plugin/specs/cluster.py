@@ -25,6 +25,12 @@ class Pool:
     price_per_gpu_hour: float
     intra_machine_gb_per_s: float
     inter_machine_gb_per_s: float
+    preemptions_per_hour: float = 0.0  # expected losses per machine-hour; 0: a reliable pool
+    recovery_s: float = 0.0  # from a loss until the replacement machine serves
+
+    @property
+    def preemptible(self) -> bool:
+        return self.preemptions_per_hour > 0
 
     @property
     def gpu_type(self) -> str:
@@ -120,6 +126,7 @@ def build_pool(cfg: PoolConfig, catalog: GpuCatalog, path: str) -> Pool:
             "give what one GPU-hour of this pool costs you (there are no default prices)",
         )
     intra = gpu.link_gb_per_s if cfg.intra_machine_gb_per_s is None else cfg.intra_machine_gb_per_s
+    _check_preemption(cfg, path)
     return Pool(
         name=cfg.name,
         gpu=gpu,
@@ -129,7 +136,25 @@ def build_pool(cfg: PoolConfig, catalog: GpuCatalog, path: str) -> Pool:
         price_per_gpu_hour=cfg.price_per_gpu_hour,
         intra_machine_gb_per_s=intra,
         inter_machine_gb_per_s=cfg.inter_machine_gb_per_s,
+        preemptions_per_hour=cfg.preemptions_per_hour if cfg.preemptible else 0.0,
+        recovery_s=cfg.recovery_s if cfg.preemptible else 0.0,
     )
+
+
+def _check_preemption(cfg: PoolConfig, path: str) -> None:
+    """A preemptible pool gives its loss rate and recovery time; a reliable one gives neither."""
+    for name, example in (("preemptions_per_hour", "0.05"), ("recovery_s", "300")):
+        value = getattr(cfg, name)
+        if cfg.preemptible and value is None:
+            raise HexError(
+                f"{path}.{name}", "is missing for a preemptible pool", f"give it, e.g. {name}: {example}"
+            )
+        if not cfg.preemptible and value is not None:
+            raise HexError(
+                f"{path}.{name}",
+                "is set but the pool is not preemptible",
+                "add preemptible: true to the pool, or drop the field",
+            )
 
 
 def build_cluster(cfg: ClusterConfig, catalog: GpuCatalog, path: str = "hex.cluster") -> Cluster:

@@ -57,6 +57,18 @@ class PoolConfig:
     inter_machine_gb_per_s: float = spec(
         12.5, "machine-to-machine bandwidth inside the pool (100 GbE = 12.5 GB/s)", BANDWIDTH
     )
+    preemptible: bool = spec(
+        False,
+        "spot or preemptible machines: the planner prices their expected losses (scheduler/preemption.py)",
+    )
+    preemptions_per_hour: float | None = spec(
+        None,
+        "preemptible pools: expected losses per machine-hour (0.05: one per 20 machine-hours)",
+        above(0, 60),
+    )
+    recovery_s: float | None = spec(
+        None, "preemptible pools: seconds from a machine's loss until its replacement serves", SECONDS
+    )
 
 
 @dataclass
@@ -181,6 +193,11 @@ class SolverConfig:
         help="[tp, pp]: every rollout replica uses this layout; empty: free",
         range=between(1, 72),
         default_factory=list,
+    )
+    train_on_preemptible: bool = spec(
+        False,
+        "let training use preemptible pools (needs recover checkpoints: recover.mode and recover.freq_steps or "
+        "freq_secs); false keeps training on reliable pools",
     )
 
 

@@ -23,6 +23,8 @@ from areal_hex_plugin.specs.overrides import apply_overrides
 from areal_hex_plugin.specs.typed import above, between
 from areal_hex_plugin.specs.workload import RLSettings, WorkloadSpec, build_lengths
 
+# Upstream's recover.mode values (RecoverConfig.__post_init__); on and auto write recover checkpoints.
+RECOVER_MODES = ("on", "off", "auto", "disabled")
 # The upstream fields the planner reads: type, upstream AReaL 1.0.4's default (a test checks them against
 # areal.api.cli_args), and the field's help and sane range, checked where the recipe enters like the hex: fields.
 UPSTREAM_FIELDS: dict[str, tuple[type, Any, dict[str, Any]]] = {
@@ -66,6 +68,21 @@ UPSTREAM_FIELDS: dict[str, tuple[type, Any, dict[str, Any]]] = {
         int,
         None,
         {"help": "most tokens in one training micro-batch", "range": between(1, 100_000_000, "tokens")},
+    ),
+    "recover.mode": (
+        str,
+        "disabled",
+        {"help": "upstream's recovery: on/auto write and resume checkpoints", "choices": RECOVER_MODES},
+    ),
+    "recover.freq_steps": (
+        int,
+        None,
+        {"help": "steps between two recover checkpoints", "range": between(1, 10_000_000)},
+    ),
+    "recover.freq_secs": (
+        int,
+        None,
+        {"help": "seconds between two recover checkpoints", "range": between(1, 10_000_000, "s")},
     ),
     "sglang.mem_fraction_static": (
         float,

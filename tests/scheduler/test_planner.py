@@ -157,3 +157,21 @@ def test_replicas_hold_no_more_sequences_than_the_staleness_bound_admits():
     cap = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe)).staleness_sequences()
     in_flight = sum(g.concurrency * g.count for g in plan.rollout.replicas)
     assert in_flight <= cap < 8 * 16
+
+
+def test_the_binding_gives_the_one_weight_sync_figure_of_the_step():
+    """The step line and the binding line name the same weight-sync seconds per step (an update every window of
+    steps, averaged), and the binding names the update's own seconds beside it."""
+    from areal_hex_plugin.specs.recipe import load_recipe
+
+    plan = plan_recipe(load_recipe(REPO / "recipes/mixes/h100_rtx4090_qwen3-4b.yaml", []))
+    b, p = plan.binding_constraint, plan.predicted
+    assert b.sync_s == pytest.approx(p.weight_sync_s, abs=1e-3)  # the prediction is rounded to ms
+    assert b.window_steps == plan.solver.window_steps > 1
+    assert b.sync_update_s == pytest.approx(b.sync_s * b.window_steps, rel=1e-6)
+    assert "weight_sync" in b.limits
+    share = 100 * p.weight_sync_s / p.step_time_s
+    assert (
+        f"weight sync takes {b.sync_update_s:.1f}s per update every {b.window_steps} steps, "
+        f"{p.weight_sync_s:.1f}s per step ({share:.0f}% of the step)" in plan.binding
+    )
