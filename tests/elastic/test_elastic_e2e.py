@@ -27,6 +27,7 @@ pytest.importorskip("areal")
 
 from tests.e2e.run import environment, new_mark, processes_left, run_driver  # noqa: E402
 from tests.e2e.sglang_server import LENGTHS_FILE_ENV  # noqa: E402
+from tests.elastic.checks import committed_first_loads  # noqa: E402
 from tests.elastic.plans import LONGER, elastic_recipe, two_layout_plan  # noqa: E402
 from tests.elastic.procs import flag, kill_where  # noqa: E402
 
@@ -141,18 +142,7 @@ def test_a_server_lost_and_relaunched_and_lengths_that_double(tmp_path: Path) ->
     servers = run.server_logs()
     (new_name,) = [n for n in servers if n.startswith("small") and n != watcher.killed_log.stem]
     new = servers[new_name]
-    first_request = next(i for i, r in enumerate(new) if r["event"] == "request")
-    loads = [(i, r) for i, r in enumerate(new) if r["event"] == "load" and r["version"] != "default"]
-    assert loads and loads[0][0] < first_request, new[: first_request + 1]
-    big = {
-        r["version"]: r["digest"]
-        for n, rs in servers.items()
-        if n.startswith("big")
-        for r in rs
-        if r["event"] == "load"
-    }
-    assert all(big[r["version"]] == r["digest"] for _, r in loads)
-    assert {r["version"] for r in new if r["event"] == "generate"} <= {r["version"] for _, r in loads}
+    loads = committed_first_loads(new, [rs for n, rs in servers.items() if n.startswith("big")])
     figures["relaunched_first_version"] = loads[0][1]["version"]
 
     # Lengths doubled: the shares changed within the next two steps.

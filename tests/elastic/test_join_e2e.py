@@ -25,6 +25,7 @@ pytest.importorskip("areal")
 
 from areal_hex_plugin.cli import main  # noqa: E402
 from tests.e2e.run import environment, new_mark, processes_left, run_driver  # noqa: E402
+from tests.elastic.checks import committed_first_loads  # noqa: E402
 from tests.elastic.plans import LONGER, elastic_recipe, two_layout_plan  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -89,18 +90,8 @@ def test_a_machine_joins_and_serves_the_current_version(tmp_path: Path) -> None:
 
     # Its first load is a committed version with the weights the others loaded for it, before its first request;
     # it serves no other version.
+    loads = committed_first_loads(new, [rs for n, rs in servers.items() if n != new_name])
     first_request = next(i for i, r in enumerate(new) if r["event"] == "request")
-    loads = [(i, r) for i, r in enumerate(new) if r["event"] == "load" and r["version"] != "default"]
-    assert loads and loads[0][0] < first_request, new[: first_request + 1]
-    others = {
-        r["version"]: r["digest"]
-        for name, records in servers.items()
-        if name != new_name
-        for r in records
-        if r["event"] == "load" and r["version"] != "default"
-    }
-    assert all(others[r["version"]] == r["digest"] for _, r in loads), (loads, others)
-    assert {r["version"] for r in new if r["event"] == "generate"} <= {r["version"] for _, r in loads}
     figures["joined_first_version"] = loads[0][1]["version"]
     figures["joined_requests"] = sum(r["event"] == "request" for r in new)
     figures["asked_to_first_request_s"] = round(new[first_request]["t"] - joiner.asked_at, 1)
