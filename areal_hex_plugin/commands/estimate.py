@@ -36,6 +36,7 @@ def _rollout_entry(stages, est) -> dict:
             concurrency=est.concurrency,
             step_time_ms=round(est.step_time_s * 1e3, 2),
             bound=est.bound,
+            decode_source=est.decode_source,
             weights_gb_per_gpu=round(est.weights_gb_per_gpu, 2),
             kv_gb_per_gpu=round(est.kv_gb_per_gpu, 2),
             kv_capacity_tokens=est.kv_capacity_tokens,
@@ -119,7 +120,7 @@ def _table(doc: dict, stream) -> str:
     for gpu_type, e in doc["per_gpu_type"].items():
         r, t = e["rollout"], e["train"]
         r_layout = (
-            f"TP{r['tp']} PP{r['pp']}, {r['concurrency']} seqs, {r['bound']}"
+            f"TP{r['tp']} PP{r['pp']}, {r['concurrency']} seqs, {r['bound']} ({r['decode_source']})"
             if r["feasible"]
             else r["reason"]
         )

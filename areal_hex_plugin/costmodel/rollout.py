@@ -24,10 +24,11 @@ prefills its whole in-flight context again, at the compute-bound prefill rate: `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from areal_hex_plugin.costmodel.calibration import Calibration
+from areal_hex_plugin.costmodel import kernel_data
+from areal_hex_plugin.costmodel.calibration import GENERIC_SOURCE, Calibration
 from areal_hex_plugin.costmodel.lengths import DrainCurve, LengthStats
 from areal_hex_plugin.costmodel.links import between_stages, gpu_link
 from areal_hex_plugin.costmodel.memory import (
@@ -48,6 +49,7 @@ STEP_OVERHEAD_S = 1e-3
 # reaches applies. Decode batches above it run without CUDA graphs and pay the kernel-launch cost of every layer
 # on each step, so the plan keeps a replica's batch within it (the in-flight cap it writes bounds the batch).
 CUDA_GRAPH_MAX_BS = ((90.0, 256, 512), (60.0, 256, 512), (35.0, 32, 160), (20.0, 24, 80), (0.0, 8, 64))
+ROOFLINE, KERNEL_DATA = "roofline", "kernel data"  # where a decode step's seconds come from
 # Latency of one small NCCL all-reduce inside a machine, and of one pipeline hand-off between machines.
 ALLREDUCE_LATENCY_S = 10e-6
 HANDOFF_LATENCY_S = 50e-6
@@ -76,6 +78,7 @@ class RolloutEstimate:
     peak_tokens_per_s: float = 0.0  # decode rate with the batch full (no prefill, no drain)
     step_time_s: float = 0.0  # one decode step with the batch full
     bound: str = ""  # what limits the full-batch decode step: "hbm", "compute" or "communication"
+    decode_source: str = ROOFLINE  # where that step's seconds come from: "kernel data" or "roofline"
     kv_capacity_tokens: int = 0
     # After each weight update upstream aborts and resubmits in-flight requests, so the replica prefills their
     # prompts (once per rollout: the radix cache shares them) and generated tokens again before decoding on.
@@ -165,15 +168,86 @@ def _stage_time(st: _Stage, seqs: float, ctx: float) -> tuple[float, str]:
     return dense + attention + comm, bound
 
 
-def _cycle(stages: list[_Stage], seqs: float, ctx: float) -> tuple[float, str]:
-    """Seconds for every one of ``seqs`` sequences to advance one token, and what bounds it."""
+Measured = Callable[[float, float], "float | None"]  # (sequences, context) -> seconds of one decode iteration
+
+
+def _cycle(
+    stages: list[_Stage], seqs: float, ctx: float, measured: Measured | None = None
+) -> tuple[float, str]:
+    """Seconds for every one of ``seqs`` sequences to advance one token (measured kernel data where it covers the
+    point, else the roofline), and what bounds it (by the roofline)."""
     micro = min(len(stages), max(1.0, seqs))
     times = [_stage_time(st, seqs / micro, ctx) for st in stages]
     slowest, bound = max(times)
-    return micro * slowest + STEP_OVERHEAD_S, bound
+    seconds = measured(seqs, ctx) if measured else None
+    return (micro * slowest + STEP_OVERHEAD_S if seconds is None else seconds), bound
 
 
-def _drain_time(stages: list[_Stage], c: int, ctx: float, curve: DrainCurve) -> tuple[float, float]:
+def measured_decode(
+    cluster: Cluster,
+    workload: WorkloadSpec,
+    calibration: Calibration,
+    stages: tuple[RolloutStage, ...],
+    layers: tuple[int, ...],
+    built: list[_Stage],
+) -> Measured | None:
+    """Measured kernel data (``costmodel/kernel_data.py``) for a replica whose stages share one GPU type it covers
+    and one TP, unless the type's decode factors were measured or fitted: a profile of the user's own machines is
+    closer to them than NVIDIA's collection, and the fit reads the roofline. None where the roofline serves.
+
+    The table times the whole model; a pipeline stage takes its share of the layers of that time for its
+    micro-batch, plus its hand-off, and the slowest stage sets the cycle, as in the roofline."""
+    gpu_types = {cluster.pool(s.pool).gpu_type for s in stages}
+    if len(gpu_types) != 1 or len({s.tp for s in stages}) != 1:
+        return None
+    (gpu_type,) = gpu_types
+    if any(calibration.source(gpu_type, f) != GENERIC_SOURCE for f in ("hbm_fraction", "infer_mfu")):
+        return None
+    model, tp = workload.model, stages[0].tp
+    if kernel_data.decode_iteration_s(gpu_type, model, tp, 1, 1024) is None:
+        return None
+    shares = [n / model.layers for n in layers]
+
+    def seconds(seqs: float, ctx: float) -> float | None:
+        micro = min(len(stages), max(1.0, seqs))
+        whole = kernel_data.decode_iteration_s(gpu_type, model, tp, seqs / micro, ctx)
+        if whole is None:
+            return None
+        per_stage = [
+            share * whole + st.handoff_s + seqs / micro * st.handoff_per_seq_s
+            for share, st in zip(shares, built, strict=True)
+        ]
+        return micro * max(per_stage)
+
+    return seconds
+
+
+def decode_step_s(
+    cluster: Cluster,
+    workload: WorkloadSpec,
+    calibration: Calibration,
+    stages: tuple[RolloutStage, ...],
+    batch: float,
+    ctx: float,
+) -> tuple[float, str]:
+    """The cost model's seconds for one decode iteration of ``batch`` sequences at context ``ctx`` on a valid
+    layout (``ValueError`` otherwise), and its source: "kernel data" or "roofline"."""
+    problem = _check_stages(cluster, workload, stages)
+    if problem:
+        raise ValueError(problem)
+    pools = [cluster.pool(s.pool) for s in stages]
+    layers = _split(workload.model.layers, stages, pools, calibration)
+    built = _build_stages(cluster, workload, calibration, stages, layers, _gpus_by_pool(stages))
+    measured = measured_decode(cluster, workload, calibration, stages, layers, built)
+    seconds = measured(batch, ctx) if measured else None
+    if seconds is not None:
+        return seconds, KERNEL_DATA
+    return _cycle(built, batch, ctx)[0], ROOFLINE
+
+
+def _drain_time(
+    stages: list[_Stage], c: int, ctx: float, curve: DrainCurve, measured: Measured | None
+) -> tuple[float, float]:
     """Expected seconds and tokens of a batch of ``c`` draining along ``curve`` (context grows with age).
 
     A step runs only while at least one sequence is left, with probability ``1 - (1 - share)^c``; then it carries
@@ -185,7 +259,7 @@ def _drain_time(stages: list[_Stage], c: int, ctx: float, curve: DrainCurve) -> 
             continue
         running = 1 - (1 - share) ** c
         active = c * share
-        seconds += dt * running * _cycle(stages, active / running, ctx + since)[0]
+        seconds += dt * running * _cycle(stages, active / running, ctx + since, measured)[0]
         tokens += dt * active
     return seconds, tokens
 
@@ -233,14 +307,16 @@ def estimate_rollout(
     if max_sequences:
         concurrency = min(concurrency, max_sequences)
     built = _build_stages(cluster, workload, calibration, stages, layers, gpus)
-    step, bound = _cycle(built, concurrency, ctx)
+    measured = measured_decode(cluster, workload, calibration, stages, tuple(layers), built)
+    step, bound = _cycle(built, concurrency, ctx, measured)
+    source = KERNEL_DATA if measured and measured(concurrency, ctx) is not None else ROOFLINE
     peak = concurrency / step
     # With eta >= 1 upstream admits new work while the trainer consumes finished batches, so a replica that
     # rollout is waiting on stays full (the simulator plays this out); only with eta = 0 does every batch start
     # together and drain through its long tail before the next version may start.
     if workload.rl.max_head_offpolicyness == 0:
         drain_s, drain_tokens = _drain_time(
-            built, concurrency, workload.prompt_tokens, lengths.drain_from_start
+            built, concurrency, workload.prompt_tokens, lengths.drain_from_start, measured
         )
     else:
         drain_s = drain_tokens = 0.0
@@ -264,6 +340,7 @@ def estimate_rollout(
         peak_tokens_per_s=peak,
         step_time_s=step,
         bound=bound,
+        decode_source=source,
         kv_capacity_tokens=int(capacity),
         recompute_s=recompute_tokens * prefill_s_per_token,
         prefill_s_per_token=prefill_s_per_token,

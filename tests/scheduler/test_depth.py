@@ -26,7 +26,10 @@ def test_a_pipeline_deeper_than_four_stages_wins_and_the_default_finds_it():
     deep = plan_recipe(recipe_with_pools(L40S, "14b", MEGATRON))
     bounded = plan_recipe(recipe_with_pools(L40S, "14b", MEGATRON, BRUTE_DEPTH))
     assert len(deep.train.stages) > 4 >= len(bounded.train.stages)
-    assert deep.predicted.tokens_per_s > 1.03 * bounded.predicted.tokens_per_s
+    # The deeper pipeline trains faster; the step is the rollout's (L40S decode from measured kernel data), so
+    # tokens/s only has to be no lower.
+    assert deep.predicted.train_time_s < bounded.predicted.train_time_s / 1.03
+    assert deep.predicted.tokens_per_s >= bounded.predicted.tokens_per_s
     assert not unmet(deep, recipe_caps(recipe_with_pools(L40S, "14b", MEGATRON)))
     assert sum(s.layers for s in deep.train.stages) == 48
 

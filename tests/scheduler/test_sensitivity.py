@@ -76,7 +76,10 @@ def test_a_rollout_bound_plan_moves_with_its_rollout_gpus_hbm_and_not_with_train
     with room to spare, so no training factor moves tokens/s, and the L40S decode step (weights and KV read at
     HBM bandwidth, TP all-reduces over PCIe, compute) sets nearly all of it: each of its terms is inversely
     proportional to one factor, so each elasticity is in [0, 1] and together they are at most 1."""
-    r = recipe_with_pools([("H100", 8, 1), ("L40S", 8, 1)], "7b")
+    # L40S's decode factors given as measured (the recipe's own): the roofline, not NVIDIA's kernel data, then
+    # times its decode step, so the factors move it.
+    measured = "+hex.calibration.gpu_types={L40S: {hbm_fraction: 0.8, infer_mfu: 0.6}}"
+    r = recipe_with_pools([("H100", 8, 1), ("L40S", 8, 1)], "7b", measured)
     caps = replace(recipe_caps(r), split_machines=False)
     plan = plan_recipe(r, PlanRequest(sensitivity=True, caps=caps))
     p = plan.predicted
