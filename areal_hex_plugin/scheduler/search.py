@@ -114,7 +114,7 @@ def candidates(steer: Evaluator, limits: tuple[int, ...], budget: float | None) 
         (split, e)
         for split, e in steer.scored_splits().items()
         if e.feasible
-        and all(t + r <= m for t, r, m in zip(split.train, split.rollout, limits, strict=True))
+        and all(split.machines(i) <= m for i, m in enumerate(limits))
         and (budget is None or split.cost_per_hour(steer.cluster) <= budget + 1e-9)
     ]
 
