@@ -46,6 +46,8 @@ PARETO_LEVELS = 8
 PARETO_MIN_GAIN = 1e-3
 # Share of hex.solver.time_limit_s for the chosen plan's search (baselines and the frontier get the rest).
 MAIN_SEARCH_SHARE = 0.6
+# Steered splits near the chosen plan that the flip check scores beside the rescored ones.
+NEAR = 32
 # Budget bisection steps for a throughput target.
 TARGET_STEPS = 12
 # Alternatives printed beside the plan (HexPlan.alternatives): the cheapest plan within WITHIN_SHARE of its
@@ -450,7 +452,8 @@ class Planner:
         factors = plan_elasticities(
             self.cm, rules, Held.of_evaluation(chosen), [Held.of_evaluation(e) for e in self.rivals]
         )
-        candidates = list({e.split: e for e in [*self._scored(), *self.rivals, chosen]}.values())
+        near = self._steered_near(chosen)
+        candidates = list({e.split: e for e in [*self._scored(), *near, *self.rivals, chosen]}.values())
 
         def pick(rate):
             if self.objective.kind != "target":
@@ -470,6 +473,24 @@ class Planner:
         )
         warnings = [*plan.warnings, *(describe_flip(f, plan.predicted.cost_per_hour) for f in found)]
         return replace(plan, sensitivity=sensitivity, warnings=warnings)
+
+    def _steered_near(self, chosen: Evaluation) -> list[Evaluation]:
+        """The splits the steering scored within FLIP_CHANGE of the chosen plan (at most NEAR of them, fastest
+        first), scored at the recipe's eta: the rescoring keeps one split per steering score, so a split that
+        ties another never reached it, yet a small change can pick it."""
+        tokens, budget = self.steer.tokens_per_step, self.objective.budget_per_hour
+        floor = (1 - FLIP_CHANGE) * self.steer.evaluate(chosen.split).tokens_per_s(tokens)
+        near = sorted(
+            (
+                (-e.tokens_per_s(tokens), split)
+                for split, e in self.steer.scored_splits().items()
+                if e.feasible
+                and e.tokens_per_s(tokens) >= floor
+                and all(split.machines(i) <= m for i, m in enumerate(self.limits))
+                and (budget is None or split.cost_per_hour(self.cluster) <= budget + 1e-9)
+            ),
+        )[:NEAR]
+        return [e for e in (self.ev.evaluate(split) for _, split in near) if e.feasible]
 
     def _point(self, e: Evaluation) -> ParetoPoint:
         return ParetoPoint(round(e.cost_per_hour, 4), round(self.tokens_per_s(e), 3), self._gpus_by_type(e))

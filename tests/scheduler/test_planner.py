@@ -10,6 +10,7 @@ from areal_hex_plugin.cli import main
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler.planner import PlanRequest, plan_recipe
+from benchmarks.clusters import GPUS
 from tests.conftest import REPO
 from tests.scheduler.helpers import BRUTE_DEPTH, recipe_with_pools
 
@@ -143,7 +144,9 @@ def test_cli_writes_plan_json_and_plot(tmp_path, capsys):
 def test_cli_bad_input_exits_2_without_traceback_or_file(tmp_path, capsys, args):
     assert main(["plan", PAPER_7B, *args]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "Traceback" not in err
+    # A search that runs over two seconds shows its progress first (progress.working), then the one error line.
+    lines = [line for line in err.splitlines() if not line.startswith("planning ")]
+    assert lines[0].startswith("error: ") and err.count("error: ") == 1 and "Traceback" not in err
     assert not list(tmp_path.iterdir())
 
 
@@ -175,3 +178,17 @@ def test_the_binding_gives_the_one_weight_sync_figure_of_the_step():
         f"weight sync takes {b.sync_update_s:.1f}s per update every {b.window_steps} steps, "
         f"{p.weight_sync_s:.1f}s per step ({share:.0f}% of the step)" in plan.binding
     )
+
+
+def test_each_homogeneous_baseline_rents_only_its_own_type_where_machines_are_shared():
+    """One machine of each type: the chosen plan shares the H100 machine between roles, and a search limited to
+    one type must not reuse that shared split from the steering's earlier scores (the L40S baseline listed
+    8 H100 + 8 L40S)."""
+    r = recipe_with_pools([("H100", 8, 1), ("L40S", 8, 1)], "7b")
+    plan = plan_recipe(r)
+    assert any(m.role == "split" for m in plan.machines)
+    for gpu_type in ("H100", "L40S"):
+        baseline = plan.baselines[f"homogeneous-{gpu_type}"]
+        assert set(baseline.gpus) == {gpu_type}, (gpu_type, baseline)
+        assert baseline.cost_per_hour == pytest.approx(8 * GPUS[gpu_type])
+        assert baseline.tokens_per_s < plan.predicted.tokens_per_s
