@@ -23,7 +23,8 @@ from report import emit  # benchmarks/report.py, beside this script
 
 from areal_hex_plugin.scheduler import plan_recipe
 from areal_hex_plugin.sim.engine import default_warmup
-from areal_hex_plugin.sim.faults import FaultLoop, read_faults, setting_of
+from areal_hex_plugin.sim.fault_file import read_faults
+from areal_hex_plugin.sim.faults import FaultLoop, setting_of
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.specs.recipe import load_recipe
 

@@ -12,7 +12,8 @@ from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.scheduler import plan_recipe
 from areal_hex_plugin.schemas import load_schema
 from areal_hex_plugin.sim.engine import default_warmup
-from areal_hex_plugin.sim.faults import FaultLoop, play, read_faults, setting_of
+from areal_hex_plugin.sim.fault_file import read_faults
+from areal_hex_plugin.sim.faults import FaultLoop, play, setting_of
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
