@@ -158,9 +158,9 @@ def _close_all(forwarders: list[_Forwarder]) -> None:
     before the process exits: a gloo group still being shut down at exit aborts the process."""
     for forwarder in forwarders:
         thread = threading.Thread(target=_closing, args=(forwarder,), daemon=True)
-        with _CLOSING_LOCK:
+        with _CLOSING_LOCK:  # started under the lock: wait_for_closing never sees a thread it cannot join yet
             _CLOSING.add(thread)
-        thread.start()
+            thread.start()
 
 
 def _closing(forwarder: _Forwarder) -> None:
