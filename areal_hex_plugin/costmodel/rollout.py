@@ -173,14 +173,16 @@ Measured = Callable[[float, float], "float | None"]  # (sequences, context) -> s
 
 def _cycle(
     stages: list[_Stage], seqs: float, ctx: float, measured: Measured | None = None
-) -> tuple[float, str]:
+) -> tuple[float, str, str]:
     """Seconds for every one of ``seqs`` sequences to advance one token (measured kernel data where it covers the
-    point, else the roofline), and what bounds it (by the roofline)."""
+    point, else the roofline), what bounds it (by the roofline), and which of the two gave the seconds."""
     micro = min(len(stages), max(1.0, seqs))
     times = [_stage_time(st, seqs / micro, ctx) for st in stages]
     slowest, bound = max(times)
     seconds = measured(seqs, ctx) if measured else None
-    return (micro * slowest + STEP_OVERHEAD_S if seconds is None else seconds), bound
+    if seconds is None:
+        return micro * slowest + STEP_OVERHEAD_S, bound, ROOFLINE
+    return seconds, bound, KERNEL_DATA
 
 
 def measured_decode(
@@ -238,11 +240,10 @@ def decode_step_s(
     pools = [cluster.pool(s.pool) for s in stages]
     layers = _split(workload.model.layers, stages, pools, calibration)
     built = _build_stages(cluster, workload, calibration, stages, layers, _gpus_by_pool(stages))
-    measured = measured_decode(cluster, workload, calibration, stages, layers, built)
-    seconds = measured(batch, ctx) if measured else None
-    if seconds is not None:
-        return seconds, KERNEL_DATA
-    return _cycle(built, batch, ctx)[0], ROOFLINE
+    seconds, _, source = _cycle(
+        built, batch, ctx, measured_decode(cluster, workload, calibration, stages, layers, built)
+    )
+    return seconds, source
 
 
 def _drain_time(
@@ -308,8 +309,7 @@ def estimate_rollout(
         concurrency = min(concurrency, max_sequences)
     built = _build_stages(cluster, workload, calibration, stages, layers, gpus)
     measured = measured_decode(cluster, workload, calibration, stages, tuple(layers), built)
-    step, bound = _cycle(built, concurrency, ctx, measured)
-    source = KERNEL_DATA if measured and measured(concurrency, ctx) is not None else ROOFLINE
+    step, bound, source = _cycle(built, concurrency, ctx, measured)
     peak = concurrency / step
     # With eta >= 1 upstream admits new work while the trainer consumes finished batches, so a replica that
     # rollout is waiting on stays full (the simulator plays this out); only with eta = 0 does every batch start
