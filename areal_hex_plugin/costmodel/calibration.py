@@ -76,7 +76,7 @@ RANGES: dict[str, Range] = {
     "hbm_fraction": Range(0.4, 0.9, "decode kernels stream weights and KV at 40% to 90% of the HBM figure"),
     "link_efficiency": Range(0.3, 0.95, "NCCL bus bandwidth over NVLink/PCIe: 30% to 95% of nominal"),
     "update_gb_per_s": Range(0.5, 400.0, "a weight version gathered or loaded at 0.5 (disk) to 400 GB/s (NVLink)"),
-    "update_fixed_s": Range(0.0, 60.0, "pause, rendezvous and resume of a weight update: up to a minute"),
+    "update_fixed_s": Range(0.01, 60.0, "pause, rendezvous and resume of a weight update: 10 ms to a minute"),
     "decode_overhead_s": Range(1e-4, 5e-3, "per decode iteration outside the kernels: 0.1 to 5 ms"),
 }
 

@@ -24,7 +24,9 @@ class CostModel:
         self.cluster = cluster
         self.workload = workload
         self.calibration = calibration or Calibration()
-        self._lengths = length_stats(workload.output_lengths, workload.rl.n_samples)
+        self._lengths = length_stats(
+            workload.output_lengths, workload.rl.n_samples, workload.rl.samples_per_step
+        )
         self._rollout: dict[tuple[tuple[RolloutStage, ...], int | None], RolloutEstimate] = {}
         self._train: dict[tuple[TrainStage, ...], TrainEstimate] = {}
         self._train_stages: dict = {}  # stage costs shared by the layouts (costmodel/train.py)

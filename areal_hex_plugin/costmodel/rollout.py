@@ -82,6 +82,8 @@ class RolloutEstimate:
     recompute_s: float = 0.0
     prefill_s_per_token: float = 0.0  # compute-bound prefill (new prompts and the rebuild after an update)
     source: str = ""  # where the decode iteration's seconds came from (costmodel/decode.py)
+    # Seconds the step's longest sample (``LengthStats.step_longest``) decodes: a step's rollout ends no earlier.
+    longest_s: float = 0.0
 
     @property
     def n_gpus(self) -> int:
@@ -234,6 +236,15 @@ def estimate_rollout(
         st.lin_flop_s + st.allreduce_per_seq_s + st.handoff_per_seq_s for st in replica.stages
     )
     attention_s = concurrency * ctx * ctx / 2 * max(st.attn_flop_s for st in replica.stages)
+    # The step's longest sample decodes one token per iteration. With eta >= 1 it shares the iterations with the
+    # batch admission keeps full (the next steps' samples overlap its tail); with eta = 0 the batch drains
+    # around it (``concurrency * mean`` tokens over its iterations), at the context of the long survivors.
+    longest = lengths.step_longest
+    if workload.rl.max_head_offpolicyness == 0:
+        tail_batch = max(1.0, concurrency * lengths.mean / longest)
+        longest_s = longest * decode_iteration_s(replica, tail_batch, workload.prompt_tokens + longest / 2)[0]
+    else:
+        longest_s = longest * step
     return RolloutEstimate(
         feasible=True,
         reason="",
@@ -250,6 +261,7 @@ def estimate_rollout(
         recompute_s=recompute_tokens * prefill_s_per_token + attention_s,
         prefill_s_per_token=prefill_s_per_token,
         source=source,
+        longest_s=longest_s,
     )
 
 

@@ -68,27 +68,33 @@ def window_rollout_s(
     weights = [y if even else c.tokens_per_s * y for c, y in groups]
     parts = largest_remainder(samples, weights)
     return max(
-        math.ceil(x / y) * mean_tokens / c.tokens_per_s + updates * c.recompute_s
-        for (c, y), x in zip(groups, parts, strict=True)
+        _group_time(c, math.ceil(x / y), mean_tokens, updates) for (c, y), x in zip(groups, parts, strict=True)
     )
 
 
 def split_floor(groups: Groups, samples: int, mean_tokens: float, updates: int = 1) -> float:
     """No split of ``samples`` samples over the groups has a shorter makespan than this (:func:`best_split`'s): the
-    samples split continuously, group g finishing (T - updates * r_g) * h_g * y_g / mean of them by T."""
+    samples split continuously, group g finishing (T - updates * r_g) * h_g * y_g / mean of them by T; and every
+    group, holding at least one sample, waits for its longest."""
     speed = sum(c.tokens_per_s * y for c, y in groups)
-    return (
+    relaxed = (
         samples * mean_tokens + sum(updates * c.recompute_s * c.tokens_per_s * y for c, y in groups)
     ) / speed
+    return max(relaxed, min(c.longest_s + updates * c.recompute_s for c, _ in groups))
 
 
 def _group_time(c: ReplicaConfig, k: int, mean_tokens: float, updates: int) -> float:
-    """A replica's time for ``k`` samples, as :func:`window_rollout_s` computes it, to the last bit."""
-    return k * mean_tokens / c.tokens_per_s + updates * c.recompute_s
+    """A replica's time for ``k`` samples, to the last bit: its tokens at its rate, but no earlier than the
+    window's longest sample ends (the window's steps overlap their tails), plus one KV rebuild per update."""
+    if k <= 0:
+        return updates * c.recompute_s
+    return max(k * mean_tokens / c.tokens_per_s, c.longest_s) + updates * c.recompute_s
 
 
 def _most(c: ReplicaConfig, t: float, mean_tokens: float, updates: int) -> int:
     """The most samples a replica finishes within ``t``."""
+    if t < c.longest_s + updates * c.recompute_s:
+        return 0
     k = max(0, int((t - updates * c.recompute_s) * c.tokens_per_s / mean_tokens))
     while _group_time(c, k + 1, mean_tokens, updates) <= t:
         k += 1
@@ -166,6 +172,7 @@ class InFlight:
                 tokens_per_s=estimate.tokens_per_s,
                 concurrency=estimate.concurrency,
                 recompute_s=estimate.recompute_s,
+                longest_s=estimate.longest_s,
             )
             self._throttled[key] = found
         return found
