@@ -47,8 +47,13 @@ from areal_hex_plugin.specs.workload import LengthDistribution, WorkloadSpec
 BASELINES_FORMAT = "areal-hex-baselines/1"
 PHASES = ("rollout_s", "train_s", "weight_sync_s")
 GRID = {"points": 10, "refine": 3}
-# A search this far past a range's ends finds the factor a measurement would need; beyond the range it is refused.
+# A search this far past a range's ends finds the factor a measurement would need; beyond the range it is refused
+# when the best fit inside misses a measurement by more than TOLERANCE.
 WIDEN = 4.0
+TOLERANCE = 0.15
+# Another type's factors, fitted to its own steps in two rounds: its compute (the reference's memory factors
+# held), then its memory system (its compute held).
+ROUNDS = (("infer_mfu", "train_mfu"), ("hbm_fraction", "decode_overhead_s"))
 
 
 @dataclass(frozen=True)
@@ -207,13 +212,15 @@ def _bounds(factor: str, widen: float = 1.0) -> tuple[float, float]:
 
 def _fit_in_range(loss, points, gpu_type: str, names: tuple[str, str], where: str) -> tuple[float, float]:
     """The pair of factors ``names`` minimising ``loss``, inside their physical ranges. ``points(a, b)`` lists
-    (label, model, measured) per measurement; a fit that needs a factor outside its range is refused, naming the
-    measurement furthest off at the best in-range fit."""
-    wide = grid_search(loss, (_bounds(names[0], WIDEN), _bounds(names[1], WIDEN)), **GRID)
+    (label, model, measured) per measurement; a fit that needs a factor outside its range (the best fit inside
+    misses a measurement by more than TOLERANCE) is refused, naming the measurement furthest off."""
     inside = grid_search(loss, (_bounds(names[0]), _bounds(names[1])), **GRID)
+    label, model, measured = max(points(*inside), key=lambda x: abs(math.log(x[1] / x[2])))
+    if abs(model / measured - 1) <= TOLERANCE:
+        return inside
+    wide = grid_search(loss, (_bounds(names[0], WIDEN), _bounds(names[1], WIDEN)), **GRID)
     out = [(n, v) for n, v in zip(names, wide, strict=True) if v not in RANGES[n]]
-    if out and loss(*wide) < 0.5 * loss(*inside):
-        label, model, measured = max(points(*inside), key=lambda x: abs(math.log(x[1] / x[2])))
+    if out:
         name, value = out[0]
         raise HexError(
             "baselines",
@@ -322,24 +329,27 @@ def fit_baselines(
         if cname == ref:
             continue
         gpu_type, pool, gpus = c["gpu_type"], pool_of[cname], int(c["gpus"])
-        shared = {k: getattr(calibration.for_gpu(ref_type), k) for k in ("hbm_fraction", "decode_overhead_s")}
-        if not kept(gpu_type, tuple(shared)):
-            source = f"{ref_type}'s (same Hopper memory system and serving stack), fit to {where}"
-            calibration = calibration.with_factors(gpu_type, shared, source)
+        memory = ROUNDS[1]
+        if not kept(gpu_type, memory):
+            calibration = calibration.with_factors(
+                gpu_type, {k: getattr(calibration.for_gpu(ref_type), k) for k in memory}
+            )
         steps = {m: measured(m, cname, "train_s") for m in models}
-        if not kept(gpu_type, ("infer_mfu", "train_mfu")):
+        for names in ROUNDS:
+            if kept(gpu_type, names):
+                continue
 
-            def step_points(infer: float, train: float, gpu_type=gpu_type, pool=pool, gpus=gpus, cname=cname):
-                cal = calibration.with_factors(gpu_type, {"infer_mfu": infer, "train_mfu": train})
+            def step_points(a: float, b: float, names=names, gpu_type=gpu_type, pool=pool, gpus=gpus, cname=cname):
+                cal = calibration.with_factors(gpu_type, dict(zip(names, (a, b), strict=True)))
                 return [(f"{cname} step of {m}", balanced_step(cm_for(m, cal, cname), pool, gpus,
                          settings[m].max_pp, layout_of[cname])[0], steps[m]) for m in models]  # fmt: skip
 
-            def step_loss(infer: float, train: float, points=step_points) -> float:
-                return _log_loss((x[1], x[2]) for x in points(infer, train))
+            def step_loss(a: float, b: float, points=step_points) -> float:
+                return _log_loss((x[1], x[2]) for x in points(a, b))
 
-            infer, train = _fit_in_range(step_loss, step_points, gpu_type, ("infer_mfu", "train_mfu"), where)
+            fitted = _fit_in_range(step_loss, step_points, gpu_type, names, where)
             source = f"fit to {where}: {cname} seconds per step of {short}"
-            calibration = calibration.with_factors(gpu_type, {"infer_mfu": infer, "train_mfu": train}, source)
+            calibration = calibration.with_factors(gpu_type, dict(zip(names, fitted, strict=True)), source)
         for m in models:
             step, train_gpus_here = balanced_step(
                 cm_for(m, calibration, cname), pool, gpus, settings[m].max_pp, layout_of[cname]

@@ -190,6 +190,11 @@ class InFlight:
             caps = [max(1, cap * sequences // total) for cap in caps]
         return tuple(caps)
 
+    def fractions(self) -> tuple[float, ...]:
+        """The caps tried, as fractions of each replica's batch: none below admission's share where admission is
+        fixed (``rl.max_admitted``: a measured run, whose servers take every sequence admission lets in)."""
+        return (1.0,) if self.cm.workload.rl.max_admitted else CAP_FRACTIONS
+
     def throttle(self, groups: Groups, caps: tuple[int, ...]) -> Groups:
         """Each group's replicas at its cap."""
         return tuple((self.throttled(c, cap), y) for cap, (c, y) in zip(caps, groups, strict=True))
@@ -207,7 +212,7 @@ class InFlight:
         by_batches: list[list[int]] = []
         for batches in range(eta + 1, 0, -1):
             sequences = self.cm.staleness_sequences(batches)
-            capped = (self.capped(groups, f, sequences) for f in CAP_FRACTIONS)
+            capped = (self.capped(groups, f, sequences) for f in self.fractions())
             by_batches.append(list(dict.fromkeys(ids.setdefault(c, len(ids)) for c in capped)))
         fleets = list(ids)
         out = []
