@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     for t in types:
         print(f"{t}:", file=con)
         for key, value in out["gpu_types"][t].items():
-            print(f"  {key:16} {value:<10g} {out['sources'][t][key]}", file=con)
+            print(f"  {key:18} {value:<10g} {out['sources'][t][key]}", file=con)
     if out["check"]:
         print("\nPlanner vs measured on the measured clusters", file=con)
         print(f"{'model':32}{'cluster':8}{'phase':15}{'measured':>10}{'model':>10}{'error':>8}", file=con)

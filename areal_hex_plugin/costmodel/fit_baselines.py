@@ -51,8 +51,9 @@ GRID = {"points": 10, "refine": 3}
 # when the best fit inside misses a measurement by more than TOLERANCE.
 WIDEN = 4.0
 TOLERANCE = 0.15
-# Another type's factors, fitted to its own steps in two rounds: its compute (the reference's memory factors
-# held), then its memory system (its compute held).
+# Another type's factors: its memory system and serving stack start as the reference's (SHARED); ROUNDS are fitted to
+# its own steps one pair after the other.
+SHARED = ("hbm_fraction", "decode_overhead_s")
 ROUNDS = (("infer_mfu", "train_mfu"), ("hbm_fraction", "decode_overhead_s"))
 
 
@@ -210,13 +211,15 @@ def _bounds(factor: str, widen: float = 1.0) -> tuple[float, float]:
     return r.low / widen, min(high, 1.0) if r.high <= 1.0 else high
 
 
-def _fit_in_range(loss, points, gpu_type: str, names: tuple[str, str], where: str) -> tuple[float, float]:
+def _fit_in_range(
+    loss, points, gpu_type: str, names: tuple[str, str], where: str, refuse: bool = True
+) -> tuple[float, float]:
     """The pair of factors ``names`` minimising ``loss``, inside their physical ranges. ``points(a, b)`` lists
     (label, model, measured) per measurement; a fit that needs a factor outside its range (the best fit inside
     misses a measurement by more than TOLERANCE) is refused, naming the measurement furthest off."""
     inside = grid_search(loss, (_bounds(names[0]), _bounds(names[1])), **GRID)
     label, model, measured = max(points(*inside), key=lambda x: abs(math.log(x[1] / x[2])))
-    if abs(model / measured - 1) <= TOLERANCE:
+    if not refuse or abs(model / measured - 1) <= TOLERANCE:
         return inside
     wide = grid_search(loss, (_bounds(names[0], WIDEN), _bounds(names[1], WIDEN)), **GRID)
     out = [(n, v) for n, v in zip(names, wide, strict=True) if v not in RANGES[n]]
@@ -329,13 +332,13 @@ def fit_baselines(
         if cname == ref:
             continue
         gpu_type, pool, gpus = c["gpu_type"], pool_of[cname], int(c["gpus"])
-        memory = ROUNDS[1]
-        if not kept(gpu_type, memory):
+        if not kept(gpu_type, SHARED):
+            source = f"{ref_type}'s (the same Hopper HBM kernels and serving stack), fit to {where}"
             calibration = calibration.with_factors(
-                gpu_type, {k: getattr(calibration.for_gpu(ref_type), k) for k in memory}
+                gpu_type, {k: getattr(calibration.for_gpu(ref_type), k) for k in SHARED}, source
             )
         steps = {m: measured(m, cname, "train_s") for m in models}
-        for names in ROUNDS:
+        for i, names in enumerate(ROUNDS):
             if kept(gpu_type, names):
                 continue
 
@@ -347,7 +350,8 @@ def fit_baselines(
             def step_loss(a: float, b: float, points=step_points) -> float:
                 return _log_loss((x[1], x[2]) for x in points(a, b))
 
-            fitted = _fit_in_range(step_loss, step_points, gpu_type, names, where)
+            last = i == len(ROUNDS) - 1
+            fitted = _fit_in_range(step_loss, step_points, gpu_type, names, where, refuse=last)
             source = f"fit to {where}: {cname} seconds per step of {short}"
             calibration = calibration.with_factors(gpu_type, dict(zip(names, fitted, strict=True)), source)
         for m in models:
