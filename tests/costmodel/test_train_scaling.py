@@ -21,8 +21,8 @@ def cm() -> CostModel:
 
 @pytest.fixture(scope="module")
 def fast(cm) -> CostModel:
-    """A trainer at the top of the MFU range, where the gathers and hand-offs outweigh the FLOPs."""
-    return CostModel(cm.cluster, cm.workload, cm.calibration.with_factors("H800-PCIe", {"train_mfu": 0.7}))
+    """A trainer at a typical large-model MFU (0.4), where the gathers and hand-offs outweigh the FLOPs."""
+    return CostModel(cm.cluster, cm.workload, cm.calibration.with_factors("H800-PCIe", {"train_mfu": 0.4}))
 
 
 def test_training_keeps_getting_faster_past_fifty_gpus(cm):
