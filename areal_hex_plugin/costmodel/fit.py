@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from areal_hex_plugin.costmodel.calibration import RANGES, Calibration
+from areal_hex_plugin.costmodel.calibration import GENERIC, RANGES, Calibration
 from areal_hex_plugin.costmodel.rollout import RolloutStage, batch_timings
 from areal_hex_plugin.costmodel.train import TrainStage, estimate_train
 from areal_hex_plugin.errors import HexError
@@ -247,7 +247,11 @@ def fit_profile(
             f"were taken with model {measurements.get('model')!r}, the recipe's model is {model.name!r}",
             "profile with this recipe, or fit with the recipe that was measured",
         )
-    calibration = calibration or Calibration()
+    # The per-iteration decode overhead is held at the generic figure: one model's batch sweep cannot tell it
+    # from the weight read (both are the same at every batch size).
+    calibration = (calibration or Calibration()).with_factors(
+        pool.gpu_type, {"decode_overhead_s": GENERIC.decode_overhead_s}
+    )
     factors: dict[str, float] = {}
     train = measurements.get("train")
     if not isinstance(train, Mapping):

@@ -201,6 +201,12 @@ def balanced_step(
     return best
 
 
+def _per_gpu(cm: CostModel, pool: str, max_pp: int) -> float:
+    """Generated tokens/s per GPU of ``pool``'s best single-type replica at a full batch (0 if none fits)."""
+    _, roll = best_rollout(cm, cm.cluster.pool(pool), max_pp)
+    return roll.tokens_per_s / roll.n_gpus if roll is not None and roll.feasible else 0.0
+
+
 def _log_loss(pairs) -> float:
     return sum(math.log(model / measured) ** 2 for model, measured in pairs)
 
@@ -354,6 +360,17 @@ def fit_baselines(
             fitted = _fit_in_range(step_loss, step_points, gpu_type, names, where, refuse=last)
             source = f"fit to {where}: {cname} seconds per step of {short}"
             calibration = calibration.with_factors(gpu_type, dict(zip(names, fitted, strict=True)), source)
+        price = data.get("prices_per_gpu_hour", {})
+        for m in models:
+            ratio = data["models"][m][cname].get("rollout_cost_ratio")
+            if ratio and cname in price and ref in price:
+                # Table 1 (a check, not fitted): per-GPU rollout speed vs the reference at a full batch.
+                per_gpu = [
+                    _per_gpu(CostModel(settings[m].cluster, settings[m].workload, calibration), p, settings[m].max_pp)
+                    for p in (pool, ref_pool)
+                ]
+                points.append({"model": m, "cluster": cname, "phase": f"rollout_per_gpu_vs_{ref} (Table 1, check)",
+                               "measured": ratio * price[cname] / price[ref], "model_value": per_gpu[0] / per_gpu[1]})  # fmt: skip
         for m in models:
             step, train_gpus_here = balanced_step(
                 cm_for(m, calibration, cname), pool, gpus, settings[m].max_pp, layout_of[cname]
