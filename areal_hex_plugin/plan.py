@@ -60,6 +60,11 @@ class Predicted:
         help="weight sync per step (one update every solver.window_steps steps, averaged)", range=_SECONDS
     )
     reward_s: float = spec(0.0, "reward per step", _SECONDS)
+    sources: dict[str, str] = spec(
+        help="per phase (rollout, train, weight_sync): where its numbers came from (method; each factor "
+        "fitted / measured / assumed, with its source)",
+        default_factory=dict,
+    )
 
 
 @dataclass(frozen=True)
