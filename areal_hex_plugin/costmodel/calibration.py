@@ -71,11 +71,15 @@ class Range:
 
 
 RANGES: dict[str, Range] = {
-    "train_mfu": Range(0.05, 0.7, "dense training of 1-100B models: 5% (tiny micro-batches) to 70% (best kernels)"),
+    "train_mfu": Range(
+        0.05, 0.7, "dense training of 1-100B models: 5% (tiny micro-batches) to 70% (best kernels)"
+    ),
     "infer_mfu": Range(0.05, 0.7, "compute-bound prefill/decode GEMMs and attention reach 5% to 70% of peak"),
     "hbm_fraction": Range(0.4, 0.9, "decode kernels stream weights and KV at 40% to 90% of the HBM figure"),
     "link_efficiency": Range(0.3, 0.95, "NCCL bus bandwidth over NVLink/PCIe: 30% to 95% of nominal"),
-    "update_gb_per_s": Range(0.5, 400.0, "a weight version gathered or loaded at 0.5 (disk) to 400 GB/s (NVLink)"),
+    "update_gb_per_s": Range(
+        0.5, 400.0, "a weight version gathered or loaded at 0.5 (disk) to 400 GB/s (NVLink)"
+    ),
     "update_fixed_s": Range(0.01, 60.0, "pause, rendezvous and resume of a weight update: 10 ms to a minute"),
     "decode_overhead_s": Range(1e-4, 5e-3, "per decode iteration outside the kernels: 0.1 to 5 ms"),
 }
@@ -103,7 +107,9 @@ def _check_factor(value: object, path: str, name: str = "train_mfu") -> float:
         or value not in r
     ):
         raise HexError(
-            path, f"must lie in its physical range {r} ({r.why}), got {value!r}", "give the measured or fitted value"
+            path,
+            f"must lie in its physical range {r} ({r.why}), got {value!r}",
+            "give the measured or fitted value",
         )
     return float(value)
 

@@ -137,7 +137,9 @@ def grid_search(
     best = min(((a, b) for a in grids[0] for b in grids[1]), key=lambda ab: loss(*ab))
 
     def inside(ab: tuple[float, float]) -> bool:
-        return all(low * (1 - 1e-9) <= x <= high * (1 + 1e-9) for x, (low, high) in zip(ab, bounds, strict=True))
+        return all(
+            low * (1 - 1e-9) <= x <= high * (1 + 1e-9) for x, (low, high) in zip(ab, bounds, strict=True)
+        )
 
     for _ in range(3):
         pairs = (

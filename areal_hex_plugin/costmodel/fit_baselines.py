@@ -240,6 +240,13 @@ def _fit_in_range(
     return inside
 
 
+def _step_points(calibration, names, gpu_type, cname, models, steps, step_s, a: float, b: float) -> list:
+    """(label, model, measured) of each model's step on ``cname`` with ``gpu_type``'s factors ``names`` at (a, b);
+    ``step_s(model, calibration)`` is the model's step."""
+    cal = calibration.with_factors(gpu_type, dict(zip(names, (a, b), strict=True)))
+    return [(f"{cname} step of {m}", step_s(m, cal), steps[m]) for m in models]
+
+
 def _sync_loss(parts: Mapping, measured: Mapping, cluster: str, rate: float, fixed: float) -> float:
     return _log_loss(
         (net + size / (rate * 1e9) + fixed, measured[m][cluster]["weight_sync_s"])
@@ -284,7 +291,9 @@ def fit_baselines(
     def measured(model: str, cname: str, key: str) -> float:
         return float(data["models"][model][cname][key])
 
-    layout_of = {c: tuple(v["rollout_layout"]) if v.get("rollout_layout") else None for c, v in clusters.items()}
+    layout_of = {
+        c: tuple(v["rollout_layout"]) if v.get("rollout_layout") else None for c, v in clusters.items()
+    }
 
     def kept(gpu_type: str, factors: tuple[str, ...]) -> bool:
         return all(calibration.source(gpu_type, f).startswith("profile") for f in factors)
@@ -308,7 +317,9 @@ def fit_baselines(
         def roll_loss(hbm: float, overhead: float) -> float:
             return _log_loss((x[1], x[2]) for x in roll_points(hbm, overhead))
 
-        hbm, overhead = _fit_in_range(roll_loss, roll_points, ref_type, ("hbm_fraction", "decode_overhead_s"), where)
+        hbm, overhead = _fit_in_range(
+            roll_loss, roll_points, ref_type, ("hbm_fraction", "decode_overhead_s"), where
+        )
         source = f"fit to {where}: {ref} rollout seconds per step of {short}"
         calibration = calibration.with_factors(
             ref_type, {"hbm_fraction": hbm, "decode_overhead_s": overhead}, source
@@ -347,11 +358,11 @@ def fit_baselines(
         for i, names in enumerate(ROUNDS):
             if kept(gpu_type, names):
                 continue
-
-            def step_points(a: float, b: float, names=names, gpu_type=gpu_type, pool=pool, gpus=gpus, cname=cname):
-                cal = calibration.with_factors(gpu_type, dict(zip(names, (a, b), strict=True)))
-                return [(f"{cname} step of {m}", balanced_step(cm_for(m, cal, cname), pool, gpus,
-                         settings[m].max_pp, layout_of[cname])[0], steps[m]) for m in models]  # fmt: skip
+            step_points = partial(
+                _step_points, calibration, names, gpu_type, cname, models, steps,
+                lambda m, cal, cname=cname, pool=pool, gpus=gpus: balanced_step(
+                    cm_for(m, cal, cname), pool, gpus, settings[m].max_pp, layout_of[cname])[0],
+            )  # fmt: skip
 
             def step_loss(a: float, b: float, points=step_points) -> float:
                 return _log_loss((x[1], x[2]) for x in points(a, b))
@@ -366,7 +377,11 @@ def fit_baselines(
             if ratio and cname in price and ref in price:
                 # Table 1 (a check, not fitted): per-GPU rollout speed vs the reference at a full batch.
                 per_gpu = [
-                    _per_gpu(CostModel(settings[m].cluster, settings[m].workload, calibration), p, settings[m].max_pp)
+                    _per_gpu(
+                        CostModel(settings[m].cluster, settings[m].workload, calibration),
+                        p,
+                        settings[m].max_pp,
+                    )
                     for p in (pool, ref_pool)
                 ]
                 points.append({"model": m, "cluster": cname, "phase": f"rollout_per_gpu_vs_{ref} (Table 1, check)",

@@ -100,7 +100,9 @@ def _check_stages(cluster: Cluster, workload: WorkloadSpec, stages: tuple[Rollou
     return layout_problem(cluster, workload.model, [(s.pool, s.tp, s.tp) for s in stages], "replica")
 
 
-def _build_stages(cluster, workload, calibration: Calibration, stages, layers, gpus) -> tuple[DecodeReplica, float]:
+def _build_stages(
+    cluster, workload, calibration: Calibration, stages, layers, gpus
+) -> tuple[DecodeReplica, float]:
     """The replica's decode constants (:mod:`~areal_hex_plugin.costmodel.decode`) and one prompt's prefill
     seconds on its slowest stage."""
     model = workload.model

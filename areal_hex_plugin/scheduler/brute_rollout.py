@@ -34,7 +34,6 @@ from collections.abc import Iterator
 from operator import itemgetter
 
 from areal_hex_plugin.scheduler.inflight import (
-    CAP_FRACTIONS,
     Groups,
     Runtime,
     best_split,
@@ -281,7 +280,11 @@ class RolloutSide:
         # The caps of each fraction cut to m batches' sequences, m up to the eta + 2 - window the window admits.
         menus = self._menus.setdefault(fleet, [])
         for m in range(len(menus) + 1, rl.max_head_offpolicyness + 3 - window):
-            menus.append(tuple(self.ev.inflight.caps(fleet, f, self._sequences[m]) for f in self.ev.inflight.fractions()))
+            menus.append(
+                tuple(
+                    self.ev.inflight.caps(fleet, f, self._sequences[m]) for f in self.ev.inflight.fractions()
+                )
+            )
         menu = dict.fromkeys(c for caps in menus[: rl.max_head_offpolicyness + 2 - window] for c in caps)
         for caps in menu:
             capped = self.ev.inflight.throttle(fleet, caps)

@@ -68,7 +68,8 @@ def window_rollout_s(
     weights = [y if even else c.tokens_per_s * y for c, y in groups]
     parts = largest_remainder(samples, weights)
     return max(
-        _group_time(c, math.ceil(x / y), mean_tokens, updates) for (c, y), x in zip(groups, parts, strict=True)
+        _group_time(c, math.ceil(x / y), mean_tokens, updates)
+        for (c, y), x in zip(groups, parts, strict=True)
     )
 
 

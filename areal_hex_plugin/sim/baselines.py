@@ -34,7 +34,9 @@ def with_calibration(recipe, calibration: Calibration, gpu_types: list[str]):
     return dataclasses.replace(recipe, hex=hex_cfg)
 
 
-def homogeneous(recipe, gpu_type: str, gpus: int, run: Mapping | None = None, layout: list[int] | None = None):
+def homogeneous(
+    recipe, gpu_type: str, gpus: int, run: Mapping | None = None, layout: list[int] | None = None
+):
     """``recipe`` on ``gpus`` GPUs of ``gpu_type`` alone, run as AReaL runs it: upstream's weight transport, an
     update every step; with a measured ``run`` (its ``tokens_per_step``), in that run's setting, and replicas of
     ``layout`` ([tp, pp]) where given."""

@@ -60,7 +60,8 @@ class LengthDistribution:
         grid = [min(cap, max(1, round(math.exp(mu + sigma * dist((i + 0.5) / body))))) for i in range(body)]
         share = f", cap_share={cap_share:g}" if at_cap else ""
         return LengthDistribution(
-            tuple(sorted(grid)) + (cap,) * at_cap, f"lognormal(mean={mean:g}, sigma={sigma:g}, cap={cap}{share})"
+            tuple(sorted(grid)) + (cap,) * at_cap,
+            f"lognormal(mean={mean:g}, sigma={sigma:g}, cap={cap}{share})",
         )
 
 
