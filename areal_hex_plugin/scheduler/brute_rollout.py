@@ -96,8 +96,9 @@ class Relaxed:
             # The float k is rounded up by a hair, so that rounding never drops a sample it finishes; a replica
             # finishes none before the window's longest sample ends (inflight._most).
             self._tokens[key] = price + max(
-                (mean * math.floor((window_s - r) * h / mean + 1e-9) if window_s >= l + r else 0.0) - price * c
-                for c, (h, r, l) in enumerate(self._curves[shape], 1)
+                (mean * math.floor((window_s - r) * h / mean + 1e-9) if window_s >= tail + r else 0.0)
+                - price * c
+                for c, (h, r, tail) in enumerate(self._curves[shape], 1)
             )
         return self._tokens[key]
 
