@@ -137,9 +137,15 @@ def best_split(
     low = split_floor(groups, samples, mean_tokens, updates)
     rest = largest_remainder(samples - len(groups), [c.tokens_per_s * y for c, y in groups])
     high = max(time(g, -(-(x + 1) // y)) for g, ((_, y), x) in enumerate(zip(groups, rest, strict=True)))
-    times = sorted(
-        time(g, k) for g in range(len(groups)) for k in range(max(1, most(g, low)), most(g, high) + 1)
-    )
+
+    def first(g: int) -> int:
+        """The first candidate sample count of group g: up to ``flat`` samples it waits for its longest sample
+        alone (one time for them all), and none below the floor's count."""
+        c = groups[g][0]
+        flat = int(c.longest_s * c.tokens_per_s / mean_tokens)
+        return max(1, most(g, low), min(flat, most(g, high)))
+
+    times = sorted(time(g, k) for g in range(len(groups)) for k in range(first(g), most(g, high) + 1))
     lo, hi = 0, len(times) - 1  # times[hi] is reachable: at most high, and the group reaching high has it
     while lo < hi:
         mid = (lo + hi) // 2
