@@ -66,6 +66,11 @@ class Predicted:
         "preemptible pools; the same without them)",
         _RATE,
     )
+    sources: dict[str, str] = spec(
+        help="per phase (rollout, train, weight_sync): where its numbers came from (method; each factor "
+        "fitted / measured / assumed, with its source)",
+        default_factory=dict,
+    )
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ def _read(path: str, what: str) -> dict:
 def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.costmodel.calibration import (
         PROFILE_FORMAT,
+        RANGES,
         Calibration,
         read_profile,
         read_profile_sources,
@@ -88,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     for t in types:
         print(f"{t}:", file=con)
         for key, value in out["gpu_types"][t].items():
-            print(f"  {key:16} {value:<10g} {out['sources'][t][key]}", file=con)
+            edge = " [at an end of its range]" if value in (RANGES[key].low, RANGES[key].high) else ""
+            print(f"  {key:18} {value:<10g} {out['sources'][t][key]}{edge}", file=con)
     if out["check"]:
         print("\nPlanner vs measured on the measured clusters", file=con)
         print(f"{'model':32}{'cluster':8}{'phase':15}{'measured':>10}{'model':>10}{'error':>8}", file=con)

@@ -67,6 +67,7 @@ def estimate(recipe) -> dict:
     """The ``--json`` document for a loaded recipe."""
     from areal_hex_plugin.costmodel import CostModel, recipe_calibration
     from areal_hex_plugin.costmodel.single_type import SINGLE_TYPE_MAX_PP, best_rollout, best_train
+    from areal_hex_plugin.costmodel.sources import phase_sources
 
     calibration = recipe_calibration(recipe)
     cm = CostModel(recipe.cluster, recipe.workload, calibration)
@@ -91,6 +92,11 @@ def estimate(recipe) -> dict:
             "train_usd_per_mtoken": round(price / 3600 / train_per_gpu * 1e6, 4) if train_per_gpu else None,
             "rollout": _rollout_entry(r_stages, r_est),
             "train": _train_entry(t_stages, t_est),
+            "sources": phase_sources(
+                calibration,
+                {"rollout": [gpu_type], "train": [gpu_type]},
+                r_est.decode_source if r_est and r_est.feasible else "roofline",
+            ),
         }
     wl = recipe.workload
     return {

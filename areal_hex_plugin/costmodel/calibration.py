@@ -9,8 +9,12 @@ Each factor is what the cost model cannot derive from the catalog's figures:
   a machine achieve. Network figures between machines come from the recipe and are used as given.
 * ``update_gb_per_s``: GB/s at which a GPU of the type gathers (trainer) or loads (engine) a weight version.
 * ``update_fixed_s``: seconds every weight update costs whatever its size (pause, rendezvous, resume).
-* ``train_fixed_s``: seconds every training step costs whatever the model (gathering and packing the batch,
-  advantages, bookkeeping); AReaL's measured steps grow much less than the model's FLOPs from 1.5B to 14B.
+* ``decode_overhead_s``: seconds every decode iteration of the engine costs besides its kernels' bytes and FLOPs
+  (scheduling, sampling, the CUDA-graph launch, the hand-off to the tokenizer process).
+
+Every factor is a physical quantity with a physical range beside it (:data:`RANGES`): a fraction of a peak
+figure that kernels really reach, or a rate or overhead of the order real systems show. A recipe override or a
+fit outside its range is refused (``areal-hex calibrate`` names the measurement that pulls it out).
 
 Later sources override earlier ones factor by factor: built-in defaults, then the profile (written by
 ``areal-hex profile`` or ``areal-hex calibrate``), then the recipe. Every factor in effect records where it came
@@ -45,16 +49,39 @@ class Efficiency:
     link_efficiency: float = 0.80
     update_gb_per_s: float = 5.0
     update_fixed_s: float = 1.5
-    train_fixed_s: float = 0.0
+    decode_overhead_s: float = 1e-3
 
 
 FACTORS = tuple(f.name for f in fields(Efficiency))
-# (lowest, highest, whether the lowest is allowed) per factor; the fractions of a peak figure lie in (0, 1].
-RANGES: dict[str, tuple[float, float, bool]] = {
-    **{name: (0.0, 1.0, False) for name in ("train_mfu", "infer_mfu", "hbm_fraction", "link_efficiency")},
-    "update_gb_per_s": (0.0, 1000.0, False),
-    "update_fixed_s": (0.0, 600.0, True),
-    "train_fixed_s": (0.0, 3600.0, True),
+
+
+@dataclass(frozen=True)
+class Range:
+    """The physical range of a factor, inclusive, and why."""
+
+    low: float
+    high: float
+    why: str
+
+    def __contains__(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+    def __str__(self) -> str:
+        return f"{self.low:g} to {self.high:g}"
+
+
+RANGES: dict[str, Range] = {
+    "train_mfu": Range(
+        0.05, 0.7, "dense training of 1-100B models: 5% (tiny micro-batches) to 70% (best kernels)"
+    ),
+    "infer_mfu": Range(0.05, 0.7, "compute-bound prefill/decode GEMMs and attention reach 5% to 70% of peak"),
+    "hbm_fraction": Range(0.4, 0.9, "decode kernels stream weights and KV at 40% to 90% of the HBM figure"),
+    "link_efficiency": Range(0.3, 0.95, "NCCL bus bandwidth over NVLink/PCIe: 30% to 95% of nominal"),
+    "update_gb_per_s": Range(
+        0.5, 400.0, "a weight version gathered or loaded at 0.5 (disk) to 400 GB/s (NVLink)"
+    ),
+    "update_fixed_s": Range(0.01, 60.0, "pause, rendezvous and resume of a weight update: 10 ms to a minute"),
+    "decode_overhead_s": Range(1e-4, 5e-3, "per decode iteration outside the kernels: 0.1 to 5 ms"),
 }
 
 # Defaults for every GPU type until a profile or fit replaces them: typical Megatron/FSDP MFU on dense 7-14B
@@ -72,21 +99,18 @@ DEFAULTS: dict[str, Efficiency] = {
 
 
 def _check_factor(value: object, path: str, name: str = "train_mfu") -> float:
-    low, high, low_ok = RANGES[name]
+    r = RANGES[name]
     if (
         not isinstance(value, int | float)
         or isinstance(value, bool)
         or not math.isfinite(value)
-        or value > high
-        or value < low
-        or (value == low and not low_ok)
+        or value not in r
     ):
-        what = (
-            "a fraction in (0, 1]"
-            if high == 1.0
-            else f"a number in {'[' if low_ok else '('}{low:g}, {high:g}]"
+        raise HexError(
+            path,
+            f"must lie in its physical range {r} ({r.why}), got {value!r}",
+            "give the measured or fitted value",
         )
-        raise HexError(path, f"must be {what}, got {value!r}", "give the measured or fitted value")
     return float(value)
 
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from areal_hex_plugin.costmodel.calibration import Calibration
+from areal_hex_plugin.costmodel.calibration import GENERIC, RANGES, Calibration
 from areal_hex_plugin.costmodel.rollout import RolloutStage, batch_timings
 from areal_hex_plugin.costmodel.train import TrainStage, estimate_train
 from areal_hex_plugin.errors import HexError
@@ -32,8 +32,6 @@ from areal_hex_plugin.specs.workload import LengthDistribution, RLSettings, Work
 
 MEASUREMENTS_FORMAT = "areal-hex-measurements/2"
 PROBE = "probe"
-# Search range of a fraction-of-peak factor: below 1% a measurement is broken, not slow.
-LOWEST_FACTOR = 0.01
 
 
 @dataclass(frozen=True)
@@ -130,22 +128,36 @@ def _call_cost(points: list[tuple[int, float, float]]) -> float:
 
 
 def grid_search(
-    loss, points: int = 24, low: float = LOWEST_FACTOR, high: float = 1.0, refine: int = 8
+    loss, bounds: tuple[tuple[float, float], tuple[float, float]], points: int = 24, refine: int = 8
 ) -> tuple[float, float]:
-    """The pair of factors in [low, high]^2 minimising ``loss(a, b)``: a coarse log grid, then finer ones
-    around the best point (the losses fitted here are smooth with one basin)."""
-    ratio = (high / low) ** (1 / (points - 1))
-    grid = [low * ratio**i for i in range(points)]
-    best = min(((a, b) for a in grid for b in grid), key=lambda ab: loss(*ab))
+    """The pair of factors within ``bounds`` ((low, high) of each) minimising ``loss(a, b)``: a coarse log grid,
+    then finer ones around the best point (the losses fitted here are smooth with one basin)."""
+    ratios = [(high / low) ** (1 / (points - 1)) for low, high in bounds]
+    grids = [[low * r**i for i in range(points)] for (low, _), r in zip(bounds, ratios, strict=True)]
+    best = min(((a, b) for a in grids[0] for b in grids[1]), key=lambda ab: loss(*ab))
+
+    def inside(ab: tuple[float, float]) -> bool:
+        return all(
+            low * (1 - 1e-9) <= x <= high * (1 + 1e-9) for x, (low, high) in zip(ab, bounds, strict=True)
+        )
+
     for _ in range(3):
-        near = [ratio ** (j / refine) for j in range(-refine, refine + 1)]
-        pairs = ((best[0] * a, best[1] * b) for a in near for b in near)
-        best = min((ab for ab in pairs if max(ab) <= high and min(ab) >= low), key=lambda ab: loss(*ab))
-        ratio **= 1 / refine
+        pairs = (
+            (best[0] * ratios[0] ** (i / refine), best[1] * ratios[1] ** (j / refine))
+            for i in range(-refine, refine + 1)
+            for j in range(-refine, refine + 1)
+        )
+        best = min((ab for ab in pairs if inside(ab)), key=lambda ab: loss(*ab))
+        ratios = [r ** (1 / refine) for r in ratios]
     return best
 
 
-def bisect_factor(too_slow, low: float = LOWEST_FACTOR, high: float = 1.0) -> float:
+def _bounds(factor: str) -> tuple[float, float]:
+    r = RANGES[factor]
+    return r.low, r.high
+
+
+def bisect_factor(too_slow, low: float, high: float) -> float:
     """The factor in [low, high] where ``too_slow(factor)`` turns False (the model gets fast enough);
     ``high`` when even it is too slow."""
     if too_slow(high):
@@ -185,7 +197,7 @@ def _fit_rollout(
             for (p, s), (_, mp, ms) in zip(model_times(hbm, mfu), points, strict=True)
         )
 
-    hbm, mfu = grid_search(loss)
+    hbm, mfu = grid_search(loss, (_bounds("hbm_fraction"), _bounds("infer_mfu")))
     fitted = []
     for (prefill, step), (batch, m_prefill, m_step) in zip(model_times(hbm, mfu), points, strict=True):
         fitted.append(
@@ -211,14 +223,14 @@ def _fit_train(
 
     def step(mfu: float) -> float:
         # The measured step is the actor's alone: none of the trainer's per-step work around it.
-        cal = calibration.with_factors(pool.gpu_type, {"train_mfu": mfu, "train_fixed_s": 0.0})
+        cal = calibration.with_factors(pool.gpu_type, {"train_mfu": mfu})
         est = estimate_train(cluster, workload, cal, stages, check_memory=False)
         if not est.feasible:
             raise HexError("measurements", f"train: {est.reason}", "measure a layout one machine can hold")
         return est.step_time_s
 
     # Slower than measured even at peak: report the cap and the gap.
-    mfu = bisect_factor(lambda f: step(f) > measured)
+    mfu = bisect_factor(lambda f: step(f) > measured, *_bounds("train_mfu"))
     point = {"what": "train_step", "batch": sequences, "measured_s": measured, "model_s": step(mfu)}
     return {"train_mfu": mfu}, point
 
@@ -237,7 +249,11 @@ def fit_profile(
             f"were taken with model {measurements.get('model')!r}, the recipe's model is {model.name!r}",
             "profile with this recipe, or fit with the recipe that was measured",
         )
-    calibration = calibration or Calibration()
+    # The per-iteration decode overhead is held at the generic figure: one model's batch sweep cannot tell it
+    # from the weight read (both are the same at every batch size).
+    calibration = (calibration or Calibration()).with_factors(
+        pool.gpu_type, {"decode_overhead_s": GENERIC.decode_overhead_s}
+    )
     factors: dict[str, float] = {}
     train = measurements.get("train")
     if not isinstance(train, Mapping):

@@ -38,6 +38,9 @@ class LengthStats:
     # rollouts, and one holds its slot until its longest sample ends, so keeping k sequences decoding takes
     # k / n_samples * group_hold rollouts admitted.
     group_hold: float = 1.0
+    # Expected longest of a step's samples (the cap, once the distribution's point mass there is reached by a
+    # step's draws): the step's rollout cannot end before it does.
+    step_longest: float = 0.0
 
 
 def _curve(lengths: tuple[int, ...]) -> DrainCurve:
@@ -65,11 +68,12 @@ def expected_longest(lengths: tuple[int, ...], n: int) -> float:
     return sum(length * ((i / count) ** n - ((i - 1) / count) ** n) for i, length in enumerate(lengths, 1))
 
 
-def length_stats(dist: LengthDistribution, n_samples: int = 1) -> LengthStats:
-    """The in-flight position, drain curve and group hold of ``dist`` (computed once per cost model)."""
+def length_stats(dist: LengthDistribution, n_samples: int = 1, samples_per_step: int = 1) -> LengthStats:
+    """The in-flight position, drain curve, group hold and step's longest of ``dist`` (once per cost model)."""
     return LengthStats(
         mean=dist.mean,
         inflight_position=dist.mean_square / (2 * dist.mean),
         drain_from_start=_curve(dist.lengths),
         group_hold=expected_longest(dist.lengths, n_samples) / dist.mean,
+        step_longest=expected_longest(dist.lengths, samples_per_step),
     )

@@ -28,7 +28,9 @@ class CostModel:
         self.cluster = cluster
         self.workload = workload
         self.calibration = calibration or Calibration()
-        self._lengths = lengths or length_stats(workload.output_lengths, workload.rl.n_samples)
+        self._lengths = lengths or length_stats(
+            workload.output_lengths, workload.rl.n_samples, workload.rl.samples_per_step
+        )
         self._rollout: dict[tuple[tuple[RolloutStage, ...], int | None], RolloutEstimate] = {}
         self._train: dict[tuple[TrainStage, ...], TrainEstimate] = {}
         self._train_stages: dict = {}  # stage costs shared by the layouts (costmodel/train.py)
@@ -74,10 +76,13 @@ class CostModel:
 
     def staleness_sequences(self, batches: int | None = None) -> int:
         """Sequences the staleness bound lets upstream keep in flight: ``batches`` consumer batches of rollouts
-        (default eta + 1, weights pushed every step), each rollout holding its slot until its longest sample ends."""
+        (default eta + 1, weights pushed every step; at most ``rl.max_admitted`` rollouts where set), each rollout
+        holding its slot until its longest sample ends."""
         rl = self.workload.rl
         batches = rl.max_head_offpolicyness + 1 if batches is None else batches
         prompts = batches * rl.consumer_batch_size
+        if rl.max_admitted:
+            prompts = min(prompts, rl.max_admitted)
         return max(1, int(prompts * rl.n_samples / self._lengths.group_hold))
 
     def train(self, stages: tuple[TrainStage, ...]) -> TrainEstimate:

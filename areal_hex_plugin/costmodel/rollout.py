@@ -1,16 +1,16 @@
-"""Rollout replica model (HexGen-style roofline, GQA-aware, with continuous batching and long-tail drain).
+"""Rollout replica model: per-iteration decode latency (``costmodel/decode.py``), admission and long-tail drain.
 
-One decode step of ``a`` sequences on one TP rank of a stage costs
-``max(weights / HBM, a * 2 * params / FLOPS) + max(a * ctx * KV bytes / HBM, a * 4 * ctx * q_dim / FLOPS)``
-plus two TP all-reduces per layer over the machine's GPU link: every step reads the weights once and each
-sequence's whole KV cache, so the step grows with the in-flight context ``ctx`` (prompt plus the mean decode
-position of the sequences in flight). Pipeline stages run ``pp`` micro-batches; the slowest stage (with its
-hand-off) sets the cycle. The batch is as many sequences as SGLang's KV pool holds (the pool is what
+One decode iteration of ``a`` sequences at context ``ctx`` takes ``decode_iteration_s`` (a roofline with physical
+factors: weights and every sequence's KV read at ``hbm_fraction`` of HBM, FLOPs at ``infer_mfu``, TP all-reduces,
+a per-iteration overhead). The batch is as many sequences as SGLang's KV pool holds (what
 ``sglang.mem_fraction_static`` leaves after the weights, :func:`~areal_hex_plugin.costmodel.memory.rollout_kv_budget`),
-at most SGLang's CUDA-graph batch limit. With a staleness bound eta >= 1 the replica keeps the batch full
-(continuous batching); with eta = 0 each batch drains through its long tail. Prefill is compute-bound and adds its
-time once per prompt (the radix cache shares it between a rollout's samples; SGLang runs prefill batches apart
-from decode batches unless mixed chunking is enabled).
+at most SGLang's CUDA-graph batch limit (``CUDA_GRAPH_MAX_BS``) and at most the sequences admission lets in
+(``max_sequences``: upstream admits ``max_concurrent_rollouts`` rollouts within the staleness bound, and a rollout
+holds its slot until its longest sample ends, so with samples at the 27,648-token cap a replica may run far
+fewer sequences than it could hold; ``CostModel.staleness_sequences``). With eta >= 1 the replica runs that batch
+continuously (by Little's law a step takes its tokens at the batch's rate); with eta = 0 each batch drains until
+its longest sample ends. Prefill is compute-bound and adds its time once per prompt (the radix cache shares it
+between a rollout's samples).
 
 A weight update throws the in-flight KV away. Upstream asks SGLang to abort every request with the update
 (areal 1.0.4 ``engine/sglang_remote.py``, ``build_distributed_weight_update_requests``: ``"abort_all_requests":
@@ -19,16 +19,24 @@ True``; the disk path sends the same flag), SGLang flushes its radix cache once 
 recv_req.flush_cache: self.flush_cache()``), and upstream's client resubmits each aborted request with its prompt
 plus every token generated so far (``infra/remote_inf_engine.py``, ``agenerate``: ``req.input_ids +=
 gen_result.output_tokens`` in the ``while stop_reason not in [...]`` loop). So after every update each replica
-prefills its whole in-flight context again, at the compute-bound prefill rate: ``RolloutEstimate.recompute_s``.
+prefills its whole in-flight context again, at the compute-bound prefill rate with the causal attention over it:
+``RolloutEstimate.recompute_s``, charged to rollout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from areal_hex_plugin.costmodel import kernel_data
 from areal_hex_plugin.costmodel.calibration import GENERIC_SOURCE, Calibration
+from areal_hex_plugin.costmodel.decode import (
+    ROOFLINE,
+    DecodeReplica,
+    DecodeStage,
+    decode_iteration_s,
+    roofline_s,
+)
 from areal_hex_plugin.costmodel.lengths import DrainCurve, LengthStats
 from areal_hex_plugin.costmodel.links import between_stages, gpu_link
 from areal_hex_plugin.costmodel.memory import (
@@ -42,14 +50,11 @@ from areal_hex_plugin.costmodel.stages import layout_problem
 from areal_hex_plugin.specs.cluster import Cluster, Pool
 from areal_hex_plugin.specs.workload import WorkloadSpec
 
-# Per-step CPU work of the engine (scheduling, sampling, detokenisation hand-off) that CUDA graphs do not hide.
-STEP_OVERHEAD_S = 1e-3
 # SGLang's default ``cuda_graph_max_bs`` (server_args, per GPU memory and TP size; sglang 0.5.x, which
 # areal 1.0.4 pins): (min HBM GB, batch limit below TP4, batch limit at TP4 and above); the first row the card
 # reaches applies. Decode batches above it run without CUDA graphs and pay the kernel-launch cost of every layer
 # on each step, so the plan keeps a replica's batch within it (the in-flight cap it writes bounds the batch).
 CUDA_GRAPH_MAX_BS = ((90.0, 256, 512), (60.0, 256, 512), (35.0, 32, 160), (20.0, 24, 80), (0.0, 8, 64))
-ROOFLINE, KERNEL_DATA = "roofline", "kernel data"  # where a decode step's seconds come from
 # Latency of one small NCCL all-reduce inside a machine, and of one pipeline hand-off between machines.
 ALLREDUCE_LATENCY_S = 10e-6
 HANDOFF_LATENCY_S = 50e-6
@@ -78,31 +83,20 @@ class RolloutEstimate:
     peak_tokens_per_s: float = 0.0  # decode rate with the batch full (no prefill, no drain)
     step_time_s: float = 0.0  # one decode step with the batch full
     bound: str = ""  # what limits the full-batch decode step: "hbm", "compute" or "communication"
-    decode_source: str = ROOFLINE  # where that step's seconds come from: "kernel data" or "roofline"
     kv_capacity_tokens: int = 0
     # After each weight update upstream aborts and resubmits in-flight requests, so the replica prefills their
     # prompts (once per rollout: the radix cache shares them) and generated tokens again before decoding on.
     recompute_s: float = 0.0
     prefill_s_per_token: float = 0.0  # compute-bound prefill (new prompts and the rebuild after an update)
+    decode_source: str = (
+        ROOFLINE  # where the full-batch iteration's seconds come from: KERNEL_DATA or ROOFLINE
+    )
+    # Seconds the step's longest sample (``LengthStats.step_longest``) decodes: a step's rollout ends no earlier.
+    longest_s: float = 0.0
 
     @property
     def n_gpus(self) -> int:
         return sum(self.gpus.values())
-
-
-@dataclass(frozen=True)
-class _Stage:
-    """Per-TP-rank constants of one stage, in bytes, FLOPs and seconds."""
-
-    weight_s: float  # weights once per step
-    lin_flop_s: float  # dense FLOPs per sequence per step
-    kv_read_s: float  # KV read per sequence per context token
-    attn_flop_s: float  # attention FLOPs per sequence per context token
-    allreduce_s: float  # all-reduces per step: fixed latency
-    allreduce_per_seq_s: float  # ... and per sequence
-    handoff_s: float  # to the next stage: fixed latency
-    handoff_per_seq_s: float  # ... and per sequence
-    prefill_s: float  # one prompt's prefill on this stage
 
 
 def _infeasible(reason: str, gpus: dict[str, int]) -> RolloutEstimate:
@@ -115,12 +109,16 @@ def _check_stages(cluster: Cluster, workload: WorkloadSpec, stages: tuple[Rollou
     return layout_problem(cluster, workload.model, [(s.pool, s.tp, s.tp) for s in stages], "replica")
 
 
-def _build_stages(cluster, workload, calibration: Calibration, stages, layers, gpus) -> list[_Stage]:
+def _build_stages(
+    cluster, workload, calibration: Calibration, stages, layers, gpus
+) -> tuple[DecodeReplica, float]:
+    """The replica's decode constants (:mod:`~areal_hex_plugin.costmodel.decode`) and one prompt's prefill
+    seconds on its slowest stage."""
     model = workload.model
     params = stage_params(model, layers)
     q_dim = model.heads * model.dim_per_head
     prompt = workload.prompt_tokens
-    built = []
+    built, prefill = [], 0.0
     for i, (s, n, p) in enumerate(zip(stages, layers, params, strict=True)):
         pool = cluster.pool(s.pool)
         eff = calibration.for_gpu(pool.gpu_type)
@@ -140,8 +138,9 @@ def _build_stages(cluster, workload, calibration: Calibration, stages, layers, g
             link = between_stages(cluster, calibration, pool, nxt, gpus[pool.name] <= pool.gpus_per_machine)
             ho_s, ho_seq = HANDOFF_LATENCY_S, model.hidden * 2 / link
         prefill_flops = 2 * compute_params * prompt + 2 * prompt * prompt * q_dim * n
+        prefill = max(prefill, prefill_flops / s.tp / flops + ar_seq * prompt)
         built.append(
-            _Stage(
+            DecodeStage(
                 weight_s=p * 2 / s.tp / hbm,
                 lin_flop_s=2 * compute_params / s.tp / flops,
                 kv_read_s=kv_bytes_per_token(model, n, s.tp) / hbm,
@@ -150,105 +149,32 @@ def _build_stages(cluster, workload, calibration: Calibration, stages, layers, g
                 allreduce_per_seq_s=ar_seq,
                 handoff_s=ho_s,
                 handoff_per_seq_s=ho_seq,
-                prefill_s=prefill_flops / s.tp / flops + ar_seq * prompt,
             )
         )
-    return built
-
-
-def _stage_time(st: _Stage, seqs: float, ctx: float) -> tuple[float, str]:
-    dense = max(st.weight_s, seqs * st.lin_flop_s)
-    attention = seqs * ctx * max(st.kv_read_s, st.attn_flop_s)
-    comm = st.allreduce_s + seqs * st.allreduce_per_seq_s + st.handoff_s + seqs * st.handoff_per_seq_s
-    hbm = (st.weight_s if st.weight_s >= seqs * st.lin_flop_s else 0.0) + (
-        seqs * ctx * st.kv_read_s if st.kv_read_s >= st.attn_flop_s else 0.0
+    types = {cluster.pool(s.pool).gpu_type for s in stages}
+    overhead = max(calibration.for_gpu(t).decode_overhead_s for t in types)
+    one_type = next(iter(types)) if len(types) == 1 and len({s.tp for s in stages}) == 1 else ""
+    replica = DecodeReplica(
+        one_type,
+        model,
+        stages[0].tp,
+        tuple(built),
+        overhead,
+        layer_shares=tuple(n / model.layers for n in layers),
+        measured=bool(one_type) and _kernel_data_serves(calibration, one_type, model, stages[0].tp),
     )
-    compute = dense + attention - hbm
-    bound = max((("hbm", hbm), ("compute", compute), ("communication", comm)), key=lambda kv: kv[1])[0]
-    return dense + attention + comm, bound
+    return replica, prefill
 
 
-Measured = Callable[[float, float], "float | None"]  # (sequences, context) -> seconds of one decode iteration
-
-
-def _cycle(
-    stages: list[_Stage], seqs: float, ctx: float, measured: Measured | None = None
-) -> tuple[float, str, str]:
-    """Seconds for every one of ``seqs`` sequences to advance one token (measured kernel data where it covers the
-    point, else the roofline), what bounds it (by the roofline), and which of the two gave the seconds."""
-    micro = min(len(stages), max(1.0, seqs))
-    times = [_stage_time(st, seqs / micro, ctx) for st in stages]
-    slowest, bound = max(times)
-    seconds = measured(seqs, ctx) if measured else None
-    if seconds is None:
-        return micro * slowest + STEP_OVERHEAD_S, bound, ROOFLINE
-    return seconds, bound, KERNEL_DATA
-
-
-def measured_decode(
-    cluster: Cluster,
-    workload: WorkloadSpec,
-    calibration: Calibration,
-    stages: tuple[RolloutStage, ...],
-    layers: tuple[int, ...],
-    built: list[_Stage],
-) -> Measured | None:
-    """Measured kernel data (``costmodel/kernel_data.py``) for a replica whose stages share one GPU type it covers
-    and one TP, unless the type's decode factors were measured or fitted: a profile of the user's own machines is
-    closer to them than NVIDIA's collection, and the fit reads the roofline. None where the roofline serves.
-
-    The table times the whole model; a pipeline stage takes its share of the layers of that time for its
-    micro-batch, plus its hand-off, and the slowest stage sets the cycle, as in the roofline."""
-    gpu_types = {cluster.pool(s.pool).gpu_type for s in stages}
-    if len(gpu_types) != 1 or len({s.tp for s in stages}) != 1:
-        return None
-    (gpu_type,) = gpu_types
+def _kernel_data_serves(calibration: Calibration, gpu_type: str, model, tp: int) -> bool:
+    """Measured kernel data times this type's decode unless its decode factors were measured or fitted: a profile
+    of the user's own machines is closer to them than NVIDIA's collection, and the fit reads the roofline."""
     if any(calibration.source(gpu_type, f) != GENERIC_SOURCE for f in ("hbm_fraction", "infer_mfu")):
-        return None
-    model, tp = workload.model, stages[0].tp
-    if kernel_data.decode_iteration_s(gpu_type, model, tp, 1, 1024) is None:
-        return None
-    shares = [n / model.layers for n in layers]
-
-    def seconds(seqs: float, ctx: float) -> float | None:
-        micro = min(len(stages), max(1.0, seqs))
-        whole = kernel_data.decode_iteration_s(gpu_type, model, tp, seqs / micro, ctx)
-        if whole is None:
-            return None
-        per_stage = [
-            share * whole + st.handoff_s + seqs / micro * st.handoff_per_seq_s
-            for share, st in zip(shares, built, strict=True)
-        ]
-        return micro * max(per_stage)
-
-    return seconds
+        return False
+    return kernel_data.decode_iteration_s(gpu_type, model, tp, 1, 1024) is not None
 
 
-def decode_step_s(
-    cluster: Cluster,
-    workload: WorkloadSpec,
-    calibration: Calibration,
-    stages: tuple[RolloutStage, ...],
-    batch: float,
-    ctx: float,
-) -> tuple[float, str]:
-    """The cost model's seconds for one decode iteration of ``batch`` sequences at context ``ctx`` on a valid
-    layout (``ValueError`` otherwise), and its source: "kernel data" or "roofline"."""
-    problem = _check_stages(cluster, workload, stages)
-    if problem:
-        raise ValueError(problem)
-    pools = [cluster.pool(s.pool) for s in stages]
-    layers = _split(workload.model.layers, stages, pools, calibration)
-    built = _build_stages(cluster, workload, calibration, stages, layers, _gpus_by_pool(stages))
-    seconds, _, source = _cycle(
-        built, batch, ctx, measured_decode(cluster, workload, calibration, stages, layers, built)
-    )
-    return seconds, source
-
-
-def _drain_time(
-    stages: list[_Stage], c: int, ctx: float, curve: DrainCurve, measured: Measured | None
-) -> tuple[float, float]:
+def _drain_time(replica: DecodeReplica, c: int, ctx: float, curve: DrainCurve) -> tuple[float, float]:
     """Expected seconds and tokens of a batch of ``c`` draining along ``curve`` (context grows with age).
 
     A step runs only while at least one sequence is left, with probability ``1 - (1 - share)^c``; then it carries
@@ -260,7 +186,7 @@ def _drain_time(
             continue
         running = 1 - (1 - share) ** c
         active = c * share
-        seconds += dt * running * _cycle(stages, active / running, ctx + since, measured)[0]
+        seconds += dt * running * decode_iteration_s(replica, active / running, ctx + since)[0]
         tokens += dt * active
     return seconds, tokens
 
@@ -307,16 +233,19 @@ def estimate_rollout(
     concurrency = min(max(1, int(capacity / ctx)), _graph_batch_limit(stages, pools))
     if max_sequences:
         concurrency = min(concurrency, max_sequences)
-    built = _build_stages(cluster, workload, calibration, stages, layers, gpus)
-    measured = measured_decode(cluster, workload, calibration, stages, tuple(layers), built)
-    step, bound, source = _cycle(built, concurrency, ctx, measured)
+    replica, prefill_one = _build_stages(cluster, workload, calibration, stages, layers, gpus)
+    step, source = decode_iteration_s(replica, concurrency, ctx)
+    bound = roofline_s(replica, concurrency, ctx)[1]
     peak = concurrency / step
     # With eta >= 1 upstream admits new work while the trainer consumes finished batches, so a replica that
-    # rollout is waiting on stays full (the simulator plays this out); only with eta = 0 does every batch start
-    # together and drain through its long tail before the next version may start.
+    # rollout is waiting on stays as full as admission lets it (``max_sequences``: a rollout holds its slot until
+    # its longest sample ends, so the sequences decoding are those of the admitted rollouts that have not ended;
+    # Little's law then gives the step); only with eta = 0 does every batch start together and drain until its
+    # longest sample ends (the cap, where the length distribution has a point mass there) before the next
+    # version may start.
     if workload.rl.max_head_offpolicyness == 0:
         drain_s, drain_tokens = _drain_time(
-            built, concurrency, workload.prompt_tokens, lengths.drain_from_start, measured
+            replica, concurrency, workload.prompt_tokens, lengths.drain_from_start
         )
     else:
         drain_s = drain_tokens = 0.0
@@ -324,10 +253,24 @@ def estimate_rollout(
     full_s = max(0.0, total_tokens - drain_tokens) / peak
     # The n_samples sequences of a rollout share one prompt: SGLang's radix cache prefills it once.
     in_flight_prompts = -(-concurrency // workload.rl.n_samples)
-    prefill_s = in_flight_prompts * max(st.prefill_s for st in built)
+    prefill_s = in_flight_prompts * prefill_one
     tokens_per_s = total_tokens / (full_s + drain_s + prefill_s)
+    # The KV rebuild after an update: each in-flight sequence prefills its prompt (once per rollout) and the
+    # tokens generated so far, dense FLOPs per token plus causal attention over them (half the context each).
     recompute_tokens = in_flight_prompts * workload.prompt_tokens + concurrency * lengths.inflight_position
-    prefill_s_per_token = max(st.lin_flop_s + st.allreduce_per_seq_s + st.handoff_per_seq_s for st in built)
+    prefill_s_per_token = max(
+        st.lin_flop_s + st.allreduce_per_seq_s + st.handoff_per_seq_s for st in replica.stages
+    )
+    attention_s = concurrency * ctx * ctx / 2 * max(st.attn_flop_s for st in replica.stages)
+    # The step's longest sample decodes one token per iteration. With eta >= 1 it shares the iterations with the
+    # batch admission keeps full (the next steps' samples overlap its tail); with eta = 0 the batch drains
+    # around it (``concurrency * mean`` tokens over its iterations), at the context of the long survivors.
+    longest = lengths.step_longest
+    if workload.rl.max_head_offpolicyness == 0:
+        tail_batch = max(1.0, concurrency * lengths.mean / longest)
+        longest_s = longest * decode_iteration_s(replica, tail_batch, workload.prompt_tokens + longest / 2)[0]
+    else:
+        longest_s = longest * step
     return RolloutEstimate(
         feasible=True,
         reason="",
@@ -340,11 +283,31 @@ def estimate_rollout(
         peak_tokens_per_s=peak,
         step_time_s=step,
         bound=bound,
-        decode_source=source,
         kv_capacity_tokens=int(capacity),
-        recompute_s=recompute_tokens * prefill_s_per_token,
+        recompute_s=recompute_tokens * prefill_s_per_token + attention_s,
         prefill_s_per_token=prefill_s_per_token,
+        decode_source=source,
+        longest_s=longest_s,
     )
+
+
+def decode_step_s(
+    cluster: Cluster,
+    workload: WorkloadSpec,
+    calibration: Calibration,
+    stages: tuple[RolloutStage, ...],
+    batch: float,
+    ctx: float,
+) -> tuple[float, str]:
+    """The cost model's seconds for one decode iteration of ``batch`` sequences at context ``ctx`` on a valid
+    layout (``ValueError`` otherwise), and its source: "kernel data" or "roofline"."""
+    problem = _check_stages(cluster, workload, stages)
+    if problem:
+        raise ValueError(problem)
+    pools = [cluster.pool(s.pool) for s in stages]
+    layers = _split(workload.model.layers, stages, pools, calibration)
+    replica, _ = _build_stages(cluster, workload, calibration, stages, layers, _gpus_by_pool(stages))
+    return decode_iteration_s(replica, batch, ctx)
 
 
 def batch_timings(
@@ -367,9 +330,9 @@ def batch_timings(
         raise ValueError(problem)
     pools = [cluster.pool(s.pool) for s in stages]
     layers = _split(workload.model.layers, stages, pools, calibration)
-    built = _build_stages(cluster, workload, calibration, stages, layers, gpus)
-    prefill = max(st.prefill_s for st in built)
-    return [(batch * prefill, _cycle(built, batch, ctx)[0]) for batch in batches]
+    replica, prefill = _build_stages(cluster, workload, calibration, stages, layers, gpus)
+    # The roofline, never kernel data: the profile fit moves the roofline's factors to the engine's timings.
+    return [(batch * prefill, roofline_s(replica, batch, ctx)[0]) for batch in batches]
 
 
 def _gpus_by_pool(stages: tuple[RolloutStage, ...]) -> dict[str, int]:

@@ -15,8 +15,13 @@ a pipeline runs on Megatron, whose distributed optimizer reduce-scatters gradien
 per optimizer step. FSDP with ``hybrid`` (the paper's space only) shards within each machine and all-reduces the
 gradient shards across machines once per optimizer step. That traffic overlaps compute, so a stage takes the
 larger of the two. Pipelines add the 1F1B bubble; their dp replicas hand activations over in parallel, one link
-per machine. Every step also pays the
-types' ``train_fixed_s`` (work that does not scale with the model: batch gathering and packing, advantages).
+per machine. There is no fixed per-step term: every second is FLOPs, bytes over a link or bytes through HBM.
+
+MFU by model size: per layer and token the GEMMs' FLOPs grow as hidden^2, while the memory-bound kernels beside
+them (norms, activation functions, rotary, residual adds, the fp32 log-softmax over the vocabulary) grow as hidden;
+so the fraction of peak a step reaches is ``train_mfu * hidden / (hidden + MFU_HALF_HIDDEN)`` (``train_mfu``: the
+large-model limit). At hidden 1,536 (1.5B) a step spends about 40% of its time outside the GEMMs, at 5,120 (14B)
+about 17%. The optimizer step streams its state through HBM at the type's ``hbm_fraction``.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from areal_hex_plugin.specs.workload import WorkloadSpec
 # fp32 master weights + Adam moments read and written, bf16 weights written: bytes moved per parameter by the
 # optimizer step (bandwidth-bound).
 OPTIMIZER_BYTES_PER_PARAM = 40
+# The hidden size at which the memory-bound kernels take as long as the GEMMs (see the module docstring).
+MFU_HALF_HIDDEN = 1024
 # A stage's times and memory are affine in its layer count from this many layers on (FSDP gathers up to two).
 AFFINE_FROM = 2
 
@@ -171,6 +178,11 @@ def estimate_train(
     return TrainEstimate(True, "", time, workload.tokens_per_step / time, gpus, tuple(layers), memory, parts)
 
 
+def size_mfu(train_mfu: float, hidden: int) -> float:
+    """The fraction of peak FLOPS a training step of a model of this hidden size reaches."""
+    return train_mfu * hidden / (hidden + MFU_HALF_HIDDEN)
+
+
 @cache
 def _one_layer_params(model, pp: int) -> tuple[int, ...]:
     """Parameters each of ``pp`` stages holds with one layer each (``stage_params`` is affine in the layers)."""
@@ -205,7 +217,6 @@ class _Step:
         # 1F1B flushes once per optimizer step: pp - 1 micro-batch slots of the slowest stage's per-micro-batch
         # work idle per minibatch (once-per-step traffic and the optimizer do not repeat per micro-batch).
         self._bubble = (len(stages) - 1) / max(self.micro)
-        self._fixed = max(e.train_fixed_s for e in self.effs)
 
     def _per_stage(self, s: TrainStage) -> tuple:
         """The stage's pool, efficiency, tokens per micro-batch and micro-batches per DP rank per optimizer step
@@ -278,7 +289,7 @@ class _Step:
         fwd = 2 * dense + attn_fwd
         # Forward, backward (2x), recompute under checkpointing; plus forward-only log-prob passes.
         flops = self.tokens * ((3 + recompute) * fwd + forward_passes * fwd)
-        compute = flops / (s.n_gpus * pool.gpu.flops * eff.train_mfu)
+        compute = flops / (s.n_gpus * pool.gpu.flops * size_mfu(eff.train_mfu, model.hidden))
 
         tp_comm = 0.0
         if s.tp > 1:
@@ -336,12 +347,11 @@ class _Step:
 
     def _step_s(self, time: list[float], work: list[float]) -> float:
         """The step from the stages' times and per-micro-batch works."""
-        return max(max(time) + max(work) * self._bubble, self.pp_comm) + self._fixed
+        return max(max(time) + max(work) * self._bubble, self.pp_comm)
 
     def step_time(self, costs: list[_StageCost]) -> tuple[float, dict[str, float]]:
         slowest = max(range(len(costs)), key=lambda i: costs[i].time)
         bubble = max(c.work for c in costs) * self._bubble
-        fixed = self._fixed
         step = self._step_s([c.time for c in costs], [c.work for c in costs])
         compute, tp_comm, dp_comm, optimizer, _ = costs[slowest].parts
         parts = {
@@ -351,7 +361,6 @@ class _Step:
             "optimizer": optimizer,
             "pp_comm": self.pp_comm,
             "bubble": bubble,
-            "fixed": fixed,
         }
         return step, parts
 

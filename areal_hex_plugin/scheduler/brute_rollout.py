@@ -34,7 +34,6 @@ from collections.abc import Iterator
 from operator import itemgetter
 
 from areal_hex_plugin.scheduler.inflight import (
-    CAP_FRACTIONS,
     Groups,
     Runtime,
     best_split,
@@ -75,7 +74,8 @@ def pool_fleets(
 class Relaxed:
     """Per replica shape, a bound on the samples' tokens one replica generates within a window of T seconds, in
     flight sequences priced at lambda: g(T, lambda) = max over caps c of mean * k(c) - lambda * c plus lambda,
-    k(c) = floor((T - r(c)) * h(c) / mean) the most samples it finishes at cap c, c from 1 to its largest batch
+    k(c) = floor((T - r(c)) * h(c) / mean) the most samples it finishes at cap c (none before its longest sample
+    ends, T < l(c) + r(c)), c from 1 to its largest batch
     (see :class:`RolloutSide`)."""
 
     def __init__(self, inflight, mean_tokens: float) -> None:
@@ -89,14 +89,16 @@ class Relaxed:
         if key not in self._tokens:
             if shape not in self._curves:
                 self._curves[shape] = [
-                    (c.tokens_per_s, c.recompute_s)
+                    (c.tokens_per_s, c.recompute_s, c.longest_s)
                     for c in (self.inflight.throttled(shape, cap) for cap in range(1, shape.concurrency + 1))
                 ]
             mean = self.mean
-            # The float k is rounded up by a hair, so that rounding never drops a sample it finishes.
+            # The float k is rounded up by a hair, so that rounding never drops a sample it finishes; a replica
+            # finishes none before the window's longest sample ends (inflight._most).
             self._tokens[key] = price + max(
-                mean * math.floor((window_s - r) * h / mean + 1e-9) - price * c
-                for c, (h, r) in enumerate(self._curves[shape], 1)
+                (mean * math.floor((window_s - r) * h / mean + 1e-9) if window_s >= tail + r else 0.0)
+                - price * c
+                for c, (h, r, tail) in enumerate(self._curves[shape], 1)
             )
         return self._tokens[key]
 
@@ -281,7 +283,11 @@ class RolloutSide:
         # The caps of each fraction cut to m batches' sequences, m up to the eta + 2 - window the window admits.
         menus = self._menus.setdefault(fleet, [])
         for m in range(len(menus) + 1, rl.max_head_offpolicyness + 3 - window):
-            menus.append(tuple(self.ev.inflight.caps(fleet, f, self._sequences[m]) for f in CAP_FRACTIONS))
+            menus.append(
+                tuple(
+                    self.ev.inflight.caps(fleet, f, self._sequences[m]) for f in self.ev.inflight.fractions()
+                )
+            )
         menu = dict.fromkeys(c for caps in menus[: rl.max_head_offpolicyness + 2 - window] for c in caps)
         for caps in menu:
             capped = self.ev.inflight.throttle(fleet, caps)

@@ -339,7 +339,13 @@ class Evaluator:
             if estimate.feasible and estimate.tokens_per_s > 0:
                 configs.append(
                     ReplicaConfig(
-                        pool_name, tp, pp, estimate.tokens_per_s, estimate.concurrency, estimate.recompute_s
+                        pool_name,
+                        tp,
+                        pp,
+                        estimate.tokens_per_s,
+                        estimate.concurrency,
+                        estimate.recompute_s,
+                        longest_s=estimate.longest_s,
                     )
                 )
         return configs
@@ -491,6 +497,7 @@ def prune_dominated(configs: list[ReplicaConfig]) -> list[ReplicaConfig]:
             c.gpus % o.gpus == 0
             and c.gpus // o.gpus * o.tokens_per_s >= c.tokens_per_s
             and o.recompute_s <= c.recompute_s
+            and o.longest_s <= c.longest_s
             for o in order[:i]
         )
     ]

@@ -68,27 +68,34 @@ def window_rollout_s(
     weights = [y if even else c.tokens_per_s * y for c, y in groups]
     parts = largest_remainder(samples, weights)
     return max(
-        math.ceil(x / y) * mean_tokens / c.tokens_per_s + updates * c.recompute_s
+        _group_time(c, math.ceil(x / y), mean_tokens, updates)
         for (c, y), x in zip(groups, parts, strict=True)
     )
 
 
 def split_floor(groups: Groups, samples: int, mean_tokens: float, updates: int = 1) -> float:
     """No split of ``samples`` samples over the groups has a shorter makespan than this (:func:`best_split`'s): the
-    samples split continuously, group g finishing (T - updates * r_g) * h_g * y_g / mean of them by T."""
+    samples split continuously, group g finishing (T - updates * r_g) * h_g * y_g / mean of them by T; and every
+    group, holding at least one sample, waits for its longest."""
     speed = sum(c.tokens_per_s * y for c, y in groups)
-    return (
+    relaxed = (
         samples * mean_tokens + sum(updates * c.recompute_s * c.tokens_per_s * y for c, y in groups)
     ) / speed
+    return max(relaxed, min(c.longest_s + updates * c.recompute_s for c, _ in groups))
 
 
 def _group_time(c: ReplicaConfig, k: int, mean_tokens: float, updates: int) -> float:
-    """A replica's time for ``k`` samples, as :func:`window_rollout_s` computes it, to the last bit."""
-    return k * mean_tokens / c.tokens_per_s + updates * c.recompute_s
+    """A replica's time for ``k`` samples, to the last bit: its tokens at its rate, but no earlier than the
+    window's longest sample ends (the window's steps overlap their tails), plus one KV rebuild per update."""
+    if k <= 0:
+        return updates * c.recompute_s
+    return max(k * mean_tokens / c.tokens_per_s, c.longest_s) + updates * c.recompute_s
 
 
 def _most(c: ReplicaConfig, t: float, mean_tokens: float, updates: int) -> int:
     """The most samples a replica finishes within ``t``."""
+    if t < c.longest_s + updates * c.recompute_s:
+        return 0
     k = max(0, int((t - updates * c.recompute_s) * c.tokens_per_s / mean_tokens))
     while _group_time(c, k + 1, mean_tokens, updates) <= t:
         k += 1
@@ -130,9 +137,15 @@ def best_split(
     low = split_floor(groups, samples, mean_tokens, updates)
     rest = largest_remainder(samples - len(groups), [c.tokens_per_s * y for c, y in groups])
     high = max(time(g, -(-(x + 1) // y)) for g, ((_, y), x) in enumerate(zip(groups, rest, strict=True)))
-    times = sorted(
-        time(g, k) for g in range(len(groups)) for k in range(max(1, most(g, low)), most(g, high) + 1)
-    )
+
+    def first(g: int) -> int:
+        """The first candidate sample count of group g: up to ``flat`` samples it waits for its longest sample
+        alone (one time for them all), and none below the floor's count."""
+        c = groups[g][0]
+        flat = int(c.longest_s * c.tokens_per_s / mean_tokens)
+        return max(1, most(g, low), min(flat, most(g, high)))
+
+    times = sorted(time(g, k) for g in range(len(groups)) for k in range(first(g), most(g, high) + 1))
     lo, hi = 0, len(times) - 1  # times[hi] is reachable: at most high, and the group reaching high has it
     while lo < hi:
         mid = (lo + hi) // 2
@@ -166,6 +179,7 @@ class InFlight:
                 tokens_per_s=estimate.tokens_per_s,
                 concurrency=estimate.concurrency,
                 recompute_s=estimate.recompute_s,
+                longest_s=estimate.longest_s,
             )
             self._throttled[key] = found
         return found
@@ -182,6 +196,11 @@ class InFlight:
         if total > sequences:
             caps = [max(1, cap * sequences // total) for cap in caps]
         return tuple(caps)
+
+    def fractions(self) -> tuple[float, ...]:
+        """The caps tried, as fractions of each replica's batch: none below admission's share where admission is
+        fixed (``rl.max_admitted``: a measured run, whose servers take every sequence admission lets in)."""
+        return (1.0,) if self.cm.workload.rl.max_admitted else CAP_FRACTIONS
 
     def throttle(self, groups: Groups, caps: tuple[int, ...]) -> Groups:
         """Each group's replicas at its cap."""
@@ -200,7 +219,7 @@ class InFlight:
         by_batches: list[list[int]] = []
         for batches in range(eta + 1, 0, -1):
             sequences = self.cm.staleness_sequences(batches)
-            capped = (self.capped(groups, f, sequences) for f in CAP_FRACTIONS)
+            capped = (self.capped(groups, f, sequences) for f in self.fractions())
             by_batches.append(list(dict.fromkeys(ids.setdefault(c, len(ids)) for c in capped)))
         fleets = list(ids)
         out = []

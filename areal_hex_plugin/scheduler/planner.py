@@ -6,6 +6,8 @@ import math
 import time
 from dataclasses import dataclass, replace
 
+from areal_hex_plugin.costmodel.rollout import RolloutStage
+from areal_hex_plugin.costmodel.sources import phase_sources
 from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import (
@@ -495,6 +497,18 @@ class Planner:
     def _point(self, e: Evaluation) -> ParetoPoint:
         return ParetoPoint(round(e.cost_per_hour, 4), round(self.tokens_per_s(e), 3), self._gpus_by_type(e))
 
+    def _sources(self, best: Evaluation) -> dict[str, str]:
+        """Where each predicted phase of ``best`` came from (costmodel/sources.py)."""
+        types = {p.name: p.gpu_type for p in self.cluster.pools}
+        rollout = [types[c.pool] for c, _ in best.fleet.groups]
+        train = [types[s.pool] for s in best.train.stages] if best.train else []
+        decode = {
+            self.cm.rollout(tuple(RolloutStage(c.pool, c.tp) for _ in range(c.pp))).decode_source
+            for c, _ in best.fleet.groups
+        }
+        phases = {"rollout": rollout, "train": train, "weight_sync": [*train, *rollout]}
+        return phase_sources(self.cm.calibration, phases, " and ".join(sorted(decode)) or "roofline")
+
     def _plan(self, best, result, gap, solve_time, baselines, pareto, warnings) -> HexPlan:
         train, rollout, machines = place(self.cluster, best)
         rate = self.tokens_per_s(best)
@@ -508,6 +522,7 @@ class Planner:
             weight_sync_s=round(best.sync_s / best.window, 4),
             reward_s=round(best.reward_s, 4),
             loss_free_tokens_per_s=round(self.ev.tokens_per_step / best.loss_free_step_s, 3),
+            sources=self._sources(best),
         )
         # Upstream counts rollouts (one prompt with its n_samples samples), each holding its slot until its
         # longest sample ends: admit enough of them to keep every planned sequence decoding.

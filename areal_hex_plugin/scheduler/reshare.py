@@ -45,7 +45,13 @@ def replica_config(cm: CostModel, shape: ServerShape) -> ReplicaConfig:
     """The cost model's replica of ``shape`` (as ``Evaluator.feasible_shapes`` builds it)."""
     estimate = cm.rollout(tuple(RolloutStage(pool=shape.pool, tp=shape.tp) for _ in range(shape.pp)))
     return ReplicaConfig(
-        shape.pool, shape.tp, shape.pp, estimate.tokens_per_s, estimate.concurrency, estimate.recompute_s
+        shape.pool,
+        shape.tp,
+        shape.pp,
+        estimate.tokens_per_s,
+        estimate.concurrency,
+        estimate.recompute_s,
+        longest_s=estimate.longest_s,
     )
 
 

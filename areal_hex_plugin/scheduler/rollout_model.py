@@ -23,6 +23,7 @@ class ReplicaConfig:
     tokens_per_s: float  # h_psi: one replica's generation speed
     concurrency: int
     recompute_s: float = 0.0  # KV rebuild after each weight update (interrupted requests are re-prefilled)
+    longest_s: float = 0.0  # the step's longest sample: a window's generation on the replica ends no earlier
     colocated: bool = (
         False  # on the machine its pool shares with training (weights arrive over its GPU links)
     )

@@ -1,10 +1,14 @@
 """The check of a baseline fit: the planner's own plan on each measured homogeneous cluster, phase by phase.
 
-AReaL is planned the way the paper ran it: one GPU type, rented by the GPU up to the measured count, upstream's
-weight transport (``hex.transport: upstream``), the budget the cluster costs. The measured rollout phase is the
-time rollout takes to deliver a step's batch: on a train-bound cluster that includes waiting at the staleness
-bound (the paper's H20 phases are equal), so it compares with ``max(rollout, train)``; the plan's own rollout
-time is kept beside it. AReaL pushes weights every step, and so does the plan here (``max_update_window`` 1).
+AReaL is planned the way the paper ran it (``costmodel/fit_baselines.py``'s measured setting): one GPU type,
+rented by the GPU up to the measured count, upstream's weight transport (``hex.transport: upstream``) and a weight
+update every step, upstream's admission of one batch of rollouts (``max_concurrent_rollouts`` unset), the run's
+rollout layout, and the run's own tokens per step. The measured rollout phase is the time rollout takes to
+deliver a step's batch: on a train-bound cluster that includes waiting at the staleness bound, so it compares
+with ``max(rollout, train)``; the plan's own rollout time is kept beside it. Where a run's two phases are equal
+(the paper's H20 runs, within EQUAL_PHASES) they carry only the step, whichever phase waited, so training
+compares with the step's ``max(rollout, train)`` too. The paper's metric, tokens per step over the step, is
+checked as well.
 """
 
 from __future__ import annotations
@@ -13,10 +17,14 @@ import dataclasses
 from collections.abc import Mapping
 
 from areal_hex_plugin.costmodel.calibration import Calibration
+from areal_hex_plugin.costmodel.fit_baselines import measured_workload, setting_from
 from areal_hex_plugin.scheduler import plan_recipe
 from areal_hex_plugin.sim.reproduce import paper_request
 from areal_hex_plugin.specs.config import CalibrationConfig, GpuEfficiencyConfig
 from areal_hex_plugin.specs.rental import rent
+
+# Measured phases this close are one step seen twice (one phase waited for the other).
+EQUAL_PHASES = 0.01
 
 
 def with_calibration(recipe, calibration: Calibration, gpu_types: list[str]):
@@ -26,17 +34,26 @@ def with_calibration(recipe, calibration: Calibration, gpu_types: list[str]):
     return dataclasses.replace(recipe, hex=hex_cfg)
 
 
-def homogeneous(recipe, gpu_type: str, gpus: int):
+def homogeneous(
+    recipe, gpu_type: str, gpus: int, run: Mapping | None = None, layout: list[int] | None = None
+):
     """``recipe`` on ``gpus`` GPUs of ``gpu_type`` alone, run as AReaL runs it: upstream's weight transport, an
-    update every step."""
+    update every step; with a measured ``run`` (its ``tokens_per_step``), in that run's setting, and replicas of
+    ``layout`` ([tp, pp]) where given."""
     cluster = rent(recipe.cluster, {gpu_type: gpus})
     solver = dataclasses.replace(recipe.hex.solver, max_update_window=1)
-    rl = dataclasses.replace(recipe.workload.rl, max_update_window=1)
+    if layout:
+        solver = dataclasses.replace(solver, rollout_layout=list(layout))
+    workload = dataclasses.replace(
+        recipe.workload, rl=dataclasses.replace(recipe.workload.rl, max_update_window=1)
+    )
+    if run is not None:
+        workload = measured_workload(setting_from(recipe), float(run["tokens_per_step"]))
     return dataclasses.replace(
         recipe,
         cluster=cluster,
         hex=dataclasses.replace(recipe.hex, transport="upstream", solver=solver),
-        workload=dataclasses.replace(recipe.workload, rl=rl),
+        workload=workload,
     )
 
 
@@ -49,13 +66,17 @@ def baseline_phases(recipes: Mapping[str, object], calibration: Calibration, dat
             continue
         calibrated = with_calibration(recipe, calibration, types)
         for name, c in data["clusters"].items():
-            setting = homogeneous(calibrated, c["gpu_type"], int(c["gpus"]))
+            run = data["models"][model][name]
+            setting = homogeneous(calibrated, c["gpu_type"], int(c["gpus"]), run, c.get("rollout_layout"))
             plan = plan_recipe(setting, paper_request(setting))  # whole machines per role, as measured
             p = plan.predicted
+            both = max(p.rollout_time_s, p.train_time_s)
+            equal = abs(run["rollout_s"] / run["train_s"] - 1) <= EQUAL_PHASES
             values = {
-                "rollout_s": max(p.rollout_time_s, p.train_time_s),
-                "train_s": p.train_time_s,
+                "rollout_s": both,
+                "train_s": both if equal else p.train_time_s,
                 "weight_sync_s": p.weight_sync_s,
+                "tokens_per_s": setting.workload.tokens_per_step / p.step_time_s,
             }
             for phase, value in values.items():
                 rows.append(

@@ -112,6 +112,9 @@ class OutputLengthConfig:
     kind: str = spec("lognormal", "output-length distribution", choices=LENGTH_KINDS)
     mean_tokens: float | None = spec(None, "mean generated tokens per sample", above(0, 10_000_000, "tokens"))
     sigma: float = spec(0.8, "log-space sigma; typical long-CoT tails: 0.5 to 1.2", above(0, 3))
+    cap_share: float = spec(
+        0.0, "share of samples that stop at gconfig.max_new_tokens (truncated; lognormal)", between(0, 0.5)
+    )
     path: str | None = spec(None, "file of profiled lengths (kind: file)")
 
 
@@ -212,7 +215,9 @@ class GpuEfficiencyConfig:
     link_efficiency: float | None = spec(None, "fraction of the GPU link NCCL achieves", above(0, 1))
     update_gb_per_s: float | None = spec(None, "GB/s a GPU gathers or loads a weight version", above(0, 1000))
     update_fixed_s: float | None = spec(None, "fixed seconds per weight update", between(0, 600))
-    train_fixed_s: float | None = spec(None, "fixed seconds per training step", between(0, 3600))
+    decode_overhead_s: float | None = spec(
+        None, "seconds per decode iteration outside the kernels", between(1e-4, 5e-3, "s")
+    )
 
 
 @dataclass

@@ -46,15 +46,22 @@ class LengthDistribution:
         return [self.lengths[rng.randrange(len(self.lengths))] for _ in range(n)]
 
     @staticmethod
-    def lognormal(mean: float, sigma: float, cap: int, points: int = 4096) -> LengthDistribution:
-        """Lognormal with the given *untruncated* mean and log-space sigma, capped at ``cap`` tokens."""
-        mu = math.log(mean) - sigma * sigma / 2
+    def lognormal(
+        mean: float, sigma: float, cap: int, points: int = 4096, cap_share: float = 0.0
+    ) -> LengthDistribution:
+        """Lognormal with log-space sigma, capped at ``cap`` tokens, and a point mass of ``cap_share`` at the cap
+        (samples the engine truncates). The lognormal part's untruncated mean is set so that the whole has
+        about ``mean`` (exactly, when the lognormal part does not reach the cap)."""
+        at_cap = round(cap_share * points)
+        body = points - at_cap
+        body_mean = (mean - cap_share * cap) / (1 - cap_share)
+        mu = math.log(body_mean) - sigma * sigma / 2
         dist = _NormalQuantile()
-        grid = [
-            min(cap, max(1, round(math.exp(mu + sigma * dist((i + 0.5) / points))))) for i in range(points)
-        ]
+        grid = [min(cap, max(1, round(math.exp(mu + sigma * dist((i + 0.5) / body))))) for i in range(body)]
+        share = f", cap_share={cap_share:g}" if at_cap else ""
         return LengthDistribution(
-            tuple(sorted(grid)), f"lognormal(mean={mean:g}, sigma={sigma:g}, cap={cap})"
+            tuple(sorted(grid)) + (cap,) * at_cap,
+            f"lognormal(mean={mean:g}, sigma={sigma:g}, cap={cap}{share})",
         )
 
 
@@ -144,7 +151,16 @@ def build_lengths(
                 f"{cfg.mean_tokens:g} exceeds gconfig.max_new_tokens={max_new_tokens}",
                 "lower the mean or raise gconfig.max_new_tokens",
             )
-        return LengthDistribution.lognormal(cfg.mean_tokens, cfg.sigma, max_new_tokens)
+        if cfg.mean_tokens <= cfg.cap_share * max_new_tokens:
+            raise HexError(
+                f"{path}.cap_share",
+                f"{cfg.cap_share:g} of samples at the cap ({max_new_tokens}) alone exceed the mean "
+                f"{cfg.mean_tokens:g}",
+                "lower cap_share or raise mean_tokens",
+            )
+        return LengthDistribution.lognormal(
+            cfg.mean_tokens, cfg.sigma, max_new_tokens, cap_share=cfg.cap_share
+        )
     if not cfg.path:
         raise HexError(f"{path}.path", "is missing for kind: file", "give the file of profiled lengths")
     file = Path(cfg.path).expanduser()
@@ -169,6 +185,9 @@ class RLSettings:
     max_tokens_per_mb: int | None = None  # actor.mb_spec.max_tokens_per_mb (None: one micro-batch)
     mem_fraction_static: float = 0.9  # sglang.mem_fraction_static: weights + KV pool share of GPU memory
     max_update_window: int = 0  # hex.solver.max_update_window (0: as the staleness bound allows)
+    # Rollouts admission lets in at once whatever the plan would choose (0: no such limit). A measured AReaL run
+    # leaves max_concurrent_rollouts unset: upstream then admits consumer_batch_size (sim/baselines.py).
+    max_admitted: int = 0
 
     @property
     def samples_per_step(self) -> int:

@@ -62,8 +62,13 @@ def test_bad_input_exits_2_naming_the_flag(tmp_path, capsys, args, words):
 def test_baselines_are_checked_where_they_enter():
     data = json.loads((REPO / "recipes/paper/baselines.json").read_text())
     assert check_baselines(data) is data
-    del data["models"]["DeepSeek-R1-Distill-Qwen-7B"]["h20"]["rollout_cost_ratio"]
-    with pytest.raises(HexError, match="rollout_cost_ratio"):
+    # A run's tokens per step must be what its tokens/s and phases imply (the paper's metric).
+    data["models"]["DeepSeek-R1-Distill-Qwen-7B"]["h20"]["tokens_per_step"] = 2_500_000
+    with pytest.raises(HexError, match=r"h20.tokens_per_step 2,500,000 is not tokens_per_s x"):
+        check_baselines(data)
+    data["models"]["DeepSeek-R1-Distill-Qwen-7B"]["h20"]["tokens_per_step"] = 1_721_000
+    data["clusters"]["h20"]["rollout_layout"] = [0, 1]
+    with pytest.raises(HexError, match="rollout_layout must be"):
         check_baselines(data)
     with pytest.raises(HexError, match="baselines file"):
         check_baselines({"format": "other"})

@@ -34,7 +34,7 @@ def test_unknown_factor_key_is_refused_by_the_schema():
 def test_profile_file_checks(tmp_path):
     bad = tmp_path / "p.json"
     bad.write_text(json.dumps({"format": "areal-hex-profile/1", "gpu_types": {"H20": {"hbm_fraction": 0}}}))
-    with pytest.raises(HexError, match=r"\[H20\]\.hbm_fraction: must be a fraction"):
+    with pytest.raises(HexError, match=r"\[H20\]\.hbm_fraction: must lie in its physical range 0.4 to 0.9"):
         read_profile(bad)
     bad.write_text(json.dumps({"format": "areal-hex-profile/1", "gpu_types": {}}))
     with pytest.raises(HexError, match="lists no gpu_types"):

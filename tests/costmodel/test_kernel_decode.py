@@ -7,14 +7,9 @@ import json
 import pytest
 
 from areal_hex_plugin.costmodel import kernel_data, recipe_calibration
+from areal_hex_plugin.costmodel.decode import KERNEL_DATA, ROOFLINE
 from areal_hex_plugin.costmodel.lengths import length_stats
-from areal_hex_plugin.costmodel.rollout import (
-    KERNEL_DATA,
-    ROOFLINE,
-    RolloutStage,
-    decode_step_s,
-    estimate_rollout,
-)
+from areal_hex_plugin.costmodel.rollout import RolloutStage, decode_step_s, estimate_rollout
 from tests.conftest import REPO
 from tests.scheduler.helpers import recipe_with_pools
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from areal_hex_plugin.costmodel.calibration import BUILTIN, recipe_calibration
+from areal_hex_plugin.costmodel.calibration import BUILTIN, RANGES, recipe_calibration
 from areal_hex_plugin.costmodel.fit_baselines import fit_baselines, setting_from
 from areal_hex_plugin.sim.baselines import baseline_phases
 from tests.conftest import REPO
@@ -36,11 +36,20 @@ def test_every_factor_of_the_paper_profile_names_its_source():
     assert cal.for_gpu("H20").train_mfu == SHIPPED["gpu_types"]["H20"]["train_mfu"]
 
 
+def test_every_shipped_factor_lies_in_its_physical_range_and_no_step_is_fixed():
+    for gpu_type, factors in SHIPPED["gpu_types"].items():
+        assert set(factors) == set(RANGES), gpu_type  # train_fixed_s is gone
+        for key, value in factors.items():
+            assert value in RANGES[key], (gpu_type, key, value)
+
+
 @pytest.mark.slow
 def test_baseline_phases_within_15_percent():
-    """Done-when of issue 13: the planner with the fitted factors reproduces every measured phase."""
+    """Done-when of issues 13 and 23: the planner with the fitted factors reproduces every measured phase and the
+    paper's metric, each run in its measured setting."""
     rows = baseline_phases(_recipes(), recipe_calibration(recipe("paper/7b.yaml")), BASELINES)
-    assert len(rows) == 3 * 2 * 3
+    assert len(rows) == 3 * 2 * 4
+    assert {r["phase"] for r in rows} == {"rollout_s", "train_s", "weight_sync_s", "tokens_per_s"}
     for row in rows:
         assert row["model_value"] == pytest.approx(row["measured"], rel=0.15), row
     # AReaL on 24 H800 is rollout-bound with two machines generating and one training, as measured.

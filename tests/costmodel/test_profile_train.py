@@ -12,6 +12,7 @@ pytest.importorskip("areal")
 
 from areal_hex_plugin.areal.config import load_hex_config  # noqa: E402
 from areal_hex_plugin.areal.profile_train import measure_train  # noqa: E402
+from areal_hex_plugin.costmodel.calibration import RANGES  # noqa: E402
 from areal_hex_plugin.costmodel.fit import fit_profile  # noqa: E402
 from areal_hex_plugin.errors import HexError  # noqa: E402
 from areal_hex_plugin.specs.recipe import load_recipe  # noqa: E402
@@ -72,10 +73,9 @@ def test_measures_a_real_fsdp_step(recipe, gpus, sequences):
     measured = synthetic_measurements(r, "H20", TRUTH, gpus=gpus)
     measured["train"] = {**result, "minibatches": recipe.actor.ppo_n_minibatches}
     fit = fit_profile(pool_of(r, "H20"), r.workload.model, measured)
-    assert (
-        fit.factors["train_mfu"] < 0.05
-        and fit.points[-1]["measured_s"] == result["logp_s"] + result["step_s"]
-    )
+    # The factor stops at the bottom of its physical range; the point shows the gap.
+    assert fit.factors["train_mfu"] == RANGES["train_mfu"].low
+    assert fit.points[-1]["measured_s"] == result["logp_s"] + result["step_s"] > fit.points[-1]["model_s"]
     assert fit.factors["hbm_fraction"] == pytest.approx(TRUTH["hbm_fraction"], rel=0.01)
 
 

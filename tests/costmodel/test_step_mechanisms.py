@@ -8,6 +8,7 @@ import pytest
 from areal_hex_plugin.costmodel import RolloutStage, TrainStage
 from areal_hex_plugin.costmodel.memory import ENGINE_CONTEXT_BYTES, kv_bytes_per_token
 from areal_hex_plugin.costmodel.train import estimate_train
+from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs.rental import rent
 from tests.costmodel.helpers import cost_model, recipe
 
@@ -75,24 +76,32 @@ def test_logprob_recompute_is_a_forward_pass():
     assert on.breakdown["compute"] / off.breakdown["compute"] == pytest.approx(5 / 4, rel=1e-6)
 
 
-def test_every_training_step_pays_the_fixed_work():
+def test_a_training_step_has_no_fixed_seconds():
+    """Every second of a step is named work: FLOPs, traffic over a link, the optimizer through HBM."""
     cm = cost_model(PAPER_7B)
     est = cm.train((TrainStage("h800", 8, 1),))
-    fixed = cm.calibration.for_gpu("H800-PCIe").train_fixed_s
-    assert fixed > 0 and est.breakdown["fixed"] == fixed
-    assert est.step_time_s > fixed + est.breakdown["compute"]
+    b = est.breakdown
+    assert set(b) == {"compute", "tp_comm", "dp_comm", "optimizer", "pp_comm", "bubble"}
+    assert est.step_time_s == pytest.approx(max(b["compute"] + b["tp_comm"], b["dp_comm"]) + b["optimizer"])
+    with pytest.raises(HexError, match="train_fixed_s"):
+        cost_model(PAPER_7B, "++hex.calibration.gpu_types.H20.train_fixed_s=5")
 
 
 def test_weight_update_rebuilds_every_in_flight_context():
     """Upstream aborts in-flight requests with the update, SGLang flushes its cache and the client resubmits
-    prompt + generated tokens: the rebuild is the in-flight context at the prefill rate."""
+    prompt + generated tokens: the rebuild is the in-flight context at the prefill rate, dense FLOPs per token
+    plus causal attention over it (each sequence attends over half its context on average)."""
     cm = cost_model(PAPER_7B)
     est = cm.rollout((RolloutStage("h20", 1),))
     r = recipe(PAPER_7B)
     prompts = -(-est.concurrency // r.workload.rl.n_samples)
     position = r.workload.output_lengths.mean_square / (2 * r.workload.output_lengths.mean)
     tokens = prompts * r.workload.prompt_tokens + est.concurrency * position
-    assert est.recompute_s == pytest.approx(tokens * est.prefill_s_per_token, rel=1e-9)
+    model, pool = r.workload.model, cm.cluster.pool("h20")
+    flops = pool.gpu.flops * cm.calibration.for_gpu("H20").infer_mfu
+    ctx = r.workload.prompt_tokens + position
+    attention = est.concurrency * ctx * ctx / 2 * 4 * model.heads * model.dim_per_head * model.layers / flops
+    assert est.recompute_s == pytest.approx(tokens * est.prefill_s_per_token + attention, rel=1e-9)
 
 
 def test_renting_by_the_gpu_keeps_the_remainder_on_one_machine():

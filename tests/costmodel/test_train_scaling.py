@@ -19,13 +19,18 @@ def cm() -> CostModel:
     return CostModel(r.cluster, r.workload, calibration=recipe_calibration(r))
 
 
+@pytest.fixture(scope="module")
+def fast(cm) -> CostModel:
+    """A trainer at a typical large-model MFU (0.4), where the gathers and hand-offs outweigh the FLOPs."""
+    return CostModel(cm.cluster, cm.workload, cm.calibration.with_factors("H800-PCIe", {"train_mfu": 0.4}))
+
+
 def test_training_keeps_getting_faster_past_fifty_gpus(cm):
     """The review: 38.6 s on 4 machines, then 60.9 s on 6 or more whatever the dp degree."""
     steps = [search_train(cm, cm.cluster, {"p0": 8 * m}, 4).step_time_s for m in (4, 6, 16, 64)]
     assert steps == sorted(steps, reverse=True) and len(set(steps)) == 4
-    # Amdahl: the per-step work no GPU count shortens (the calibration's train_fixed_s) stays; the rest halves.
-    fixed = cm.calibration.for_gpu("H800-PCIe").train_fixed_s
-    assert steps[-1] - fixed < 0.5 * (steps[0] - fixed)
+    # No fixed per-step seconds: 16 times the GPUs at least halve the step.
+    assert steps[-1] < 0.5 * steps[0]
 
 
 def test_a_pipeline_syncs_its_gradients_once_per_optimizer_step(cm):
@@ -51,22 +56,22 @@ def test_pipeline_replicas_hand_activations_over_in_parallel(cm):
     assert wide.breakdown["pp_comm"] == pytest.approx(narrow.breakdown["pp_comm"] / 4, rel=1e-9)
 
 
-def test_the_bubble_repeats_per_micro_batch_work_not_once_per_step_traffic(cm):
-    est = cm.train(tuple(TrainStage("p0", 64, 1) for _ in range(4)))
+def test_the_bubble_repeats_per_micro_batch_work_not_once_per_step_traffic(fast):
+    est = fast.train(tuple(TrainStage("p0", 64, 1) for _ in range(4)))
     assert est.breakdown["dp_comm"] > est.breakdown["compute"]
     work = est.breakdown["compute"] + est.breakdown["tp_comm"]
     assert est.breakdown["bubble"] <= work * 3 + 1e-9
 
 
-def test_hybrid_sharding_gathers_inside_the_machine_and_reduces_across_once_per_optimizer_step(cm):
+def test_hybrid_sharding_gathers_inside_the_machine_and_reduces_across_once_per_optimizer_step(cm, fast):
     """FSDP sharded within each machine and replicated across them (the paper's space, scheduler/caps.py)."""
-    fsdp = cm.train((TrainStage("p0", 32, 1),))
-    hybrid = cm.train((TrainStage("p0", 32, 1, hybrid=True),))
+    fsdp = fast.train((TrainStage("p0", 32, 1),))
+    hybrid = fast.train((TrainStage("p0", 32, 1, hybrid=True),))
     assert hybrid.step_time_s < fsdp.step_time_s
     assert hybrid.breakdown["dp_comm"] < fsdp.breakdown["dp_comm"]
     # The state is sharded over one machine's 8 GPUs, not all 32.
     assert hybrid.memory_gb_per_gpu[0] > fsdp.memory_gb_per_gpu[0]
-    steps = [search_train(cm, cm.cluster, {"p0": 8 * m}, 4, hybrid=True) for m in (2, 4)]
+    steps = [search_train(fast, fast.cluster, {"p0": 8 * m}, 4, hybrid=True) for m in (2, 4)]
     assert all(c.stages == (TrainStage("p0", c.stages[0].dp, c.stages[0].tp, True),) for c in steps)
     assert not any(s.hybrid for m in (2, 4) for s in search_train(cm, cm.cluster, {"p0": 8 * m}, 4).stages)
 

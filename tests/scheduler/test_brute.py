@@ -153,7 +153,9 @@ def test_the_bounds_skip_no_better_plan():
 
 
 def test_the_brute_force_covers_hybrid_sharding_where_the_caps_allow_it():
-    recipe = recipe_with_pools([("H800-PCIe", 8, 2), ("H20", 8, 1)], "7b", BRUTE_DEPTH)
+    # A trainer at MFU 0.4, where the gathers across machines outweigh the FLOPs and hybrid sharding pays.
+    fast = "++hex.calibration.gpu_types.H800-PCIe.train_mfu=0.4"
+    recipe = recipe_with_pools([("H800-PCIe", 8, 2), ("H20", 8, 1)], "7b", BRUTE_DEPTH, fast)
     paper = BruteForce(Planner(recipe, PlanRequest(caps=PAPER)).ev)._train_layouts((16, 0))[0]
     fsdp = BruteForce(Planner(recipe, PlanRequest()).ev)._train_layouts((16, 0))[0]
     assert any(s.hybrid for c in paper for s in c.stages)

@@ -15,8 +15,11 @@ def test_even_split_trains_on_half_and_loses_to_the_planned_split():
     recipe = rented(load_recipe(REPO / "recipes/paper/7b.yaml"), {"H800-PCIe": 24}, "upstream")
     uniform = even_split(recipe)
     plan = plan_recipe(recipe, paper_request(recipe))
-    assert plan.train.gpus == {"H800-PCIe": 8} and plan.rollout.gpus == {"H800-PCIe": 16}
-    # Twelve GPUs train faster than the plan's eight; twelve generate slower than its sixteen.
-    assert uniform["train_s"] < plan.predicted.train_time_s
+    # At eta = 8 and the plan's own admission, training (MFU 0.16 fitted to the paper's runs) is the longer phase:
+    # the plan trains on two machines and generates on one.
+    assert plan.train.gpus == {"H800-PCIe": 16} and plan.rollout.gpus == {"H800-PCIe": 8}
+    # Twelve GPUs train slower than the plan's sixteen; and twelve still generate slower than its eight: the
+    # step's longest sample, not the GPU count, ends a rollout, and the plan overlaps it over its update window.
+    assert uniform["train_s"] > plan.predicted.train_time_s
     assert uniform["rollout_s"] > plan.predicted.rollout_time_s
     assert uniform["tokens_per_s"] < plan.predicted.tokens_per_s

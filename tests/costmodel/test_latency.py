@@ -1,0 +1,120 @@
+"""Issue 23: rollout as latency physics. The per-iteration decode time, the step's longest sample at the cap,
+the H20/H800 ratio moving with output length, and physical ranges refused where a fit leaves them."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from areal_hex_plugin.costmodel import CostModel, RolloutStage
+from areal_hex_plugin.costmodel.calibration import Calibration
+from areal_hex_plugin.costmodel.decode import decode_iteration_s
+from areal_hex_plugin.costmodel.fit_baselines import fit_baselines, setting_from
+from areal_hex_plugin.costmodel.lengths import expected_longest
+from areal_hex_plugin.costmodel.rollout import _build_stages
+from areal_hex_plugin.costmodel.single_type import best_rollout
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.scheduler.inflight import window_rollout_s
+from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig
+from areal_hex_plugin.specs.workload import LengthDistribution
+from tests.conftest import REPO
+from tests.costmodel.helpers import cost_model, recipe
+
+PAPER_7B = "paper/7b.yaml"
+NO_CAP_MASS = "hex.workload.output_lengths.cap_share=0"
+
+
+def _replica(cm: CostModel, pool: str, tp: int = 1):
+    stages = (RolloutStage(pool, tp),)
+    return _build_stages(
+        cm.cluster, cm.workload, cm.calibration, stages, (cm.workload.model.layers,), {pool: tp}
+    )[0]
+
+
+def test_one_decode_iteration_is_weights_plus_kv_plus_overhead_from_the_roofline():
+    """7B on one H800 at the generic factors: 15.2 GB of weights and 57,344 bytes of KV per context token at 80%
+    of 2 TB/s, plus the 1 ms per-iteration overhead; the source says where the figure came from."""
+    r = recipe(PAPER_7B)
+    cm = CostModel(r.cluster, r.workload, Calibration())
+    replica = _replica(cm, "h800")
+    hbm = cm.cluster.pool("h800").gpu.hbm_bytes_per_s * 0.8
+    one, source = decode_iteration_s(replica, 1, 1000)
+    assert source == "roofline"
+    weights = r.workload.model.weight_bytes()
+    assert one == pytest.approx((weights + 1000 * 57344) / hbm + 1e-3, rel=0.02)
+    # Each more sequence or context token reads more KV; the weights are read once per iteration.
+    assert decode_iteration_s(replica, 8, 1000)[0] - one == pytest.approx(7 * 1000 * 57344 / hbm, rel=0.05)
+    assert decode_iteration_s(replica, 1, 9000)[0] > one
+
+
+def test_the_h20_to_h800_decode_ratio_rises_with_output_length():
+    """Per GPU at the best replica: short outputs give large compute-bound batches (H800's 756 TFLOPS win), long
+    ones small KV-bound batches that read every context token (H20's 4 TB/s win). The generic factors show the
+    physics; the paper fit moves it the same way."""
+    for calibration in (Calibration(), None):
+        ratios = []
+        for mean in (300, 1000, 3000, 9000):
+            extra = (f"hex.workload.output_lengths.mean_tokens={mean}", NO_CAP_MASS)
+            cm = cost_model(PAPER_7B, *extra)
+            if calibration is not None:
+                cm = CostModel(cm.cluster, cm.workload, calibration)
+            per_gpu = {}
+            for pool in ("h20", "h800"):
+                _, est = best_rollout(cm, cm.cluster.pool(pool), 1)
+                per_gpu[pool] = est.tokens_per_s / est.n_gpus
+            ratios.append(per_gpu["h20"] / per_gpu["h800"])
+        assert ratios == sorted(ratios) and ratios[-1] > 1.5 * ratios[0], ratios
+    assert ratios[0] < 1  # at short outputs the H800 is the faster decoder
+
+
+def test_the_cap_is_a_point_mass_the_step_waits_for():
+    lengths = LengthDistribution.lognormal(2400, 0.9, 27648, cap_share=0.015)
+    assert lengths.mean == pytest.approx(2400, rel=0.01)
+    assert lengths.quantile(0.99) == 27648 and lengths.quantile(0.98) < 27648
+    # 1,024 samples a step: the step's longest is the cap, though 1.5% of samples reach it.
+    assert expected_longest(lengths.lengths, 1024) == pytest.approx(27648, rel=1e-3)
+    with pytest.raises(HexError, match="cap_share"):
+        recipe(PAPER_7B, "hex.workload.output_lengths.cap_share=0.1")  # 10% at 27,648 alone exceed 2,400
+
+
+@pytest.mark.parametrize("eta", [0, 1, 2, 4, 8])
+def test_rollout_time_of_a_step_grows_with_the_cap_at_every_eta(eta):
+    """The same mean and cap share, a longer cap: the step's longest sample decodes longer, whatever the
+    staleness bound (at eta >= 1 its tail overlaps the next steps' samples, but it still ends the step)."""
+    times = []
+    for cap in (8192, 16384, 27648):
+        cm = cost_model(
+            PAPER_7B,
+            f"gconfig.max_new_tokens={cap}",
+            f"gconfig.max_tokens={cap + 1024}",
+            f"sglang.context_length={cap + 1024}",
+            f"rollout.max_head_offpolicyness={eta}",
+        )
+        est = cm.rollout((RolloutStage("h800", 1),), max_sequences=64)
+        config = ReplicaConfig(
+            "h800", 1, 1, est.tokens_per_s, est.concurrency, est.recompute_s, est.longest_s
+        )
+        samples = cm.workload.rl.samples_per_step
+        # About the same tokens per step (an 8k cap trims the lognormal part's own tail: 2,269 mean).
+        assert cm.workload.output_lengths.mean == pytest.approx(2400, rel=0.06)
+        times.append(window_rollout_s(((config, 16),), samples, cm.workload.output_lengths.mean, updates=1))
+        # The longest sample, not the tokens at the replica's rate, ends this step.
+        assert times[-1] == pytest.approx(est.longest_s + est.recompute_s)
+    assert times == sorted(times) and times[-1] > 2 * times[0], times
+
+
+def test_calibrate_refuses_a_fit_outside_the_physical_ranges_naming_the_measurement():
+    data = json.loads((REPO / "recipes/paper/baselines.json").read_text())
+    bad = copy.deepcopy(data)
+    run = bad["models"]["DeepSeek-R1-Distill-Qwen-14B"]["h800"]
+    run["rollout_s"] *= 3  # no H800 decodes 14B that slowly at 40% of its bandwidth and 5 ms per iteration
+    run["tokens_per_step"] = round(run["tokens_per_s"] * (run["rollout_s"] + run["weight_sync_s"]) / 3, -3)
+    run["tokens_per_s"] /= 3
+    recipes = {r.workload.model.name: r for r in (recipe(f"paper/{m}.yaml") for m in ("1.5b", "7b", "14b"))}
+    with pytest.raises(HexError) as err:
+        fit_baselines(bad, {m: setting_from(r) for m, r in recipes.items()}, name="bad.json")
+    message = str(err.value)
+    assert "outside its physical range" in message
+    assert "h800 rollout_s of DeepSeek-R1-Distill-Qwen-14B pulls it out" in message
