@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
             calibration = fit.calibration
             types = sorted({*types, *fit.factors})
             out["points"] = fit.points
-            out["check"] = baseline_phases(recipes, calibration, data)
+            out["cluster_gpus"] = fit.gpus
+            out["check"] = baseline_phases(recipes, calibration, data, fit.gpus)
     out["gpu_types"] = {
         t: {k: float(f"{v:.4g}") for k, v in calibration.as_dict([t])[t].items()} for t in types
     }

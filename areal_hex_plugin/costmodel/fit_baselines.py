@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 from areal_hex_plugin.costmodel.calibration import RANGES, Calibration
@@ -51,10 +51,6 @@ GRID = {"points": 10, "refine": 3}
 # when the best fit inside misses a measurement by more than TOLERANCE.
 WIDEN = 4.0
 TOLERANCE = 0.15
-# Another type's factors: its memory system and serving stack start as the reference's (SHARED); ROUNDS are fitted to
-# its own steps one pair after the other.
-SHARED = ("hbm_fraction", "decode_overhead_s")
-ROUNDS = (("infer_mfu", "train_mfu"), ("hbm_fraction", "decode_overhead_s"))
 
 
 @dataclass(frozen=True)
@@ -73,6 +69,7 @@ class BaselineFit:
     factors: dict[str, dict[str, float]]
     sources: dict[str, dict[str, str]]
     points: list[dict[str, Any]]  # each fitted measurement next to the fitted model's value
+    gpus: dict[str, int] = field(default_factory=dict)  # GPUs of each measured cluster (given or fitted)
 
 
 def _num(data: Mapping, key: str, where: str) -> float:
@@ -99,7 +96,10 @@ def check_baselines(data: object) -> dict:
     if data.get("reference") not in clusters:
         raise HexError("baselines", "reference must name one of the clusters", "e.g. reference: h800")
     for name, c in clusters.items():
-        _num(c, "gpus", f"clusters.{name}")
+        if name == data["reference"] or c.get("gpus") is not None:
+            _num(c, "gpus", f"clusters.{name}")
+        else:  # not stated by the run's source: fitted to its steps in whole machines up to max_gpus
+            _num(c, "max_gpus", f"clusters.{name}")
         if not isinstance(c.get("gpu_type"), str):
             raise HexError("baselines", f"clusters.{name}.gpu_type is missing", "give the catalog name")
         layout = c.get("rollout_layout")
@@ -207,6 +207,22 @@ def _per_gpu(cm: CostModel, pool: str, max_pp: int) -> float:
     return roll.tokens_per_s / roll.n_gpus if roll is not None and roll.feasible else 0.0
 
 
+def per_gpu_ratio(calibration: Calibration, setting: Setting, pool: str, ref_pool: str) -> float:
+    """Generated tokens/s per GPU of ``pool``'s best replica over ``ref_pool``'s, at a full batch (Table 1's
+    rollout speed ratio)."""
+    cm = CostModel(setting.cluster, setting.workload, calibration)
+    ref = _per_gpu(cm, ref_pool, setting.max_pp)
+    return _per_gpu(cm, pool, setting.max_pp) / ref if ref else math.inf
+
+
+def train_ratio(calibration: Calibration, setting: Setting, pool: str, ref_pool: str) -> float:
+    """Training tokens/s per GPU of one machine of ``pool`` over one of ``ref_pool`` (Table 1's training speed
+    ratio): the same step, so the inverse ratio of the step times, per GPU."""
+    cm = CostModel(setting.cluster, setting.workload, calibration)
+    n, n_ref = (cm.cluster.pool(p).gpus_per_machine for p in (pool, ref_pool))
+    return train_s(cm, ref_pool, n_ref, setting.max_pp) * n_ref / (train_s(cm, pool, n, setting.max_pp) * n)
+
+
 def _log_loss(pairs) -> float:
     return sum(math.log(model / measured) ** 2 for model, measured in pairs)
 
@@ -240,11 +256,63 @@ def _fit_in_range(
     return inside
 
 
-def _step_points(calibration, names, gpu_type, cname, models, steps, step_s, a: float, b: float) -> list:
-    """(label, model, measured) of each model's step on ``cname`` with ``gpu_type``'s factors ``names`` at (a, b);
-    ``step_s(model, calibration)`` is the model's step."""
-    cal = calibration.with_factors(gpu_type, dict(zip(names, (a, b), strict=True)))
-    return [(f"{cname} step of {m}", step_s(m, cal), steps[m]) for m in models]
+def _ratio_points(
+    calibration, gpu_type, names, ratio, target, settings, pool, ref_pool, label, a: float, b: float = 0.0
+) -> list:
+    """(label, model, measured) of each model's per-GPU speed ``ratio`` of ``pool`` over ``ref_pool`` with
+    ``gpu_type``'s factors ``names`` at (a, b), against Table 1's ``target``."""
+    cal = calibration.with_factors(gpu_type, dict(zip(names, (a, b), strict=False)))
+    return [(f"{label} {m}", ratio(cal, settings[m], pool, ref_pool), target[m]) for m in target]
+
+
+def _train_points(
+    calibration,
+    gpu_type,
+    target,
+    settings,
+    pool,
+    ref_pool,
+    label,
+    step_of,
+    steps,
+    step_label,
+    mfu: float,
+    _: float = 0.0,
+) -> list:
+    """Table 1's training ratio points and each run's step at ``train_mfu`` = ``mfu``."""
+    cal = calibration.with_factors(gpu_type, {"train_mfu": mfu})
+    ratios = [(f"{label} {m}", train_ratio(cal, settings[m], pool, ref_pool), target[m]) for m in target]
+    return ratios + [(f"{step_label} {m}", step_of(m, cal=cal)[0], steps[m]) for m in steps]
+
+
+def _fit_train_mfu(
+    calibration,
+    gpu_type,
+    target,
+    settings,
+    pool,
+    ref_pool,
+    step_of,
+    steps,
+    label,
+    step_label,
+    where,
+    n: int,
+    refuse: bool,
+) -> tuple[float, float]:
+    """The ``train_mfu`` of ``gpu_type`` fitting Table 1's training ratio and the runs' steps on ``n`` GPUs
+    together, inside its range (refused outside it when ``refuse``): its loss and value."""
+    points = partial(
+        _train_points, calibration, gpu_type, target, settings, pool, ref_pool, label, partial(step_of, n=n),
+        steps, f"{step_label} on {n} GPUs of",
+    )  # fmt: skip
+    loss = cache(partial(_points_loss, points))
+    mfu, _ = _fit_in_range(lambda a, _: loss(a), points, gpu_type, ("train_mfu", "train_mfu"), where, refuse)
+    return loss(mfu), mfu
+
+
+def _points_loss(points, a: float, b: float = 0.0) -> float:
+    return _log_loss((x[1], x[2]) for x in points(a, b))
 
 
 def _sync_loss(parts: Mapping, measured: Mapping, cluster: str, rate: float, fixed: float) -> float:
@@ -283,9 +351,11 @@ def fit_baselines(
         for c in clusters
     }
 
-    def cm_for(model: str, cal: Calibration, cname: str) -> CostModel:
+    gpus = {name: int(c["gpus"]) for name, c in clusters.items() if c.get("gpus") is not None}
+
+    def cm_for(model: str, cal: Calibration, cname: str, count: int | None = None) -> CostModel:
         s = settings[model]
-        cluster = rent(s.cluster, {clusters[cname]["gpu_type"]: int(clusters[cname]["gpus"])})
+        cluster = rent(s.cluster, {clusters[cname]["gpu_type"]: count or gpus[cname]})
         return CostModel(cluster, workloads[(model, cname)], cal)
 
     def measured(model: str, cname: str, key: str) -> float:
@@ -304,7 +374,7 @@ def fit_baselines(
     ref_type = clusters[ref]["gpu_type"]
     ref_pool = pool_of[ref]
     gpm = settings[models[0]].cluster.pool(ref_pool).gpus_per_machine
-    ref_gpus = int(clusters[ref]["gpus"])
+    ref_gpus = gpus[ref]
     train_gpus = gpm * max(1, (ref_gpus // gpm) // 3)
     roll_gpus = ref_gpus - train_gpus
     if not kept(ref_type, ("hbm_fraction", "decode_overhead_s")):
@@ -344,53 +414,71 @@ def fit_baselines(
         points.append({"model": m, "cluster": ref, "phase": "train_s", "measured": measured(m, ref, "train_s"),
                        "model_value": train_s(cm, ref_pool, train_gpus, settings[m].max_pp)})  # fmt: skip
 
-    # 2. Other types: the reference's memory system, their own compute, to the measured step.
+    # 2. Other types: Table 1's per-GPU speeds against the fitted reference give their factors; the runs' steps
+    # give the GPU count where the file leaves it open (the paper does not state its H20 count).
+    price = {k: float(v) for k, v in data["prices_per_gpu_hour"].items()}
     for cname, c in clusters.items():
         if cname == ref:
             continue
-        gpu_type, pool, gpus = c["gpu_type"], pool_of[cname], int(c["gpus"])
-        if not kept(gpu_type, SHARED):
-            source = f"{ref_type}'s (the same Hopper HBM kernels and serving stack), fit to {where}"
-            calibration = calibration.with_factors(
-                gpu_type, {k: getattr(calibration.for_gpu(ref_type), k) for k in SHARED}, source
-            )
+        gpu_type, pool = c["gpu_type"], pool_of[cname]
+        if not kept(gpu_type, ("decode_overhead_s",)):
+            source = f"{ref_type}'s (the same SGLang serving stack), fit to {where}"
+            overhead = calibration.for_gpu(ref_type).decode_overhead_s
+            calibration = calibration.with_factors(gpu_type, {"decode_overhead_s": overhead}, source)
+        speeds = {
+            key: {m: data["models"][m][cname][key] for m in models}
+            for key in ("rollout_cost_ratio", "train_cost_ratio")
+        }
+        rollout_target = {m: r * price[cname] / price[ref] for m, r in speeds["rollout_cost_ratio"].items()}
+        train_target = {m: price[cname] / price[ref] / r for m, r in speeds["train_cost_ratio"].items()}
         steps = {m: measured(m, cname, "train_s") for m in models}
-        for i, names in enumerate(ROUNDS):
-            if kept(gpu_type, names):
-                continue
-            step_points = partial(
-                _step_points, calibration, names, gpu_type, cname, models, steps,
-                lambda m, cal, cname=cname, pool=pool, gpus=gpus: balanced_step(
-                    cm_for(m, cal, cname), pool, gpus, settings[m].max_pp, layout_of[cname])[0],
+
+        def step_of(m: str, n: int, cal: Calibration, cname=cname, pool=pool) -> tuple[float, int]:
+            return balanced_step(cm_for(m, cal, cname, n), pool, n, settings[m].max_pp, layout_of[cname])
+
+        roll = ("hbm_fraction", "infer_mfu")
+        if not kept(gpu_type, roll):
+            roll_points = partial(
+                _ratio_points, calibration, gpu_type, roll, per_gpu_ratio, rollout_target, settings, pool,
+                ref_pool, f"Table 1 rollout tokens/s per GPU, {cname} over {ref}, of",
             )  # fmt: skip
-
-            def step_loss(a: float, b: float, points=step_points) -> float:
-                return _log_loss((x[1], x[2]) for x in points(a, b))
-
-            last = i == len(ROUNDS) - 1
-            fitted = _fit_in_range(step_loss, step_points, gpu_type, names, where, refuse=last)
-            source = f"fit to {where}: {cname} seconds per step of {short}"
-            calibration = calibration.with_factors(gpu_type, dict(zip(names, fitted, strict=True)), source)
-        price = data.get("prices_per_gpu_hour", {})
-        for m in models:
-            ratio = data["models"][m][cname].get("rollout_cost_ratio")
-            if ratio and cname in price and ref in price:
-                # Table 1 (a check, not fitted): per-GPU rollout speed vs the reference at a full batch.
-                per_gpu = [
-                    _per_gpu(
-                        CostModel(settings[m].cluster, settings[m].workload, calibration),
-                        p,
-                        settings[m].max_pp,
-                    )
-                    for p in (pool, ref_pool)
-                ]
-                points.append({"model": m, "cluster": cname, "phase": f"rollout_per_gpu_vs_{ref} (Table 1, check)",
-                               "measured": ratio * price[cname] / price[ref], "model_value": per_gpu[0] / per_gpu[1]})  # fmt: skip
-        for m in models:
-            step, train_gpus_here = balanced_step(
-                cm_for(m, calibration, cname), pool, gpus, settings[m].max_pp, layout_of[cname]
+            fitted = _fit_in_range(partial(_points_loss, roll_points), roll_points, gpu_type, roll, where)
+            source = f"fit to {where}: Table 1 rollout cost ratio {cname} vs {ref} of {short}"
+            calibration = calibration.with_factors(gpu_type, dict(zip(roll, fitted, strict=True)), source)
+        per_machine = settings[models[0]].cluster.pool(pool).gpus_per_machine
+        counts = (
+            [gpus[cname]]
+            if cname in gpus
+            else list(range(2 * per_machine, int(c["max_gpus"]) + 1, per_machine))
+        )
+        if not kept(gpu_type, ("train_mfu",)):
+            # Training is seen twice: Table 1's per-GPU ratio and the runs' steps (train-bound), fitted together;
+            # where the count is open, each count's best fit competes.
+            train_fit = partial(
+                _fit_train_mfu, calibration, gpu_type, train_target, settings, pool, ref_pool, step_of, steps,
+                f"Table 1 training tokens/s per GPU, {cname} over {ref}, of", f"{cname} step", where,
+            )  # fmt: skip
+            count = min(counts, key=lambda n: train_fit(n, refuse=False)) if len(counts) > 1 else counts[0]
+            _, mfu = train_fit(count, refuse=True)
+            gpus.setdefault(cname, count)
+            source = (
+                f"fit to {where}: Table 1 training cost ratio {cname} vs {ref} and {cname} seconds per step "
+                f"of {short}"
             )
-            points.append({"model": m, "cluster": cname, "phase": f"step_s (train on {train_gpus_here} GPUs)",
+            calibration = calibration.with_factors(gpu_type, {"train_mfu": mfu}, source)
+        else:
+            gpus.setdefault(cname, min(counts, key=lambda n: _log_loss(
+                (step_of(m, n, calibration)[0], steps[m]) for m in models)))  # fmt: skip
+        for m in models:
+            points.append({"model": m, "cluster": cname, "phase": f"rollout_per_gpu_vs_{ref} (Table 1)",
+                           "measured": rollout_target[m],
+                           "model_value": per_gpu_ratio(calibration, settings[m], pool, ref_pool)})  # fmt: skip
+            points.append({"model": m, "cluster": cname, "phase": f"train_per_gpu_vs_{ref} (Table 1)",
+                           "measured": train_target[m],
+                           "model_value": train_ratio(calibration, settings[m], pool, ref_pool)})  # fmt: skip
+            step, train_gpus_here = step_of(m, gpus[cname], calibration)
+            points.append({"model": m, "cluster": cname,
+                           "phase": f"step_s (on {gpus[cname]} GPUs, train on {train_gpus_here})",
                            "measured": steps[m], "model_value": step})  # fmt: skip
 
     # 3. Weight updates per type: Table 2's column, the network part from the model.
@@ -402,10 +490,9 @@ def fit_baselines(
         parts = {}
         for m in models:
             cm = cm_for(m, fast, cname)
-            gpus = int(c["gpus"])
             train_n = cm.cluster.pool(pool).gpus_per_machine
-            _, shape, count = rollout_s(cm, pool, gpus - train_n, settings[m].max_pp, layout_of[cname])
-            replicas = [(shape, count)] if count else [((RolloutStage(pool, 1),), gpus - train_n)]
+            _, shape, count = rollout_s(cm, pool, gpus[cname] - train_n, settings[m].max_pp, layout_of[cname])
+            replicas = [(shape, count)] if count else [((RolloutStage(pool, 1),), gpus[cname] - train_n)]
             b = settings[m].workload.model.weight_bytes()
             net = cm.weight_sync({pool: b}, replicas).seconds - b / 1000e9
             parts[m] = (net, b)
@@ -429,7 +516,7 @@ def fit_baselines(
 
     types = sorted({c["gpu_type"] for c in clusters.values()})
     factors = {t: {k: float(f"{v:.4g}") for k, v in calibration.as_dict([t])[t].items()} for t in types}
-    return BaselineFit(calibration, factors, calibration.sources_dict(types), points)
+    return BaselineFit(calibration, factors, calibration.sources_dict(types), points, gpus)
 
 
 def setting_from(recipe) -> Setting:

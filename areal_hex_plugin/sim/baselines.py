@@ -57,8 +57,11 @@ def homogeneous(
     )
 
 
-def baseline_phases(recipes: Mapping[str, object], calibration: Calibration, data: Mapping) -> list[dict]:
-    """Per model (``recipes`` by model name) and measured cluster: each phase measured next to the plan's."""
+def baseline_phases(
+    recipes: Mapping[str, object], calibration: Calibration, data: Mapping, gpus: Mapping[str, int]
+) -> list[dict]:
+    """Per model (``recipes`` by model name) and measured cluster of ``gpus`` GPUs (the file's count, or the fit's
+    where the file leaves it open): each phase measured next to the plan's."""
     types = sorted({c["gpu_type"] for c in data["clusters"].values()})
     rows = []
     for model, recipe in recipes.items():
@@ -67,7 +70,7 @@ def baseline_phases(recipes: Mapping[str, object], calibration: Calibration, dat
         calibrated = with_calibration(recipe, calibration, types)
         for name, c in data["clusters"].items():
             run = data["models"][model][name]
-            setting = homogeneous(calibrated, c["gpu_type"], int(c["gpus"]), run, c.get("rollout_layout"))
+            setting = homogeneous(calibrated, c["gpu_type"], gpus[name], run, c.get("rollout_layout"))
             plan = plan_recipe(setting, paper_request(setting))  # whole machines per role, as measured
             p = plan.predicted
             both = max(p.rollout_time_s, p.train_time_s)
