@@ -422,7 +422,7 @@ def fit_baselines(
             continue
         gpu_type, pool = c["gpu_type"], pool_of[cname]
         if not kept(gpu_type, ("decode_overhead_s",)):
-            source = f"{ref_type}'s (the same SGLang serving stack), fit to {where}"
+            source = f"fit to {where}: {ref_type}'s decode overhead (the same SGLang serving stack)"
             overhead = calibration.for_gpu(ref_type).decode_overhead_s
             calibration = calibration.with_factors(gpu_type, {"decode_overhead_s": overhead}, source)
         speeds = {
