@@ -43,7 +43,8 @@ def _hosts(plan, role: str) -> list[str]:
 
 
 class _Counting(FaultLoop):
-    """The fault loop, counting the samples generated of each rollout."""
+    """The fault loop, counting the samples generated of each rollout and the rollouts each batch took (with
+    how many of their samples were still missing)."""
 
     def generated(self, rollout: int) -> None:
         self.made = getattr(self, "made", {})
@@ -51,10 +52,11 @@ class _Counting(FaultLoop):
         super().generated(rollout)
 
     def start_training(self) -> None:
-        before = len(self.ready)
+        before = set(self.ready)
         super().start_training()
-        if len(self.ready) < before:  # a batch was taken: every rollout in it is whole
-            self.consumed = getattr(self, "consumed", 0) + before - len(self.ready)
+        taken = before - set(self.ready)
+        if taken:
+            self.consumed = getattr(self, "consumed", []) + [(r, self.remaining[r]) for r in sorted(taken)]
 
 
 def test_lost_rollout_machines_dip_then_recover_and_each_sample_counts_once(planned, tmp_path):
@@ -78,10 +80,14 @@ def test_lost_rollout_machines_dip_then_recover_and_each_sample_counts_once(plan
     # twice, and every consumed rollout had all its samples.
     assert hit.resubmitted > 0
     assert all(n <= spec.n_samples for n in loop.made.values())
-    assert loop.consumed == STEPS * spec.batch
+    consumed = [rollout for rollout, missing in loop.consumed if missing == 0]
+    assert len(consumed) == len(loop.consumed) == len(set(consumed))
+    # One batch per step ended, and one more while the next step trains: training is the bottleneck here, so
+    # the run stops with step STEPS + 1's batch taken the moment step STEPS ends.
+    assert len(consumed) == (STEPS + loop.training) * spec.batch
     assert sum(hit.result.routed.values()) == len(loop.remaining)  # rollouts routed, resubmissions apart
 
-    # The dip: steps ending while two of five servers are away take longer than the same steps without faults;
+    # The dip: steps ending while two of four machines are away take longer than the same steps without faults;
     # after the return the run is back to the fault-free pace.
     def mean_step(outcome, lo, hi):
         steps = [s.step_s for s in outcome.result.steps if lo < s.end_s <= hi]
@@ -181,7 +187,7 @@ def test_simulate_cli_prints_the_timeline_and_writes_valid_json(planned, tmp_pat
         ([{"at_s": 1, "length_scale": 0}], "faults[0].length_scale"),
         ([{"at_s": 1, "length_scale": 2, "recovery_s": 5}], "faults[0].recovery_s"),
         ([{"at_s": 1, "lost": "h800-0"}], "faults[0].recovery_s"),
-        ([{"at_s": 1, "lost": "h800-3"}], "faults[0].lost"),  # idle in the plan
+        ([{"at_s": 1, "lost": "h20-8"}], "faults[0].lost"),  # idle in the plan (h20-4 to h20-8)
         ([], "faults"),
     ],
 )
@@ -197,7 +203,7 @@ def test_a_bad_fault_file_exits_2(planned, tmp_path, capsys):
     plan_file = plan.save(tmp_path / "plan.json")
     faults = tmp_path / "f.yml"
     faults.write_text("faults:\n  - {at_s: 1, lost: nowhere-7}\n")
-    assert main(["simulate", str(RECIPE), "--plan", str(plan_file), "--faults", str(faults)]) == 2
+    assert main(["simulate", str(RECIPE), "--plan", str(plan_file), "--faults", str(faults), *SETTING]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: faults[0].lost: 'nowhere-7' is not a machine of the plan"), err
     assert "Traceback" not in err
