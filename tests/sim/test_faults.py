@@ -247,3 +247,13 @@ def test_a_lost_machines_shares_go_to_the_survivors_by_the_planners_rollout_mode
     assert seen["shares"] == pytest.approx(expected)
     assert sum(seen["shares"]) == pytest.approx(1.0)
     assert not any(r.index in lost for group in seen["routing"] for r in group)
+
+
+def test_the_shipped_faults_file_fits_the_plan_its_header_names(planned):
+    recipe, plan, spec = planned
+    shipped = REPO / "recipes" / "faults" / "lost_machines.yml"
+    header = "".join(line for line in shipped.read_text().splitlines() if line.startswith("#"))
+    assert all(override in header for override in [*SETTING, *RECOVER])
+    faults = read_faults(str(shipped), recipe, plan)
+    hit = play(spec, faults, setting_of(recipe, plan), STEPS)
+    assert hit.applied == faults and hit.steps_lost > 0 and hit.resubmitted > 0
