@@ -1,11 +1,12 @@
-"""Faults benchmark: a 1,024-GPU plan replayed with machine losses, returns and length drift (``simulate --faults``).
+"""Faults benchmark: a 1,024-GPU cluster's plan replayed with machine losses, returns and length drift
+(``simulate --faults``).
 
     .venv/bin/python benchmarks/faults.py [--json OUT]
 
-Prints (and writes) JSON: the plan (7B on 32 H800 + 96 H20 machines, 512 prompts x 16 samples per step, every
-machine in play) and its planning seconds, then for each scenario over 30 steps (seed 0) the wall seconds of the
-simulation with the faults and of the same run without them, tokens/s with and without, samples resubmitted,
-training steps lost and seconds stalled:
+Prints (and writes) JSON: the plan (7B on an inventory of 32 H800 + 96 H20 machines, 512 prompts x 16 samples per
+step, no budget: the fastest plan, whose GPUs and replicas the JSON counts) and its planning seconds, then for each
+scenario over 30 steps (seed 0) the wall seconds of the simulation with the faults and of the same run without
+them, tokens/s with and without, samples resubmitted, training steps lost and seconds stalled:
 - ``rollout``: four rollout machines lost 20 s apart, two of them back later, output lengths x1.5 and back;
 - ``trainer``: the same, plus a training machine lost mid-run (600 s to a replacement, a checkpoint every 5 steps).
 """
