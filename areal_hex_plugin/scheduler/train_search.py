@@ -8,8 +8,9 @@ Pruning:
   the cost model splits the layers, so stages of one pool may hold different layer counts;
 - hybrid sharding (FSDP shards within each machine and replicates across machines) only for one stage on all of a
   pool's training machines, where the runtime allows it;
-- dominance: a stage of given (k stages, tp) takes the largest dp its pool's GPUs allow (exact while more data
-  parallelism never slows a stage down);
+- dominance: a stage of given (k stages, tp) takes the largest dp its pool's GPUs allow that divides a step's
+  samples (upstream deals them out evenly over the DP ranks); exact while more data parallelism never slows a
+  stage down;
 - depth (heuristic; exhaustive mode tries every depth): every depth up to ALL_DEPTHS, then a ladder (6, 8, 12,
   16, ...) up to hex.solver.max_pp_stages (default: the model's layers), per pool only while memory rules out some
   TP degree at the depth before, reached from the shallow search's layout by the one-pool moves of the polish
@@ -87,13 +88,19 @@ def depths(max_pp: int) -> list[int]:
     return out + [max_pp] if max_pp > ALL_DEPTHS else out
 
 
+def _largest_dp(most: int, samples: int) -> int:
+    """The largest data-parallel degree up to ``most`` that divides a step's ``samples`` (upstream deals them out
+    evenly over the DP ranks), 0 if none."""
+    return next((dp for dp in range(most, 0, -1) if samples % dp == 0), 0)
+
+
 def _options(
-    pool: Pool, gpus: int, max_pp: int, hybrid: bool = False, exhaustive: bool = False
+    pool: Pool, gpus: int, max_pp: int, samples: int, hybrid: bool = False, exhaustive: bool = False
 ) -> list[_PoolOption]:
     options = []
     for k in range(1, max_pp + 1) if exhaustive else depths(max_pp):
         for tp in tp_degrees(pool.gpus_per_machine):
-            dp = gpus // (k * tp)
+            dp = _largest_dp(gpus // (k * tp), samples)
             if dp >= 1:
                 options.append(_PoolOption(pool.name, k, tp, dp))
             if hybrid and k == 1 and gpus >= 2 * pool.gpus_per_machine:
@@ -177,7 +184,10 @@ def search_train(
     """
     # Faster GPUs first: the pipeline order is fixed (symmetry), the first stage on the strongest type.
     pools = sorted((cluster.pool(name) for name in gpus), key=lambda p: (-p.gpu.tflops_bf16, p.name))
-    options = [_options(p, gpus[p.name], max_pp, hybrid and len(gpus) == 1, exhaustive) for p in pools]
+    samples = cm.workload.rl.samples_per_step
+    options = [
+        _options(p, gpus[p.name], max_pp, samples, hybrid and len(gpus) == 1, exhaustive) for p in pools
+    ]
     if exhaustive or max_pp <= ALL_DEPTHS:
         return _choice(_search(cm, pools, gpus, options, max_pp, exhaustive, equal_stages))
     shallow = [[o for o in opts if o.k <= ALL_DEPTHS] for opts in options]
