@@ -131,7 +131,7 @@ def measured_workload(setting: Setting, tokens_per_step: float) -> WorkloadSpec:
     """The recipe's workload as a measured AReaL run had it: ``tokens_per_step`` (the mean output length that
     gives it, the recipe's length shape kept), one batch of rollouts admitted at once, weights every step."""
     w = setting.workload
-    rl = replace(w.rl, max_admitted=w.rl.consumer_batch_size, max_update_window=1)
+    rl = replace(w.rl, max_admitted=w.rl.consumer_batch_size, max_update_window=1, even_dispatch=False)
     mean = tokens_per_step / rl.samples_per_step - w.prompt_tokens
     cfg = setting.lengths
     if cfg.kind != "lognormal" or mean <= cfg.cap_share * rl.max_new_tokens:

@@ -109,7 +109,7 @@ def _check(cluster: Cluster, workload: WorkloadSpec, stages: tuple[TrainStage, .
         # Upstream's TrainController deals a step's samples out evenly over the DP ranks (areal 1.0.4
         # infra/controller/train_controller.py _dispatch_tensors: balanced_greedy_partition refuses a count that
         # dp does not divide), so such a layout ends the run at its first training step.
-        if samples % s.dp:
+        if workload.rl.even_dispatch and samples % s.dp:
             return f"dp={s.dp} does not divide the step's {samples} samples, which upstream deals out evenly"
     problem = layout_problem(cluster, workload.model, [(s.pool, s.tp, s.n_gpus) for s in stages], "trainer")
     for s in stages if not problem else ():

@@ -90,8 +90,8 @@ def depths(max_pp: int) -> list[int]:
 
 def _largest_dp(most: int, samples: int) -> int:
     """The largest data-parallel degree up to ``most`` that divides a step's ``samples`` (upstream deals them out
-    evenly over the DP ranks), 0 if none."""
-    return next((dp for dp in range(most, 0, -1) if samples % dp == 0), 0)
+    evenly over the DP ranks; 0 samples: no such rule), 0 if none."""
+    return next((dp for dp in range(most, 0, -1) if not samples or samples % dp == 0), 0)
 
 
 def _options(
@@ -184,7 +184,7 @@ def search_train(
     """
     # Faster GPUs first: the pipeline order is fixed (symmetry), the first stage on the strongest type.
     pools = sorted((cluster.pool(name) for name in gpus), key=lambda p: (-p.gpu.tflops_bf16, p.name))
-    samples = cm.workload.rl.samples_per_step
+    samples = cm.workload.rl.samples_per_step if cm.workload.rl.even_dispatch else 0
     options = [
         _options(p, gpus[p.name], max_pp, samples, hybrid and len(gpus) == 1, exhaustive) for p in pools
     ]

@@ -188,6 +188,9 @@ class RLSettings:
     # Rollouts admission lets in at once whatever the plan would choose (0: no such limit). A measured AReaL run
     # leaves max_concurrent_rollouts unset: upstream then admits consumer_batch_size (sim/baselines.py).
     max_admitted: int = 0
+    # Upstream 1.0.4's TrainController deals a step's samples out evenly over the DP ranks, so dp must divide
+    # them. False for the paper's measured runs, whose AReaL version and DP layout are not stated.
+    even_dispatch: bool = True
 
     @property
     def samples_per_step(self) -> int:
