@@ -52,7 +52,8 @@ SPOT_H20 = [  # the paper recipes' H20 pool preemptible, training allowed there 
     ("recipe", "overrides"),
     [
         ("recipes/paper/7b.yaml", []),
-        ("recipes/paper/1.5b.yaml", SPOT_H20),
+        # At the price of 16 H800 and 16 H20 (at the recipe's budget the plan is 24 H800 alone: no spot machine).
+        ("recipes/paper/1.5b.yaml", [*SPOT_H20, "hex.objective.budget_per_hour=114.08"]),
         ("recipes/mixes/h100_rtx4090_qwen3-4b.yaml", []),
     ],
 )
