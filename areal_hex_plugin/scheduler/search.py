@@ -105,7 +105,7 @@ def steering_eta(eta: int) -> int:
 
 
 def candidates(steer: Evaluator, limits: tuple[int, ...], budget: float | None) -> list[Split]:
-    """The splits of the RESCORED best steering scores (one per score, the cheapest) among those within ``limits``
+    """The splits of the RESCORED best steering scores (per score, the cheapest) among those within ``limits``
     and ``budget`` as scored (a split's layouts occupy only its machines), and the splits one rollout move from
     the NEIGHBOURED best (the steering's local search skips those it scores lower, which a smaller eta may not;
     their training machines are the same, so no new training search): the same for every recipe eta."""
@@ -118,16 +118,23 @@ def candidates(steer: Evaluator, limits: tuple[int, ...], budget: float | None) 
         and (budget is None or split.cost_per_hour(steer.cluster) <= budget + 1e-9)
     ]
 
-    # One split per steering score, the cheapest: splits that add machines a plan leaves without effect score the
-    # same, and a larger budget admits more of them, which would crowd distinct plans out of the RESCORED.
+    # Per steering score, the cheapest splits: splits that add machines a plan leaves without effect score the
+    # same, and a larger budget admits more of them, which would crowd distinct plans out of the RESCORED. All
+    # of the cheapest, not one: at the steering eta a replica whose longest sample outlasts the window's rollout
+    # generates nothing, so splits that give it machines tie (at the price of the machines their plans occupy)
+    # with splits that leave those idle or to training, and the recipe's larger eta may put them to work.
     def score(x: tuple[Split, Evaluation]) -> float:
         return round(x[1].tokens_per_s(tokens), 6)
 
-    ranked = sorted(inside, key=lambda x: (-score(x), x[1].cost_per_hour, x[0]))
-    top = [next(group)[0] for _, group in islice(groupby(ranked, key=score), RESCORED)]
+    def cost(x: tuple[Split, Evaluation]) -> float:
+        return round(x[1].cost_per_hour, 6)
+
+    ranked = sorted(inside, key=lambda x: (-score(x), cost(x), x[0]))
+    groups = [list(group) for _, group in islice(groupby(ranked, key=score), RESCORED)]
+    top = [split for group in groups for split, e in group if cost((split, e)) == cost(group[0])]
     near = [
         n
-        for split in top[:NEIGHBOURED]
+        for split in (group[0][0] for group in groups[:NEIGHBOURED])
         for n in split.neighbours(limits)
         if n.train == split.train
         and any(n.rollout)

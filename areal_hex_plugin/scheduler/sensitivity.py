@@ -95,7 +95,16 @@ class Held:
         if not train.feasible or not estimates or not all(e.feasible for e in estimates):
             return 0.0
         groups = tuple(
-            (replace(c, tokens_per_s=e.tokens_per_s, concurrency=e.concurrency, recompute_s=e.recompute_s), y)
+            (
+                replace(
+                    c,
+                    tokens_per_s=e.tokens_per_s,
+                    concurrency=e.concurrency,
+                    recompute_s=e.recompute_s,
+                    longest_s=e.longest_s,
+                ),
+                y,
+            )
             for (c, y), e in zip(self.groups, estimates, strict=True)
         )
         samples = cm.workload.rl.samples_per_step

@@ -67,8 +67,9 @@ def _doc_commands() -> list[tuple[str, str]]:
 def _variants(synopsis: str) -> list[str]:
     if "[" not in synopsis:
         return [synopsis]
-    bare = re.sub(r"\s*\[[^\]]*\]", "", synopsis)
-    full = re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(" | ")[0], synopsis)
+    # An optional part starts a word; a bracket inside one is a value ('++hex.solver.rollout_layout=[1,1]').
+    bare = re.sub(r"\s+\[[^\]]*\]", "", synopsis)
+    full = re.sub(r"(?<=\s)\[([^\]]*)\]", lambda m: m.group(1).split(" | ")[0], synopsis)
     return [full] if synopsis.startswith("reproduce") else [bare, full]  # reproduce takes ~40 s a run
 
 

@@ -54,11 +54,13 @@ def test_the_7b_paper_plan_names_the_knee_and_the_cheapest_plan_within_2_percent
 def test_the_chosen_plan_is_on_the_printed_frontier(recipe):
     plan = _plan(recipe, pareto=True)
     assert _on(plan.predicted, plan.pareto)
-    # ...and nothing on it is as fast for less (within the tie the search settles by cost).
+    # ...and nothing on it is as fast for less: within the tie the search settles by cost, and no slower than a
+    # single-type baseline the plan prints (the plan never loses to one: 14B's H800 baseline is 0.013% faster
+    # than the $114.08/h point on its frontier, so that baseline is the plan).
+    singles = [b.tokens_per_s for name, b in plan.baselines.items() if name.startswith("homogeneous-")]
+    floor = max([(1 - 1e-3) * plan.predicted.tokens_per_s, *singles])
     assert not any(
-        p.cost_per_hour < plan.predicted.cost_per_hour - 1e-6
-        and p.tokens_per_s >= (1 - 1e-3) * plan.predicted.tokens_per_s
-        for p in plan.pareto
+        p.cost_per_hour < plan.predicted.cost_per_hour - 1e-6 and p.tokens_per_s >= floor for p in plan.pareto
     )
     assert KNEE in plan.alternatives and WITHIN in plan.alternatives
 

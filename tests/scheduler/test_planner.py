@@ -164,10 +164,12 @@ def test_replicas_hold_no_more_sequences_than_the_staleness_bound_admits():
 
 def test_the_binding_gives_the_one_weight_sync_figure_of_the_step():
     """The step line and the binding line name the same weight-sync seconds per step (an update every window of
-    steps, averaged), and the binding names the update's own seconds beside it."""
+    steps, averaged), and the binding names the update's own seconds beside it. The RTX4090 servers pause 20 s per
+    update (the shipped recipe's plan syncs in 7% of its step, under explain.SYNC_SHARE, so nothing to name)."""
     from areal_hex_plugin.specs.recipe import load_recipe
 
-    plan = plan_recipe(load_recipe(REPO / "recipes/mixes/h100_rtx4090_qwen3-4b.yaml", []))
+    slow = "++hex.calibration.gpu_types.RTX4090.update_fixed_s=20"
+    plan = plan_recipe(load_recipe(REPO / "recipes/mixes/h100_rtx4090_qwen3-4b.yaml", [slow]))
     b, p = plan.binding_constraint, plan.predicted
     assert b.sync_s == pytest.approx(p.weight_sync_s, abs=1e-3)  # the prediction is rounded to ms
     assert b.window_steps == plan.solver.window_steps > 1
