@@ -102,15 +102,9 @@ def _infeasible(reason: str, gpus: dict[str, int], layers=(), memory=()) -> Trai
 
 
 def _check(cluster: Cluster, workload: WorkloadSpec, stages: tuple[TrainStage, ...]) -> str:
-    samples = workload.rl.samples_per_step
     for s in stages:
         if s.dp < 1 or s.tp < 1:
             return f"dp and tp must be at least 1, got dp={s.dp} tp={s.tp}"
-        # Upstream's TrainController deals a step's samples out evenly over the DP ranks (areal 1.0.4
-        # infra/controller/train_controller.py _dispatch_tensors: balanced_greedy_partition refuses a count that
-        # dp does not divide), so such a layout ends the run at its first training step.
-        if workload.rl.even_dispatch and samples % s.dp:
-            return f"dp={s.dp} does not divide the step's {samples} samples, which upstream deals out evenly"
     problem = layout_problem(cluster, workload.model, [(s.pool, s.tp, s.n_gpus) for s in stages], "trainer")
     for s in stages if not problem else ():
         machine = cluster.pool(s.pool).gpus_per_machine
@@ -121,6 +115,13 @@ def _check(cluster: Cluster, workload: WorkloadSpec, stages: tuple[TrainStage, .
                 f"hybrid sharding shards within each machine and replicates across machines: dp x tp = "
                 f"{s.n_gpus} must fill two or more {s.pool} machines of {machine} GPUs"
             )
+    samples = workload.rl.samples_per_step
+    for s in stages if not problem and workload.rl.even_dispatch else ():
+        # Upstream's TrainController deals a step's samples out evenly over the DP ranks (areal 1.0.4
+        # infra/controller/train_controller.py _dispatch_tensors: balanced_greedy_partition refuses a count that
+        # dp does not divide), so such a layout ends the run at its first training step.
+        if samples % s.dp:
+            return f"dp={s.dp} does not divide the step's {samples} samples, which upstream deals out evenly"
     return problem
 
 
