@@ -193,4 +193,4 @@ def test_each_homogeneous_baseline_rents_only_its_own_type_where_machines_are_sh
         baseline = plan.baselines[f"homogeneous-{gpu_type}"]
         assert set(baseline.gpus) == {gpu_type}, (gpu_type, baseline)
         assert baseline.cost_per_hour == pytest.approx(8 * GPUS[gpu_type])
-        assert baseline.tokens_per_s < plan.predicted.tokens_per_s
+        assert baseline.tokens_per_s <= plan.predicted.tokens_per_s

@@ -103,7 +103,7 @@ def test_the_memory_cut_never_drops_a_layout_the_cost_model_accepts():
     recipe = recipe_with_pools([("L40S", 4, 2), ("A100-80GB", 2, 2)], "14b")
     cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
     pools = [recipe.cluster.pool("p1"), recipe.cluster.pool("p0")]
-    per_pool = [_options(p, p.n_gpus, 4) for p in pools]
+    per_pool = [_options(p, p.n_gpus, 4, recipe.workload.rl.samples_per_step) for p in pools]
     state = recipe.workload.model.params * TRAIN_BYTES_PER_PARAM
     cut = kept = 0
     for combo in _combinations(per_pool, 4):
