@@ -191,6 +191,9 @@ def test_each_homogeneous_baseline_rents_only_its_own_type_where_machines_are_sh
     assert any(m.role == "split" for m in plan.machines)
     for gpu_type in ("H100", "L40S"):
         baseline = plan.baselines[f"homogeneous-{gpu_type}"]
-        assert set(baseline.gpus) == {gpu_type}, (gpu_type, baseline)
-        assert baseline.cost_per_hour == pytest.approx(8 * GPUS[gpu_type])
+        # 7B on one L40S machine fits no trainer whose dp divides the step's samples beside a rollout server:
+        # that baseline says so instead of borrowing the H100 machine.
+        assert set(baseline.gpus) == ({gpu_type} if baseline.tokens_per_s else set()), (gpu_type, baseline)
+        assert baseline.cost_per_hour == pytest.approx(8 * GPUS[gpu_type] if baseline.gpus else 0.0)
         assert baseline.tokens_per_s <= plan.predicted.tokens_per_s
+    assert plan.baselines["homogeneous-H100"].tokens_per_s > 0
