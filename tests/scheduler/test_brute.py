@@ -14,7 +14,7 @@ from areal_hex_plugin.scheduler.brute import BruteForce
 from areal_hex_plugin.scheduler.brute_rollout import pool_fleets
 from areal_hex_plugin.scheduler.caps import PAPER, caps_for, recipe_caps, unmet
 from areal_hex_plugin.scheduler.evaluate import replica_stages
-from areal_hex_plugin.scheduler.inflight import CAP_FRACTIONS, best_split, window_rollout_s, windows
+from areal_hex_plugin.scheduler.inflight import CAP_FRACTIONS, ahead, best_split, window_rollout_s, windows
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.split import all_splits, shared_choices
 from tests.conftest import REPO
@@ -95,7 +95,7 @@ def test_the_bounds_skip_no_better_plan():
     force's space in full, fleets as every multiset of replica shapes on the split's rollout machines (and on a
     shared machine's rollout GPUs: three machines in play, so machines may be split between the roles)."""
     recipe = recipe_with_pools(
-        [("H20", 4, 1), ("L40S", 2, 2)], "1.5b", "rollout.max_head_offpolicyness=2", BRUTE_DEPTH
+        [("H20", 4, 1), ("L40S", 2, 2)], "1.5b", "rollout.max_head_offpolicyness=3", BRUTE_DEPTH
     )
     planner = Planner(recipe, PlanRequest(caps=PAPER))
     ev, brute = planner.ev, BruteForce(planner.ev)
@@ -127,7 +127,7 @@ def test_the_bounds_skip_no_better_plan():
             for window in windows(rl.max_head_offpolicyness):
                 menu = {
                     ev.inflight.capped(fleet, f, ev.cm.staleness_sequences(m))
-                    for m in range(1, rl.max_head_offpolicyness + 3 - window)
+                    for m in range(1, ahead(rl.max_head_offpolicyness, window) + 1)
                     for f in CAP_FRACTIONS
                 }
                 times[window] = min(
@@ -176,7 +176,7 @@ def test_the_brute_force_splits_samples_exactly_not_in_proportion_to_speed():
     """Review: the brute force split a window's samples in proportion to replica speed (largest remainder),
     blind to each replica's KV rebuild; its best plan here splits them otherwise, 1.8% faster."""
     recipe = recipe_with_pools(
-        [("H20", 2, 1), ("L40S", 4, 2)], "1.5b", "rollout.max_head_offpolicyness=2", BRUTE_DEPTH
+        [("H20", 2, 1), ("L40S", 4, 2)], "1.5b", "rollout.max_head_offpolicyness=3", BRUTE_DEPTH
     )
     planner = Planner(recipe, PlanRequest(caps=PAPER))
     best, _ = BruteForce(planner.ev).run(planner.limits, None)

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from areal_hex_plugin.scheduler.caps import PAPER
-from areal_hex_plugin.scheduler.inflight import choose, windows
+from areal_hex_plugin.scheduler.inflight import ahead, choose, windows
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest
 from areal_hex_plugin.scheduler.split import Split
 from areal_hex_plugin.specs.recipe import load_recipe
@@ -57,7 +57,7 @@ def test_the_plan_writes_the_caps_it_chose_within_the_staleness_bound(paper_7b):
     planner, plan = paper_7b
     sequences = sum(g.concurrency * g.count for g in plan.rollout.replicas)
     eta, window = plan.staleness.max_head_offpolicyness, plan.solver.window_steps
-    assert sequences <= planner.cm.staleness_sequences(eta + 2 - window)
+    assert sequences <= planner.cm.staleness_sequences(ahead(eta, window))
     assert plan.staleness.max_concurrent_rollouts == planner.cm.prompts_to_fill(sequences)
     assert plan.predicted.step_time_s == pytest.approx(
         plan.predicted.weight_sync_s + max(plan.predicted.rollout_time_s, plan.predicted.train_time_s),
