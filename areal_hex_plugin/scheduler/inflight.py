@@ -268,7 +268,9 @@ class InFlight:
         for window in windows(eta, rl.max_update_window):
             samples = rl.samples_per_step * window
             best: tuple[float, Groups] | None = None
-            # The window keeps up to ahead(eta, window) batches in flight.
+            # The window keeps up to ahead(eta, window) batches in flight. Caps are ranked by rollout seconds, in a
+            # window that drains too (there the first batch's wait, a step's share of ``longest_s``, differs by
+            # caps as well, but only where training is the longer phase).
             kept = by_batches[most - ahead(eta, window) :]
             admitted = [fleets[k] for k in dict.fromkeys(k for ks in kept for k in ks)]
             if self.clocked:

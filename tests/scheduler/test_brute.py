@@ -14,7 +14,16 @@ from areal_hex_plugin.scheduler.brute import BruteForce
 from areal_hex_plugin.scheduler.brute_rollout import pool_fleets
 from areal_hex_plugin.scheduler.caps import PAPER, caps_for, recipe_caps, unmet
 from areal_hex_plugin.scheduler.evaluate import replica_stages
-from areal_hex_plugin.scheduler.inflight import CAP_FRACTIONS, ahead, best_split, window_rollout_s, windows
+from areal_hex_plugin.scheduler.inflight import (
+    CAP_FRACTIONS,
+    Runtime,
+    ahead,
+    best_split,
+    drains,
+    window_rollout,
+    window_rollout_s,
+    windows,
+)
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.split import all_splits, shared_choices
 from tests.conftest import REPO
@@ -108,7 +117,7 @@ def test_the_bounds_skip_no_better_plan():
     def side(split):
         return split.rollout, split.colocated_gpus(ev.cluster)
 
-    rollout = {}  # (rollout machines and shared GPUs, fleet) -> {window: shortest rollout time per step}
+    rollout = {}  # (rollout machines and shared GPUs, fleet) -> {window: its runtime at every cap of the menu}
     for counts, near in {side(s) for s in splits}:
         lists = [
             pool_fleets(ev.feasible_shapes(p.name), n, p.gpus_per_machine, one_shape=False)
@@ -130,9 +139,18 @@ def test_the_bounds_skip_no_better_plan():
                     for m in range(1, ahead(rl.max_head_offpolicyness, window) + 1)
                     for f in CAP_FRACTIONS
                 }
-                times[window] = min(
-                    best_split(c, rl.samples_per_step * window, mean)[0] / window + reward for c in menu
-                )
+                eta = rl.max_head_offpolicyness
+                times[window] = [
+                    Runtime(
+                        window,
+                        c,
+                        window_rollout(
+                            c, best_split(c, rl.samples_per_step * window, mean)[0], window, eta, reward
+                        ),
+                        drains(eta, window),
+                    )
+                    for c in menu
+                ]
             rollout[(counts, near), fleet] = times
     rates = []
     for split in splits:
@@ -146,7 +164,7 @@ def test_the_bounds_skip_no_better_plan():
                 sync = planner.cm.weight_sync(
                     senders, replicas, strategy=ev.sync_strategy, colocated=colocated
                 ).seconds
-                steps = [sync / w + max(t, train.step_time_s) for w, t in times.items()]
+                steps = [r.step_s(train.step_time_s, sync) for runtimes in times.values() for r in runtimes]
                 rates.append(ev.tokens_per_step / min(steps))
     assert planner.tokens_per_s(best) == pytest.approx(max(rates), rel=1e-9)
     assert counted.scored < len(rates) and counted.fleets_scored < len(rollout)

@@ -16,13 +16,16 @@ from tests.conftest import REPO
 
 @pytest.fixture(scope="module")
 def plan():
-    """A real plan (two replica groups), its phases then set by hand: train 10 s, rollout 8 s, sync 1 s."""
+    """A real plan, its replicas as two groups of 60% and 40% of the samples and its phases set by hand: train
+    10 s, rollout 8 s, sync 1 s."""
     planned = plan_recipe(load_recipe(REPO / "recipes/ci/tiny.yaml", []))
-    assert len(planned.rollout.replicas) == 2
+    group = planned.rollout.replicas[0]
+    groups = [dataclasses.replace(group, share=0.6), dataclasses.replace(group, pool="other", share=0.4)]
     predicted = dataclasses.replace(
         planned.predicted, train_time_s=10.0, rollout_time_s=8.0, weight_sync_s=1.0, step_time_s=11.0
     )
-    return dataclasses.replace(planned, predicted=predicted)
+    rollout = dataclasses.replace(planned.rollout, replicas=groups)
+    return dataclasses.replace(planned, predicted=predicted, rollout=rollout)
 
 
 def _result(plan, *, wait=0.0, train=10.0, sync=1.0, routed=None, idle=0.0) -> SimResult:
