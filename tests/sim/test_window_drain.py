@@ -15,6 +15,7 @@ import pytest
 
 from areal_hex_plugin.scheduler import plan_recipe
 from areal_hex_plugin.scheduler.inflight import Runtime, ahead, drains, windows
+from areal_hex_plugin.scheduler.report import _runtime
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig
 from areal_hex_plugin.sim.agreement import TOLERANCE
 from areal_hex_plugin.sim.engine import simulate
@@ -68,3 +69,12 @@ def test_plan_and_simulation_agree_within_the_warning_threshold(name, paper_1_5b
     spec = spec or sim_spec(recipe, plan)
     result = simulate(spec, steps=30, seed=0)
     assert abs(result.step_time_s / plan.predicted.step_time_s - 1) <= TOLERANCE
+
+
+def test_the_plan_says_when_its_window_drains(paper_1_5b):
+    """The CI recipe (eta = 1) pushes weights every 2 steps: its short samples make the drain cheaper than a KV
+    rebuild every step, and the plan's runtime line says the step includes it."""
+    tiny = plan_recipe(load_recipe(REPO / "recipes/ci/tiny.yaml", []))
+    assert (tiny.staleness.max_head_offpolicyness, tiny.solver.window_steps) == (1, 2)
+    assert "the pipeline drains to its longest sample before each update" in _runtime(tiny)
+    assert "drains" not in _runtime(paper_1_5b[1])
