@@ -11,7 +11,7 @@ The space, within the evaluator's runtime caps (``scheduler/caps.py``), every pa
   allow it; the cost model splits the layers (its split is checked against every composition in the tests);
 - rollout (``scheduler/brute_rollout.py``): per pool every multiset of the replica shapes the caps allow whose
   GPUs fit its rollout machines (counting GPUs is an exact machine packing), each enumerated under the split whose
-  rollout machines it occupies exactly; every update window delta <= eta - 1 and every in-flight cap of the
+  rollout machines it occupies exactly; every update window delta <= eta + 1 and every in-flight cap of the
   runtime's menu (``inflight.InFlight.capped``; per-replica caps off the menu are not enumerated); the samples of
   a window split over the replicas by the best integer split (every group at least one sample), not in
   proportion to speed.
