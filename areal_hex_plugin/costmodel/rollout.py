@@ -93,6 +93,10 @@ class RolloutEstimate:
     )
     # Seconds the step's longest sample (``LengthStats.step_longest``) decodes: a step's rollout ends no earlier.
     longest_s: float = 0.0
+    # With eta >= 1, what a pipeline that drains before a weight update (admission stopped, nothing new to decode
+    # beside the survivors) adds to the window: the longest sample's seconds less those of the tokens the batch
+    # in flight still had to generate at full speed (``scheduler/inflight.py``, ``drains``).
+    drain_s: float = 0.0
 
     @property
     def n_gpus(self) -> int:
@@ -269,8 +273,10 @@ def estimate_rollout(
     if workload.rl.max_head_offpolicyness == 0:
         tail_batch = max(1.0, concurrency * lengths.mean / longest)
         longest_s = longest * decode_iteration_s(replica, tail_batch, workload.prompt_tokens + longest / 2)[0]
+        drain_s = 0.0  # every batch drains: charged above
     else:
         longest_s = longest * step
+        drain_s = max(0.0, longest_s - concurrency * lengths.inflight_position / tokens_per_s)
     return RolloutEstimate(
         feasible=True,
         reason="",
@@ -288,6 +294,7 @@ def estimate_rollout(
         prefill_s_per_token=prefill_s_per_token,
         decode_source=source,
         longest_s=longest_s,
+        drain_s=drain_s,
     )
 
 

@@ -36,9 +36,12 @@ from operator import itemgetter
 from areal_hex_plugin.scheduler.inflight import (
     Groups,
     Runtime,
+    ahead,
     best_split,
     choose,
+    drains,
     rollout_floor,
+    window_rollout,
     windows,
 )
 from areal_hex_plugin.scheduler.inflight import reaches as split_reaches
@@ -280,15 +283,15 @@ class RolloutSide:
         self._seen.add((window, fleet))
         rl = self.ev.workload.rl
         samples = rl.samples_per_step * window
-        # The caps of each fraction cut to m batches' sequences, m up to the eta + 2 - window the window admits.
+        # The caps of each fraction cut to m batches' sequences, m up to the ahead(eta, window) the window keeps.
         menus = self._menus.setdefault(fleet, [])
-        for m in range(len(menus) + 1, rl.max_head_offpolicyness + 3 - window):
+        for m in range(len(menus) + 1, ahead(rl.max_head_offpolicyness, window) + 1):
             menus.append(
                 tuple(
                     self.ev.inflight.caps(fleet, f, self._sequences[m]) for f in self.ev.inflight.fractions()
                 )
             )
-        menu = dict.fromkeys(c for caps in menus[: rl.max_head_offpolicyness + 2 - window] for c in caps)
+        menu = dict.fromkeys(c for caps in menus[: ahead(rl.max_head_offpolicyness, window)] for c in caps)
         for caps in menu:
             capped = self.ev.inflight.throttle(fleet, caps)
             known = self.best.get(window)
@@ -297,9 +300,10 @@ class RolloutSide:
             if not reaches(capped, samples, self._mean, window_s):
                 continue
             makespan, shares = best_split(capped, samples, self._mean)
-            rollout = makespan / window + self._reward
+            eta = rl.max_head_offpolicyness
+            rollout = window_rollout(capped, makespan, window, eta, self._reward)
             if known is None or rollout < known[0].rollout_s:
-                self.best[window] = (Runtime(window, capped, rollout), shares, fleet)
+                self.best[window] = (Runtime(window, capped, rollout, drains(eta, window)), shares, fleet)
                 self._version += 1
 
 

@@ -26,6 +26,7 @@ from areal_hex_plugin.scheduler.inflight import (
     choose,
     replica_stages,
     rollout_floor,
+    serial_rollout_s,
     window_rollout_s,
     windows,
 )
@@ -346,6 +347,7 @@ class Evaluator:
                         estimate.concurrency,
                         estimate.recompute_s,
                         longest_s=estimate.longest_s,
+                        drain_s=estimate.drain_s,
                     )
                 )
         return configs
@@ -433,7 +435,7 @@ class Evaluator:
             fleet, window, rollout_s, sync_s = Fleet((), True), 1, math.inf, 0.0
         else:
             _, fleet, runtime, sync_s = chosen
-            window, rollout_s = runtime.window, runtime.rollout_s
+            window, rollout_s = runtime.window, serial_rollout_s(runtime, train_s)
         shares = best_split(fleet.groups, samples * window, self.workload.output_lengths.mean)[1]
         if train and fleet.groups:
             split = occupied(self.cluster, train, fleet, split)
@@ -498,6 +500,7 @@ def prune_dominated(configs: list[ReplicaConfig]) -> list[ReplicaConfig]:
             and c.gpus // o.gpus * o.tokens_per_s >= c.tokens_per_s
             and o.recompute_s <= c.recompute_s
             and o.longest_s <= c.longest_s
+            and o.drain_s <= c.drain_s
             for o in order[:i]
         )
     ]

@@ -3,14 +3,23 @@
 Upstream pushes new weights to the rollout servers after every training step: generation pauses for the weight
 sync, and every in-flight request is aborted and resubmitted, so each replica prefills its whole in-flight context
 again (``RolloutEstimate.recompute_s``). Pushing every delta steps instead (the window delta(eta), which the
-driver runs) pays both once per delta steps. The price is staleness: upstream admits a rollout only while
-(eta + v + 1) consumer batches cover it, v the version of the rollout servers' weights, which lags the trainer by
-up to delta - 1 steps; so at most eta + 2 - delta batches may run ahead of the trainer, and delta <= eta + 1.
+driver runs) pays both once per delta steps. The price is staleness, and a pipeline that may drain: upstream admits
+a rollout only while (eta + v + 1) consumer batches cover every rollout accepted or running, v the version of the
+rollout servers' weights, so the room grows by delta batches at each update and not in between. Besides the
+window's delta batches, eta + 1 - delta more may be admitted before its update, and at most that many run
+(:func:`ahead`). With none (delta = eta + 1) the trainer's last step of the window needs every admitted rollout:
+admission stops, the pipeline drains until the longest sample ends (no request is left to interrupt), the last
+step trains with nothing generating, and the next window starts empty, its first batch waiting for its longest
+sample. With one, the batch trained last and the one generating meanwhile cannot both be admitted and the same
+happens. Such windows (:func:`drains`) pay for it (``RolloutEstimate.drain_s``, :func:`serial_rollout_s`); the
+planner ignored it before, and the simulator (``sim/engine.py``: upstream's ``StalenessManager`` with the driver's
+versions) was 15 to 28% slower than the plans of the paper and mixed recipes, which chose delta = eta + 1.
+
 The in-flight cap of each replica (its decode batch; upstream's ``max_concurrent_rollouts`` over all of them)
 trades decode speed (larger batches) against the KV cache rebuilt after each update (proportional to the batch),
 and together the caps fit the sequences the staleness bound admits.
 
-Both are chosen per split, exactly over every window 1 .. eta + 1 and the caps ``CAP_FRACTIONS`` of each
+Both are chosen per split, exactly over every window :func:`windows` allows and the caps ``CAP_FRACTIONS`` of each
 replica's largest batch (cut in proportion to the sequences of every batch count the window admits). A larger
 eta only adds choices, so no split scores worse with a larger eta.
 
@@ -42,17 +51,48 @@ class Runtime:
 
     window: int  # delta: training steps per weight update of the rollout servers
     groups: Groups  # the replicas, each config at its chosen in-flight cap (``concurrency``)
-    rollout_s: float  # per step: generation and one KV rebuild over the window, plus reward
+    rollout_s: float  # per step: generation and one KV rebuild over the window (and its drain), plus reward
+    drained: bool = False  # the pipeline drains before each update (:func:`drains`)
 
     def step_s(self, train_s: float, sync_s: float) -> float:
         """The step with one weight sync of ``sync_s`` per window."""
-        return sync_s / self.window + max(self.rollout_s, train_s)
+        return sync_s / self.window + max(serial_rollout_s(self, train_s), train_s)
+
+
+def serial_rollout_s(runtime: Runtime, train_s: float) -> float:
+    """The rollout seconds per step the trainer waits through. Where the window drains, each window starts empty
+    and nothing overlaps its ends: the last step trains after the drain (no room is left to generate until the
+    update), and the first waits for its batch's longest sample (the replicas' ``longest_s``), so a window takes
+    at least its generation, drain and one training step, and at least its training and that first wait."""
+    if not runtime.drained:
+        return runtime.rollout_s
+    fill = max(c.longest_s for c, _ in runtime.groups)
+    return max(runtime.rollout_s + train_s / runtime.window, train_s + fill / runtime.window)
 
 
 def windows(eta: int, most: int = 0) -> range:
     """The update windows the staleness bound eta allows (at least one batch may run ahead at every version), at
     most ``most`` (0: no other limit)."""
     return range(1, min(eta + 1, most or eta + 1) + 1)
+
+
+def ahead(eta: int, window: int) -> int:
+    """Consumer batches of rollouts that may be in flight under ``window``: the eta + 1 - window its updates leave
+    room for besides the window's own, at least one."""
+    return max(1, eta + 1 - window)
+
+
+def drains(eta: int, window: int) -> bool:
+    """Whether the pipeline drains before each update of ``window`` (fewer than two batches of room beyond it;
+    a window of one step at eta >= 1 waits for its longest sample already, at eta = 0 every batch drains)."""
+    return window >= 2 and eta <= window
+
+
+def window_rollout(groups: Groups, makespan: float, window: int, eta: int, reward_s: float) -> float:
+    """Rollout seconds per step of a window whose samples take ``makespan`` on ``groups``, with the drain before
+    each update where it drains (the longest of the replicas' ``drain_s``)."""
+    drain = max(c.drain_s for c, _ in groups) if drains(eta, window) else 0.0
+    return (makespan + drain) / window + reward_s
 
 
 def replica_stages(config: ReplicaConfig) -> tuple[RolloutStage, ...]:
@@ -180,6 +220,7 @@ class InFlight:
                 concurrency=estimate.concurrency,
                 recompute_s=estimate.recompute_s,
                 longest_s=estimate.longest_s,
+                drain_s=estimate.drain_s,
             )
             self._throttled[key] = found
         return found
@@ -213,11 +254,12 @@ class InFlight:
         samples split as :func:`best_split` splits them."""
         rl = self.cm.workload.rl
         eta, mean = rl.max_head_offpolicyness, self.cm.workload.output_lengths.mean
-        # Caps cut to m batches, for m = 1 .. eta + 1, largest m and caps first (ties keep larger caps); each
+        # Caps cut to m batches, for m = 1 .. ahead(eta, 1), largest m and caps first (ties keep larger caps); each
         # distinct fleet numbered once (hashing fleets is most of this method's time).
         ids: dict[Groups, int] = {}
         by_batches: list[list[int]] = []
-        for batches in range(eta + 1, 0, -1):
+        most = ahead(eta, 1)
+        for batches in range(most, 0, -1):
             sequences = self.cm.staleness_sequences(batches)
             capped = (self.capped(groups, f, sequences) for f in self.fractions())
             by_batches.append(list(dict.fromkeys(ids.setdefault(c, len(ids)) for c in capped)))
@@ -226,17 +268,20 @@ class InFlight:
         for window in windows(eta, rl.max_update_window):
             samples = rl.samples_per_step * window
             best: tuple[float, Groups] | None = None
-            # The window admits up to eta + 2 - window batches.
-            admitted = [fleets[k] for k in dict.fromkeys(k for ks in by_batches[window - 1 :] for k in ks)]
+            # The window keeps up to ahead(eta, window) batches in flight. Caps are ranked by rollout seconds, in a
+            # window that drains too (there the first batch's wait, a step's share of ``longest_s``, differs by
+            # caps as well, but only where training is the longer phase).
+            kept = by_batches[most - ahead(eta, window) :]
+            admitted = [fleets[k] for k in dict.fromkeys(k for ks in kept for k in ks)]
             if self.clocked:
                 charge(len(admitted) * SCORE_WORK)
             for fleet in admitted:
                 if best is not None and split_floor(fleet, samples, mean) / window + reward_s >= best[0]:
                     continue
-                rollout = best_split(fleet, samples, mean)[0] / window + reward_s
+                rollout = window_rollout(fleet, best_split(fleet, samples, mean)[0], window, eta, reward_s)
                 if best is None or rollout < best[0]:
                     best = (rollout, fleet)
-            out.append(Runtime(window, best[1], best[0]))
+            out.append(Runtime(window, best[1], best[0], drains(eta, window)))
         return out
 
 

@@ -26,7 +26,13 @@ from areal_hex_plugin.scheduler.caps import RuntimeCaps, recipe_caps
 from areal_hex_plugin.scheduler.cpsat import clock
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.scheduler.explain import binding_constraint, describe_binding, describe_role, pool_roles
-from areal_hex_plugin.scheduler.inflight import window_rollout_s
+from areal_hex_plugin.scheduler.inflight import (
+    Runtime,
+    drains,
+    serial_rollout_s,
+    window_rollout,
+    window_rollout_s,
+)
 from areal_hex_plugin.scheduler.placement import place
 from areal_hex_plugin.scheduler.preemption import preemption_of
 from areal_hex_plugin.scheduler.search import THROUGHPUT_TIE, SearchResult, steering_eta, two_phase
@@ -371,7 +377,10 @@ class Planner:
         window = e.window
         samples = self.workload.rl.samples_per_step * window
         mean = self.workload.output_lengths.mean
-        rollout = window_rollout_s(e.fleet.groups, samples, mean, updates=1, even=True) / window + e.reward_s
+        eta = self.workload.rl.max_head_offpolicyness
+        makespan = window_rollout_s(e.fleet.groups, samples, mean, updates=1, even=True)
+        per_step = window_rollout(e.fleet.groups, makespan, window, eta, e.reward_s)
+        rollout = serial_rollout_s(Runtime(window, e.fleet.groups, per_step, drains(eta, window)), e.train_s)
         if e.loss is not None:  # priced as the plan is
             return self.ev.tokens_per_step / e.loss.step_s(e.sync_s / window, rollout, e.train_s)
         return self.ev.tokens_per_step / (e.sync_s / window + max(rollout, e.train_s))

@@ -10,6 +10,7 @@ from areal_hex_plugin.hostlist import compress_hosts
 from areal_hex_plugin.outfiles import check_writable, save_png
 from areal_hex_plugin.plan import HexPlan, Sensitivity
 from areal_hex_plugin.scheduler.caps import RuntimeCaps, unmet
+from areal_hex_plugin.scheduler.inflight import drains
 from areal_hex_plugin.tables import render_table
 
 
@@ -142,10 +143,16 @@ def _runtime(plan: HexPlan) -> str:
     st, window = plan.staleness, plan.solver.window_steps
     every = "after every training step" if window == 1 else f"every {window} training steps"
     sequences = sum(g.concurrency * g.count for g in plan.rollout.replicas)
+    drain = (
+        "; the pipeline drains to its longest sample before each update (fewer than two batches of room "
+        "beyond the window), which the step includes"
+        if drains(st.max_head_offpolicyness, window)
+        else ""
+    )
     return (
         f"Runtime (eta={st.max_head_offpolicyness}): weights go to the rollout servers {every} (delta; each "
         f"update pauses generation and rebuilds the in-flight KV cache), at most {st.max_concurrent_rollouts} "
-        f"rollouts in flight ({sequences} sequences decoding, each server at its planned batch)"
+        f"rollouts in flight ({sequences} sequences decoding, each server at its planned batch){drain}"
     )
 
 

@@ -52,6 +52,7 @@ def replica_config(cm: CostModel, shape: ServerShape) -> ReplicaConfig:
         estimate.concurrency,
         estimate.recompute_s,
         longest_s=estimate.longest_s,
+        drain_s=estimate.drain_s,
     )
 
 

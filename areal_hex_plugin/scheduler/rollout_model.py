@@ -24,6 +24,7 @@ class ReplicaConfig:
     concurrency: int
     recompute_s: float = 0.0  # KV rebuild after each weight update (interrupted requests are re-prefilled)
     longest_s: float = 0.0  # the step's longest sample: a window's generation on the replica ends no earlier
+    drain_s: float = 0.0  # what a window that drains before its update adds (RolloutEstimate.drain_s)
     colocated: bool = (
         False  # on the machine its pool shares with training (weights arrive over its GPU links)
     )

@@ -31,7 +31,14 @@ from dataclasses import dataclass, fields, replace
 from areal_hex_plugin.costmodel import Calibration, CostModel, TrainStage
 from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.plan import Elasticity, Flip, HexPlan
-from areal_hex_plugin.scheduler.inflight import best_split, replica_stages
+from areal_hex_plugin.scheduler.inflight import (
+    Runtime,
+    best_split,
+    drains,
+    replica_stages,
+    serial_rollout_s,
+    window_rollout,
+)
 from areal_hex_plugin.scheduler.preemption import Preemption, preemption_of
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig
 from areal_hex_plugin.specs.cluster import Cluster
@@ -102,6 +109,7 @@ class Held:
                     concurrency=e.concurrency,
                     recompute_s=e.recompute_s,
                     longest_s=e.longest_s,
+                    drain_s=e.drain_s,
                 ),
                 y,
             )
@@ -109,7 +117,10 @@ class Held:
         )
         samples = cm.workload.rl.samples_per_step
         mean = cm.workload.output_lengths.mean
-        rollout = best_split(groups, samples * self.window, mean)[0] / self.window + cm.reward_s(samples)
+        eta, window = cm.workload.rl.max_head_offpolicyness, self.window
+        makespan = best_split(groups, samples * window, mean)[0]
+        per_step = window_rollout(groups, makespan, window, eta, cm.reward_s(samples))
+        rollout = serial_rollout_s(Runtime(window, groups, per_step, drains(eta, window)), train.step_time_s)
         replicas = [(replica_stages(c), y) for c, y in groups if not c.colocated]
         colocated = tuple(sorted({c.pool for c, _ in groups if c.colocated}))
         sync = (

@@ -69,8 +69,15 @@ def _wait_reason(result: SimResult, plan: HexPlan, waited: float, planned: float
             f"{head}; generating GPUs idle {result.rollout_idle_s:.1f} s per step, held by the staleness bound "
             f"(eta) or the admission cap, not by decoding"
         )
+    if waited < planned:
+        # The plan's rollout of a step ends no earlier than the step's longest sample (RolloutEstimate.longest_s);
+        # upstream's loop, which the simulation plays, overlaps it with the next steps where eta leaves room.
+        return (
+            f"{head}; the plan ends each step's rollout at its longest sample, which the simulation overlaps "
+            f"with the next steps as far as the staleness bound admits"
+        )
     return (
-        f"{head}; the replicas decode the batch {'slower' if waited > planned else 'faster'} in the simulation, which plays each step's longest "
+        f"{head}; the replicas decode the batch slower in the simulation, which plays each step's longest "
         f"samples and the KV recompute after each update ({result.recompute_s_per_update:.1f} s per replica) "
         f"where the plan averages them"
     )

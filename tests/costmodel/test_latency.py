@@ -118,3 +118,15 @@ def test_calibrate_refuses_a_fit_outside_the_physical_ranges_naming_the_measurem
     message = str(err.value)
     assert "outside its physical range" in message
     assert "h800 rollout_s of DeepSeek-R1-Distill-Qwen-14B pulls it out" in message
+
+
+@pytest.mark.parametrize("eta", [0, 8])
+def test_a_drain_adds_the_longest_sample_less_the_in_flight_tokens(eta):
+    """Issue 26: a window whose pipeline drains before its update (scheduler/inflight.py, ``drains``) waits for its
+    longest sample, while the batch in flight still had its remaining tokens to generate at full speed; at eta = 0
+    every batch drains and the estimate charges it already."""
+    cm = cost_model(PAPER_7B, f"rollout.max_head_offpolicyness={eta}")
+    est = cm.rollout((RolloutStage("h800", 1),), max_sequences=64)
+    position = cm._lengths.inflight_position
+    expected = est.longest_s - est.concurrency * position / est.tokens_per_s if eta else 0.0
+    assert est.drain_s == pytest.approx(expected) and (est.drain_s > 0.5 * est.longest_s or not eta)

@@ -14,7 +14,16 @@ from areal_hex_plugin.scheduler.brute import BruteForce
 from areal_hex_plugin.scheduler.brute_rollout import pool_fleets
 from areal_hex_plugin.scheduler.caps import PAPER, caps_for, recipe_caps, unmet
 from areal_hex_plugin.scheduler.evaluate import replica_stages
-from areal_hex_plugin.scheduler.inflight import CAP_FRACTIONS, best_split, window_rollout_s, windows
+from areal_hex_plugin.scheduler.inflight import (
+    CAP_FRACTIONS,
+    Runtime,
+    ahead,
+    best_split,
+    drains,
+    window_rollout,
+    window_rollout_s,
+    windows,
+)
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.split import all_splits, shared_choices
 from tests.conftest import REPO
@@ -95,7 +104,7 @@ def test_the_bounds_skip_no_better_plan():
     force's space in full, fleets as every multiset of replica shapes on the split's rollout machines (and on a
     shared machine's rollout GPUs: three machines in play, so machines may be split between the roles)."""
     recipe = recipe_with_pools(
-        [("H20", 4, 1), ("L40S", 2, 2)], "1.5b", "rollout.max_head_offpolicyness=2", BRUTE_DEPTH
+        [("H20", 4, 1), ("L40S", 2, 2)], "1.5b", "rollout.max_head_offpolicyness=3", BRUTE_DEPTH
     )
     planner = Planner(recipe, PlanRequest(caps=PAPER))
     ev, brute = planner.ev, BruteForce(planner.ev)
@@ -108,7 +117,7 @@ def test_the_bounds_skip_no_better_plan():
     def side(split):
         return split.rollout, split.colocated_gpus(ev.cluster)
 
-    rollout = {}  # (rollout machines and shared GPUs, fleet) -> {window: shortest rollout time per step}
+    rollout = {}  # (rollout machines and shared GPUs, fleet) -> {window: its runtime at every cap of the menu}
     for counts, near in {side(s) for s in splits}:
         lists = [
             pool_fleets(ev.feasible_shapes(p.name), n, p.gpus_per_machine, one_shape=False)
@@ -127,12 +136,21 @@ def test_the_bounds_skip_no_better_plan():
             for window in windows(rl.max_head_offpolicyness):
                 menu = {
                     ev.inflight.capped(fleet, f, ev.cm.staleness_sequences(m))
-                    for m in range(1, rl.max_head_offpolicyness + 3 - window)
+                    for m in range(1, ahead(rl.max_head_offpolicyness, window) + 1)
                     for f in CAP_FRACTIONS
                 }
-                times[window] = min(
-                    best_split(c, rl.samples_per_step * window, mean)[0] / window + reward for c in menu
-                )
+                eta = rl.max_head_offpolicyness
+                times[window] = [
+                    Runtime(
+                        window,
+                        c,
+                        window_rollout(
+                            c, best_split(c, rl.samples_per_step * window, mean)[0], window, eta, reward
+                        ),
+                        drains(eta, window),
+                    )
+                    for c in menu
+                ]
             rollout[(counts, near), fleet] = times
     rates = []
     for split in splits:
@@ -146,7 +164,7 @@ def test_the_bounds_skip_no_better_plan():
                 sync = planner.cm.weight_sync(
                     senders, replicas, strategy=ev.sync_strategy, colocated=colocated
                 ).seconds
-                steps = [sync / w + max(t, train.step_time_s) for w, t in times.items()]
+                steps = [r.step_s(train.step_time_s, sync) for runtimes in times.values() for r in runtimes]
                 rates.append(ev.tokens_per_step / min(steps))
     assert planner.tokens_per_s(best) == pytest.approx(max(rates), rel=1e-9)
     assert counted.scored < len(rates) and counted.fleets_scored < len(rollout)

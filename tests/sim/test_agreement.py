@@ -94,3 +94,16 @@ def test_a_faster_simulation_is_reported_too(plan):
     assert gap.warning().startswith(
         "warning: the simulated step is -18.2% off the planned one: training takes 8.0"
     )
+
+
+def test_a_shorter_wait_names_the_longest_sample_the_plan_waits_for(plan):
+    """reproduce's 7B on 24 H800: the plan waits for each step's longest sample (calibrated so to the paper's runs),
+    the simulation overlaps it with the next steps, -46% (issue 26, item 3)."""
+    faster = dataclasses.replace(
+        plan, predicted=dataclasses.replace(plan.predicted, rollout_time_s=14.0, step_time_s=15.0)
+    )
+    gap = plan_gap(_result(faster, wait=0.0), faster)
+    assert gap.relative == pytest.approx(11 / 15 - 1)
+    assert gap.reason.startswith("the trainer waits 0.0 s per step for its batch against 4.0 s planned; ")
+    assert gap.reason.endswith("the plan ends each step's rollout at its longest sample, which the simulation "
+                               "overlaps with the next steps as far as the staleness bound admits")  # fmt: skip
