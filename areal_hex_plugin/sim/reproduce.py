@@ -81,25 +81,9 @@ class Run:
 
 
 def rented(recipe: Recipe, gpus: dict[str, int], transport: str | None = None) -> Recipe:
-    """``recipe`` on ``gpus`` (GPU type -> count) rented by the GPU, run with AReaL's runtime as the paper ran
-    both systems (:func:`areal_runtime`); ``transport`` replaces hex.transport."""
+    """``recipe`` on ``gpus`` (GPU type -> count) rented by the GPU; ``transport`` replaces hex.transport."""
     hex_cfg = recipe.hex if transport is None else dataclasses.replace(recipe.hex, transport=transport)
-    return areal_runtime(dataclasses.replace(recipe, cluster=rent(recipe.cluster, gpus), hex=hex_cfg))
-
-
-def areal_runtime(recipe: Recipe) -> Recipe:
-    """``recipe`` with AReaL's released runtime, which the paper's AReaL and AReaL-Hex runs share ("identical
-    training hyperparameters"): ``max_concurrent_rollouts`` unset, so upstream admits one consumer batch of
-    rollouts at once, and new weights pushed to the rollout servers after every step."""
-    rl = dataclasses.replace(
-        recipe.workload.rl, max_admitted=recipe.workload.rl.consumer_batch_size, max_update_window=1
-    )
-    solver = dataclasses.replace(recipe.hex.solver, max_update_window=1)
-    return dataclasses.replace(
-        recipe,
-        workload=dataclasses.replace(recipe.workload, rl=rl),
-        hex=dataclasses.replace(recipe.hex, solver=solver),
-    )
+    return dataclasses.replace(recipe, cluster=rent(recipe.cluster, gpus), hex=hex_cfg)
 
 
 def paper_request(recipe: Recipe, budget: float | None = None) -> PlanRequest:
