@@ -141,11 +141,13 @@ class ElasticRollout:
         suggest: Callable[[Any], Any] | None = None,
         reroute: Callable[[Sequence[bool]], None] | None = None,
         lengths_file: str | None = None,
+        drift_samples: int = RESOLUTION,
         probe: Callable[[str, float], bool] = http_probe,
         version_of: Callable[[str, float], str | None] = served_version,
     ) -> None:
         self.config = config
         self.cm = cost_model  # the lengths the current shares were solved for
+        self.drift_samples = drift_samples  # a window's samples: drift is scored on their rollout time
         self.shapes, self.names, self.addresses = list(shapes), list(names), list(addresses)
         self.states = [UP] * len(shapes)
         self.failures = [0] * len(shapes)
@@ -512,7 +514,14 @@ class ElasticRollout:
                 "hex/elastic/changes": float(self.counts["changes"]),
             }
             if len(lengths) >= self.config.drift_min_samples and any(self.live()):
-                found = drift(self.cm, self.shapes, self.live(), lengths, f"served at step {self.step}")
+                found = drift(
+                    self.cm,
+                    self.shapes,
+                    self.live(),
+                    lengths,
+                    f"served at step {self.step}",
+                    self.drift_samples,
+                )
                 self.drift = found.change
                 out["hex/elastic/served_mean_tokens"] = sum(lengths) / len(lengths)
                 if abs(self.drift) > self.config.drift_threshold:
@@ -591,7 +600,7 @@ def attach_elastic(trainer) -> ElasticRollout | None:
     elastic = ElasticRollout(
         config.hex.elastic,
         CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe)),
-        [ServerShape(s.pool, s.tp, s.pp) for s in slots],
+        [ServerShape(s.pool, s.tp, s.pp, s.concurrency or None) for s in slots],
         [f"{s.host}/{rank}" for rank, s in enumerate(slots)],
         [f"{info.host}:{info.port}" for info in rollout.server_infos],
         set_shares=lambda shares: rollout._router().set_shares(shares),
@@ -604,6 +613,7 @@ def attach_elastic(trainer) -> ElasticRollout | None:
         suggest=lambda workload: replan_for_lengths(recipe, trainer.hex_plan, workload),
         reroute=trainer.hex_reroute,
         lengths_file=trainer.hex_log_path("hex_served_lengths.txt"),
+        drift_samples=recipe.workload.rl.samples_per_step * trainer.hex_plan.solver.window_steps,
     )
     elastic.shares = tuple(rollout._router().shares)
     if hasattr(

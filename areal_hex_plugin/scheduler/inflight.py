@@ -66,7 +66,7 @@ def serial_rollout_s(runtime: Runtime, train_s: float) -> float:
     at least its generation, drain and one training step, and at least its training and that first wait."""
     if not runtime.drained:
         return runtime.rollout_s
-    fill = max(c.longest_s for c, _ in runtime.groups)
+    fill = max((c.longest_s for c, _ in runtime.groups), default=0.0)
     return max(runtime.rollout_s + train_s / runtime.window, train_s + fill / runtime.window)
 
 
@@ -90,8 +90,8 @@ def drains(eta: int, window: int) -> bool:
 
 def window_rollout(groups: Groups, makespan: float, window: int, eta: int, reward_s: float) -> float:
     """Rollout seconds per step of a window whose samples take ``makespan`` on ``groups``, with the drain before
-    each update where it drains (the longest of the replicas' ``drain_s``)."""
-    drain = max(c.drain_s for c, _ in groups) if drains(eta, window) else 0.0
+    each update where it drains (the longest of the replicas' ``drain_s``; none without replicas)."""
+    drain = max((c.drain_s for c, _ in groups), default=0.0) if drains(eta, window) else 0.0
     return (makespan + drain) / window + reward_s
 
 

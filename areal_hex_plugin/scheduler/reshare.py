@@ -25,11 +25,12 @@ RESOLUTION = 1000
 
 @dataclass(frozen=True)
 class ServerShape:
-    """One rollout server: its pool and layout (what the cost model needs to score it)."""
+    """One rollout server: its pool, layout and in-flight cap (what the cost model needs to score it)."""
 
     pool: str
     tp: int = 1
     pp: int = 1
+    concurrency: int | None = None  # the plan's in-flight cap (its replica's ``concurrency``); None: none
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,12 @@ class Reshare:
 
 
 def replica_config(cm: CostModel, shape: ServerShape) -> ReplicaConfig:
-    """The cost model's replica of ``shape`` (as ``Evaluator.feasible_shapes`` builds it)."""
-    estimate = cm.rollout(tuple(RolloutStage(pool=shape.pool, tp=shape.tp) for _ in range(shape.pp)))
+    """The cost model's replica of ``shape`` (as ``Evaluator.feasible_shapes`` builds it), at its in-flight cap as
+    ``InFlight.throttled`` runs it: a sample's decode, and so the wait for the longest, slows with the batch."""
+    estimate = cm.rollout(
+        tuple(RolloutStage(pool=shape.pool, tp=shape.tp) for _ in range(shape.pp)),
+        max_sequences=shape.concurrency,
+    )
     return ReplicaConfig(
         shape.pool,
         shape.tp,
@@ -97,9 +102,15 @@ class Drift:
 
 
 def drift(
-    cm: CostModel, servers: Sequence[ServerShape], live: Sequence[bool], lengths: Sequence[int], source: str
+    cm: CostModel,
+    servers: Sequence[ServerShape],
+    live: Sequence[bool],
+    lengths: Sequence[int],
+    source: str,
+    samples: int = RESOLUTION,
 ) -> Drift:
-    """How far the served ``lengths`` move the predicted rollout time of the ``live`` servers from ``cm``'s."""
+    """How far the served ``lengths`` move the predicted rollout time of ``samples`` samples (a window's: below,
+    the wait for the longest sample hides the change) on the ``live`` servers from ``cm``'s."""
     measured = CostModel(cm.cluster, with_lengths(cm.workload, lengths, source), cm.calibration)
-    basis, now = reshare(cm, servers, live), reshare(measured, servers, live)
+    basis, now = reshare(cm, servers, live, samples), reshare(measured, servers, live, samples)
     return Drift(now.makespan_s / basis.makespan_s - 1, measured, now.shares)

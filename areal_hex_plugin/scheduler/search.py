@@ -28,8 +28,9 @@ In the budget, in part. Built in: (a) the ladder chain (:func:`_ladder`) steps t
 the price of the machines in play), never through the budget, so every split it scores below a level is scored,
 the same, by every search whose budget is above that level (unless the work limit stops the search first), and
 that search's steering best (``SearchResult.steered``) is at least as fast at the steering eta as each of them;
-(b) the rescored splits are one per steering score, the cheapest (:func:`candidates`), so splits that only add
-machines a plan leaves without effect, which a larger budget admits more of, cannot crowd a distinct plan out.
+(b) the rescored splits are those of the RESCORED best steering scores (:func:`candidates`), counted by score and
+per score the cheapest and those training as the cheapest does, so splits that only add machines a plan leaves
+without effect, which a larger budget admits more of, cannot crowd a distinct plan out.
 Not built in: the rest of the search (bisection, repartitions, gamma grid, local search) visits splits that
 depend on the budget and a larger budget can miss the best of them; where the recipe's eta is not the steering one,
 the plan is the fastest of the RESCORED best steering scores, which a larger budget's extra splits can displace;
@@ -105,7 +106,8 @@ def steering_eta(eta: int) -> int:
 
 
 def candidates(steer: Evaluator, limits: tuple[int, ...], budget: float | None) -> list[Split]:
-    """The splits of the RESCORED best steering scores (per score, the cheapest) among those within ``limits``
+    """The splits of the RESCORED best steering scores (per score the cheapest, and those with the cheapest's
+    training machines) among those within ``limits``
     and ``budget`` as scored (a split's layouts occupy only its machines), and the splits one rollout move from
     the NEIGHBOURED best (the steering's local search skips those it scores lower, which a smaller eta may not;
     their training machines are the same, so no new training search): the same for every recipe eta."""
@@ -119,10 +121,15 @@ def candidates(steer: Evaluator, limits: tuple[int, ...], budget: float | None) 
     ]
 
     # Per steering score, the cheapest splits: splits that add machines a plan leaves without effect score the
-    # same, and a larger budget admits more of them, which would crowd distinct plans out of the RESCORED. All
-    # of the cheapest, not one: at the steering eta a replica whose longest sample outlasts the window's rollout
+    # same, and a larger budget admits more of them, which would crowd distinct plans out of the RESCORED (all of
+    # a score's splits: test_budget_monotone's 7B case 134,028 -> 129,769 tokens/s at the larger budget). All of
+    # the cheapest, not one: at the steering eta a replica whose longest sample outlasts the window's rollout
     # generates nothing, so splits that give it machines tie (at the price of the machines their plans occupy)
-    # with splits that leave those idle or to training, and the recipe's larger eta may put them to work.
+    # with splits that leave those idle or to training, and the recipe's larger eta may put them to work. And the
+    # splits that train on the cheapest's machines: where training binds at the steering eta, splits adding
+    # rollout machines tie with it, and at a smaller eta (shorter windows, or ones that drain) the rollout binds
+    # (3x8 H100 + 2x4 L40S, 7B, eta 1: the brute force's 1 H100 machine training and 2 generating tied at eta 4
+    # with 1 + 1, which rescored 19% slower).
     def score(x: tuple[Split, Evaluation]) -> float:
         return round(x[1].tokens_per_s(tokens), 6)
 
@@ -131,7 +138,12 @@ def candidates(steer: Evaluator, limits: tuple[int, ...], budget: float | None) 
 
     ranked = sorted(inside, key=lambda x: (-score(x), cost(x), x[0]))
     groups = [list(group) for _, group in islice(groupby(ranked, key=score), RESCORED)]
-    top = [split for group in groups for split, e in group if cost((split, e)) == cost(group[0])]
+    top = [
+        split
+        for group in groups
+        for split, e in group
+        if cost((split, e)) == cost(group[0]) or split.train == group[0][0].train
+    ]
     near = [
         n
         for split in (group[0][0] for group in groups[:NEIGHBOURED])

@@ -46,6 +46,7 @@ class Setting:
     detect_s: float
     drift_threshold: float
     drift_min_samples: int
+    drift_samples: int  # a window's samples: drift is scored on their rollout time (``reshare.drift``)
     max_new_tokens: int
     checkpoint_steps: int | None
     checkpoint_s: float | None
@@ -56,10 +57,11 @@ def setting_of(recipe, plan: HexPlan) -> Setting:
     recover = up["recover.mode"] in ("on", "auto")
     return Setting(
         cm=CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe)),
-        shapes=tuple(ServerShape(g.pool, g.tp, g.pp) for g in plan.rollout.replicas),
+        shapes=tuple(ServerShape(g.pool, g.tp, g.pp, g.concurrency) for g in plan.rollout.replicas),
         detect_s=elastic.failures_to_down * (elastic.health_interval_s + elastic.health_timeout_s),
         drift_threshold=elastic.drift_threshold,
         drift_min_samples=elastic.drift_min_samples,
+        drift_samples=recipe.workload.rl.samples_per_step * plan.solver.window_steps,
         max_new_tokens=recipe.workload.rl.max_new_tokens,
         checkpoint_steps=up["recover.freq_steps"] if recover else None,
         checkpoint_s=up["recover.freq_secs"] if recover else None,
@@ -294,7 +296,9 @@ class FaultLoop(_Loop):
         drawn, self.drawn = self.drawn, []
         live = [not r.down for r in self.replicas]
         if len(drawn) >= s.drift_min_samples and any(live):
-            found = drift(self.cm, self.shape_of, live, drawn, f"drawn in step {self.version}")
+            found = drift(
+                self.cm, self.shape_of, live, drawn, f"drawn in step {self.version}", s.drift_samples
+            )
             if abs(found.change) > s.drift_threshold:
                 self.cm = found.measured
                 self.route(found.shares)
