@@ -13,10 +13,13 @@ within its physical range (``calibration.RANGES``):
    rollout is latency-bound: a rollout holds its admission slot until its longest sample ends), ``train_mfu``
    to their training times, on the measured cluster split the way its phases show (two 8-GPU machines generate,
    one trains);
-2. every other type (H20): its memory system and serving stack are the reference's (the same Hopper die and
-   HBM3 kernels), so it takes the reference's ``hbm_fraction`` and ``decode_overhead_s``; its ``infer_mfu`` and
-   ``train_mfu`` are fitted so that the best whole-machine split of the measured GPUs has the measured step
-   (:func:`balanced_step`: its phases are equal, the shorter one waiting);
+2. every other type (H20): its runs are train-bound (their phases are equal, rollout waiting at the
+   staleness bound), so they show the step, not the rollout speed. It takes the reference's
+   ``decode_overhead_s`` (the same SGLang stack); ``hbm_fraction`` and ``infer_mfu`` are fitted to Table 1's
+   per-GPU rollout cost ratio against the fitted reference, ``train_mfu`` to Table 1's training ratio and
+   the runs' steps together (:func:`balanced_step`: the best whole-machine split of the cluster). Where the
+   file leaves the GPU count open (``gpus: null``: the paper's H20 runs), each whole-machine count up to
+   ``max_gpus`` is fitted and the best kept;
 3. every type: ``update_gb_per_s`` and ``update_fixed_s`` to Table 2's AReaL column of that type.
 
 A fit that needs a factor outside its range is refused (:class:`HexError` naming the measurement that pulls it
@@ -281,7 +284,9 @@ def _train_points(
 ) -> list:
     """Table 1's training ratio points and each run's step at ``train_mfu`` = ``mfu``."""
     cal = calibration.with_factors(gpu_type, {"train_mfu": mfu})
-    ratios = [(f"{label} {m}", train_ratio(cal, settings[m], pool, ref_pool), target[m]) for m in target]
+    ratios = _ratio_points(
+        calibration, gpu_type, ("train_mfu",), train_ratio, target, settings, pool, ref_pool, label, mfu
+    )
     return ratios + [(f"{step_label} {m}", step_of(m, cal=cal)[0], steps[m]) for m in steps]
 
 
@@ -425,12 +430,10 @@ def fit_baselines(
             source = f"fit to {where}: {ref_type}'s decode overhead (the same SGLang serving stack)"
             overhead = calibration.for_gpu(ref_type).decode_overhead_s
             calibration = calibration.with_factors(gpu_type, {"decode_overhead_s": overhead}, source)
-        speeds = {
-            key: {m: data["models"][m][cname][key] for m in models}
-            for key in ("rollout_cost_ratio", "train_cost_ratio")
-        }
-        rollout_target = {m: r * price[cname] / price[ref] for m, r in speeds["rollout_cost_ratio"].items()}
-        train_target = {m: price[cname] / price[ref] / r for m, r in speeds["train_cost_ratio"].items()}
+        # Table 1's $ per token ratios as per-GPU speed ratios of this type over the reference.
+        cheaper = price[cname] / price[ref]
+        rollout_target = {m: measured(m, cname, "rollout_cost_ratio") * cheaper for m in models}
+        train_target = {m: cheaper / measured(m, cname, "train_cost_ratio") for m in models}
         steps = {m: measured(m, cname, "train_s") for m in models}
 
         def step_of(m: str, n: int, cal: Calibration, cname=cname, pool=pool) -> tuple[float, int]:
