@@ -32,7 +32,9 @@ class Joined:
 
     @property
     def shapes(self) -> list[ServerShape]:
-        return [ServerShape(s.pool, s.tp, s.pp) for s in self.slots]
+        # At their in-flight caps, as the planned servers are scored (areal/elastic.py), so a joined server of a
+        # planned shape gets that shape's share.
+        return [ServerShape(s.pool, s.tp, s.pp, s.concurrency or None) for s in self.slots]
 
     @property
     def names(self) -> list[str]:

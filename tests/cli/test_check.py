@@ -131,7 +131,7 @@ def test_no_reachable_cluster_is_refused_naming_the_scheduler(plan_file: Path, m
     [
         (["hex.workflow=no_such_package.Workflow"], "names no class"),
         (["sglang.mem_fraction_statc=0.5"], "did you mean sglang.mem_fraction_static?"),
-        (["hex.objective.budget_per_hour=100"], "over its budget"),
+        (["hex.objective.budget_per_hour=50"], "over its budget"),  # the plan costs $99.28/h
     ],
     ids=["workflow", "upstream-typo", "plan-over-budget"],
 )

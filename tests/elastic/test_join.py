@@ -88,11 +88,12 @@ def test_a_malformed_line_is_reported_and_keeps_the_numbering(tmp_path):
 
 
 def test_the_servers_a_joining_machine_runs(laid_out):
-    from areal_hex_plugin.areal.join import machine_slots, on_this_node
+    from areal_hex_plugin.areal.join import Joined, machine_slots, on_this_node
     from areal_hex_plugin.areal.placement import node_local, placement_from_plan
     from areal_hex_plugin.costmodel import CostModel, recipe_calibration
     from areal_hex_plugin.errors import HexError
     from areal_hex_plugin.joins import JoinRequest
+    from areal_hex_plugin.scheduler.reshare import ServerShape
     from tests.elastic.plans import elastic_recipe
 
     recipe = elastic_recipe()
@@ -113,6 +114,8 @@ def test_the_servers_a_joining_machine_runs(laid_out):
         (2, "small-1", (0, 1), 2, 4, 0.0)
     ]
     assert fresh[0].server_flags == back[0].server_flags
+    # Re-shared at its cap, as the planned servers are (a joined server of a planned shape gets its share).
+    assert Joined(fresh, [], lambda: None).shapes == [ServerShape("small", 2, 1, 4)]
     assert [s.gpu_ids for s in on_this_node(fresh, placement, {"CPU-BIG": 3, "CPU-SMALL": 4}, 0)] == [(5, 6)]
     with pytest.raises(HexError, match="has 2 CPU-SMALL GPUs and the run holds 2; the machine needs 2 more"):
         on_this_node(fresh, placement, {"CPU-BIG": 3, "CPU-SMALL": 2}, 0)
