@@ -268,28 +268,6 @@ def _ratio_points(
     return [(f"{label} {m}", ratio(cal, settings[m], pool, ref_pool), target[m]) for m in target]
 
 
-def _train_points(
-    calibration,
-    gpu_type,
-    target,
-    settings,
-    pool,
-    ref_pool,
-    label,
-    step_of,
-    steps,
-    step_label,
-    mfu: float,
-    _: float = 0.0,
-) -> list:
-    """Table 1's training ratio points and each run's step at ``train_mfu`` = ``mfu``."""
-    cal = calibration.with_factors(gpu_type, {"train_mfu": mfu})
-    ratios = _ratio_points(
-        calibration, gpu_type, ("train_mfu",), train_ratio, target, settings, pool, ref_pool, label, mfu
-    )
-    return ratios + [(f"{step_label} {m}", step_of(m, cal=cal)[0], steps[m]) for m in steps]
-
-
 def _fit_train_mfu(
     calibration,
     gpu_type,
@@ -307,10 +285,16 @@ def _fit_train_mfu(
 ) -> tuple[float, float]:
     """The ``train_mfu`` of ``gpu_type`` fitting Table 1's training ratio and the runs' steps on ``n`` GPUs
     together, inside its range (refused outside it when ``refuse``): its loss and value."""
-    points = partial(
-        _train_points, calibration, gpu_type, target, settings, pool, ref_pool, label, partial(step_of, n=n),
-        steps, f"{step_label} on {n} GPUs of",
-    )  # fmt: skip
+
+    def points(mfu: float, _: float = 0.0) -> list:
+        """Table 1's training ratio points and each run's step at ``train_mfu`` = ``mfu``."""
+        cal = calibration.with_factors(gpu_type, {"train_mfu": mfu})
+        ratios = _ratio_points(
+            calibration, gpu_type, ("train_mfu",), train_ratio, target, settings, pool, ref_pool, label, mfu
+        )
+        runs = [(f"{step_label} on {n} GPUs of {m}", step_of(m, n=n, cal=cal)[0], steps[m]) for m in steps]
+        return ratios + runs
+
     loss = cache(partial(_points_loss, points))
     mfu, _ = _fit_in_range(lambda a, _: loss(a), points, gpu_type, ("train_mfu", "train_mfu"), where, refuse)
     return loss(mfu), mfu

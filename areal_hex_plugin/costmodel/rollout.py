@@ -308,12 +308,7 @@ def decode_step_s(
 ) -> tuple[float, str]:
     """The cost model's seconds for one decode iteration of ``batch`` sequences at context ``ctx`` on a valid
     layout (``ValueError`` otherwise), and its source: "kernel data" or "roofline"."""
-    problem = _check_stages(cluster, workload, stages)
-    if problem:
-        raise ValueError(problem)
-    pools = [cluster.pool(s.pool) for s in stages]
-    layers = _split(workload.model.layers, stages, pools, calibration)
-    replica, _ = _build_stages(cluster, workload, calibration, stages, layers, _gpus_by_pool(stages))
+    replica, _ = _valid_replica(cluster, workload, calibration, stages)
     return decode_iteration_s(replica, batch, ctx)
 
 
@@ -331,15 +326,21 @@ def batch_timings(
     This is what ``areal-hex profile`` times on a real engine, so calibration fits the factors to it. The layout
     must be valid (``ValueError`` otherwise); memory is not checked, since the measured batch did run.
     """
-    gpus = _gpus_by_pool(stages)
+    replica, prefill = _valid_replica(cluster, workload, calibration, stages)
+    # The roofline, never kernel data: the profile fit moves the roofline's factors to the engine's timings.
+    return [(batch * prefill, roofline_s(replica, batch, ctx)[0]) for batch in batches]
+
+
+def _valid_replica(
+    cluster: Cluster, workload: WorkloadSpec, calibration: Calibration, stages: tuple[RolloutStage, ...]
+) -> tuple[DecodeReplica, float]:
+    """:func:`_build_stages` of a layout that must be valid (``ValueError`` otherwise); memory is not checked."""
     problem = _check_stages(cluster, workload, stages)
     if problem:
         raise ValueError(problem)
     pools = [cluster.pool(s.pool) for s in stages]
     layers = _split(workload.model.layers, stages, pools, calibration)
-    replica, prefill = _build_stages(cluster, workload, calibration, stages, layers, gpus)
-    # The roofline, never kernel data: the profile fit moves the roofline's factors to the engine's timings.
-    return [(batch * prefill, roofline_s(replica, batch, ctx)[0]) for batch in batches]
+    return _build_stages(cluster, workload, calibration, stages, layers, _gpus_by_pool(stages))
 
 
 def _gpus_by_pool(stages: tuple[RolloutStage, ...]) -> dict[str, int]:
