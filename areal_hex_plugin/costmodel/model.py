@@ -15,6 +15,14 @@ from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.workload import WorkloadSpec
 
 
+def overlaps(eta: int, window: int, batches: float) -> bool:
+    """Whether the steps of a weight-update ``window`` overlap their longest samples with ``batches`` consumer
+    batches of rollouts in flight: admission keeps room for a whole batch beyond them through each step's
+    training (the room, eta + 1 batches after an update, shrinks by one with each batch the window consumes), so
+    every rollout that ends while the trainer trains is replaced at once."""
+    return eta - window >= batches
+
+
 class CostModel:
     """Cost estimates for one cluster and workload; every result is a frozen dataclass, cached by its inputs."""
 
@@ -61,6 +69,15 @@ class CostModel:
         """Rollouts upstream must admit (``max_concurrent_rollouts``) to keep ``sequences`` decoding: each holds
         its slot until the longest of its ``n_samples`` samples ends, while its finished samples free their KV."""
         return math.ceil(sequences / self.workload.rl.n_samples * self._lengths.group_hold)
+
+    def batches_in_flight(self, sequences: int) -> float:
+        """Consumer batches of rollouts upstream admits to keep ``sequences`` decoding (:meth:`prompts_to_fill`,
+        at most ``rl.max_admitted`` rollouts where set)."""
+        rl = self.workload.rl
+        prompts = self.prompts_to_fill(sequences)
+        if rl.max_admitted:
+            prompts = min(prompts, rl.max_admitted)
+        return prompts / rl.consumer_batch_size
 
     def rollout(self, stages: tuple[RolloutStage, ...], max_sequences: int | None = None) -> RolloutEstimate:
         """One rollout replica: ``len(stages)`` pipeline stages, each TP inside one machine, with at most

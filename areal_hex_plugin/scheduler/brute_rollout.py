@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from functools import partial
 from operator import itemgetter
 
 from areal_hex_plugin.scheduler.inflight import (
     Groups,
     Runtime,
     ahead,
+    as_run,
     best_split,
     choose,
     drains,
@@ -78,7 +80,7 @@ class Relaxed:
     """Per replica shape, a bound on the samples' tokens one replica generates within a window of T seconds, in
     flight sequences priced at lambda: g(T, lambda) = max over caps c of mean * k(c) - lambda * c plus lambda,
     k(c) = floor((T - r(c)) * h(c) / mean) the most samples it finishes at cap c (none before its longest sample
-    ends, T < l(c) + r(c)), c from 1 to its largest batch
+    ends, T < l(c) + r(c), where the window waits for it), c from 1 to its largest batch
     (see :class:`RolloutSide`)."""
 
     def __init__(self, inflight, mean_tokens: float) -> None:
@@ -87,19 +89,20 @@ class Relaxed:
         self._curves: dict[ReplicaConfig, list[tuple[float, float]]] = {}
         self._tokens: dict[tuple[ReplicaConfig, float, float], float] = {}
 
-    def tokens(self, shape: ReplicaConfig, window_s: float, price: float) -> float:
-        key = (shape, window_s, price)
+    def tokens(self, shape: ReplicaConfig, window_s: float, price: float, overlapped: bool = False) -> float:
+        """``overlapped``: the window may overlap its longest samples (at some caps), so none is waited for."""
+        key = (shape, window_s, price, overlapped)
         if key not in self._tokens:
             if shape not in self._curves:
                 self._curves[shape] = [
                     (c.tokens_per_s, c.recompute_s, c.longest_s)
                     for c in (self.inflight.throttled(shape, cap) for cap in range(1, shape.concurrency + 1))
                 ]
-            mean = self.mean
+            mean, wait = self.mean, not overlapped
             # The float k is rounded up by a hair, so that rounding never drops a sample it finishes; a replica
             # finishes none before the window's longest sample ends (inflight._most).
             self._tokens[key] = price + max(
-                (mean * math.floor((window_s - r) * h / mean + 1e-9) if window_s >= tail + r else 0.0)
+                (mean * math.floor((window_s - r) * h / mean + 1e-9) if window_s >= wait * tail + r else 0.0)
                 - price * c
                 for c, (h, r, tail) in enumerate(self._curves[shape], 1)
             )
@@ -232,12 +235,16 @@ class RolloutSide:
         have = self._sequences[rl.max_head_offpolicyness + 2 - window]
         need = rl.samples_per_step * window * self._mean
         incumbent = min(self.best.values(), key=lambda b: b[0].rollout_s)[2]
+        # Small enough caps overlap the longest samples of any window shorter than eta (costmodel.model.overlaps).
+        tokens = partial(
+            self._relaxed.tokens, window_s=window_s, overlapped=rl.max_head_offpolicyness > window
+        )
 
         def bound(fleet: Multiset, price: float) -> float:
-            return sum(self._relaxed.tokens(c, window_s, price) * y for c, y in fleet) + price * have
+            return sum(tokens(c, price=price) * y for c, y in fleet) + price * have
 
         price = min(PRICES, key=lambda p: bound(incumbent, p))
-        weights = {c: self._relaxed.tokens(c, window_s, price) for shapes in self._shapes for c in shapes}
+        weights = {c: tokens(c, price=price) for shapes in self._shapes for c in shapes}
         scores: dict[int, list[float]] = {}
 
         def pool_tokens(p: int) -> list[float]:
@@ -293,7 +300,7 @@ class RolloutSide:
             )
         menu = dict.fromkeys(c for caps in menus[: ahead(rl.max_head_offpolicyness, window)] for c in caps)
         for caps in menu:
-            capped = self.ev.inflight.throttle(fleet, caps)
+            capped = as_run(self.ev.cm, self.ev.inflight.throttle(fleet, caps), window)
             known = self.best.get(window)
             if known and self._floor(speed(capped)) >= known[0].rollout_s:
                 continue

@@ -23,6 +23,16 @@ Both are chosen per split, exactly over every window :func:`windows` allows and 
 replica's largest batch (cut in proportion to the sequences of every batch count the window admits). A larger
 eta only adds choices, so no split scores worse with a larger eta.
 
+Where a window does not drain, whether its steps wait for their longest samples depends on admission's room
+during training (``costmodel.model.overlaps``). Upstream admits a rollout only while (eta + v + 1) batches cover every
+rollout accepted or running, and a rollout that ends while the trainer trains stays accepted until the next batch
+is taken. With room for a whole batch beyond the rollouts in flight, every rollout that ends is replaced, so the
+stragglers of one step decode beside the next steps' rollouts and a step takes its samples at the fleet's rate
+(Little's law; the simulator's 24-H800 7B run at eta 8 with one batch admitted trains every 277 s, where waiting
+for the longest sample each step would take 455). With less, the rollouts that end during training are not
+replaced and the next batch waits for the longest ones: each step is charged its longest sample (an upper bound:
+the simulator finds 364 s there at eta 1).
+
 A fleet's rollout time per step is at least ``rollout_floor``: its samples at the replicas' full speed (a cap
 only slows a replica), without the integer shares, the KV rebuilds or the weight sync.
 """
@@ -33,6 +43,7 @@ import math
 from dataclasses import dataclass, replace
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
+from areal_hex_plugin.costmodel.model import overlaps
 from areal_hex_plugin.scheduler.cpsat import charge
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig, largest_remainder
 
@@ -86,6 +97,39 @@ def drains(eta: int, window: int) -> bool:
     """Whether the pipeline drains before each update of ``window`` (fewer than two batches of room beyond it;
     a window of one step at eta >= 1 waits for its longest sample already, at eta = 0 every batch drains)."""
     return window >= 2 and eta <= window
+
+
+def as_run(cm: CostModel, groups: Groups, window: int, admitted: int = 0) -> Groups:
+    """``groups`` as ``window``'s generation sees them: where its steps overlap (``costmodel.model.overlaps``),
+    no replica's window waits for its longest sample (``longest_s`` 0). ``admitted``: the rollouts upstream
+    admits at once, where held (0: as many as keep the groups' caps decoding)."""
+    rl = cm.workload.rl
+    if admitted:
+        batches = min(admitted, rl.max_admitted or admitted) / rl.consumer_batch_size
+    else:
+        batches = cm.batches_in_flight(sum(c.concurrency * y for c, y in groups))
+    if not overlaps(rl.max_head_offpolicyness, window, batches):
+        return groups
+    return tuple((replace(c, longest_s=0.0), y) for c, y in groups)
+
+
+def held_runtime(
+    cm: CostModel, groups: Groups, window: int, even: bool = False, admitted: int = 0
+) -> Runtime:
+    """The runtime of ``groups`` held at their caps over ``window`` (and ``admitted`` rollouts, :func:`as_run`),
+    scored as :meth:`InFlight.runtimes` scores a choice (``even``: the window's samples split evenly over the
+    replicas instead)."""
+    rl = cm.workload.rl
+    run = as_run(cm, groups, window, admitted)
+    samples = rl.samples_per_step * window
+    mean = cm.workload.output_lengths.mean
+    if even:
+        makespan = window_rollout_s(run, samples, mean, updates=1, even=True)
+    else:
+        makespan = best_split(run, samples, mean)[0]
+    eta = rl.max_head_offpolicyness
+    per_step = window_rollout(run, makespan, window, eta, cm.reward_s(rl.samples_per_step))
+    return Runtime(window, run, per_step, drains(eta, window))
 
 
 def window_rollout(groups: Groups, makespan: float, window: int, eta: int, reward_s: float) -> float:
@@ -275,7 +319,7 @@ class InFlight:
             admitted = [fleets[k] for k in dict.fromkeys(k for ks in kept for k in ks)]
             if self.clocked:
                 charge(len(admitted) * SCORE_WORK)
-            for fleet in admitted:
+            for fleet in (as_run(self.cm, f, window) for f in admitted):
                 if best is not None and split_floor(fleet, samples, mean) / window + reward_s >= best[0]:
                     continue
                 rollout = window_rollout(fleet, best_split(fleet, samples, mean)[0], window, eta, reward_s)

@@ -27,11 +27,8 @@ from areal_hex_plugin.scheduler.cpsat import clock
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.scheduler.explain import binding_constraint, describe_binding, describe_role, pool_roles
 from areal_hex_plugin.scheduler.inflight import (
-    Runtime,
-    drains,
+    held_runtime,
     serial_rollout_s,
-    window_rollout,
-    window_rollout_s,
 )
 from areal_hex_plugin.scheduler.placement import place
 from areal_hex_plugin.scheduler.preemption import preemption_of
@@ -375,12 +372,7 @@ class Planner:
     def _uniform(self, e: Evaluation) -> float:
         """The paper's ablation: the chosen split, but every replica gets the same number of samples."""
         window = e.window
-        samples = self.workload.rl.samples_per_step * window
-        mean = self.workload.output_lengths.mean
-        eta = self.workload.rl.max_head_offpolicyness
-        makespan = window_rollout_s(e.fleet.groups, samples, mean, updates=1, even=True)
-        per_step = window_rollout(e.fleet.groups, makespan, window, eta, e.reward_s)
-        rollout = serial_rollout_s(Runtime(window, e.fleet.groups, per_step, drains(eta, window)), e.train_s)
+        rollout = serial_rollout_s(held_runtime(self.cm, e.fleet.groups, window, even=True), e.train_s)
         if e.loss is not None:  # priced as the plan is
             return self.ev.tokens_per_step / e.loss.step_s(e.sync_s / window, rollout, e.train_s)
         return self.ev.tokens_per_step / (e.sync_s / window + max(rollout, e.train_s))
@@ -461,7 +453,10 @@ class Planner:
         (``scheduler/sensitivity.py``)."""
         rules, chosen = Rules(strategy_for(self.recipe.hex.transport), self.ev.preemption), self.chosen
         factors = plan_elasticities(
-            self.cm, rules, Held.of_evaluation(chosen), [Held.of_evaluation(e) for e in self.rivals]
+            self.cm,
+            rules,
+            Held.of_evaluation(chosen, self.cm),
+            [Held.of_evaluation(e, self.cm) for e in self.rivals],
         )
         near = self._steered_near(chosen)
         candidates = list({e.split: e for e in [*self._scored(), *near, *self.rivals, chosen]}.values())

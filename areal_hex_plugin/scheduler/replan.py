@@ -8,7 +8,9 @@ stands. For the machines lost beyond the spares, two cases:
   as they were. The replicas on a lost machine go; a gained machine serves its pool's planned replica shape (the
   fastest per GPU the cost model finds, if the plan had none there); the shares of a step's samples are
   re-solved over the replicas left by :func:`inflight.best_split`, the planner's own share rule. Predicted figures
-  scale the plan's rollout time by the ratio of the two splits' makespans.
+  scale the plan's rollout time by the ratio of the two fleets' rollout seconds per step, each scored at its
+  in-flight caps over the plan's window as the planner scores it (:func:`inflight.held_runtime`: a window that
+  drains is charged its drain, one whose steps overlap their longest samples is not charged them).
 - **A training machine lost**: the training layout must change, so the recipe is planned again on the machines
   left (plus those gained), by the same deterministic search. Machines within a pool are interchangeable to the
   cost model, so the new plan's roles are then mapped onto hosts keeping every machine's old role where the new
@@ -25,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import GpuAssignment, HexPlan, Machine, PlanChange, Predicted, ReplicaGroup
-from areal_hex_plugin.scheduler.inflight import best_split
+from areal_hex_plugin.scheduler.inflight import best_split, held_runtime
 from areal_hex_plugin.scheduler.reshare import ServerShape, replica_config
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig, largest_remainder
 
@@ -235,9 +237,10 @@ def _reshare_rollout(recipe, old: HexPlan, lost: set[str], gained: dict[str, lis
     configs = [_config(cm, g) for g in new_groups]
     before_groups = tuple((_config(cm, g), g.count) for g in old.rollout.replicas)
     after = tuple(zip(configs, [g.count for g in new_groups], strict=True))
-    makespan_before, _ = best_split(before_groups, samples * window, mean)
-    makespan_after, split = best_split(after, samples * window, mean)
-    if not math.isfinite(makespan_after):
+    rollout_before = held_runtime(cm, before_groups, window).rollout_s
+    held = held_runtime(cm, after, window)
+    split = best_split(held.groups, samples * window, mean)[1]
+    if not math.isfinite(held.rollout_s):
         raise HexError("--lost", "leaves fewer replicas than samples per step", "add machines with --gained")
     per_step = largest_remainder(samples, list(split))
     total = sum(split)
@@ -248,7 +251,7 @@ def _reshare_rollout(recipe, old: HexPlan, lost: set[str], gained: dict[str, lis
     gpus: dict[str, int] = {}
     for g in new_groups:
         gpus[g.gpu_type] = gpus.get(g.gpu_type, 0) + g.count * g.tp * g.pp
-    predicted = _rescaled(recipe, old, makespan_after / makespan_before, rebuilt)
+    predicted = _rescaled(recipe, old, held.rollout_s / rollout_before, rebuilt)
     return replace(
         old,
         predicted=predicted,
@@ -258,7 +261,8 @@ def _reshare_rollout(recipe, old: HexPlan, lost: set[str], gained: dict[str, lis
 
 
 def _config(cm, group: ReplicaGroup) -> ReplicaConfig:
-    return replica_config(cm, ServerShape(group.pool, group.tp, group.pp))
+    """The cost model's replica of ``group`` at its in-flight cap, as the plan runs it."""
+    return replica_config(cm, ServerShape(group.pool, group.tp, group.pp, group.concurrency))
 
 
 def gained_shape(cm, old: HexPlan, pool) -> ReplicaConfig:
@@ -386,13 +390,13 @@ def replan_for_lengths(recipe, current: HexPlan, workload) -> LengthSuggestion:
 
     measured = replace(recipe, workload=workload)
     new = _keep_roles(current, plan_recipe(measured))
-    samples = recipe.workload.rl.samples_per_step * max(1, current.solver.window_steps)
-    makespans = []
+    window = max(1, current.solver.window_steps)
+    rollouts = []
     for r in (recipe, measured):
         cm = CostModel(r.cluster, r.workload, recipe_calibration(r))
         groups = tuple((_config(cm, g), g.count) for g in current.rollout.replicas)
-        makespans.append(best_split(groups, samples, r.workload.output_lengths.mean)[0])
-    rescored = _rescaled(recipe, current, makespans[1] / makespans[0], current.machines)
+        rollouts.append(held_runtime(cm, groups, window).rollout_s)
+    rescored = _rescaled(recipe, current, rollouts[1] / rollouts[0], current.machines)
     tokens = rescored.tokens_per_s * workload.output_lengths.mean / recipe.workload.output_lengths.mean
     return LengthSuggestion(new, machine_diff(current, new), tokens, new.predicted.tokens_per_s)
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
-from areal_hex_plugin.scheduler.inflight import best_split
+from areal_hex_plugin.scheduler.inflight import as_run, best_split
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig
 from areal_hex_plugin.specs.workload import LengthDistribution, WorkloadSpec
 
@@ -62,9 +62,16 @@ def replica_config(cm: CostModel, shape: ServerShape) -> ReplicaConfig:
 
 
 def reshare(
-    cm: CostModel, servers: Sequence[ServerShape], live: Sequence[bool], resolution: int = RESOLUTION
+    cm: CostModel,
+    servers: Sequence[ServerShape],
+    live: Sequence[bool],
+    resolution: int = RESOLUTION,
+    window: int = 1,
+    admitted: int = 0,
 ) -> Reshare:
-    """Shares over the ``live`` servers by the planner's rollout model; raises ValueError when none is live."""
+    """Shares over the ``live`` servers by the planner's rollout model, scored as the plan's runtime scores them
+    (its update ``window`` and ``admitted`` rollouts at once: :func:`inflight.as_run`); raises ValueError when
+    none is live."""
     if len(live) != len(servers):
         raise ValueError(f"{len(live)} live flags for {len(servers)} servers")
     members: dict[ServerShape, list[int]] = {}
@@ -74,7 +81,7 @@ def reshare(
     if not members:
         raise ValueError("no live rollout server to share the samples")
     shapes = sorted(members, key=lambda s: (s.pool, s.tp, s.pp))
-    groups = tuple((replica_config(cm, shape), len(members[shape])) for shape in shapes)
+    groups = as_run(cm, tuple((replica_config(cm, s), len(members[s])) for s in shapes), window, admitted)
     makespan, samples = best_split(groups, max(resolution, len(groups)), cm.workload.output_lengths.mean)
     shares = [0.0] * len(servers)
     total = sum(samples)
@@ -108,9 +115,13 @@ def drift(
     lengths: Sequence[int],
     source: str,
     samples: int = RESOLUTION,
+    window: int = 1,
+    admitted: int = 0,
 ) -> Drift:
     """How far the served ``lengths`` move the predicted rollout time of ``samples`` samples (a window's: below,
-    the wait for the longest sample hides the change) on the ``live`` servers from ``cm``'s."""
+    the wait for the longest sample hides the change) on the ``live`` servers from ``cm``'s, under the plan's
+    runtime (:func:`reshare`)."""
     measured = CostModel(cm.cluster, with_lengths(cm.workload, lengths, source), cm.calibration)
-    basis, now = reshare(cm, servers, live, samples), reshare(measured, servers, live, samples)
+    basis = reshare(cm, servers, live, samples, window, admitted)
+    now = reshare(measured, servers, live, samples, window, admitted)
     return Drift(now.makespan_s / basis.makespan_s - 1, measured, now.shares)

@@ -32,12 +32,9 @@ from areal_hex_plugin.costmodel import Calibration, CostModel, TrainStage
 from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.plan import Elasticity, Flip, HexPlan
 from areal_hex_plugin.scheduler.inflight import (
-    Runtime,
-    best_split,
-    drains,
+    held_runtime,
     replica_stages,
     serial_rollout_s,
-    window_rollout,
 )
 from areal_hex_plugin.scheduler.preemption import Preemption, preemption_of
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig
@@ -73,16 +70,20 @@ class Rules:
 
 @dataclass(frozen=True)
 class Held:
-    """A plan held fixed: its training stages, replica groups (each shape at its in-flight cap) and window."""
+    """A plan held fixed: its training stages, replica groups (each shape at its in-flight cap), window and the
+    rollouts upstream admits at once (``max_concurrent_rollouts``, which the driver writes: whether the window's
+    steps overlap their longest samples does not move with the workload)."""
 
     train: tuple[TrainStage, ...]
     groups: tuple[tuple[ReplicaConfig, int], ...]
     window: int
+    admitted: int
 
     @staticmethod
-    def of_evaluation(e) -> Held:
-        """A scored split (``scheduler/evaluate.py`` Evaluation)."""
-        return Held(tuple(e.train.stages), e.fleet.groups, e.window)
+    def of_evaluation(e, cm: CostModel) -> Held:
+        """A scored split (``scheduler/evaluate.py`` Evaluation) on its cost model."""
+        admitted = cm.prompts_to_fill(sum(c.concurrency * y for c, y in e.fleet.groups))
+        return Held(tuple(e.train.stages), e.fleet.groups, e.window, admitted)
 
     @staticmethod
     def of_plan(plan: HexPlan) -> Held:
@@ -92,7 +93,7 @@ class Held:
             for i, g in enumerate(plan.rollout.replicas)
         )
         train = tuple(TrainStage(s.pool, s.dp, s.tp, s.hybrid) for s in plan.train.stages)
-        return Held(train, groups, plan.solver.window_steps)
+        return Held(train, groups, plan.solver.window_steps, plan.staleness.max_concurrent_rollouts)
 
     def tokens_per_s(self, cm: CostModel, rules: Rules) -> float:
         """The paper's metric on ``cm``, as the evaluator scores a split (0 where a layout no longer runs), with
@@ -115,12 +116,8 @@ class Held:
             )
             for (c, y), e in zip(self.groups, estimates, strict=True)
         )
-        samples = cm.workload.rl.samples_per_step
-        mean = cm.workload.output_lengths.mean
-        eta, window = cm.workload.rl.max_head_offpolicyness, self.window
-        makespan = best_split(groups, samples * window, mean)[0]
-        per_step = window_rollout(groups, makespan, window, eta, cm.reward_s(samples))
-        rollout = serial_rollout_s(Runtime(window, groups, per_step, drains(eta, window)), train.step_time_s)
+        runtime = held_runtime(cm, groups, self.window, admitted=self.admitted)
+        rollout = serial_rollout_s(runtime, train.step_time_s)
         replicas = [(replica_stages(c), y) for c, y in groups if not c.colocated]
         colocated = tuple(sorted({c.pool for c, _ in groups if c.colocated}))
         sync = (
@@ -274,7 +271,7 @@ def flips(
     a rate) takes when each candidate is re-scored held, where it differs from ``chosen`` in the GPUs of each type
     training or generating, or in $/h."""
     cluster, workload, calibration = base.cluster, base.workload, base.calibration
-    held = {e.split: Held.of_evaluation(e) for e in candidates}
+    held = {e.split: Held.of_evaluation(e, base) for e in candidates}
     mine = _roles(cluster, chosen)
     out = []
     for inp in inputs(cluster.gpu_types, workload, calibration):

@@ -70,11 +70,12 @@ def _wait_reason(result: SimResult, plan: HexPlan, waited: float, planned: float
             f"(eta) or the admission cap, not by decoding"
         )
     if waited < planned:
-        # The plan's rollout of a step ends no earlier than the step's longest sample (RolloutEstimate.longest_s);
-        # upstream's loop, which the simulation plays, overlaps it with the next steps where eta leaves room.
+        # Where admission has no room for a batch beyond the rollouts in flight (costmodel.model.overlaps), the
+        # plan ends a step's rollout no earlier than its longest sample (RolloutEstimate.longest_s), an upper
+        # bound: upstream's loop, which the simulation plays, still overlaps part of it with the next steps.
         return (
-            f"{head}; the plan ends each step's rollout at its longest sample, which the simulation overlaps "
-            f"with the next steps as far as the staleness bound admits"
+            f"{head}; the plan ends each step's rollout at its longest sample (admission has no room for a "
+            f"batch beyond those in flight), which the simulation partly overlaps with the next steps"
         )
     return (
         f"{head}; the replicas decode the batch slower in the simulation, which plays each step's longest "

@@ -25,7 +25,7 @@ from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.caps import recipe_caps
 from areal_hex_plugin.scheduler.evaluate import Evaluator
-from areal_hex_plugin.scheduler.inflight import replica_stages, window_rollout_s
+from areal_hex_plugin.scheduler.inflight import as_run, replica_stages, window_rollout_s
 from areal_hex_plugin.scheduler.rollout_model import solve_rollout
 from areal_hex_plugin.scheduler.sensitivity import WORKLOAD, Held, Rules, elasticities, inputs, model
 from areal_hex_plugin.scheduler.train_search import search_train
@@ -124,7 +124,8 @@ def even_split(recipe: Recipe) -> dict[str, float]:
     else:
         fleet = solve_rollout(configs, half)
     samples = recipe.workload.rl.samples_per_step
-    rollout = window_rollout_s(fleet.counts, samples, recipe.workload.output_lengths.mean, updates=1)
+    mean = recipe.workload.output_lengths.mean
+    rollout = window_rollout_s(as_run(cm, fleet.counts, 1), samples, mean, updates=1)
     rollout += cm.reward_s(samples)
     replicas = [(replica_stages(c), y) for c, y in fleet.counts]
     sync = cm.weight_sync(cm.senders(train.stages), replicas, "broadcast").seconds

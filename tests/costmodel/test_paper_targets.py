@@ -10,8 +10,10 @@ import json
 
 import pytest
 
+from areal_hex_plugin.costmodel import fit_baselines as fit_baselines_module
 from areal_hex_plugin.costmodel.calibration import BUILTIN, RANGES, recipe_calibration
 from areal_hex_plugin.costmodel.fit_baselines import fit_baselines, setting_from
+from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.sim.baselines import baseline_phases
 from tests.conftest import REPO
 from tests.costmodel.helpers import recipe
@@ -67,6 +69,17 @@ def test_the_shipped_profile_is_what_the_fit_gives():
         assert fit.factors[gpu_type] == pytest.approx(factors, rel=1e-3), gpu_type
     assert fit.sources == SHIPPED["sources"]
     assert fit.gpus == SHIPPED["cluster_gpus"]
+
+
+@pytest.mark.slow
+def test_runs_whose_steps_overlap_their_longest_samples_cannot_be_fitted(monkeypatch):
+    """The paper does not state its runs' eta. At eta >= 2 with one batch admitted, the steps would overlap their
+    longest samples, and only a decode far below any physical HBM fraction reaches the measured rollout seconds:
+    the fit refuses, naming the measurement. The runs are fitted at eta 1 (``MEASURED_ETA``)."""
+    assert fit_baselines_module.MEASURED_ETA == 1
+    monkeypatch.setattr(fit_baselines_module, "MEASURED_ETA", 2)
+    with pytest.raises(HexError, match=r"H800-PCIe hbm_fraction would fit at 0\.2.*rollout_s of"):
+        fit_baselines(BASELINES, {m: setting_from(r) for m, r in _recipes().items()}, name="baselines.json")
 
 
 def test_the_h20_runs_and_table_1_agree_on_32_gpus():
