@@ -91,7 +91,8 @@ class RolloutEstimate:
     decode_source: str = (
         ROOFLINE  # where the full-batch iteration's seconds come from: KERNEL_DATA or ROOFLINE
     )
-    # Seconds the step's longest sample (``LengthStats.step_longest``) decodes: a step's rollout ends no earlier.
+    # Seconds the step's longest sample (``LengthStats.step_longest``) decodes: a step's rollout ends no earlier
+    # where admission leaves no room to overlap it with the next steps (``model.overlaps``).
     longest_s: float = 0.0
     # With eta >= 1, what a pipeline that drains before a weight update (admission stopped, nothing new to decode
     # beside the survivors) adds to the window: the longest sample's seconds less those of the tokens the batch

@@ -24,14 +24,14 @@ replica's largest batch (cut in proportion to the sequences of every batch count
 eta only adds choices, so no split scores worse with a larger eta.
 
 Where a window does not drain, whether its steps wait for their longest samples depends on admission's room
-during training (``costmodel.model.overlaps``). Upstream admits a rollout only while (eta + v + 1) batches cover every
-rollout accepted or running, and a rollout that ends while the trainer trains stays accepted until the next batch
-is taken. With room for a whole batch beyond the rollouts in flight, every rollout that ends is replaced, so the
-stragglers of one step decode beside the next steps' rollouts and a step takes its samples at the fleet's rate
-(Little's law; the simulator's 24-H800 7B run at eta 8 with one batch admitted trains every 277 s, where waiting
-for the longest sample each step would take 455). With less, the rollouts that end during training are not
-replaced and the next batch waits for the longest ones: each step is charged its longest sample (an upper bound:
-the simulator finds 364 s there at eta 1).
+during training (``costmodel.model.overlaps``). A rollout that ends while the trainer trains stays accepted until
+the next batch is taken, so it counts against the (eta + v + 1) batches upstream admits. With room for a whole
+batch beyond the rollouts in flight, every rollout that ends is replaced: the stragglers of one step decode beside
+the next steps' rollouts, and a step takes its samples at the fleet's rate (Little's law). AReaL's released runtime
+on 24 H800 (7B, one batch admitted, eta 8) was planned at 455 s a step when every step waited for its longest
+sample; the simulator ran that plan at 277 s; it is planned at 218 s now and simulated at 233 s. With less room,
+the rollouts that end during training are not replaced and the next batch waits for the longest ones: each step
+is charged its longest sample, an upper bound (the same run at eta 1: 455 s planned, 366 s simulated).
 
 A fleet's rollout time per step is at least ``rollout_floor``: its samples at the replicas' full speed (a cap
 only slows a replica), without the integer shares, the KV rebuilds or the weight sync.

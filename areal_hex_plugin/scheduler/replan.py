@@ -7,10 +7,10 @@ stands. For the machines lost beyond the spares, two cases:
 - **Only rollout machines lost (and any gained)**: the training layout and every surviving machine stay exactly
   as they were. The replicas on a lost machine go; a gained machine serves its pool's planned replica shape (the
   fastest per GPU the cost model finds, if the plan had none there); the shares of a step's samples are
-  re-solved over the replicas left by :func:`inflight.best_split`, the planner's own share rule. Predicted figures
-  scale the plan's rollout time by the ratio of the two fleets' rollout seconds per step, each scored at its
-  in-flight caps over the plan's window as the planner scores it (:func:`inflight.held_runtime`: a window that
-  drains is charged its drain, one whose steps overlap their longest samples is not charged them).
+  re-solved over the replicas left by :func:`inflight.best_split`, the planner's own share rule. The predicted
+  rollout seconds per step are the fleet left's, scored as the planner scores a runtime: at its in-flight caps,
+  over the plan's window with its admitted rollouts (:func:`inflight.held_runtime`: a window that drains is
+  charged its drain, one whose steps overlap their longest samples is not charged them).
 - **A training machine lost**: the training layout must change, so the recipe is planned again on the machines
   left (plus those gained), by the same deterministic search. Machines within a pool are interchangeable to the
   cost model, so the new plan's roles are then mapped onto hosts keeping every machine's old role where the new
@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import GpuAssignment, HexPlan, Machine, PlanChange, Predicted, ReplicaGroup
-from areal_hex_plugin.scheduler.inflight import best_split, held_runtime
+from areal_hex_plugin.scheduler.inflight import best_split, held_runtime, serial_rollout_s
 from areal_hex_plugin.scheduler.reshare import ServerShape, replica_config
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig, largest_remainder
 
@@ -235,10 +235,8 @@ def _reshare_rollout(recipe, old: HexPlan, lost: set[str], gained: dict[str, lis
     samples = recipe.workload.rl.samples_per_step
     mean = recipe.workload.output_lengths.mean
     configs = [_config(cm, g) for g in new_groups]
-    before_groups = tuple((_config(cm, g), g.count) for g in old.rollout.replicas)
     after = tuple(zip(configs, [g.count for g in new_groups], strict=True))
-    rollout_before = held_runtime(cm, before_groups, window).rollout_s
-    held = held_runtime(cm, after, window)
+    held = held_runtime(cm, after, window, admitted=old.staleness.max_concurrent_rollouts)
     split = best_split(held.groups, samples * window, mean)[1]
     if not math.isfinite(held.rollout_s):
         raise HexError("--lost", "leaves fewer replicas than samples per step", "add machines with --gained")
@@ -251,7 +249,7 @@ def _reshare_rollout(recipe, old: HexPlan, lost: set[str], gained: dict[str, lis
     gpus: dict[str, int] = {}
     for g in new_groups:
         gpus[g.gpu_type] = gpus.get(g.gpu_type, 0) + g.count * g.tp * g.pp
-    predicted = _rescaled(recipe, old, held.rollout_s / rollout_before, rebuilt)
+    predicted = _rescaled(recipe, old, serial_rollout_s(held, old.predicted.train_time_s), rebuilt)
     return replace(
         old,
         predicted=predicted,
@@ -285,10 +283,9 @@ def gained_shape(cm, old: HexPlan, pool) -> ReplicaConfig:
     return max(shapes, key=lambda s: (s.tokens_per_s / s.gpus, -s.gpus))
 
 
-def _rescaled(recipe, old: HexPlan, ratio: float, machines: list[Machine]) -> Predicted:
-    """``old``'s prediction with its rollout time scaled by ``ratio`` and the machines' price."""
+def _rescaled(recipe, old: HexPlan, rollout: float, machines: list[Machine]) -> Predicted:
+    """``old``'s prediction with the rollout seconds per step ``rollout`` and the machines' price."""
     p = old.predicted
-    rollout = p.rollout_time_s * ratio
     step = p.step_time_s - max(p.rollout_time_s, p.train_time_s) + max(rollout, p.train_time_s)
     tokens = p.tokens_per_s * p.step_time_s / step if step > 0 else 0.0
     price = {pool.name: pool.price_per_gpu_hour for pool in recipe.cluster.pools}
@@ -383,20 +380,20 @@ class LengthSuggestion:
 
 def replan_for_lengths(recipe, current: HexPlan, workload) -> LengthSuggestion:
     """Plan ``recipe`` with ``workload``'s (measured) output lengths, and score ``current`` at them: its rollout
-    time scaled by the ratio of its replica groups' makespans at the two lengths (the planner's share rule), its
-    tokens per step by the ratio of the mean lengths."""
+    seconds per step at those lengths as the planner scores its runtime, its tokens per step by the ratio of the
+    mean lengths."""
     from areal_hex_plugin.costmodel import CostModel, recipe_calibration
     from areal_hex_plugin.scheduler import plan_recipe
 
     measured = replace(recipe, workload=workload)
     new = _keep_roles(current, plan_recipe(measured))
-    window = max(1, current.solver.window_steps)
-    rollouts = []
-    for r in (recipe, measured):
-        cm = CostModel(r.cluster, r.workload, recipe_calibration(r))
-        groups = tuple((_config(cm, g), g.count) for g in current.rollout.replicas)
-        rollouts.append(held_runtime(cm, groups, window).rollout_s)
-    rescored = _rescaled(recipe, current, rollouts[1] / rollouts[0], current.machines)
+    cm = CostModel(measured.cluster, workload, recipe_calibration(measured))
+    groups = tuple((_config(cm, g), g.count) for g in current.rollout.replicas)
+    held = held_runtime(
+        cm, groups, max(1, current.solver.window_steps), admitted=current.staleness.max_concurrent_rollouts
+    )
+    rollout = serial_rollout_s(held, current.predicted.train_time_s)
+    rescored = _rescaled(recipe, current, rollout, current.machines)
     tokens = rescored.tokens_per_s * workload.output_lengths.mean / recipe.workload.output_lengths.mean
     return LengthSuggestion(new, machine_diff(current, new), tokens, new.predicted.tokens_per_s)
 

@@ -23,7 +23,9 @@ class ReplicaConfig:
     tokens_per_s: float  # h_psi: one replica's generation speed
     concurrency: int
     recompute_s: float = 0.0  # KV rebuild after each weight update (interrupted requests are re-prefilled)
-    longest_s: float = 0.0  # the step's longest sample: a window's generation on the replica ends no earlier
+    # The step's longest sample: a window's generation on the replica ends no earlier (0 where the window's steps
+    # overlap it, ``inflight.as_run``).
+    longest_s: float = 0.0
     drain_s: float = 0.0  # what a window that drains before its update adds (RolloutEstimate.drain_s)
     colocated: bool = (
         False  # on the machine its pool shares with training (weights arrive over its GPU links)

@@ -204,3 +204,22 @@ def test_a_lost_training_machines_fix_is_the_replan_then_this_runs_own_command()
     assert resume_fix("r.yaml", [], off, ["a", "b"], "/run/hex_plan.json").endswith(
         f"hex.plan_path={new} (recover.mode is disabled: it starts again from step 0)"
     )
+
+
+@pytest.mark.parametrize("name", ["ci/tiny.yaml", "mixes/a100_l40s_qwen2.5-7b.yaml"])
+def test_a_lost_rollout_machine_is_predicted_as_the_planner_scores_the_fleet_left(name):
+    """The replan's prediction is the planner's own score of the plan it writes, held (its caps, window, admitted
+    rollouts; a window that drains pays its drain). Before, replicas were scored uncapped and without the drain:
+    the A100 + L40S mix kept 41,645 tokens/s after losing a rollout machine, where its fleet makes 23,753."""
+    from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.scheduler import plan_recipe
+    from areal_hex_plugin.scheduler.sensitivity import Held, Rules
+
+    recipe = load_recipe(REPO / "recipes" / name)
+    plan = plan_recipe(recipe)
+    lost = next(m.host for m in plan.machines if m.role == "rollout")
+    new = replan(recipe, plan, [lost], {}).plan
+    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    held = Held.of_plan(new).tokens_per_s(cm, Rules.of(recipe))
+    assert new.predicted.tokens_per_s == pytest.approx(held, rel=1e-3)
+    assert new.predicted.tokens_per_s < 0.95 * plan.predicted.tokens_per_s
