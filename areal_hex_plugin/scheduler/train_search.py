@@ -145,25 +145,35 @@ def _equal_combinations(
 ) -> Iterator[tuple[_PoolOption, ...]]:
     """Layouts whose stages all have one dp and one tp (Megatron's): per common (tp, dp), every choice of stage
     counts per pool (on the :func:`depths` ladder up to ``deepest``, all in exhaustive mode) with at most
-    ``max_pp`` stages in all. The dp tried are each pool's largest for some depth."""
+    ``max_pp`` stages in all, each once, in every pool order up to MAX_REORDERED pools (the last stage also
+    computes the LM head: on a slow type it sets the step). The dp tried are each pool's largest for some depth."""
     tried = range(1, max_pp + 1) if exhaustive else [k for k in depths(max_pp) if k <= (deepest or max_pp)]
+    orders = list(permutations(pools)) if len(pools) <= MAX_REORDERED else [tuple(pools)]
     for tp in sorted({t for p in pools for t in tp_degrees(p.gpus_per_machine)}):
         dps = {gpus[p.name] // (k * tp) for p in pools for k in tried} - {0}
         for dp in sorted(dps):
 
-            def extend(i: int, left: int, dp: int = dp, tp: int = tp) -> Iterator[tuple[_PoolOption, ...]]:
-                if i == len(pools):
+            def extend(
+                order: tuple[Pool, ...], i: int, left: int, dp: int = dp, tp: int = tp
+            ) -> Iterator[tuple[_PoolOption, ...]]:
+                if i == len(order):
                     yield ()
                     return
-                pool = pools[i]
-                yield from extend(i + 1, left)
+                pool = order[i]
+                yield from extend(order, i + 1, left)
                 if tp not in tp_degrees(pool.gpus_per_machine):
                     return
                 for k in (k for k in tried if k <= min(left, gpus[pool.name] // (dp * tp))):
-                    for rest in extend(i + 1, left - k):
+                    for rest in extend(order, i + 1, left - k):
                         yield (_PoolOption(pool.name, k, tp, dp), *rest)
 
-            yield from (combo for combo in extend(0, max_pp) if combo)
+            # A layout of a subset of the pools comes from every order that keeps that subset's order.
+            seen: set[tuple[_PoolOption, ...]] = set()
+            for order in orders:
+                for combo in extend(order, 0, max_pp):
+                    if combo and combo not in seen:
+                        seen.add(combo)
+                        yield combo
 
 
 def search_train(
@@ -188,7 +198,9 @@ def search_train(
     options = [
         _options(p, gpus[p.name], max_pp, samples, hybrid and len(gpus) == 1, exhaustive) for p in pools
     ]
-    if exhaustive or max_pp <= ALL_DEPTHS:
+    if exhaustive or max_pp <= ALL_DEPTHS or (equal_stages and len(pools) > 1):
+        # Stages sharing one dp and tp over several pools: a pool's stage count is the only way to train on
+        # more of its GPUs, so every depth on the ladder is enumerated, not only where memory needs it.
         return _choice(_search(cm, pools, gpus, options, max_pp, exhaustive, equal_stages))
     shallow = [[o for o in opts if o.k <= ALL_DEPTHS] for opts in options]
     best = _search(cm, pools, gpus, shallow, ALL_DEPTHS, False, equal_stages)
