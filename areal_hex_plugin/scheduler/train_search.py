@@ -4,8 +4,9 @@ The paper's rule: TP and DP groups stay inside one GPU type, types mix only acro
 are split across stages in proportion to stage compute (the cost model does the split). TP stays inside a machine.
 
 Pruning:
-- symmetry (exact): the stages of one pool are identical (dp, tp) and contiguous, pools appear in a fixed order;
-  the cost model splits the layers, so stages of one pool may hold different layer counts;
+- symmetry (exact): the stages of one pool are identical (dp, tp) and contiguous; the cost model splits the
+  layers, so stages of one pool may hold different layer counts. Pools appear in every order up to MAX_REORDERED
+  pools (the first stage holds the embedding, the last the LM head), in a fixed order beyond;
 - hybrid sharding (FSDP shards within each machine and replicates across machines) only for one stage on all of a
   pool's training machines, where the runtime allows it;
 - dominance: a stage of given (k stages, tp) takes the largest dp its pool's GPUs allow that divides a step's
@@ -14,7 +15,9 @@ Pruning:
 - depth (heuristic; exhaustive mode tries every depth): every depth up to ALL_DEPTHS, then a ladder (6, 8, 12,
   16, ...) up to hex.solver.max_pp_stages (default: the model's layers), per pool only while memory rules out some
   TP degree at the depth before, reached from the shallow search's layout by the one-pool moves of the polish
-  below (enumerated where nothing fits shallower, or stages share one dp and tp), kept only where faster;
+  below (enumerated where nothing fits shallower), kept only where faster. Stages sharing one dp and tp over
+  several pools are enumerated at every depth on the ladder: there a pool's stage count is the only way to train
+  on more of its GPUs;
 - memory (exact): layouts whose GPUs together cannot hold the sharded training state are skipped unscored, and
   those the cost model reports as not fitting are dropped;
 - heuristic, with many layouts (exhaustive mode tries them all): per pool and stage count k, only the two TP
@@ -190,9 +193,10 @@ def search_train(
     ``equal_stages``: only layouts whose stages share one dp and tp; ``hybrid``: FSDP hybrid sharding is allowed
     (runtime caps, see ``scheduler/caps.py``). Pipelines of more than ALL_DEPTHS stages are searched where memory
     needs them (:func:`_as_deep_as_needed`), by a second search whose layout is kept only if faster: a bound
-    above ALL_DEPTHS never gives a slower layout than ALL_DEPTHS does. Exhaustive mode: one search, every depth.
+    above ALL_DEPTHS never gives a slower layout than ALL_DEPTHS does. Exhaustive mode: one search, every depth;
+    equal stages over several pools: one search, the ladder's depths.
     """
-    # Faster GPUs first: the pipeline order is fixed (symmetry), the first stage on the strongest type.
+    # Faster GPUs first: the first pool order enumerated (the only one beyond MAX_REORDERED pools).
     pools = sorted((cluster.pool(name) for name in gpus), key=lambda p: (-p.gpu.tflops_bf16, p.name))
     samples = cm.workload.rl.samples_per_step if cm.workload.rl.even_dispatch else 0
     options = [
