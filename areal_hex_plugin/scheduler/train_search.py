@@ -16,8 +16,8 @@ Pruning:
   16, ...) up to hex.solver.max_pp_stages (default: the model's layers), per pool only while memory rules out some
   TP degree at the depth before, reached from the shallow search's layout by the one-pool moves of the polish
   below (enumerated where nothing fits shallower), kept only where faster. Stages sharing one dp and tp over
-  several pools are enumerated at every depth on the ladder: there a pool's stage count is the only way to train
-  on more of its GPUs;
+  several pools are also deepened one pool at a time from the shallow layout (:func:`_deepen`): there a pool's
+  stage count is the only way to train on more of its GPUs;
 - memory (exact): layouts whose GPUs together cannot hold the sharded training state are skipped unscored, and
   those the cost model reports as not fitting are dropped;
 - heuristic, with many layouts (exhaustive mode tries them all): per pool and stage count k, only the two TP
@@ -194,7 +194,7 @@ def search_train(
     (runtime caps, see ``scheduler/caps.py``). Pipelines of more than ALL_DEPTHS stages are searched where memory
     needs them (:func:`_as_deep_as_needed`), by a second search whose layout is kept only if faster: a bound
     above ALL_DEPTHS never gives a slower layout than ALL_DEPTHS does. Exhaustive mode: one search, every depth;
-    equal stages over several pools: one search, the ladder's depths.
+    equal stages over several pools: the shallow layout deepened pool by pool (:func:`_deepen`).
     """
     # Faster GPUs first: the first pool order enumerated (the only one beyond MAX_REORDERED pools).
     pools = sorted((cluster.pool(name) for name in gpus), key=lambda p: (-p.gpu.tflops_bf16, p.name))
@@ -202,12 +202,12 @@ def search_train(
     options = [
         _options(p, gpus[p.name], max_pp, samples, hybrid and len(gpus) == 1, exhaustive) for p in pools
     ]
-    if exhaustive or max_pp <= ALL_DEPTHS or (equal_stages and len(pools) > 1):
-        # Stages sharing one dp and tp over several pools: a pool's stage count is the only way to train on
-        # more of its GPUs, so every depth on the ladder is enumerated, not only where memory needs it.
+    if exhaustive or max_pp <= ALL_DEPTHS:
         return _choice(_search(cm, pools, gpus, options, max_pp, exhaustive, equal_stages))
     shallow = [[o for o in opts if o.k <= ALL_DEPTHS] for opts in options]
     best = _search(cm, pools, gpus, shallow, ALL_DEPTHS, False, equal_stages)
+    if best is not None and equal_stages and len(pools) > 1:
+        best = _deepen(cm, best, gpus, max_pp)
     deep = [_as_deep_as_needed(cm, opts) for opts in options]
     if deep == shallow:
         return _choice(best)
@@ -296,6 +296,26 @@ def _reorder_and_narrow(cm: CostModel, best):
             estimate = cm.train(_stages(trial))
             if estimate.feasible and estimate.step_time_s < best[0]:
                 best, improved = (estimate.step_time_s, trial, estimate), True
+    return best
+
+
+def _deepen(cm: CostModel, best, gpus: dict[str, int], max_pp: int):
+    """Stages sharing one dp and tp over several pools, after the shallow search: one pool at a time to more
+    stages of the layout's dp and tp (deeper depths on the :func:`depths` ladder) while that helps. There a
+    pool's stage count is the only way to train on more of its GPUs, whether or not memory needs depth."""
+    improved = True
+    while improved:
+        improved = False
+        combo = best[1]
+        stages = sum(o.k for o in combo)
+        for i, o in enumerate(combo):
+            for k in depths(max_pp):
+                if k <= o.k or stages - o.k + k > max_pp or k * o.dp * o.tp > gpus[o.pool]:
+                    continue
+                trial = (*combo[:i], replace(o, k=k), *combo[i + 1 :])
+                estimate = cm.train(_stages(trial))
+                if estimate.feasible and estimate.step_time_s < best[0]:
+                    best, improved = (estimate.step_time_s, trial, estimate), True
     return best
 
 
