@@ -4,8 +4,9 @@ The paper's rule: TP and DP groups stay inside one GPU type, types mix only acro
 are split across stages in proportion to stage compute (the cost model does the split). TP stays inside a machine.
 
 Pruning:
-- symmetry (exact): the stages of one pool are identical (dp, tp) and contiguous, pools appear in a fixed order;
-  the cost model splits the layers, so stages of one pool may hold different layer counts;
+- symmetry (exact): the stages of one pool are identical (dp, tp) and contiguous; the cost model splits the
+  layers, so stages of one pool may hold different layer counts. Pools appear in every order up to MAX_REORDERED
+  pools (the first stage holds the embedding, the last the LM head), in a fixed order beyond;
 - hybrid sharding (FSDP shards within each machine and replicates across machines) only for one stage on all of a
   pool's training machines, where the runtime allows it;
 - dominance: a stage of given (k stages, tp) takes the largest dp its pool's GPUs allow that divides a step's
@@ -14,7 +15,9 @@ Pruning:
 - depth (heuristic; exhaustive mode tries every depth): every depth up to ALL_DEPTHS, then a ladder (6, 8, 12,
   16, ...) up to hex.solver.max_pp_stages (default: the model's layers), per pool only while memory rules out some
   TP degree at the depth before, reached from the shallow search's layout by the one-pool moves of the polish
-  below (enumerated where nothing fits shallower, or stages share one dp and tp), kept only where faster;
+  below (enumerated where nothing fits shallower), kept only where faster. Stages sharing one dp and tp over
+  several pools are also deepened one pool at a time from the shallow layout (:func:`_deepen`): there a pool's
+  stage count is the only way to train on more of its GPUs;
 - memory (exact): layouts whose GPUs together cannot hold the sharded training state are skipped unscored, and
   those the cost model reports as not fitting are dropped;
 - heuristic, with many layouts (exhaustive mode tries them all): per pool and stage count k, only the two TP
@@ -145,25 +148,35 @@ def _equal_combinations(
 ) -> Iterator[tuple[_PoolOption, ...]]:
     """Layouts whose stages all have one dp and one tp (Megatron's): per common (tp, dp), every choice of stage
     counts per pool (on the :func:`depths` ladder up to ``deepest``, all in exhaustive mode) with at most
-    ``max_pp`` stages in all. The dp tried are each pool's largest for some depth."""
+    ``max_pp`` stages in all, each once, in every pool order up to MAX_REORDERED pools (the last stage also
+    computes the LM head: on a slow type it sets the step). The dp tried are each pool's largest for some depth."""
     tried = range(1, max_pp + 1) if exhaustive else [k for k in depths(max_pp) if k <= (deepest or max_pp)]
+    orders = list(permutations(pools)) if len(pools) <= MAX_REORDERED else [tuple(pools)]
     for tp in sorted({t for p in pools for t in tp_degrees(p.gpus_per_machine)}):
         dps = {gpus[p.name] // (k * tp) for p in pools for k in tried} - {0}
         for dp in sorted(dps):
 
-            def extend(i: int, left: int, dp: int = dp, tp: int = tp) -> Iterator[tuple[_PoolOption, ...]]:
-                if i == len(pools):
+            def extend(
+                order: tuple[Pool, ...], i: int, left: int, dp: int = dp, tp: int = tp
+            ) -> Iterator[tuple[_PoolOption, ...]]:
+                if i == len(order):
                     yield ()
                     return
-                pool = pools[i]
-                yield from extend(i + 1, left)
+                pool = order[i]
+                yield from extend(order, i + 1, left)
                 if tp not in tp_degrees(pool.gpus_per_machine):
                     return
                 for k in (k for k in tried if k <= min(left, gpus[pool.name] // (dp * tp))):
-                    for rest in extend(i + 1, left - k):
+                    for rest in extend(order, i + 1, left - k):
                         yield (_PoolOption(pool.name, k, tp, dp), *rest)
 
-            yield from (combo for combo in extend(0, max_pp) if combo)
+            # A layout of a subset of the pools comes from every order that keeps that subset's order.
+            seen: set[tuple[_PoolOption, ...]] = set()
+            for order in orders:
+                for combo in extend(order, 0, max_pp):
+                    if combo and combo not in seen:
+                        seen.add(combo)
+                        yield combo
 
 
 def search_train(
@@ -180,9 +193,10 @@ def search_train(
     ``equal_stages``: only layouts whose stages share one dp and tp; ``hybrid``: FSDP hybrid sharding is allowed
     (runtime caps, see ``scheduler/caps.py``). Pipelines of more than ALL_DEPTHS stages are searched where memory
     needs them (:func:`_as_deep_as_needed`), by a second search whose layout is kept only if faster: a bound
-    above ALL_DEPTHS never gives a slower layout than ALL_DEPTHS does. Exhaustive mode: one search, every depth.
+    above ALL_DEPTHS never gives a slower layout than ALL_DEPTHS does. Exhaustive mode: one search, every depth;
+    equal stages over several pools: the shallow layout deepened pool by pool (:func:`_deepen`).
     """
-    # Faster GPUs first: the pipeline order is fixed (symmetry), the first stage on the strongest type.
+    # Faster GPUs first: the first pool order enumerated (the only one beyond MAX_REORDERED pools).
     pools = sorted((cluster.pool(name) for name in gpus), key=lambda p: (-p.gpu.tflops_bf16, p.name))
     samples = cm.workload.rl.samples_per_step if cm.workload.rl.even_dispatch else 0
     options = [
@@ -192,6 +206,8 @@ def search_train(
         return _choice(_search(cm, pools, gpus, options, max_pp, exhaustive, equal_stages))
     shallow = [[o for o in opts if o.k <= ALL_DEPTHS] for opts in options]
     best = _search(cm, pools, gpus, shallow, ALL_DEPTHS, False, equal_stages)
+    if best is not None and equal_stages and len(pools) > 1:
+        best = _deepen(cm, best, gpus, max_pp)
     deep = [_as_deep_as_needed(cm, opts) for opts in options]
     if deep == shallow:
         return _choice(best)
@@ -280,6 +296,26 @@ def _reorder_and_narrow(cm: CostModel, best):
             estimate = cm.train(_stages(trial))
             if estimate.feasible and estimate.step_time_s < best[0]:
                 best, improved = (estimate.step_time_s, trial, estimate), True
+    return best
+
+
+def _deepen(cm: CostModel, best, gpus: dict[str, int], max_pp: int):
+    """Stages sharing one dp and tp over several pools, after the shallow search: one pool at a time to more
+    stages of the layout's dp and tp (deeper depths on the :func:`depths` ladder) while that helps. There a
+    pool's stage count is the only way to train on more of its GPUs, whether or not memory needs depth."""
+    improved = True
+    while improved:
+        improved = False
+        combo = best[1]
+        stages = sum(o.k for o in combo)
+        for i, o in enumerate(combo):
+            for k in depths(max_pp):
+                if k <= o.k or stages - o.k + k > max_pp or k * o.dp * o.tp > gpus[o.pool]:
+                    continue
+                trial = (*combo[:i], replace(o, k=k), *combo[i + 1 :])
+                estimate = cm.train(_stages(trial))
+                if estimate.feasible and estimate.step_time_s < best[0]:
+                    best, improved = (estimate.step_time_s, trial, estimate), True
     return best
 
 
