@@ -45,7 +45,7 @@ from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.config import OutputLengthConfig
 from areal_hex_plugin.specs.rental import rent
-from areal_hex_plugin.specs.workload import LengthDistribution, WorkloadSpec
+from areal_hex_plugin.specs.workload import LengthDistribution, RLSettings, WorkloadSpec
 
 BASELINES_FORMAT = "areal-hex-baselines/1"
 # The staleness bound the measured runs are planned at. The paper does not state its runs' eta. With one batch
@@ -135,18 +135,25 @@ def check_baselines(data: object) -> dict:
     return data
 
 
+def areal_runtime(rl: RLSettings) -> RLSettings:
+    """``rl`` as the measured AReaL runs had it: one batch of rollouts admitted at once (upstream's default
+    ``max_concurrent_rollouts``), weights every step, the staleness bound ``MEASURED_ETA``, no even-dispatch rule
+    (their AReaL version and DP layout are not stated)."""
+    return replace(
+        rl,
+        max_admitted=rl.consumer_batch_size,
+        max_update_window=1,
+        even_dispatch=False,
+        max_head_offpolicyness=MEASURED_ETA,
+    )
+
+
 def measured_workload(setting: Setting, tokens_per_step: float) -> WorkloadSpec:
     """The recipe's workload as a measured AReaL run had it: ``tokens_per_step`` (the mean output length that
     gives it, the recipe's length shape kept), one batch of rollouts admitted at once, weights every step, at
     the staleness bound ``MEASURED_ETA``."""
     w = setting.workload
-    rl = replace(
-        w.rl,
-        max_admitted=w.rl.consumer_batch_size,
-        max_update_window=1,
-        even_dispatch=False,
-        max_head_offpolicyness=MEASURED_ETA,
-    )
+    rl = areal_runtime(w.rl)
     mean = tokens_per_step / rl.samples_per_step - w.prompt_tokens
     cfg = setting.lengths
     if cfg.kind != "lognormal" or mean <= cfg.cap_share * rl.max_new_tokens:

@@ -2,8 +2,8 @@
 
 AReaL is planned the way the paper ran it (``costmodel/fit_baselines.py``'s measured setting): one GPU type,
 rented by the GPU up to the measured count, upstream's weight transport (``hex.transport: upstream``) and a weight
-update every step, upstream's admission of one batch of rollouts (``max_concurrent_rollouts`` unset), the run's
-rollout layout, and the run's own tokens per step. The measured rollout phase is the time rollout takes to
+update every step, upstream's admission of one batch of rollouts (``max_concurrent_rollouts`` unset) at the
+staleness bound ``MEASURED_ETA``, the run's rollout layout, and the run's own tokens per step. The measured rollout phase is the time rollout takes to
 deliver a step's batch: on a train-bound cluster that includes waiting at the staleness bound, so it compares
 with ``max(rollout, train)``; the plan's own rollout time is kept beside it. Where a run's two phases are equal
 (the paper's H20 runs, within EQUAL_PHASES) they carry only the step, whichever phase waited, so training
@@ -19,9 +19,8 @@ from collections.abc import Mapping
 from areal_hex_plugin.costmodel.calibration import Calibration
 from areal_hex_plugin.costmodel.fit_baselines import measured_workload, setting_from
 from areal_hex_plugin.scheduler import plan_recipe
-from areal_hex_plugin.sim.reproduce import paper_request
+from areal_hex_plugin.sim.reproduce import as_areal_ran, paper_request, rented
 from areal_hex_plugin.specs.config import CalibrationConfig, GpuEfficiencyConfig
-from areal_hex_plugin.specs.rental import rent
 
 # Measured phases this close are one step seen twice (one phase waited for the other).
 EQUAL_PHASES = 0.01
@@ -34,27 +33,12 @@ def with_calibration(recipe, calibration: Calibration, gpu_types: list[str]):
     return dataclasses.replace(recipe, hex=hex_cfg)
 
 
-def homogeneous(
-    recipe, gpu_type: str, gpus: int, run: Mapping | None = None, layout: list[int] | None = None
-):
-    """``recipe`` on ``gpus`` GPUs of ``gpu_type`` alone, run as AReaL runs it: upstream's weight transport, an
-    update every step; with a measured ``run`` (its ``tokens_per_step``), in that run's setting, and replicas of
-    ``layout`` ([tp, pp]) where given."""
-    cluster = rent(recipe.cluster, {gpu_type: gpus})
-    solver = dataclasses.replace(recipe.hex.solver, max_update_window=1)
-    if layout:
-        solver = dataclasses.replace(solver, rollout_layout=list(layout))
-    workload = dataclasses.replace(
-        recipe.workload, rl=dataclasses.replace(recipe.workload.rl, max_update_window=1)
-    )
-    if run is not None:
-        workload = measured_workload(setting_from(recipe), float(run["tokens_per_step"]))
-    return dataclasses.replace(
-        recipe,
-        cluster=cluster,
-        hex=dataclasses.replace(recipe.hex, transport="upstream", solver=solver),
-        workload=workload,
-    )
+def homogeneous(recipe, gpu_type: str, gpus: int, run: Mapping, layout: list[int] | None = None):
+    """``recipe`` on ``gpus`` GPUs of ``gpu_type`` alone, run as the measured ``run`` was: AReaL's runtime
+    (``reproduce.as_areal_ran``, replicas of ``layout`` [tp, pp]) and the run's own tokens per step."""
+    measured = as_areal_ran(rented(recipe, {gpu_type: gpus}), layout)
+    workload = measured_workload(setting_from(recipe), float(run["tokens_per_step"]))
+    return dataclasses.replace(measured, workload=workload)
 
 
 def baseline_phases(

@@ -4,7 +4,10 @@ The testbed is rented by the GPU as the paper does (``specs/rental.py``: whole 8
 holding the rest): AReaL on 24 H800 or on 68 H20 (what $126.72/h buys), AReaL-Hex on 56 GPUs within $126.72/h (the
 H800/H20 mix is the paper's to choose, so every 56-GPU mix the budget allows is planned and the best kept), the
 equal-throughput cluster of 8 H800 + 24 H20 ($86.64/h) and mixed clusters of 24, 32, 40 and 56 GPUs. AReaL's
-baselines run upstream's weight transport; AReaL-Hex runs the recipe's. Every plan is simulated for 30 steps; the
+baselines run upstream's weight transport; AReaL-Hex runs the recipe's. Two more equal-budget runs say where a
+gain would come from: the 24 H800 run as the paper's AReaL baselines were (:func:`as_areal_ran`, the calibration's
+measured setting), and the 56-GPU mixes planned with the paper's layouts (``caps.PAPER``: training pipeline
+stages of any dp and tp, types mixed across them, which upstream's engines do not run). Every plan is simulated for 30 steps; the
 tokens/s reported are the simulated steady state, tokens / (weight sync + max(rollout incl. reward, train)) as
 the paper measures it, and the phases are the planner's.
 
@@ -21,9 +24,10 @@ from pathlib import Path
 from typing import IO
 
 from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+from areal_hex_plugin.costmodel.fit_baselines import areal_runtime
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
-from areal_hex_plugin.scheduler.caps import recipe_caps
+from areal_hex_plugin.scheduler.caps import PAPER, RuntimeCaps, recipe_caps
 from areal_hex_plugin.scheduler.evaluate import Evaluator
 from areal_hex_plugin.scheduler.inflight import as_run, replica_stages, window_rollout_s
 from areal_hex_plugin.scheduler.rollout_model import solve_rollout
@@ -86,27 +90,45 @@ def rented(recipe: Recipe, gpus: dict[str, int], transport: str | None = None) -
     return dataclasses.replace(recipe, cluster=rent(recipe.cluster, gpus), hex=hex_cfg)
 
 
-def paper_request(recipe: Recipe, budget: float | None = None) -> PlanRequest:
+def paper_request(
+    recipe: Recipe, budget: float | None = None, caps: RuntimeCaps | None = None
+) -> PlanRequest:
     """The plan request of the paper's setting: within ``budget`` (else the whole testbed's price), every machine
     in one role (the paper splits its testbed by machines, D_T / D_I; the planner may split a machine of a small
-    inventory between the roles, which this leaves out)."""
-    caps = dataclasses.replace(recipe_caps(recipe), split_machines=False)
+    inventory between the roles, which this leaves out), in the recipe's runtime (or ``caps``)."""
+    caps = dataclasses.replace(caps or recipe_caps(recipe), split_machines=False)
     return PlanRequest(budget_per_hour=budget or recipe.cluster.price_per_hour, caps=caps)
 
 
-def run(recipe: Recipe, budget: float | None = None, timeline: bool = False) -> Run:
-    plan = plan_recipe(recipe, paper_request(recipe, budget))
+def run(
+    recipe: Recipe, budget: float | None = None, timeline: bool = False, caps: RuntimeCaps | None = None
+) -> Run:
+    plan = plan_recipe(recipe, paper_request(recipe, budget, caps))
     return Run(plan, simulate(sim_spec(recipe, plan), steps=STEPS, seed=0, timeline=timeline), recipe)
 
 
-def best_mix(recipe: Recipe, gpus: int, budget: float, timeline: bool) -> Run:
+def best_mix(
+    recipe: Recipe, gpus: int, budget: float, timeline: bool, caps: RuntimeCaps | None = None
+) -> Run:
     """The best plan over the H800 + H20 mixes of ``gpus`` GPUs that ``budget`` can rent (at least one of each)."""
     runs = []
     for h800 in range(1, gpus):
         mix = {H800: h800, H20: gpus - h800}
         if sum(n * PRICES[t] for t, n in mix.items()) <= budget + 1e-9:
-            runs.append(run(rented(recipe, mix), budget, timeline))
+            runs.append(run(rented(recipe, mix), budget, timeline, caps))
     return max(runs, key=lambda r: r.plan.predicted.tokens_per_s)
+
+
+def as_areal_ran(recipe: Recipe, layout: list[int] | None = None) -> Recipe:
+    """``recipe`` run as the paper's AReaL baselines were (the calibration's measured setting,
+    ``fit_baselines.areal_runtime``): one batch of rollouts admitted, weights every step, its staleness bound,
+    replicas of ``layout`` ([tp, pp]; None: the recipe's), upstream's weight transport."""
+    solver = dataclasses.replace(recipe.hex.solver, max_update_window=1)
+    if layout:
+        solver = dataclasses.replace(solver, rollout_layout=list(layout))
+    workload = dataclasses.replace(recipe.workload, rl=areal_runtime(recipe.workload.rl))
+    hex_cfg = dataclasses.replace(recipe.hex, solver=solver, transport="upstream")
+    return dataclasses.replace(recipe, workload=workload, hex=hex_cfg)
 
 
 def even_split(recipe: Recipe) -> dict[str, float]:
@@ -158,12 +180,16 @@ def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tupl
         h800 = run(rented(recipe, {H800: BASELINE_GPUS[H800]}, "upstream"), EQUAL_BUDGET, timeline)
         h20 = run(rented(recipe, {H20: BASELINE_GPUS[H20]}, "upstream"), EQUAL_BUDGET, timeline)
         hex_run = best_mix(recipe, HEX_GPUS, EQUAL_BUDGET, timeline)
+        areal = run(as_areal_ran(rented(recipe, {H800: BASELINE_GPUS[H800]}), [1, 1]), EQUAL_BUDGET, timeline)
+        hex_paper = best_mix(recipe, HEX_GPUS, EQUAL_BUDGET, timeline, PAPER)
         out["equal_budget"][name] = {
             "hex_tokens_per_s": hex_run.tokens_per_s,
             "h800_tokens_per_s": h800.tokens_per_s,
             "h20_tokens_per_s": h20.tokens_per_s,
             "hex_56_gpus_tokens_per_s": hex_run.tokens_per_s,
             "hex_56_gpus_cost_per_hour": hex_run.plan.predicted.cost_per_hour,
+            "h800_areal_runtime_tokens_per_s": areal.tokens_per_s,
+            "hex_paper_layouts_tokens_per_s": hex_paper.tokens_per_s,
         }
         progress(f"{name}: equal throughput")
         small_hex = run(rented(recipe, EQUAL_THROUGHPUT_HEX), timeline=timeline)
@@ -199,6 +225,8 @@ def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tupl
             "equal_budget.hex": hex_run,
             "equal_budget.h800": h800,
             "equal_budget.h20": h20,
+            "equal_budget.h800_areal_runtime": areal,
+            "equal_budget.hex_paper_layouts": hex_paper,
             "equal_throughput.hex": small_hex,
             **{f"size.{size}": r for size, r in sorted(sized.items()) if size != HEX_GPUS},
         }
@@ -272,13 +300,21 @@ def tables(out: dict, stream: IO[str] | None = None) -> str:
     def table(headers: list[str], rows: list[list]) -> str:
         return render_table(headers, rows, right=headers[1:], stream=stream)
 
-    lines = ["Equal budget ($126.72/h): tokens/s (simulated, 30 steps)"]
+    lines = [
+        "Equal budget ($126.72/h): tokens/s (simulated, 30 steps); AReaL's runtime: one batch admitted, weights "
+        "every step, as the paper's runs (calibration); paper layouts: pipeline stages of any dp/tp across types, "
+        "which upstream's engines do not run"
+    ]
     rows = []
     for name, row in out["equal_budget"].items():
         h800, h20, hx = row["h800_tokens_per_s"], row["h20_tokens_per_s"], row["hex_tokens_per_s"]
-        rows.append([name, f"{h800:,.0f}", f"{h20:,.0f}", f"{hx:,.0f}", f"{row['hex_56_gpus_cost_per_hour']:.2f}",
-                     _ratio(hx, h800), _ratio(hx, h20)])  # fmt: skip
-    lines.append(table(["model", "24 H800", "68 H20", "Hex (56)", "Hex $/h", "Hex/H800", "Hex/H20"], rows))
+        areal, paper = row["h800_areal_runtime_tokens_per_s"], row["hex_paper_layouts_tokens_per_s"]
+        rows.append([name, f"{h800:,.0f}", f"{areal:,.0f}", f"{h20:,.0f}", f"{hx:,.0f}",
+                     f"{row['hex_56_gpus_cost_per_hour']:.2f}", _ratio(hx, h800), _ratio(hx, h20), _ratio(hx, areal),
+                     f"{paper:,.0f}", _ratio(paper, areal)])  # fmt: skip
+    headers = ["model", "24 H800", "AReaL's runtime", "68 H20", "Hex (56)", "Hex $/h", "Hex/H800", "Hex/H20",
+               "Hex/AReaL's", "paper layouts", "paper/AReaL's"]  # fmt: skip
+    lines.append(table(headers, rows))
     lines += ["", "Equal throughput: 8 H800 + 24 H20 vs 24 H800"]
     rows = []
     for name, row in out["equal_throughput"].items():
