@@ -40,7 +40,7 @@ from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.scheduler.bound import relaxation
 from areal_hex_plugin.scheduler.brute_rollout import Multiset, Relaxed, RolloutSide, pool_fleets
 from areal_hex_plugin.scheduler.evaluate import Evaluation, Evaluator, Fleet, occupied
-from areal_hex_plugin.scheduler.inflight import Runtime, windows
+from areal_hex_plugin.scheduler.inflight import Runtime, serial_rollout_s, windows
 from areal_hex_plugin.scheduler.search import SearchResult
 from areal_hex_plugin.scheduler.split import Split, all_splits, shared_choices
 from areal_hex_plugin.scheduler.train_search import TrainChoice, tp_degrees
@@ -264,7 +264,7 @@ def _evaluation(
         train=train,
         fleet=fleet,
         train_s=train.step_time_s,
-        rollout_s=runtime.rollout_s,
+        rollout_s=serial_rollout_s(runtime, train.step_time_s),
         sync_s=sync_s,
         reward_s=ev.cm.reward_s(ev.workload.rl.samples_per_step),
         shares=shares,

@@ -20,12 +20,14 @@ from areal_hex_plugin.scheduler.inflight import (
     ahead,
     best_split,
     drains,
+    serial_rollout_s,
     window_rollout,
     window_rollout_s,
     windows,
 )
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.split import all_splits, shared_choices
+from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
 from tests.scheduler.helpers import BRUTE_DEPTH, recipe_with_pools
 
@@ -203,6 +205,21 @@ def test_the_brute_force_splits_samples_exactly_not_in_proportion_to_speed():
     samples, groups = rl.samples_per_step * best.window, best.fleet.groups
     reward = planner.cm.reward_s(rl.samples_per_step)
     exact, shares = best_split(groups, samples, mean)
-    assert best.shares == shares and best.rollout_s == pytest.approx(exact / best.window + reward, rel=1e-12)
+    # The rollout the trainer waits through at that split (a draining window's too, as the search reports it).
+    eta = rl.max_head_offpolicyness
+    runtime = Runtime(best.window, groups, exact / best.window + reward, drains(eta, best.window))
+    assert best.shares == shares
+    assert best.rollout_s == pytest.approx(serial_rollout_s(runtime, best.train_s), rel=1e-12)
     assert best.rollout_s > best.train_s  # the split decides the step
     assert exact < window_rollout_s(groups, samples, mean, updates=1) / 1.01
+
+
+def test_an_exhaustive_plan_is_predicted_as_the_search_predicts_the_same_plan():
+    """The brute force reported a window that drains without its serial part (the drain before the update and
+    the last step's training after it): on the CI recipe (eta 1, window 2) its plan, the search's own, was
+    predicted at 2,601 tokens/s against the search's 2,516."""
+    recipe = load_recipe(REPO / "recipes" / "ci" / "tiny.yaml")
+    search, exhaustive = plan_recipe(recipe), plan_recipe(recipe, PlanRequest(exhaustive=True))
+    assert drains(recipe.workload.rl.max_head_offpolicyness, exhaustive.solver.window_steps)
+    assert (exhaustive.train, exhaustive.rollout) == (search.train, search.rollout)
+    assert exhaustive.predicted.tokens_per_s == pytest.approx(search.predicted.tokens_per_s, rel=1e-9)
