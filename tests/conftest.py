@@ -37,3 +37,19 @@ def transport_token(monkeypatch: pytest.MonkeyPatch) -> str:
     token = "test-token-0123456789abcdef"
     monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", token)
     return token
+
+
+@pytest.fixture
+def no_ray_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Ray cluster reachable, whatever runs on the machine: ``ray.init(address="auto")`` joins any GCS process
+    it finds, such as the local cluster (fake GPU nodes) another test worker has up, against which a dry run
+    would then check its plan. Tests of the live inventory start their own cluster instead."""
+    from areal_hex_plugin import inventory
+    from areal_hex_plugin.errors import HexError
+
+    def unreachable(address: str | None) -> list:
+        raise HexError(
+            "--address", f"cannot connect to a Ray cluster at {address or 'auto'}: none here", "start Ray"
+        )
+
+    monkeypatch.setattr(inventory, "machines_from_ray", unreachable)

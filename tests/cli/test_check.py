@@ -15,7 +15,7 @@ from areal_hex_plugin.cli import main  # noqa: E402
 from areal_hex_plugin.driver import main as driver_main  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("transport_token")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("transport_token", "no_ray_cluster")]
 RECIPE = REPO / "recipes/paper/1.5b.yaml"
 
 

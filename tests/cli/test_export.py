@@ -117,7 +117,9 @@ def test_an_export_that_cannot_be_made_is_refused_before_solving(
 
 
 @pytest.mark.integration
-def test_the_exported_driver_command_runs(tmp_path: Path, transport_token, monkeypatch, capsys) -> None:
+def test_the_exported_driver_command_runs(
+    tmp_path: Path, transport_token, no_ray_cluster, monkeypatch, capsys
+) -> None:
     """The command the Ray job holds, run as a dry run here: the plan beside it loads and passes the pre-flight
     (no Ray cluster here: the dry run says so)."""
     pytest.importorskip("areal")

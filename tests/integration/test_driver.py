@@ -14,7 +14,7 @@ from areal_hex_plugin.driver import main  # noqa: E402
 from tests.conftest import RECIPES  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("transport_token")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("transport_token", "no_ray_cluster")]
 
 
 def _argv(recipe: Path, tmp_path: Path, *extra: str) -> list[str]:

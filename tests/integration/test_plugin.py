@@ -82,7 +82,7 @@ def test_no_production_module_uses_unittest_mock() -> None:
     assert users == []
 
 
-@pytest.mark.usefixtures("transport_token")
+@pytest.mark.usefixtures("transport_token", "no_ray_cluster")
 def test_driver_registers_first(unregistered, tmp_path: Path) -> None:
     from areal_hex_plugin.driver import main
 
