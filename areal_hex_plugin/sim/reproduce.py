@@ -7,9 +7,9 @@ equal-throughput cluster of 8 H800 + 24 H20 ($86.64/h) and mixed clusters of 24,
 baselines run upstream's weight transport; AReaL-Hex runs the recipe's. Two more equal-budget runs say where a
 gain would come from: the 24 H800 run as the paper's AReaL baselines were (:func:`as_areal_ran`, the calibration's
 measured setting), and the 56-GPU mixes planned with the paper's layouts (``caps.PAPER``: training pipeline
-stages of any dp and tp, types mixed across them, which upstream's engines do not run). Every plan is simulated for 30 steps; the
-tokens/s reported are the simulated steady state, tokens / (weight sync + max(rollout incl. reward, train)) as
-the paper measures it, and the phases are the planner's.
+stages of any dp and tp, types mixed across them, which upstream's engines do not run). Every plan is simulated
+for 30 steps; the tokens/s reported are the simulated steady state, tokens / (weight sync + max(rollout incl.
+reward, train)) as the paper measures it, and the phases are the planner's.
 
 The cost model's factors are the paper calibration (``builtin:paper``), fitted to AReaL's *homogeneous* runs only
 (``costmodel/fit_baselines.py``); every mixed-cluster figure here is a prediction.
