@@ -71,13 +71,14 @@ class CostModel:
         return math.ceil(sequences / self.workload.rl.n_samples * self._lengths.group_hold)
 
     def batches_in_flight(self, sequences: int) -> float:
-        """Consumer batches of rollouts upstream admits to keep ``sequences`` decoding (:meth:`prompts_to_fill`,
-        at most ``rl.max_admitted`` rollouts where set)."""
+        """Consumer batches of rollouts upstream admits to keep ``sequences`` decoding (:meth:`prompts_to_fill`)."""
+        return self.batches_admitted(self.prompts_to_fill(sequences))
+
+    def batches_admitted(self, prompts: int) -> float:
+        """Consumer batches of rollouts in flight when upstream admits ``prompts`` at once (at most
+        ``rl.max_admitted`` where set)."""
         rl = self.workload.rl
-        prompts = self.prompts_to_fill(sequences)
-        if rl.max_admitted:
-            prompts = min(prompts, rl.max_admitted)
-        return prompts / rl.consumer_batch_size
+        return min(prompts, rl.max_admitted or prompts) / rl.consumer_batch_size
 
     def rollout(self, stages: tuple[RolloutStage, ...], max_sequences: int | None = None) -> RolloutEstimate:
         """One rollout replica: ``len(stages)`` pipeline stages, each TP inside one machine, with at most

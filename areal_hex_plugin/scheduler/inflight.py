@@ -103,12 +103,11 @@ def as_run(cm: CostModel, groups: Groups, window: int, admitted: int = 0) -> Gro
     """``groups`` as ``window``'s generation sees them: where its steps overlap (``costmodel.model.overlaps``),
     no replica's window waits for its longest sample (``longest_s`` 0). ``admitted``: the rollouts upstream
     admits at once, where held (0: as many as keep the groups' caps decoding)."""
-    rl = cm.workload.rl
     if admitted:
-        batches = min(admitted, rl.max_admitted or admitted) / rl.consumer_batch_size
+        batches = cm.batches_admitted(admitted)
     else:
         batches = cm.batches_in_flight(sum(c.concurrency * y for c, y in groups))
-    if not overlaps(rl.max_head_offpolicyness, window, batches):
+    if not overlaps(cm.workload.rl.max_head_offpolicyness, window, batches):
         return groups
     return tuple((replace(c, longest_s=0.0), y) for c, y in groups)
 
