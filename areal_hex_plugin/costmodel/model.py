@@ -44,16 +44,19 @@ class CostModel:
         self._train_stages: dict = {}  # stage costs shared by the layouts (costmodel/train.py)
         self._sync: dict[tuple, WeightSyncEstimate] = {}
 
+    def batch_work_s(self, tokens_per_s: float, concurrency: int) -> float:
+        """Seconds a full batch of ``concurrency`` sequences in flight still decodes at ``tokens_per_s`` (each at
+        the mean in-flight position, ``LengthStats.inflight_position``)."""
+        return concurrency * self._lengths.inflight_position / tokens_per_s
+
     def at_eta(self, eta: int) -> CostModel:
         """This model under the staleness bound ``eta``: it reads this one's estimates that eta does not change
-        (training and weight sync; rollout too where both bounds are at least 1: at eta = 0 every batch drains)
-        and keeps those it computes apart, so using it never changes this one."""
+        (a replica's estimate depends on eta only through its in-flight cap, part of its key) and keeps those it
+        computes apart, so using it never changes this one."""
         cm = CostModel(self.cluster, self.workload.at_eta(eta), self.calibration)
-        cm._train, cm._train_stages, cm._sync = (
-            ChainMap({}, m) for m in (self._train, self._train_stages, self._sync)
+        cm._rollout, cm._train, cm._train_stages, cm._sync = (
+            ChainMap({}, m) for m in (self._rollout, self._train, self._train_stages, self._sync)
         )
-        if min(eta, self.workload.rl.max_head_offpolicyness) >= 1:
-            cm._rollout = ChainMap({}, self._rollout)
         return cm
 
     def with_calibration(self, calibration: Calibration) -> CostModel:

@@ -7,10 +7,10 @@ a per-iteration overhead). The batch is as many sequences as SGLang's KV pool ho
 at most SGLang's CUDA-graph batch limit (``CUDA_GRAPH_MAX_BS``) and at most the sequences admission lets in
 (``max_sequences``: upstream admits ``max_concurrent_rollouts`` rollouts within the staleness bound, and a rollout
 holds its slot until its longest sample ends, so with samples at the 27,648-token cap a replica may run far
-fewer sequences than it could hold; ``CostModel.staleness_sequences``). With eta >= 1 the replica runs that batch
-continuously (by Little's law a step takes its tokens at the batch's rate); with eta = 0 each batch drains until
-its longest sample ends. Prefill is compute-bound and adds its time once per prompt (the radix cache shares it
-between a rollout's samples).
+fewer sequences than it could hold; ``CostModel.staleness_sequences``). The replica runs that batch continuously
+(by Little's law a step takes its tokens at the batch's rate); where a step's generation must end before the next
+may start (eta = 0, a window that drains) it also waits for its longest sample. Prefill is compute-bound and adds
+its time once per prompt (the radix cache shares it between a rollout's samples).
 
 A weight update throws the in-flight KV away. Upstream asks SGLang to abort every request with the update
 (areal 1.0.4 ``engine/sglang_remote.py``, ``build_distributed_weight_update_requests``: ``"abort_all_requests":
@@ -37,7 +37,7 @@ from areal_hex_plugin.costmodel.decode import (
     decode_iteration_s,
     roofline_s,
 )
-from areal_hex_plugin.costmodel.lengths import DrainCurve, LengthStats
+from areal_hex_plugin.costmodel.lengths import LengthStats
 from areal_hex_plugin.costmodel.links import between_stages, gpu_link
 from areal_hex_plugin.costmodel.memory import (
     GB,
@@ -94,8 +94,8 @@ class RolloutEstimate:
     # Seconds the step's longest sample (``LengthStats.step_longest``) decodes: a step's rollout ends no earlier
     # where admission leaves no room to overlap it with the next steps (``model.overlaps``).
     longest_s: float = 0.0
-    # With eta >= 1, what a pipeline that drains before a weight update (admission stopped, nothing new to decode
-    # beside the survivors) adds to the window: the longest sample's seconds less those of the tokens the batch
+    # What a pipeline that drains before a weight update (admission stopped, nothing new to decode beside the
+    # survivors; every step at eta = 0) adds to the window: the longest sample's seconds less those of the tokens the batch
     # in flight still had to generate at full speed (``scheduler/inflight.py``, ``drains``).
     drain_s: float = 0.0
 
@@ -179,23 +179,6 @@ def _kernel_data_serves(calibration: Calibration, gpu_type: str, model, tp: int)
     return kernel_data.decode_iteration_s(gpu_type, model, tp, 1, 1024) is not None
 
 
-def _drain_time(replica: DecodeReplica, c: int, ctx: float, curve: DrainCurve) -> tuple[float, float]:
-    """Expected seconds and tokens of a batch of ``c`` draining along ``curve`` (context grows with age).
-
-    A step runs only while at least one sequence is left, with probability ``1 - (1 - share)^c``; then it carries
-    the surviving sequences. Far in the tail that is one long sequence paying a whole weight read per token.
-    """
-    seconds = tokens = 0.0
-    for dt, share, since in curve.steps:
-        if share <= 0:
-            continue
-        running = 1 - (1 - share) ** c
-        active = c * share
-        seconds += dt * running * decode_iteration_s(replica, active / running, ctx + since)[0]
-        tokens += dt * active
-    return seconds, tokens
-
-
 def estimate_rollout(
     cluster: Cluster,
     workload: WorkloadSpec,
@@ -242,24 +225,17 @@ def estimate_rollout(
     step, source = decode_iteration_s(replica, concurrency, ctx)
     bound = roofline_s(replica, concurrency, ctx)[1]
     peak = concurrency / step
-    # With eta >= 1 upstream admits new work while the trainer consumes finished batches, so a replica that
-    # rollout is waiting on stays as full as admission lets it (``max_sequences``: a rollout holds its slot until
-    # its longest sample ends, so the sequences decoding are those of the admitted rollouts that have not ended;
-    # Little's law then gives the step); only with eta = 0 does every batch start together and drain until its
-    # longest sample ends (the cap, where the length distribution has a point mass there) before the next
-    # version may start.
-    if workload.rl.max_head_offpolicyness == 0:
-        drain_s, drain_tokens = _drain_time(
-            replica, concurrency, workload.prompt_tokens, lengths.drain_from_start
-        )
-    else:
-        drain_s = drain_tokens = 0.0
+    # Upstream admits new work as rollouts end, so a replica that rollout is waiting on stays as full as admission
+    # lets it (``max_sequences``: a rollout holds its slot until its longest sample ends, so the sequences
+    # decoding are those of the admitted rollouts that have not ended; Little's law then gives the step). At
+    # eta = 0 too: the step's samples queue at the replica and enter as slots free, so only its end drains
+    # (``drain_s``, ``scheduler/inflight.py``'s ``drains``).
     total_tokens = concurrency * lengths.mean
-    full_s = max(0.0, total_tokens - drain_tokens) / peak
+    full_s = total_tokens / peak
     # The n_samples sequences of a rollout share one prompt: SGLang's radix cache prefills it once.
     in_flight_prompts = -(-concurrency // workload.rl.n_samples)
     prefill_s = in_flight_prompts * prefill_one
-    tokens_per_s = total_tokens / (full_s + drain_s + prefill_s)
+    tokens_per_s = total_tokens / (full_s + prefill_s)
     # The KV rebuild after an update: each in-flight sequence prefills its prompt (once per rollout) and the
     # tokens generated so far, dense FLOPs per token plus causal attention over them (half the context each).
     recompute_tokens = in_flight_prompts * workload.prompt_tokens + concurrency * lengths.inflight_position
@@ -267,17 +243,13 @@ def estimate_rollout(
         st.lin_flop_s + st.allreduce_per_seq_s + st.handoff_per_seq_s for st in replica.stages
     )
     attention_s = concurrency * ctx * ctx / 2 * max(st.attn_flop_s for st in replica.stages)
-    # The step's longest sample decodes one token per iteration. With eta >= 1 it shares the iterations with the
-    # batch admission keeps full (the next steps' samples overlap its tail); with eta = 0 the batch drains
-    # around it (``concurrency * mean`` tokens over its iterations), at the context of the long survivors.
-    longest = lengths.step_longest
-    if workload.rl.max_head_offpolicyness == 0:
-        tail_batch = max(1.0, concurrency * lengths.mean / longest)
-        longest_s = longest * decode_iteration_s(replica, tail_batch, workload.prompt_tokens + longest / 2)[0]
-        drain_s = 0.0  # every batch drains: charged above
-    else:
-        longest_s = longest * step
-        drain_s = max(0.0, longest_s - concurrency * lengths.inflight_position / tokens_per_s)
+    # The step's longest sample decodes one token per iteration, sharing the iterations with the batch that
+    # admission keeps full. Where the pipeline drains before an update, the rest of the batch in flight ends
+    # before it: the drain is what the longest sample outlasts them by at full speed.
+    longest_s = lengths.step_longest * step
+    drain_s = max(
+        0.0, longest_s - concurrency * lengths.inflight_position / tokens_per_s
+    )  # CostModel.batch_work_s
     return RolloutEstimate(
         feasible=True,
         reason="",

@@ -235,9 +235,11 @@ class RolloutSide:
         have = self._sequences[rl.max_head_offpolicyness + 2 - window]
         need = rl.samples_per_step * window * self._mean
         incumbent = min(self.best.values(), key=lambda b: b[0].rollout_s)[2]
-        # Small enough caps overlap the longest samples of any window shorter than eta (costmodel.model.overlaps).
+        # Small enough caps overlap the longest samples of any window shorter than eta (costmodel.model.overlaps);
+        # a window that drains waits for less than them (inflight.as_run): the bound without the wait holds.
+        eta = rl.max_head_offpolicyness
         tokens = partial(
-            self._relaxed.tokens, window_s=window_s, overlapped=rl.max_head_offpolicyness > window
+            self._relaxed.tokens, window_s=window_s, overlapped=eta > window or drains(eta, window)
         )
 
         def bound(fleet: Multiset, price: float) -> float:

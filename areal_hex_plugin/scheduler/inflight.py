@@ -73,11 +73,12 @@ class Runtime:
 def serial_rollout_s(runtime: Runtime, train_s: float) -> float:
     """The rollout seconds per step the trainer waits through. Where the window drains, each window starts empty
     and nothing overlaps its ends: the last step trains after the drain (no room is left to generate until the
-    update), and the first waits for its batch's longest sample (the replicas' ``longest_s``), so a window takes
-    at least its generation, drain and one training step, and at least its training and that first wait."""
+    update), and the first waits for its batch's longest sample (its replicas' drain beyond their batch's work,
+    :func:`as_run`), so a window takes at least its generation, drain and one training step, and at least its
+    training and that first wait."""
     if not runtime.drained:
         return runtime.rollout_s
-    fill = max((c.longest_s for c, _ in runtime.groups), default=0.0)
+    fill = max((c.longest_s + c.drain_s for c, _ in runtime.groups), default=0.0)
     return max(runtime.rollout_s + train_s / runtime.window, train_s + fill / runtime.window)
 
 
@@ -94,15 +95,24 @@ def ahead(eta: int, window: int) -> int:
 
 
 def drains(eta: int, window: int) -> bool:
-    """Whether the pipeline drains before each update of ``window`` (fewer than two batches of room beyond it;
-    a window of one step at eta >= 1 waits for its longest sample already, at eta = 0 every batch drains)."""
-    return window >= 2 and eta <= window
+    """Whether the pipeline drains before each update of ``window``: at eta = 0 every step's generation ends
+    before the trainer takes its batch and the next may start only after the update; from eta = 1 where fewer
+    than two batches of room are left beyond the window (a window of one step waits for its longest sample
+    already)."""
+    return eta == 0 or (window >= 2 and eta <= window)
 
 
 def as_run(cm: CostModel, groups: Groups, window: int, admitted: int = 0) -> Groups:
-    """``groups`` as ``window``'s generation sees them: where its steps overlap (``costmodel.model.overlaps``),
-    no replica's window waits for its longest sample (``longest_s`` 0). ``admitted``: the rollouts upstream
+    """``groups`` as ``window``'s generation sees them, each replica's ``longest_s`` what its window's samples end
+    no earlier than. Where the window drains, the work its batch in flight has left (``CostModel.batch_work_s``):
+    the longest sample outlasts it by the drain, which :func:`window_rollout` adds once. Where its steps overlap
+    (``costmodel.model.overlaps``), none. Else the longest sample's seconds. ``admitted``: the rollouts upstream
     admits at once, where held (0: as many as keep the groups' caps decoding)."""
+    if drains(cm.workload.rl.max_head_offpolicyness, window):
+        return tuple(
+            (replace(c, longest_s=min(c.longest_s, cm.batch_work_s(c.tokens_per_s, c.concurrency))), y)
+            for c, y in groups
+        )
     if admitted:
         batches = cm.batches_admitted(admitted)
     else:

@@ -16,8 +16,8 @@ their neighbours (:func:`candidates`) are scored at the recipe's eta, and the ch
 fastest of them is returned. Exhaustive mode (``scheduler/brute.py``) shares none of this.
 
 Monotonicity. Per split: from eta = 1 on a split never scores worse with a larger eta (``inflight``: the choices at
-eta are among those at eta + 1; from 0 to 1 every replica speeds up, as each batch no longer drains, which the tests
-check split by split), and a split within a budget is within every larger one; so the best of any fixed set of
+eta are among those at eta + 1; from 0 to 1 a step no longer drains nor takes turns with training, which the
+tests check split by split), and a split within a budget is within every larger one; so the best of any fixed set of
 splits is monotone in both. In eta across separate solves, exact by construction from eta = 1 on: the search is
 steered by scores at STEER_ETA and its clock counts only the steering work (the recipe's eta is scored off the
 clock), so the splits it visits, where the work limit stops it and the splits it rescores are the same for every
@@ -100,8 +100,8 @@ def better(a: Evaluation | None, b: Evaluation, tokens_per_step: float) -> Evalu
 
 def steering_eta(eta: int) -> int:
     """The staleness bound a search for a recipe at ``eta`` is steered at: STEER_ETA from 1 on; 0 at 0, where the
-    cost model changes regime (every batch drains its long tail: replicas run at about half speed, and splits
-    steered at STEER_ETA miss the best ones, 12-23% short of the brute force)."""
+    cost model changes regime (every step drains its long tail, then trains: splits steered at STEER_ETA missed
+    the best ones by 12-23% of the brute force's tokens/s when each batch of a replica drained)."""
     return STEER_ETA if eta else 0
 
 

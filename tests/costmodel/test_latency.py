@@ -124,9 +124,8 @@ def test_calibrate_refuses_a_fit_outside_the_physical_ranges_naming_the_measurem
 def test_a_drain_adds_the_longest_sample_less_the_in_flight_tokens(eta):
     """Issue 26: a window whose pipeline drains before its update (scheduler/inflight.py, ``drains``) waits for its
     longest sample, while the batch in flight still had its remaining tokens to generate at full speed; at eta = 0
-    every batch drains and the estimate charges it already."""
+    every step drains so."""
     cm = cost_model(PAPER_7B, f"rollout.max_head_offpolicyness={eta}")
     est = cm.rollout((RolloutStage("h800", 1),), max_sequences=64)
-    position = cm._lengths.inflight_position
-    expected = est.longest_s - est.concurrency * position / est.tokens_per_s if eta else 0.0
-    assert est.drain_s == pytest.approx(expected) and (est.drain_s > 0.5 * est.longest_s or not eta)
+    expected = est.longest_s - cm.batch_work_s(est.tokens_per_s, est.concurrency)
+    assert est.drain_s == pytest.approx(expected) and est.drain_s > 0.5 * est.longest_s
