@@ -143,14 +143,13 @@ class ElasticRollout:
         lengths_file: str | None = None,
         drift_samples: int = RESOLUTION,
         window: int = 1,
-        admitted: int = 0,
         probe: Callable[[str, float], bool] = http_probe,
         version_of: Callable[[str, float], str | None] = served_version,
     ) -> None:
         self.config = config
         self.cm = cost_model  # the lengths the current shares were solved for
         self.drift_samples = drift_samples  # a window's samples: drift is scored on their rollout time
-        self.window, self.admitted = window, admitted  # the plan's runtime, which re-shares score
+        self.window = window  # the plan's update window, which re-shares score
         self.shapes, self.names, self.addresses = list(shapes), list(names), list(addresses)
         self.states = [UP] * len(shapes)
         self.failures = [0] * len(shapes)
@@ -296,11 +295,7 @@ class ElasticRollout:
             )
             self._route_dirty = True
             if any(self.live()):
-                self._apply(
-                    reshare(
-                        self.cm, self.shapes, self.live(), window=self.window, admitted=self.admitted
-                    ).shares
-                )
+                self._apply(reshare(self.cm, self.shapes, self.live(), window=self.window).shares)
             logger.warning(
                 f"rollout server {self.names[rank]} lost ({reason}) at {now:.3f}, {now - first:.2f} s after its "
                 f"first failed probe: {in_flight} samples in flight go to the others; shares now "
@@ -396,11 +391,7 @@ class ElasticRollout:
             with self._lock:
                 before = self._tokens_per_s()
                 self.states[rank] = UP
-                self._apply(
-                    reshare(
-                        self.cm, self.shapes, self.live(), window=self.window, admitted=self.admitted
-                    ).shares
-                )
+                self._apply(reshare(self.cm, self.shapes, self.live(), window=self.window).shares)
                 self.counts["gained"] += 1
                 request = self._joined_by.get(rank)
                 if request is None:
@@ -427,7 +418,7 @@ class ElasticRollout:
         """Predicted generation speed of the serving servers (samples per second of the split, in tokens)."""
         if not any(self.live()):
             return 0.0
-        result = reshare(self.cm, self.shapes, self.live(), window=self.window, admitted=self.admitted)
+        result = reshare(self.cm, self.shapes, self.live(), window=self.window)
         return RESOLUTION * self.cm.workload.output_lengths.mean / result.makespan_s
 
     def _change(self, kind: str, hosts: list[str], reason: str, before: float) -> None:
@@ -533,7 +524,6 @@ class ElasticRollout:
                     f"served at step {self.step}",
                     self.drift_samples,
                     self.window,
-                    self.admitted,
                 )
                 self.drift = found.change
                 out["hex/elastic/served_mean_tokens"] = sum(lengths) / len(lengths)
@@ -628,7 +618,6 @@ def attach_elastic(trainer) -> ElasticRollout | None:
         lengths_file=trainer.hex_log_path("hex_served_lengths.txt"),
         drift_samples=recipe.workload.rl.samples_per_step * trainer.hex_plan.solver.window_steps,
         window=trainer.hex_plan.solver.window_steps,
-        admitted=trainer.hex_plan.staleness.max_concurrent_rollouts,
     )
     elastic.shares = tuple(rollout._router().shares)
     if hasattr(

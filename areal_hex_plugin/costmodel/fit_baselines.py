@@ -37,7 +37,7 @@ from typing import Any
 
 from areal_hex_plugin.costmodel.calibration import RANGES, Calibration
 from areal_hex_plugin.costmodel.fit import grid_search
-from areal_hex_plugin.costmodel.model import CostModel, overlaps
+from areal_hex_plugin.costmodel.model import CostModel, admission_room, tight_step_s
 from areal_hex_plugin.costmodel.rollout import RolloutStage
 from areal_hex_plugin.costmodel.single_type import SINGLE_TYPE_MAX_PP, best_rollout
 from areal_hex_plugin.costmodel.train import TrainStage
@@ -48,11 +48,12 @@ from areal_hex_plugin.specs.rental import rent
 from areal_hex_plugin.specs.workload import LengthDistribution, RLSettings, WorkloadSpec
 
 BASELINES_FORMAT = "areal-hex-baselines/1"
-# The staleness bound the measured runs are planned at. The paper does not state its runs' eta. With one batch
-# admitted, any eta >= 2 leaves admission room to replace the rollouts that end during training, the steps
-# overlap their longest samples, and no physical factor reaches the measured rollout seconds (the fit refuses:
-# tests/costmodel/test_paper_targets.py); at eta 1 each step waits for its longest sample, as the runs show.
+# How the measured runs are planned. The paper states neither its runs' eta nor their AReaL version. Their
+# rollout seconds fit, with physical factors, only runs whose every step waits for its longest sample: upstream
+# 1.0.4's loop overlaps part of it at eta 1 with one batch admitted, and most of it at eta >= 2, and either way
+# the fit refuses (tests/costmodel/test_paper_targets.py). So they are planned at eta 1 as runs that wait.
 MEASURED_ETA = 1
+WAITS_FOR_LONGEST = True
 PHASES = ("rollout_s", "train_s", "weight_sync_s")
 GRID = {"points": 10, "refine": 3}
 # A search this far past a range's ends finds the factor a measurement would need; beyond the range it is refused
@@ -137,14 +138,16 @@ def check_baselines(data: object) -> dict:
 
 def areal_runtime(rl: RLSettings) -> RLSettings:
     """``rl`` as the measured AReaL runs had it: one batch of rollouts admitted at once (upstream's default
-    ``max_concurrent_rollouts``), weights every step, the staleness bound ``MEASURED_ETA``, no even-dispatch rule
-    (their AReaL version and DP layout are not stated)."""
+    ``max_concurrent_rollouts``), weights every step, the staleness bound ``MEASURED_ETA``, each step waiting for
+    its longest sample (``WAITS_FOR_LONGEST``), no even-dispatch rule (their AReaL version and DP layout are not
+    stated)."""
     return replace(
         rl,
         max_admitted=rl.consumer_batch_size,
         max_update_window=1,
         even_dispatch=False,
         max_head_offpolicyness=MEASURED_ETA,
+        waits_for_longest=WAITS_FOR_LONGEST,
     )
 
 
@@ -191,12 +194,19 @@ def measured_shape(
 
 
 def rollout_s(
-    cm: CostModel, pool: str, gpus: int, max_pp: int, layout: tuple[int, int] | None = None
+    cm: CostModel,
+    pool: str,
+    gpus: int,
+    max_pp: int,
+    layout: tuple[int, int] | None = None,
+    train: float = 0.0,
 ) -> tuple[float, tuple, int]:
     """Seconds per step to generate a step's samples on ``gpus`` GPUs of ``pool`` filled with copies of the
-    measured shape, the sequences admission lets in shared evenly, each replica waiting for the step's longest
-    sample where the steps do not overlap it (``model.overlaps``) and rebuilding its KV cache after the step's
-    weight update; with the shape and count."""
+    measured shape, the sequences admission lets in shared evenly, each replica rebuilding its KV cache after the
+    step's weight update; with the shape and count. A run that waits for its longest sample
+    (``rl.waits_for_longest``) waits for it every step; else upstream 1.0.4's loop overlaps it, and where
+    admission cannot replace a batch while the trainer trains for ``train`` seconds, the step waits for what it
+    lacks then (``model.tight_step_s``)."""
     stages = measured_shape(cm, pool, max_pp, layout)
     count = gpus // sum(s.tp for s in stages) if stages else 0
     if count == 0:
@@ -207,11 +217,14 @@ def rollout_s(
         return math.inf, stages, count
     tokens_s = math.ceil(samples / count) * cm.workload.output_lengths.mean / est.tokens_per_s
     rl = cm.workload.rl
-    batches = cm.batches_in_flight(est.concurrency * count)
-    if not overlaps(rl.max_head_offpolicyness, 1, batches):  # each step waits for its longest sample
+    if rl.waits_for_longest:
         tokens_s = max(tokens_s, est.longest_s)
-    seconds = tokens_s + est.recompute_s
-    return seconds + cm.reward_s(samples), stages, count
+    seconds = tokens_s + est.recompute_s + cm.reward_s(samples)
+    batches = cm.batches_in_flight(est.concurrency * count)
+    room = admission_room(rl.max_head_offpolicyness, 1, batches)
+    if not rl.waits_for_longest and room < 1:
+        seconds = tight_step_s(seconds, train, batches, room)
+    return seconds, stages, count
 
 
 def balanced_step(
@@ -222,8 +235,8 @@ def balanced_step(
     per_machine = cm.cluster.pool(pool).gpus_per_machine
     best = (math.inf, 0)
     for train_gpus in range(per_machine, gpus, per_machine):
-        roll = rollout_s(cm, pool, gpus - train_gpus, max_pp, layout)[0]
-        step = max(train_s(cm, pool, train_gpus, max_pp), roll)
+        train = train_s(cm, pool, train_gpus, max_pp)
+        step = max(train, rollout_s(cm, pool, gpus - train_gpus, max_pp, layout, train)[0])
         best = min(best, (step, train_gpus))
     return best
 
@@ -390,23 +403,6 @@ def fit_baselines(
     ref_gpus = gpus[ref]
     train_gpus = gpm * max(1, (ref_gpus // gpm) // 3)
     roll_gpus = ref_gpus - train_gpus
-    if not kept(ref_type, ("hbm_fraction", "decode_overhead_s")):
-
-        def roll_points(hbm: float, overhead: float) -> list:
-            cal = calibration.with_factors(ref_type, {"hbm_fraction": hbm, "decode_overhead_s": overhead})
-            return [(f"{ref} rollout_s of {m}", rollout_s(cm_for(m, cal, ref), ref_pool, roll_gpus,
-                     settings[m].max_pp, layout_of[ref])[0], measured(m, ref, "rollout_s")) for m in models]  # fmt: skip
-
-        def roll_loss(hbm: float, overhead: float) -> float:
-            return _log_loss((x[1], x[2]) for x in roll_points(hbm, overhead))
-
-        hbm, overhead = _fit_in_range(
-            roll_loss, roll_points, ref_type, ("hbm_fraction", "decode_overhead_s"), where
-        )
-        source = f"fit to {where}: {ref} rollout seconds per step of {short}"
-        calibration = calibration.with_factors(
-            ref_type, {"hbm_fraction": hbm, "decode_overhead_s": overhead}, source
-        )
     if not kept(ref_type, ("train_mfu",)):
 
         def train_points(mfu: float, _: float = 0.0) -> list:
@@ -420,10 +416,33 @@ def fit_baselines(
         mfu, _ = _fit_in_range(train_loss, train_points, ref_type, ("train_mfu", "train_mfu"), where)
         source = f"fit to {where}: {ref} train seconds per step of {short}"
         calibration = calibration.with_factors(ref_type, {"train_mfu": mfu}, source)
+    # Each run's training seconds: a step whose admission cannot replace a batch during training waits longer.
+    ref_train = {
+        m: train_s(cm_for(m, calibration, ref), ref_pool, train_gpus, settings[m].max_pp) for m in models
+    }
+    if not kept(ref_type, ("hbm_fraction", "decode_overhead_s")):
+
+        def roll_points(hbm: float, overhead: float) -> list:
+            cal = calibration.with_factors(ref_type, {"hbm_fraction": hbm, "decode_overhead_s": overhead})
+            return [(f"{ref} rollout_s of {m}", rollout_s(cm_for(m, cal, ref), ref_pool, roll_gpus,
+                     settings[m].max_pp, layout_of[ref], ref_train[m])[0], measured(m, ref, "rollout_s"))
+                    for m in models]  # fmt: skip
+
+        def roll_loss(hbm: float, overhead: float) -> float:
+            return _log_loss((x[1], x[2]) for x in roll_points(hbm, overhead))
+
+        hbm, overhead = _fit_in_range(
+            roll_loss, roll_points, ref_type, ("hbm_fraction", "decode_overhead_s"), where
+        )
+        source = f"fit to {where}: {ref} rollout seconds per step of {short}"
+        calibration = calibration.with_factors(
+            ref_type, {"hbm_fraction": hbm, "decode_overhead_s": overhead}, source
+        )
     for m in models:
         cm = cm_for(m, calibration, ref)
         points.append({"model": m, "cluster": ref, "phase": "rollout_s", "measured": measured(m, ref, "rollout_s"),
-                       "model_value": rollout_s(cm, ref_pool, roll_gpus, settings[m].max_pp, layout_of[ref])[0]})  # fmt: skip
+                       "model_value": rollout_s(cm, ref_pool, roll_gpus, settings[m].max_pp, layout_of[ref],
+                                                ref_train[m])[0]})  # fmt: skip
         points.append({"model": m, "cluster": ref, "phase": "train_s", "measured": measured(m, ref, "train_s"),
                        "model_value": train_s(cm, ref_pool, train_gpus, settings[m].max_pp)})  # fmt: skip
 

@@ -15,12 +15,24 @@ from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.workload import WorkloadSpec
 
 
-def overlaps(eta: int, window: int, batches: float) -> bool:
-    """Whether the steps of a weight-update ``window`` overlap their longest samples with ``batches`` consumer
-    batches of rollouts in flight: admission keeps room for a whole batch beyond them through each step's
-    training (the room, eta + 1 batches after an update, shrinks by one with each batch the window consumes), so
-    every rollout that ends while the trainer trains is replaced at once."""
-    return eta - window >= batches
+def admission_room(eta: int, window: int, batches: float) -> float:
+    """Consumer batches of rollouts that admission lets replace those ending during the last training step of a
+    weight-update ``window`` with ``batches`` in flight: the room, eta + 1 batches after an update, shrinks by one
+    with each batch the window consumes, and a rollout that ends while the trainer trains stays accepted (it
+    counts against the room) until the next batch is taken."""
+    return eta + 1 - window - batches
+
+
+def tight_step_s(rollout_s: float, train_s: float, batches: float, room: float) -> float:
+    """One step whose training lets admission replace only ``room`` (< 1) batches of the rollouts that end
+    meanwhile, the fleet taking ``rollout_s`` per batch at full occupancy with ``batches`` in flight: training,
+    then the wait for what the batch still lacks. Until ``room`` batches have ended, every rollout that ends is
+    replaced; then the rollouts in flight decay unreplaced, each with the fleet's mean residence (Little's law:
+    ``batches * rollout_s``) as its expected remaining time; after the update the rest comes at full speed."""
+    g, m = rollout_s, batches
+    free = min(train_s, max(0.0, room) * g)
+    done = free / g + m * (1 - math.exp(-(train_s - free) / (m * g)))
+    return train_s + max(0.0, 1 - done) * g
 
 
 class CostModel:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import partial
 from operator import itemgetter
 
@@ -42,7 +43,9 @@ from areal_hex_plugin.scheduler.inflight import (
     best_split,
     choose,
     drains,
+    kind,
     rollout_floor,
+    runtime_of,
     window_rollout,
     windows,
 )
@@ -90,7 +93,7 @@ class Relaxed:
         self._tokens: dict[tuple[ReplicaConfig, float, float], float] = {}
 
     def tokens(self, shape: ReplicaConfig, window_s: float, price: float, overlapped: bool = False) -> float:
-        """``overlapped``: the window may overlap its longest samples (at some caps), so none is waited for."""
+        """``overlapped``: the window's steps do not wait for their longest samples."""
         key = (shape, window_s, price, overlapped)
         if key not in self._tokens:
             if shape not in self._curves:
@@ -148,7 +151,8 @@ class RolloutSide:
         self._tests: dict = {}
         self.fleets = math.prod(len(p) for p in per_pool) if per_pool else 0
         # window -> (runtime, samples per group over the window, the fleet before caps)
-        self.best: dict[int, tuple[Runtime, tuple[int, ...], Multiset]] = {}
+        # (window, kind) -> (runtime, samples per group over the window, the fleet before caps): inflight.kind
+        self.best: dict[tuple[int, float | None], tuple[Runtime, tuple[int, ...], Multiset]] = {}
 
     @property
     def visited(self) -> int:
@@ -206,7 +210,7 @@ class RolloutSide:
             self._certified[window] = window_s
             self._version += 1
         runtime = choose([r for r, _, _ in self.best.values()], train_s, sync_s)
-        return runtime, self.best[runtime.window][1]
+        return runtime, self.best[(runtime.window, kind(runtime))][1]
 
     def _window_s(self, window: int, train_s: float, sync_s: float) -> float | None:
         """The window time below which a fleet would shorten the best step at ``window``; None when none can or
@@ -235,12 +239,10 @@ class RolloutSide:
         have = self._sequences[rl.max_head_offpolicyness + 2 - window]
         need = rl.samples_per_step * window * self._mean
         incumbent = min(self.best.values(), key=lambda b: b[0].rollout_s)[2]
-        # Small enough caps overlap the longest samples of any window shorter than eta (costmodel.model.overlaps);
-        # a window that drains waits for less than them (inflight.as_run): the bound without the wait holds.
-        eta = rl.max_head_offpolicyness
-        tokens = partial(
-            self._relaxed.tokens, window_s=window_s, overlapped=eta > window or drains(eta, window)
-        )
+        # A window whose steps wait for their longest samples (inflight.as_run; where it drains, for less: the
+        # bound without the wait holds).
+        waits = rl.waits_for_longest and not drains(rl.max_head_offpolicyness, window)
+        tokens = partial(self._relaxed.tokens, window_s=window_s, overlapped=not waits)
 
         def bound(fleet: Multiset, price: float) -> float:
             return sum(tokens(c, price=price) * y for c, y in fleet) + price * have
@@ -303,7 +305,8 @@ class RolloutSide:
         menu = dict.fromkeys(c for caps in menus[: ahead(rl.max_head_offpolicyness, window)] for c in caps)
         for caps in menu:
             capped = as_run(self.ev.cm, self.ev.inflight.throttle(fleet, caps), window)
-            known = self.best.get(window)
+            held = runtime_of(self.ev.cm, capped, window, math.inf)
+            known = self.best.get((held.window, kind(held)))
             if known and self._floor(speed(capped)) >= known[0].rollout_s:
                 continue
             if not reaches(capped, samples, self._mean, window_s):
@@ -312,7 +315,7 @@ class RolloutSide:
             eta = rl.max_head_offpolicyness
             rollout = window_rollout(capped, makespan, window, eta, self._reward)
             if known is None or rollout < known[0].rollout_s:
-                self.best[window] = (Runtime(window, capped, rollout, drains(eta, window)), shares, fleet)
+                self.best[(held.window, kind(held))] = (replace(held, rollout_s=rollout), shares, fleet)
                 self._version += 1
 
 

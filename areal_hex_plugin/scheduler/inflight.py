@@ -23,15 +23,17 @@ Both are chosen per split, exactly over every window :func:`windows` allows and 
 replica's largest batch (cut in proportion to the sequences of every batch count the window admits). A larger
 eta only adds choices, so no split scores worse with a larger eta.
 
-Where a window does not drain, whether its steps wait for their longest samples depends on admission's room
-during training (``costmodel.model.overlaps``). A rollout that ends while the trainer trains stays accepted until
-the next batch is taken, so it counts against the (eta + v + 1) batches upstream admits. With room for a whole
-batch beyond the rollouts in flight, every rollout that ends is replaced: the stragglers of one step decode beside
-the next steps' rollouts, and a step takes its samples at the fleet's rate (Little's law). AReaL's released runtime
-on 24 H800 (7B, one batch admitted, eta 8) was planned at 455 s a step when every step waited for its longest
-sample; the simulator ran that plan at 277 s; it is planned at 218 s now and simulated at 233 s. With less room,
-the rollouts that end during training are not replaced and the next batch waits for the longest ones: each step
-is charged its longest sample, an upper bound (the same run at eta 1: 455 s planned, 366 s simulated).
+Where a window does not drain (and eta >= 1), its steps do not wait for their longest samples: upstream's loop
+overlaps them with the next steps' rollouts as far as admission's room during training lets it
+(``costmodel.model.admission_room``). A rollout that ends while the trainer trains stays accepted until the next
+batch is taken, so it counts against the (eta + v + 1) batches upstream admits. With room for a whole batch beyond
+the rollouts in flight, every rollout that ends is replaced and a step takes its samples at the fleet's rate
+(Little's law). With less, the rollouts that end beyond the room are not replaced, and the window's last step
+waits for what its batch then lacks (``costmodel.model.tight_step_s``, :func:`serial_rollout_s`; its wait depends
+on the training time, so :meth:`InFlight.runtimes` keeps the best caps of either kind). AReaL's released runtime
+on 24 H800 (7B, one batch admitted) was planned at 455 s a step when every step waited for its longest sample;
+the simulator trained every 277 s at eta 8 and 366 s at eta 1. It is planned at 218 s and 251 s now, simulated
+at 233 s and 272 s.
 
 A fleet's rollout time per step is at least ``rollout_floor``: its samples at the replicas' full speed (a cap
 only slows a replica), without the integer shares, the KV rebuilds or the weight sync.
@@ -43,7 +45,7 @@ import math
 from dataclasses import dataclass, replace
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
-from areal_hex_plugin.costmodel.model import overlaps
+from areal_hex_plugin.costmodel.model import admission_room, tight_step_s
 from areal_hex_plugin.scheduler.cpsat import charge
 from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig, largest_remainder
 
@@ -64,6 +66,8 @@ class Runtime:
     groups: Groups  # the replicas, each config at its chosen in-flight cap (``concurrency``)
     rollout_s: float  # per step: generation and one KV rebuild over the window (and its drain), plus reward
     drained: bool = False  # the pipeline drains before each update (:func:`drains`)
+    batches: float = 0.0  # consumer batches of rollouts in flight
+    room: float = math.inf  # batches admission may replace during the window's last training (< 1: tight)
 
     def step_s(self, train_s: float, sync_s: float) -> float:
         """The step with one weight sync of ``sync_s`` per window."""
@@ -73,12 +77,16 @@ class Runtime:
 def serial_rollout_s(runtime: Runtime, train_s: float) -> float:
     """The rollout seconds per step the trainer waits through. Where the window drains, each window starts empty
     and nothing overlaps its ends: the last step trains after the drain (no room is left to generate until the
-    update), and the first waits for its batch's longest sample (its replicas' drain beyond their batch's work,
-    :func:`as_run`), so a window takes at least its generation, drain and one training step, and at least its
-    training and that first wait."""
+    update), and the first waits for its batch's longest sample (its replicas' drain beyond their batch's work), so a window takes
+    at least its generation, drain and one training step, and at least its training and that first wait. Where
+    admission cannot replace a batch during the window's last training (``room`` < 1), that step waits for what
+    its batch lacks (``tight_step_s``)."""
     if not runtime.drained:
-        return runtime.rollout_s
-    fill = max((c.longest_s + c.drain_s for c, _ in runtime.groups), default=0.0)
+        if runtime.room >= 1:
+            return runtime.rollout_s
+        last = tight_step_s(runtime.rollout_s, train_s, runtime.batches, runtime.room)
+        return ((runtime.window - 1) * max(runtime.rollout_s, train_s) + last) / runtime.window
+    fill = max((c.longest_s + c.drain_s for c, _ in runtime.groups), default=0.0)  # :func:`as_run`'s
     return max(runtime.rollout_s + train_s / runtime.window, train_s + fill / runtime.window)
 
 
@@ -102,22 +110,32 @@ def drains(eta: int, window: int) -> bool:
     return eta == 0 or (window >= 2 and eta <= window)
 
 
-def as_run(cm: CostModel, groups: Groups, window: int, admitted: int = 0) -> Groups:
-    """``groups`` as ``window``'s generation sees them, each replica's ``longest_s`` what its window's samples end
-    no earlier than. Where the window drains, the work its batch in flight has left (``CostModel.batch_work_s``):
-    the longest sample outlasts it by the drain, which :func:`window_rollout` adds once. Where its steps overlap
-    (``costmodel.model.overlaps``), none. Else the longest sample's seconds. ``admitted``: the rollouts upstream
-    admits at once, where held (0: as many as keep the groups' caps decoding)."""
-    if drains(cm.workload.rl.max_head_offpolicyness, window):
-        return tuple(
-            (replace(c, longest_s=min(c.longest_s, cm.batch_work_s(c.tokens_per_s, c.concurrency))), y)
-            for c, y in groups
-        )
+def runtime_of(cm: CostModel, groups: Groups, window: int, rollout_s: float, admitted: int = 0) -> Runtime:
+    """The :class:`Runtime` of ``groups`` over ``window`` at ``rollout_s`` per step, with its admission room."""
+    rl = cm.workload.rl
     if admitted:
         batches = cm.batches_admitted(admitted)
     else:
         batches = cm.batches_in_flight(sum(c.concurrency * y for c, y in groups))
-    if not overlaps(cm.workload.rl.max_head_offpolicyness, window, batches):
+    eta = rl.max_head_offpolicyness
+    waits = rl.waits_for_longest  # charged its longest sample in ``rollout_s`` (:func:`as_run`)
+    room = math.inf if waits else admission_room(eta, window, batches)
+    return Runtime(window, groups, rollout_s, drains(eta, window), batches, room)
+
+
+def as_run(cm: CostModel, groups: Groups, window: int) -> Groups:
+    """``groups`` as ``window``'s generation sees them, each replica's ``longest_s`` what its window's samples end
+    no earlier than. Where the window drains, the work its batch in flight has left (``CostModel.batch_work_s``):
+    the longest sample outlasts it by the drain, which :func:`window_rollout` adds once. Where its steps wait for
+    their longest samples (``rl.waits_for_longest``), their seconds. Else (eta >= 1) none: a step's wait for what
+    admission could not replace during training is :func:`serial_rollout_s`'s."""
+    rl = cm.workload.rl
+    if drains(rl.max_head_offpolicyness, window):
+        return tuple(
+            (replace(c, longest_s=min(c.longest_s, cm.batch_work_s(c.tokens_per_s, c.concurrency))), y)
+            for c, y in groups
+        )
+    if rl.waits_for_longest:
         return groups
     return tuple((replace(c, longest_s=0.0), y) for c, y in groups)
 
@@ -129,7 +147,7 @@ def held_runtime(
     scored as :meth:`InFlight.runtimes` scores a choice (``even``: the window's samples split evenly over the
     replicas instead)."""
     rl = cm.workload.rl
-    run = as_run(cm, groups, window, admitted)
+    run = as_run(cm, groups, window)
     samples = rl.samples_per_step * window
     mean = cm.workload.output_lengths.mean
     if even:
@@ -138,7 +156,7 @@ def held_runtime(
         makespan = best_split(run, samples, mean)[0]
     eta = rl.max_head_offpolicyness
     per_step = window_rollout(run, makespan, window, eta, cm.reward_s(rl.samples_per_step))
-    return Runtime(window, run, per_step, drains(eta, window))
+    return runtime_of(cm, run, window, per_step, admitted)
 
 
 def window_rollout(groups: Groups, makespan: float, window: int, eta: int, reward_s: float) -> float:
@@ -320,22 +338,31 @@ class InFlight:
         out = []
         for window in windows(eta, rl.max_update_window):
             samples = rl.samples_per_step * window
-            best: tuple[float, Groups] | None = None
             # The window keeps up to ahead(eta, window) batches in flight. Caps are ranked by rollout seconds, in a
             # window that drains too (there the first batch's wait, a step's share of ``longest_s``, differs by
-            # caps as well, but only where training is the longer phase).
+            # caps as well, but only where training is the longer phase); caps whose admission cannot replace a
+            # batch during training apart per batches in flight (their wait depends on those and on training).
+            best: dict[float | None, Runtime] = {}
             kept = by_batches[most - ahead(eta, window) :]
             admitted = [fleets[k] for k in dict.fromkeys(k for ks in kept for k in ks)]
             if self.clocked:
                 charge(len(admitted) * SCORE_WORK)
             for fleet in (as_run(self.cm, f, window) for f in admitted):
-                if best is not None and split_floor(fleet, samples, mean) / window + reward_s >= best[0]:
+                held = runtime_of(self.cm, fleet, window, math.inf)
+                known = best.get(kind(held))
+                if known and split_floor(fleet, samples, mean) / window + reward_s >= known.rollout_s:
                     continue
                 rollout = window_rollout(fleet, best_split(fleet, samples, mean)[0], window, eta, reward_s)
-                if best is None or rollout < best[0]:
-                    best = (rollout, fleet)
-            out.append(Runtime(window, best[1], best[0], drains(eta, window)))
+                if known is None or rollout < known.rollout_s:
+                    best[kind(held)] = replace(held, rollout_s=rollout)
+            out += best.values()
         return out
+
+
+def kind(runtime: Runtime) -> float | None:
+    """Runtimes of a window that rank by rollout seconds alone share a kind: those whose admission replaces a
+    batch during training (None), and those that cannot, per batches in flight (``tight_step_s``)."""
+    return None if runtime.room >= 1 else round(runtime.batches, 6)
 
 
 def rollout_floor(tokens_per_s: float, samples: int, mean_tokens: float, reward_s: float) -> float:

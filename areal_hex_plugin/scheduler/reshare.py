@@ -67,11 +67,9 @@ def reshare(
     live: Sequence[bool],
     resolution: int = RESOLUTION,
     window: int = 1,
-    admitted: int = 0,
 ) -> Reshare:
     """Shares over the ``live`` servers by the planner's rollout model, scored as the plan's runtime scores them
-    (its update ``window`` and ``admitted`` rollouts at once: :func:`inflight.as_run`); raises ValueError when
-    none is live."""
+    (over its update ``window``: :func:`inflight.as_run`); raises ValueError when none is live."""
     if len(live) != len(servers):
         raise ValueError(f"{len(live)} live flags for {len(servers)} servers")
     members: dict[ServerShape, list[int]] = {}
@@ -81,7 +79,7 @@ def reshare(
     if not members:
         raise ValueError("no live rollout server to share the samples")
     shapes = sorted(members, key=lambda s: (s.pool, s.tp, s.pp))
-    groups = as_run(cm, tuple((replica_config(cm, s), len(members[s])) for s in shapes), window, admitted)
+    groups = as_run(cm, tuple((replica_config(cm, s), len(members[s])) for s in shapes), window)
     makespan, samples = best_split(groups, max(resolution, len(groups)), cm.workload.output_lengths.mean)
     shares = [0.0] * len(servers)
     total = sum(samples)
@@ -116,12 +114,11 @@ def drift(
     source: str,
     samples: int = RESOLUTION,
     window: int = 1,
-    admitted: int = 0,
 ) -> Drift:
     """How far the served ``lengths`` move the predicted rollout time of ``samples`` samples (a window's: below,
     the wait for the longest sample hides the change) on the ``live`` servers from ``cm``'s, under the plan's
     runtime (:func:`reshare`)."""
     measured = CostModel(cm.cluster, with_lengths(cm.workload, lengths, source), cm.calibration)
-    basis = reshare(cm, servers, live, samples, window, admitted)
-    now = reshare(measured, servers, live, samples, window, admitted)
+    basis = reshare(cm, servers, live, samples, window)
+    now = reshare(measured, servers, live, samples, window)
     return Drift(now.makespan_s / basis.makespan_s - 1, measured, now.shares)

@@ -24,7 +24,7 @@ class ReplicaConfig:
     concurrency: int
     recompute_s: float = 0.0  # KV rebuild after each weight update (interrupted requests are re-prefilled)
     # The step's longest sample: a window's generation on the replica ends no earlier (0 where the window's steps
-    # overlap it, ``inflight.as_run``).
+    # do not wait for it, ``inflight.as_run``).
     longest_s: float = 0.0
     drain_s: float = 0.0  # what a window that drains before its update adds (RolloutEstimate.drain_s)
     colocated: bool = (

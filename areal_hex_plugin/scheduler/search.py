@@ -57,11 +57,14 @@ THROUGHPUT_TIE = 1e-3
 # (0.945, but 0.955 at eta 8); at 1, 37 (0.859 at eta 8).
 STEER_ETA = 4
 # Splits the steering scored best that are rescored at the recipe's eta at the end of a search, and how many of
-# the best also have their rollout neighbours rescored (random small clusters, two-phase / brute force at eta 1, 2,
-# 4, 8: 8 and 0 missed the best visited split; 16 and 2 match the search steered at the recipe's eta, 39 of 48
-# within 1%; all neighbours, not only rollout moves, add nothing there and 0.4 s at 1024 GPUs, 32B).
+# the best also have their neighbours rescored (random small clusters, two-phase / brute force at eta 1, 2, 4, 8:
+# 8 and 0 missed the best visited split; 16 and 2, rollout moves only, matched the search steered at the recipe's
+# eta, 39 of 48 within 1%). Since a step waits for what admission's room leaves unreplaced during training
+# (``inflight.kind``), the recipe's eta ranks training moves apart from the steering's too: 5 and every move
+# (test_budget_monotone's 14B case, 40,259 tokens/s at $210/h against 41,236 at $205/h before; the 7B plan at
+# 1,024 GPUs 2.84 -> 3.00 s, at 10,240 GPUs 28.4 -> 30.0 s, side by side).
 RESCORED = 16
-NEIGHBOURED = 2
+NEIGHBOURED = 5
 # Starts of the local search (the best distinct splits reached so far): more where few pools keep it cheap.
 REFINED_STARTS = 3
 REFINED_STARTS_FEW_POOLS = 5  # with at most FEW_POOLS pools in play
@@ -107,10 +110,9 @@ def steering_eta(eta: int) -> int:
 
 def candidates(steer: Evaluator, limits: tuple[int, ...], budget: float | None) -> list[Split]:
     """The splits of the RESCORED best steering scores (per score the cheapest, and those with the cheapest's
-    training machines) among those within ``limits``
-    and ``budget`` as scored (a split's layouts occupy only its machines), and the splits one rollout move from
-    the NEIGHBOURED best (the steering's local search skips those it scores lower, which a smaller eta may not;
-    their training machines are the same, so no new training search): the same for every recipe eta."""
+    training machines) among those within ``limits`` and ``budget`` as scored (a split's layouts occupy only its
+    machines), and the splits one move from the NEIGHBOURED best (the steering's local search skips those it
+    scores lower, which another eta may not): the same for every recipe eta."""
     tokens = steer.tokens_per_step
     inside = [
         (split, e)
@@ -148,8 +150,8 @@ def candidates(steer: Evaluator, limits: tuple[int, ...], budget: float | None) 
         n
         for split in (group[0][0] for group in groups[:NEIGHBOURED])
         for n in split.neighbours(limits)
-        if n.train == split.train
-        and any(n.rollout)
+        if n.trains()
+        and n.generates()
         and (budget is None or n.cost_per_hour(steer.cluster) <= budget + 1e-9)
     ]
     return list(dict.fromkeys(top + near))

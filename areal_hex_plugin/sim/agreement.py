@@ -70,12 +70,12 @@ def _wait_reason(result: SimResult, plan: HexPlan, waited: float, planned: float
             f"(eta) or the admission cap, not by decoding"
         )
     if waited < planned:
-        # Where admission has no room for a batch beyond the rollouts in flight (costmodel.model.overlaps), the
-        # plan ends a step's rollout no earlier than its longest sample (RolloutEstimate.longest_s), an upper
-        # bound: upstream's loop, which the simulation plays, still overlaps part of it with the next steps.
+        # Where admission cannot replace a batch during training (costmodel.model.tight_step_s), or the window
+        # drains, the plan waits for the rollouts left; upstream's loop, which the simulation plays, overlaps
+        # more of them with the next steps.
         return (
-            f"{head}; the plan ends each step's rollout at its longest sample (admission has no room for a "
-            f"batch beyond those in flight), which the simulation partly overlaps with the next steps"
+            f"{head}; the plan waits for the rollouts admission could not replace (the longest ones), which "
+            f"the simulation overlaps more with the next steps"
         )
     return (
         f"{head}; the replicas decode the batch slower in the simulation, which plays each step's longest "

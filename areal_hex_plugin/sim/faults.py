@@ -47,8 +47,7 @@ class Setting:
     drift_threshold: float
     drift_min_samples: int
     drift_samples: int  # a window's samples: drift is scored on their rollout time (``reshare.drift``)
-    window: int  # the plan's update window and admitted rollouts: re-shares score the plan's runtime
-    admitted: int
+    window: int  # the plan's update window: re-shares score the plan's runtime
     max_new_tokens: int
     checkpoint_steps: int | None
     checkpoint_s: float | None
@@ -65,7 +64,6 @@ def setting_of(recipe, plan: HexPlan) -> Setting:
         drift_min_samples=elastic.drift_min_samples,
         drift_samples=recipe.workload.rl.samples_per_step * plan.solver.window_steps,
         window=plan.solver.window_steps,
-        admitted=plan.staleness.max_concurrent_rollouts,
         max_new_tokens=recipe.workload.rl.max_new_tokens,
         checkpoint_steps=up["recover.freq_steps"] if recover else None,
         checkpoint_s=up["recover.freq_secs"] if recover else None,
@@ -199,7 +197,7 @@ class FaultLoop(_Loop):
         self.reshares += 1
         if any(live):
             s = self.setting
-            self.route(reshare(self.cm, self.shape_of, live, window=s.window, admitted=s.admitted).shares)
+            self.route(reshare(self.cm, self.shape_of, live, window=s.window).shares)
 
     def route(self, shares) -> None:
         self.shares = [0.0] * len(self.lanes)
@@ -309,7 +307,6 @@ class FaultLoop(_Loop):
                 f"drawn in step {self.version}",
                 s.drift_samples,
                 s.window,
-                s.admitted,
             )
             if abs(found.change) > s.drift_threshold:
                 self.cm = found.measured

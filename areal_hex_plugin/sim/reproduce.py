@@ -29,7 +29,7 @@ from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.caps import PAPER, RuntimeCaps, recipe_caps
 from areal_hex_plugin.scheduler.evaluate import Evaluator
-from areal_hex_plugin.scheduler.inflight import as_run, replica_stages, window_rollout_s
+from areal_hex_plugin.scheduler.inflight import replica_stages, serial_rollout_s
 from areal_hex_plugin.scheduler.rollout_model import solve_rollout
 from areal_hex_plugin.scheduler.sensitivity import WORKLOAD, Held, Rules, elasticities, inputs, model
 from areal_hex_plugin.scheduler.train_search import search_train
@@ -145,16 +145,18 @@ def even_split(recipe: Recipe) -> dict[str, float]:
         fleet = max((solve_rollout([c], half) for c in configs), key=lambda f: f.tokens_per_s)
     else:
         fleet = solve_rollout(configs, half)
-    samples = recipe.workload.rl.samples_per_step
-    mean = recipe.workload.output_lengths.mean
-    rollout = window_rollout_s(as_run(cm, fleet.counts, 1), samples, mean, updates=1)
-    rollout += cm.reward_s(samples)
     replicas = [(replica_stages(c), y) for c, y in fleet.counts]
     sync = cm.weight_sync(cm.senders(train.stages), replicas, "broadcast").seconds
-    step = sync + max(rollout, train.step_time_s)
+    # Weights every step, the in-flight caps as the planner chooses them.
+    runtimes = [
+        r
+        for r in evaluator.inflight.runtimes(fleet.counts, cm.reward_s(recipe.workload.rl.samples_per_step))
+        if r.window == 1
+    ]
+    runtime = min(runtimes, key=lambda r: r.step_s(train.step_time_s, sync))
     return {
-        "tokens_per_s": recipe.workload.tokens_per_step / step,
-        "rollout_s": rollout,
+        "tokens_per_s": recipe.workload.tokens_per_step / runtime.step_s(train.step_time_s, sync),
+        "rollout_s": serial_rollout_s(runtime, train.step_time_s),
         "train_s": train.step_time_s,
         "weight_sync_s": sync,
     }

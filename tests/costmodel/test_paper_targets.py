@@ -72,13 +72,16 @@ def test_the_shipped_profile_is_what_the_fit_gives():
 
 
 @pytest.mark.slow
-def test_runs_whose_steps_overlap_their_longest_samples_cannot_be_fitted(monkeypatch):
-    """The paper does not state its runs' eta. At eta >= 2 with one batch admitted, the steps would overlap their
-    longest samples, and only a decode far below any physical HBM fraction reaches the measured rollout seconds:
-    the fit refuses, naming the measurement. The runs are fitted at eta 1 (``MEASURED_ETA``)."""
-    assert fit_baselines_module.MEASURED_ETA == 1
-    monkeypatch.setattr(fit_baselines_module, "MEASURED_ETA", 2)
-    with pytest.raises(HexError, match=r"H800-PCIe hbm_fraction would fit at 0\.2.*rollout_s of"):
+@pytest.mark.parametrize("eta, needed", [(1, 0.248), (2, 0.209)])
+def test_runs_planned_as_upstreams_loop_cannot_be_fitted(monkeypatch, eta, needed):
+    """The paper states neither its runs' eta nor their AReaL version. Planned as upstream 1.0.4's loop runs them
+    (one batch admitted), their steps overlap part of their longest samples at eta 1 and most at eta 2, and only a
+    decode far below any physical HBM fraction reaches the measured rollout seconds: the fit refuses, naming the
+    measurement. The runs are fitted as runs that wait for their longest sample (``WAITS_FOR_LONGEST``)."""
+    assert fit_baselines_module.WAITS_FOR_LONGEST and fit_baselines_module.MEASURED_ETA == 1
+    monkeypatch.setattr(fit_baselines_module, "WAITS_FOR_LONGEST", False)
+    monkeypatch.setattr(fit_baselines_module, "MEASURED_ETA", eta)
+    with pytest.raises(HexError, match=rf"H800-PCIe hbm_fraction would fit at {needed}.*rollout_s of"):
         fit_baselines(BASELINES, {m: setting_from(r) for m, r in _recipes().items()}, name="baselines.json")
 
 

@@ -20,6 +20,7 @@ from areal_hex_plugin.scheduler.inflight import (
     ahead,
     best_split,
     drains,
+    runtime_of,
     serial_rollout_s,
     window_rollout,
     window_rollout_s,
@@ -205,11 +206,10 @@ def test_the_brute_force_splits_samples_exactly_not_in_proportion_to_speed():
     samples, groups = rl.samples_per_step * best.window, best.fleet.groups
     reward = planner.cm.reward_s(rl.samples_per_step)
     exact, shares = best_split(groups, samples, mean)
-    # The rollout the trainer waits through at that split (a draining window's too, as the search reports it).
-    eta = rl.max_head_offpolicyness
-    runtime = Runtime(best.window, groups, exact / best.window + reward, drains(eta, best.window))
-    assert best.shares == shares
-    assert best.rollout_s == pytest.approx(serial_rollout_s(runtime, best.train_s), rel=1e-12)
+    # The rollout the trainer waits through at that split (with a tight window's wait, as the search reports it).
+    runtime = runtime_of(planner.cm, groups, best.window, exact / best.window + reward)
+    expected = serial_rollout_s(runtime, best.train_s)
+    assert best.shares == shares and best.rollout_s == pytest.approx(expected, rel=1e-12)
     assert best.rollout_s > best.train_s  # the split decides the step
     assert exact < window_rollout_s(groups, samples, mean, updates=1) / 1.01
 

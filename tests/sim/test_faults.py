@@ -244,7 +244,7 @@ def test_a_lost_machines_shares_go_to_the_survivors_by_the_planners_rollout_mode
     lanes = [lane for lane, group in enumerate(spec.lanes) for _ in range(group.count)]  # the loop's order
     live = [i not in lost for i in range(len(lanes))]
     servers = [setting.shapes[lane] for lane in lanes]
-    shares = reshare(setting.cm, servers, live, window=setting.window, admitted=setting.admitted).shares
+    shares = reshare(setting.cm, servers, live, window=setting.window).shares
     expected = [0.0] * len(spec.lanes)
     for lane, share in zip(lanes, shares, strict=True):
         expected[lane] += share
