@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from areal_hex_plugin.costmodel import CostModel, recipe_calibration
 from areal_hex_plugin.scheduler.inflight import best_split
-from areal_hex_plugin.scheduler.reshare import RESOLUTION, ServerShape, replica_config, reshare, with_lengths
+from areal_hex_plugin.scheduler.reshare import (
+    RESOLUTION,
+    ServerShape,
+    drift,
+    replica_config,
+    reshare,
+    with_lengths,
+)
+from areal_hex_plugin.specs.recipe import load_recipe
+from tests.conftest import REPO
 from tests.elastic.plans import elastic_recipe
 
 SERVERS = [ServerShape("big", 1), ServerShape("small", 2), ServerShape("big", 1)]
@@ -51,6 +62,28 @@ def test_longer_outputs_move_the_shares(recipe):
     assert b.shares[1] > a.shares[1]
 
 
-def test_measured_lengths_are_capped_like_the_plans(recipe):
+def test_served_lengths_scale_the_plans_to_their_mean_capped_like_them(recipe):
+    cap = recipe.workload.rl.max_new_tokens
     workload = with_lengths(recipe.workload, [1000, 0, 5], "measured")
-    assert workload.output_lengths.lengths == (1, 5, recipe.workload.rl.max_new_tokens)
+    lengths = workload.output_lengths
+    assert lengths.mean == pytest.approx((cap + 1 + 5) / 3, rel=0.05) and lengths.max <= cap
+    assert (
+        len(lengths.lengths) == len(recipe.workload.output_lengths.lengths) and lengths.source == "measured"
+    )
+    # A basis scaled to a mean stays put when served that mean again.
+    assert with_lengths(workload, [cap, 1, 5], "again").output_lengths.lengths == lengths.lengths
+
+
+def test_a_step_of_the_plans_own_lengths_is_no_drift():
+    """Found (issue 23): the drift check rebuilt the cost model from one step's served lengths, tail and all. With
+    the paper's lengths (a point mass at the 27,648-token cap, about 5 samples per 1,000) a step's few samples at
+    the cap set the in-flight context and the caps, and the plan's own lengths read -27% to +22%, past the 20%
+    threshold: shares re-balanced on noise. Doubled lengths still read as drift."""
+    paper = load_recipe(REPO / "recipes/paper/7b.yaml", [])
+    cm = CostModel(paper.cluster, paper.workload, recipe_calibration(paper))
+    servers, live = [ServerShape("h20", 1)] * 4 + [ServerShape("h800", 1)] * 4, [True] * 8
+    dist, rng = paper.workload.output_lengths, random.Random(0)
+    changes = [drift(cm, servers, live, dist.sample(rng, 500), "step").change for _ in range(20)]
+    assert max(abs(c) for c in changes) < 0.2
+    doubled = [2 * n for n in dist.sample(rng, 500)]
+    assert drift(cm, servers, live, doubled, "doubled").change > 0.2
