@@ -95,8 +95,8 @@ class RolloutEstimate:
     # where it waits for it (eta 0, a window that drains, ``rl.waits_for_longest``: ``inflight.as_run``).
     longest_s: float = 0.0
     # What a pipeline that drains before a weight update (admission stopped, nothing new to decode beside the
-    # survivors; every step at eta = 0) adds to the window: the longest sample's seconds less those of the tokens the batch
-    # in flight still had to generate at full speed (``scheduler/inflight.py``, ``drains``).
+    # survivors; every step at eta = 0) adds to the window: the longest sample's seconds less those of the tokens
+    # the batch in flight still had to generate at full speed (``scheduler/inflight.py``, ``drains``).
     drain_s: float = 0.0
 
     @property

@@ -77,10 +77,10 @@ class Runtime:
 def serial_rollout_s(runtime: Runtime, train_s: float) -> float:
     """The rollout seconds per step the trainer waits through. Where the window drains, each window starts empty
     and nothing overlaps its ends: the last step trains after the drain (no room is left to generate until the
-    update), and the first waits for its batch's longest sample (its replicas' drain beyond their batch's work), so a window takes
-    at least its generation, drain and one training step, and at least its training and that first wait. Where
-    admission cannot replace a batch during the window's last training (``room`` < 1), that step waits for what
-    its batch lacks (``tight_step_s``)."""
+    update), and the first waits for its batch's longest sample (its replicas' drain beyond their batch's work,
+    :func:`as_run`), so a window takes at least its generation, drain and one training step, and at least its
+    training and that first wait. Where admission cannot replace a batch during the window's last training
+    (``room`` < 1), that step waits for what its batch lacks (``tight_step_s``)."""
     if not runtime.drained:
         if runtime.room >= 1:
             return runtime.rollout_s
