@@ -26,7 +26,7 @@ RESOLUTION = 1000
 # Bisection steps for the factor that scales the plan's lengths to a served mean (2^-40 of the range).
 SCALE_STEPS = 40
 # Standard errors a step's served mean must lie from the basis's before the lengths count as moved: one step's
-# mean of the paper's lengths (a point mass at the cap) is known to about 6% from 500 samples, and 3 standard
+# mean of the paper's lengths (a point mass at the cap) is known to about 7% from 500 samples, and 3 standard
 # errors leave the plan's own lengths unmoved in the fault simulator's runs.
 SIGNIFICANCE = 3.0
 
