@@ -101,7 +101,8 @@ def with_lengths(workload: WorkloadSpec, lengths: Sequence[int], source: str) ->
     """``workload`` with its output lengths scaled by one factor to the served ``lengths``' mean (each length,
     served or scaled, capped at ``max_new_tokens`` as the plan's are). A step serves about a thousand samples,
     few of them at the cap: their mean is known to a few percent, the tail that sets the in-flight context and the
-    caps is not (rebuilt from one step's samples, the drift of the plan's own lengths read -27% to +22%)."""
+    caps is not (rebuilt from one step's samples, the drift of the plan's own lengths read -27% to +22% in the
+    fault simulator)."""
     served = _served(workload, lengths)
     scaled = _scaled_to_mean(workload.output_lengths, statistics.fmean(served), workload.rl.max_new_tokens)
     return replace(workload, output_lengths=replace(scaled, source=source))

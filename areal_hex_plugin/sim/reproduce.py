@@ -29,7 +29,7 @@ from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.caps import PAPER, RuntimeCaps, recipe_caps
 from areal_hex_plugin.scheduler.evaluate import Evaluator
-from areal_hex_plugin.scheduler.inflight import replica_stages, serial_rollout_s
+from areal_hex_plugin.scheduler.inflight import choose, replica_stages, serial_rollout_s
 from areal_hex_plugin.scheduler.rollout_model import solve_rollout
 from areal_hex_plugin.scheduler.sensitivity import WORKLOAD, Held, Rules, elasticities, inputs, model
 from areal_hex_plugin.scheduler.train_search import search_train
@@ -148,12 +148,9 @@ def even_split(recipe: Recipe) -> dict[str, float]:
     replicas = [(replica_stages(c), y) for c, y in fleet.counts]
     sync = cm.weight_sync(cm.senders(train.stages), replicas, "broadcast").seconds
     # Weights every step, the in-flight caps as the planner chooses them.
-    runtimes = [
-        r
-        for r in evaluator.inflight.runtimes(fleet.counts, cm.reward_s(recipe.workload.rl.samples_per_step))
-        if r.window == 1
-    ]
-    runtime = min(runtimes, key=lambda r: r.step_s(train.step_time_s, sync))
+    reward_s = cm.reward_s(recipe.workload.rl.samples_per_step)
+    runtimes = [r for r in evaluator.inflight.runtimes(fleet.counts, reward_s) if r.window == 1]
+    runtime = choose(runtimes, train.step_time_s, sync)
     return {
         "tokens_per_s": recipe.workload.tokens_per_step / runtime.step_s(train.step_time_s, sync),
         "rollout_s": serial_rollout_s(runtime, train.step_time_s),

@@ -3,7 +3,7 @@
 The CI e2e run (``tests/e2e``: upstream's trainer, FSDP on 2 gloo ranks, the relay, the SGLang stand-in servers,
 ``hex_local``) on the hand-laid two-layout plan, with a watcher thread in the test that
 
-1. SIGKILLs the CPU-SMALL server while it has requests in flight in the first step;
+1. SIGKILLs the CPU-SMALL server while it has requests in flight, early in the run;
 2. once the relaunched server has loaded a version, doubles the served output lengths (4 -> 8 tokens: the
    stand-in ends every generation after the number in ``HEX_STANDIN_LENGTHS_FILE``).
 
