@@ -36,7 +36,7 @@ def split_argv(argv: list[str]) -> tuple[str, list[str]]:
 def obtain_plan(recipe, config):
     """The saved plan at ``hex.plan_path`` (checked against the recipe and its budget, and its layouts by the cost
     model as the planner's own are), or a plan solved now."""
-    from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.costmodel import CostModel
     from areal_hex_plugin.costmodel.plan_check import plan_estimates
     from areal_hex_plugin.saved_plan import load_saved_plan
 
@@ -46,7 +46,7 @@ def obtain_plan(recipe, config):
         plan = plan_recipe(recipe)  # for the recipe's backends: the plan areal-hex plan RECIPE shows
         return plan, f"solved at start for {plan.runtime}"
     plan = load_saved_plan(config.hex.plan_path, recipe, "hex.plan_path")
-    plan_estimates(CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe)), plan)
+    plan_estimates(CostModel(recipe.cluster, recipe.workload, recipe.calibration), plan)
     return plan, f"plan {config.hex.plan_path}"
 
 

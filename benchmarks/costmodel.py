@@ -19,7 +19,7 @@ from pathlib import Path
 
 from report import emit  # benchmarks/report.py, beside this script
 
-from areal_hex_plugin.costmodel import CostModel, RolloutStage, TrainStage, recipe_calibration
+from areal_hex_plugin.costmodel import CostModel, RolloutStage, TrainStage
 from areal_hex_plugin.specs.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ def bench(repeat: int) -> dict:
     for name, (configs, call) in kinds.items():
         cold = warm = 0.0
         for _ in range(repeat):
-            cm = CostModel(r.cluster, r.workload, recipe_calibration(r))
+            cm = CostModel(r.cluster, r.workload, r.calibration)
             t0 = time.perf_counter()
             for c in configs:
                 call(cm, c)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from report import emit  # benchmarks/report.py, beside this script
 
-from areal_hex_plugin.costmodel import CostModel, RolloutStage, recipe_calibration
+from areal_hex_plugin.costmodel import CostModel, RolloutStage
 from areal_hex_plugin.plan import (
     HexPlan,
     Objective,
@@ -88,7 +88,7 @@ def scale_plan(recipe) -> HexPlan:
     h20 = ReplicaGroup("h20", "H20", 1, 1, 6000, 0.8, 0, 0.0, 0)
     h800 = ReplicaGroup("h800", "H800-PCIe", 2, 1, 976, 0.2, 0, 0.0, 0)
     groups = []
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     for group in (h20, h800):
         estimate = cm.rollout((RolloutStage(group.pool, group.tp),))
         groups.append(

@@ -592,7 +592,7 @@ def attach_elastic(trainer) -> ElasticRollout | None:
     """Watch the trainer's rollout servers (``hex.elastic``); None when disabled or not a Hex controller."""
     from areal_hex_plugin.areal.engines import HexRolloutController
     from areal_hex_plugin.areal.planning import recipe_of
-    from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.costmodel import CostModel
     from areal_hex_plugin.scheduler.replan import replan_for_lengths
 
     config, rollout = trainer.config, trainer.rollout
@@ -602,7 +602,7 @@ def attach_elastic(trainer) -> ElasticRollout | None:
     slots = rollout._slots()
     elastic = ElasticRollout(
         config.hex.elastic,
-        CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe)),
+        CostModel(recipe.cluster, recipe.workload, recipe.calibration),
         [ServerShape(s.pool, s.tp, s.pp, s.concurrency or None) for s in slots],
         [f"{s.host}/{rank}" for rank, s in enumerate(slots)],
         [f"{info.host}:{info.port}" for info in rollout.server_infos],

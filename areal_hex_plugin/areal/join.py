@@ -115,7 +115,7 @@ def join_machine(trainer, request: JoinRequest, busy: set[str]) -> Joined:
     from areal_hex_plugin.areal.rewrite import flagged
     from areal_hex_plugin.areal.schedulers.local import HexLocalScheduler
     from areal_hex_plugin.areal.transport_setup import cluster_of, with_servers
-    from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.costmodel import CostModel
 
     rollout, actor = trainer.rollout, trainer.actor
     if not isinstance(rollout.scheduler, HexLocalScheduler):
@@ -129,7 +129,7 @@ def join_machine(trainer, request: JoinRequest, busy: set[str]) -> Joined:
     recipe = recipe_of(trainer.config)
     if request.pool not in {p.name for p in recipe.cluster.pools}:
         raise HexError(tag(request.index), f"pool {request.pool!r} is not in the recipe", "name a pool of it")
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     placement = rollout.scheduler.placement
     slots, new = machine_slots(
         cm, trainer.hex_plan, placement, request, len(rollout.workers), lambda s: flagged(s, trainer.config)

@@ -65,11 +65,11 @@ def _train_entry(stages, est) -> dict:
 
 def estimate(recipe) -> dict:
     """The ``--json`` document for a loaded recipe."""
-    from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.costmodel import CostModel
     from areal_hex_plugin.costmodel.single_type import SINGLE_TYPE_MAX_PP, best_rollout, best_train
     from areal_hex_plugin.costmodel.sources import phase_sources
 
-    calibration = recipe_calibration(recipe)
+    calibration = recipe.calibration
     cm = CostModel(recipe.cluster, recipe.workload, calibration)
     max_pp = min(recipe.solver.max_pp_stages, SINGLE_TYPE_MAX_PP)
     per_type: dict[str, dict] = {}

@@ -154,7 +154,7 @@ def _report(gpu_type: str, fit: ProfileFit) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from areal_hex_plugin.costmodel.calibration import PROFILE_FORMAT, recipe_calibration
+    from areal_hex_plugin.costmodel.calibration import PROFILE_FORMAT
     from areal_hex_plugin.costmodel.measurements import DecodeMeasurements, DecodePoint, TrainMeasurements
     from areal_hex_plugin.specs.typed import meta_of, scalar
 
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
             )
     else:
         measurements = _measure(args, recipe, pool)
-    fit = fit_profile(pool, recipe.workload.model, measurements, recipe_calibration(recipe))
+    fit = fit_profile(pool, recipe.workload.model, measurements, recipe.calibration)
     name = pool.gpu_type
     document = {
         "format": PROFILE_FORMAT,

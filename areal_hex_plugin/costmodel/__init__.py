@@ -1,6 +1,6 @@
 """Analytic, calibration-aware cost models (no solver code, no areal/torch imports)."""
 
-from areal_hex_plugin.costmodel.calibration import Calibration, Efficiency, recipe_calibration
+from areal_hex_plugin.costmodel.calibration import Calibration, Efficiency
 from areal_hex_plugin.costmodel.model import CostModel
 from areal_hex_plugin.costmodel.rollout import RolloutEstimate, RolloutStage
 from areal_hex_plugin.costmodel.train import TrainEstimate, TrainStage
@@ -15,5 +15,4 @@ __all__ = [
     "TrainEstimate",
     "TrainStage",
     "WeightSyncEstimate",
-    "recipe_calibration",
 ]

@@ -28,15 +28,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs.catalog import GpuCatalog
 from areal_hex_plugin.specs.config import CalibrationConfig
 from areal_hex_plugin.specs.files import read_json
-
-if TYPE_CHECKING:
-    from areal_hex_plugin.specs.recipe import Recipe
 
 PROFILE_FORMAT = "areal-hex-profile/1"
 
@@ -239,8 +235,3 @@ def build_calibration(
                 source = sources.get((name, key), f"recipe {where}.{name}")
                 calibration = calibration.with_factors(canonical, {key: value}, source)
     return calibration
-
-
-def recipe_calibration(recipe: Recipe) -> Calibration:
-    """The calibration a loaded :class:`~areal_hex_plugin.specs.recipe.Recipe` asks for."""
-    return build_calibration(recipe.hex.calibration, recipe.catalog, recipe.path.parent)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from areal_hex_plugin.costmodel import kernel_data
+import areal_hex_plugin.costmodel.kernel_data as kernel_data
 from areal_hex_plugin.specs.models import ModelShape
 
 ROOFLINE, KERNEL_DATA = "roofline", "kernel data"  # where a decode iteration's seconds come from

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from areal_hex_plugin.costmodel import kernel_data
+import areal_hex_plugin.costmodel.kernel_data as kernel_data
 from areal_hex_plugin.costmodel.calibration import GENERIC_SOURCE, Calibration
 from areal_hex_plugin.costmodel.decode import (
     ROOFLINE,

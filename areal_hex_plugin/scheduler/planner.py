@@ -107,7 +107,6 @@ class Planner:
 
     def __init__(self, recipe, request: PlanRequest) -> None:
         from areal_hex_plugin.costmodel import CostModel
-        from areal_hex_plugin.costmodel.calibration import recipe_calibration
 
         self.recipe = recipe
         self.request = request
@@ -129,7 +128,7 @@ class Planner:
         # and keeps its own work off the search's clock), so the splits the searches visit are the same for
         # every eta >= 1.
         steer_workload = self.workload.at_eta(steering_eta(self.eta))
-        steer_cm = CostModel(self.cluster, steer_workload, recipe_calibration(recipe))
+        steer_cm = CostModel(self.cluster, steer_workload, recipe.calibration)
         self.steer = Evaluator(
             steer_cm,
             self.cluster,

@@ -152,9 +152,9 @@ def _substitute(
 
 
 def _reshare_rollout(recipe, old: HexPlan, lost: set[str], gained: dict[str, list[str]]) -> HexPlan:
-    from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.costmodel import CostModel
 
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     machines = [m for m in old.machines if m.host not in lost]
     # Replicas with a GPU on a lost machine are gone; the rest keep their machines and GPUs.
     dead = {
@@ -382,12 +382,12 @@ def replan_for_lengths(recipe, current: HexPlan, workload) -> LengthSuggestion:
     """Plan ``recipe`` with ``workload``'s (measured) output lengths, and score ``current`` at them: its rollout
     seconds per step at those lengths as the planner scores its runtime, its tokens per step by the ratio of the
     mean lengths."""
-    from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.costmodel import CostModel
     from areal_hex_plugin.scheduler import plan_recipe
 
     measured = replace(recipe, workload=workload)
     new = _keep_roles(current, plan_recipe(measured))
-    cm = CostModel(measured.cluster, workload, recipe_calibration(measured))
+    cm = CostModel(measured.cluster, workload, measured.calibration)
     groups = tuple((_config(cm, g), g.count) for g in current.rollout.replicas)
     held = held_runtime(
         cm, groups, max(1, current.solver.window_steps), admitted=current.staleness.max_concurrent_rollouts

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from areal_hex_plugin.costmodel.calibration import Calibration
+from areal_hex_plugin.costmodel.calibration import Calibration, build_calibration
 from areal_hex_plugin.costmodel.fit_baselines import measured_workload, setting_from
 from areal_hex_plugin.scheduler import plan_recipe
 from areal_hex_plugin.sim.reproduce import as_areal_ran, paper_request, rented
@@ -29,8 +29,9 @@ EQUAL_PHASES = 0.01
 def with_calibration(recipe, calibration: Calibration, gpu_types: list[str]):
     """``recipe`` planned with ``calibration``'s factors for ``gpu_types`` (as recipe overrides)."""
     per_type = {t: GpuEfficiencyConfig(**calibration.as_dict([t])[t]) for t in gpu_types}
-    hex_cfg = dataclasses.replace(recipe.hex, calibration=CalibrationConfig(profile=None, gpu_types=per_type))
-    return dataclasses.replace(recipe, hex=hex_cfg)
+    cfg = CalibrationConfig(profile=None, gpu_types=per_type)
+    hex_cfg = dataclasses.replace(recipe.hex, calibration=cfg)
+    return dataclasses.replace(recipe, hex=hex_cfg, calibration=build_calibration(cfg, recipe.catalog))
 
 
 def homogeneous(recipe, gpu_type: str, gpus: int, run: Mapping, layout: list[int] | None = None):

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+from areal_hex_plugin.costmodel import CostModel
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler.reshare import ServerShape, drift, reshare
@@ -57,7 +57,7 @@ def setting_of(recipe, plan: HexPlan) -> Setting:
     elastic, up = recipe.hex.elastic, recipe.upstream
     recover = up["recover.mode"] in ("on", "auto")
     return Setting(
-        cm=CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe)),
+        cm=CostModel(recipe.cluster, recipe.workload, recipe.calibration),
         shapes=tuple(ServerShape(g.pool, g.tp, g.pp, g.concurrency) for g in plan.rollout.replicas),
         detect_s=elastic.failures_to_down * (elastic.health_interval_s + elastic.health_timeout_s),
         drift_threshold=elastic.drift_threshold,

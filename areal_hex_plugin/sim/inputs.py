@@ -13,7 +13,7 @@ prefill rate (``RolloutEstimate.prefill_s_per_token``), the same figure the plan
 
 from __future__ import annotations
 
-from areal_hex_plugin.costmodel import CostModel, RolloutStage, TrainStage, recipe_calibration
+from areal_hex_plugin.costmodel import CostModel, RolloutStage, TrainStage
 from areal_hex_plugin.costmodel.plan_check import plan_estimates
 from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.errors import HexError
@@ -23,7 +23,7 @@ from areal_hex_plugin.sim.spec import LaneSpec, SimSpec
 
 def sim_spec(recipe, plan: HexPlan) -> SimSpec:
     """The simulation inputs of ``plan`` on ``recipe``'s cluster and workload."""
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     workload = recipe.workload
     if not plan.rollout.replicas or not plan.train.stages:
         raise HexError(

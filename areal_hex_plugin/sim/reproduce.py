@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+from areal_hex_plugin.costmodel import CostModel
 from areal_hex_plugin.costmodel.fit_baselines import areal_runtime
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
@@ -136,7 +136,7 @@ def even_split(recipe: Recipe) -> dict[str, float]:
     each half laid out as the planner would for the recipe's runtime (phase 1a and 1b), at the paper's metric."""
     pool = recipe.cluster.pools[0]
     half = pool.n_gpus // 2
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     solver, caps = recipe.solver, recipe_caps(recipe)
     train = search_train(cm, recipe.cluster, {pool.name: half}, caps.train_stages(solver.max_pp_stages))
     evaluator = Evaluator(cm, recipe.cluster, recipe.workload, solver, "broadcast", caps=caps)
@@ -257,7 +257,7 @@ def ratio_elasticities(recipe: Recipe, pairs: dict[str, tuple[Planned, Planned, 
     predicted value, the Hex plan's tokens/s (per $/h) over the baseline's, and its elasticity to each factor of
     the testbed's GPU types and to the workload, every plan held (``scheduler/sensitivity.py``; a plan's $/h does
     not move, so a ratio per $/h moves as the ratio of tokens/s)."""
-    calibration, workload = recipe_calibration(recipe), recipe.workload
+    calibration, workload = recipe.calibration, recipe.workload
     planned = list({id(p): p for a, b, _ in pairs.values() for p in (a, b)}.values())
     bases = {id(plan): CostModel(on.cluster, workload, calibration) for plan, on in planned}
 

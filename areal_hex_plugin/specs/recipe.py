@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from areal_hex_plugin.costmodel.calibration import build_calibration
+from areal_hex_plugin.costmodel.calibration import Calibration, build_calibration
 from areal_hex_plugin.costmodel.memory import TRAIN_BYTES_PER_PARAM, USABLE_HBM_FRACTION, min_rollout_gpus
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs import typed
@@ -104,6 +104,7 @@ class Recipe:
     catalog: GpuCatalog
     cluster: Cluster
     workload: WorkloadSpec
+    calibration: Calibration  # built once, relative profile paths read from the recipe's folder
 
     @property
     def solver(self) -> SolverConfig:
@@ -340,7 +341,7 @@ def load_recipe(
     rl = _rl_settings(upstream, config, hex_cfg.solver.max_update_window)
     catalog = build_catalog({name: vars(fig) for name, fig in hex_cfg.gpu_catalog.items()})
     cluster = build_cluster(hex_cfg.cluster, catalog)
-    build_calibration(hex_cfg.calibration, catalog, folder)  # refuse bad factors or profiles up front
+    calibration = build_calibration(hex_cfg.calibration, catalog, folder)
 
     model_spec = hex_cfg.workload.model or upstream["actor.path"]
     if not model_spec:
@@ -376,4 +377,4 @@ def load_recipe(
             "training state and a replica's weights alone need that much memory)",
             f"raise the budget to at least {cheapest[0]:.2f}, or add cheaper machines",
         )
-    return Recipe(file, config, hex_cfg, upstream, catalog, cluster, workload)
+    return Recipe(file, config, hex_cfg, upstream, catalog, cluster, workload, calibration)

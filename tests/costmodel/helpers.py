@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from areal_hex_plugin.costmodel import CostModel, RolloutStage, recipe_calibration
+from areal_hex_plugin.costmodel import CostModel, RolloutStage
 from areal_hex_plugin.costmodel.calibration import Calibration
 from areal_hex_plugin.costmodel.fit import MEASUREMENTS_FORMAT, PROBE, probe_setting
 from areal_hex_plugin.costmodel.rollout import batch_timings
@@ -24,7 +24,7 @@ def recipe(name: str, *overrides: str) -> Recipe:
 
 def cost_model(name: str, *overrides: str) -> CostModel:
     r = recipe(name, *overrides)
-    return CostModel(r.cluster, r.workload, recipe_calibration(r))
+    return CostModel(r.cluster, r.workload, r.calibration)
 
 
 def pool_of(r: Recipe, gpu_type: str) -> Pool:

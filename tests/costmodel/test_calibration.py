@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from areal_hex_plugin.costmodel import Calibration, recipe_calibration
+from areal_hex_plugin.costmodel import Calibration
 from areal_hex_plugin.costmodel.calibration import GENERIC, read_profile
 from areal_hex_plugin.errors import HexError
 from tests.costmodel.helpers import recipe
@@ -22,7 +22,7 @@ from tests.costmodel.helpers import recipe
 )
 def test_bad_calibration_in_a_recipe_names_the_field(override, words):
     with pytest.raises(HexError, match="hex.calibration") as err:
-        recipe_calibration(recipe("paper/7b.yaml", override))
+        recipe("paper/7b.yaml", override)
     assert words in str(err.value)
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from areal_hex_plugin.costmodel import kernel_data, recipe_calibration
+from areal_hex_plugin.costmodel import kernel_data
 from areal_hex_plugin.costmodel.decode import KERNEL_DATA, ROOFLINE
 from areal_hex_plugin.costmodel.lengths import length_stats
 from areal_hex_plugin.costmodel.rollout import RolloutStage, decode_step_s, estimate_rollout
@@ -33,7 +33,7 @@ def test_decode_step_within_10_percent_of_the_oracle(gpu, model, tp):
     stages = (RolloutStage(recipe.cluster.pools[0].name, tp),)
     for p in points:
         seconds, source = decode_step_s(
-            recipe.cluster, recipe.workload, recipe_calibration(recipe), stages, p["batch"], p["context"]
+            recipe.cluster, recipe.workload, recipe.calibration, stages, p["batch"], p["context"]
         )
         assert source == KERNEL_DATA
         assert seconds == pytest.approx(p["decode_ms"] / 1000, rel=0.10), p
@@ -42,13 +42,11 @@ def test_decode_step_within_10_percent_of_the_oracle(gpu, model, tp):
 def test_the_roofline_serves_uncovered_types_and_measured_factors():
     h800 = _recipe("H800-PCIe")
     stages = (RolloutStage(h800.cluster.pools[0].name, 1),)
-    assert (
-        decode_step_s(h800.cluster, h800.workload, recipe_calibration(h800), stages, 32, 2048)[1] == ROOFLINE
-    )
+    assert decode_step_s(h800.cluster, h800.workload, h800.calibration, stages, 32, 2048)[1] == ROOFLINE
     # H100 is covered, but a profile of the user's own H100s (here: a measured hbm_fraction) is closer to them.
     h100 = _recipe("H100")
     stages = (RolloutStage(h100.cluster.pools[0].name, 1),)
-    generic = recipe_calibration(h100)
+    generic = h100.calibration
     measured = generic.with_factors("H100", {"hbm_fraction": 0.7}, "profile h100.json")
     assert decode_step_s(h100.cluster, h100.workload, generic, stages, 32, 2048)[1] == KERNEL_DATA
     assert decode_step_s(h100.cluster, h100.workload, measured, stages, 32, 2048)[1] == ROOFLINE
@@ -56,7 +54,7 @@ def test_the_roofline_serves_uncovered_types_and_measured_factors():
 
 def test_a_replica_estimate_says_where_its_step_came_from_and_uses_it():
     recipe = _recipe("H100")
-    cal = recipe_calibration(recipe)
+    cal = recipe.calibration
     lengths = length_stats(recipe.workload.output_lengths, recipe.workload.rl.n_samples)
     pool = recipe.cluster.pools[0].name
     one = estimate_rollout(recipe.cluster, recipe.workload, cal, lengths, (RolloutStage(pool, 1),))

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from areal_hex_plugin.costmodel import fit_baselines as fit_baselines_module
-from areal_hex_plugin.costmodel.calibration import BUILTIN, RANGES, recipe_calibration
+from areal_hex_plugin.costmodel.calibration import BUILTIN, RANGES
 from areal_hex_plugin.costmodel.fit_baselines import fit_baselines, setting_from
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.sim.baselines import baseline_phases
@@ -33,7 +33,7 @@ def test_every_factor_of_the_paper_profile_names_its_source():
         for key in factors:
             source = SHIPPED["sources"][gpu_type][key]
             assert source.startswith(("fit to baselines.json", "assumed default")), (gpu_type, key, source)
-    cal = recipe_calibration(recipe("paper/7b.yaml"))
+    cal = recipe("paper/7b.yaml").calibration
     assert cal.source("H800-PCIe", "train_mfu").startswith("fit to baselines.json: h800")
     assert cal.for_gpu("H20").train_mfu == SHIPPED["gpu_types"]["H20"]["train_mfu"]
 
@@ -50,7 +50,7 @@ def test_baseline_phases_within_15_percent():
     """Done-when of issues 13 and 23: the planner with the fitted factors reproduces every measured phase and the
     paper's metric, each run in its measured setting."""
     rows = baseline_phases(
-        _recipes(), recipe_calibration(recipe("paper/7b.yaml")), BASELINES, SHIPPED["cluster_gpus"]
+        _recipes(), recipe("paper/7b.yaml").calibration, BASELINES, SHIPPED["cluster_gpus"]
     )
     assert len(rows) == 3 * 2 * 4
     assert {r["phase"] for r in rows} == {"rollout_s", "train_s", "weight_sync_s", "tokens_per_s"}

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from areal_hex_plugin.cli import main
-from areal_hex_plugin.costmodel import CostModel, RolloutStage, recipe_calibration
+from areal_hex_plugin.costmodel import CostModel, RolloutStage
 from areal_hex_plugin.costmodel.calibration import GENERIC, RANGES, read_profile
 from areal_hex_plugin.costmodel.fit import fit_profile
 from areal_hex_plugin.errors import HexError
@@ -115,7 +115,7 @@ def test_profile_command_fits_saved_measurements_into_a_profile_recipes_use(tmp_
         f"++hex.calibration.profile={profile}",
         "++hex.calibration.gpu_types.H20.train_mfu=0.3",
     )
-    cal = recipe_calibration(r)
+    cal = r.calibration
     assert cal.for_gpu("H20").infer_mfu == pytest.approx(0.3, rel=0.01)
     assert cal.for_gpu("H20").train_mfu == 0.3
     assert cal.for_gpu("H800-PCIe") == GENERIC  # the profile replaces the recipe's builtin:paper

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from areal_hex_plugin.costmodel import CostModel, TrainStage, recipe_calibration
+from areal_hex_plugin.costmodel import CostModel, TrainStage
 from areal_hex_plugin.costmodel.memory import stage_params
 from areal_hex_plugin.scheduler.train_search import search_train
 from tests.scheduler.helpers import recipe_with_pools
@@ -16,7 +16,7 @@ from tests.scheduler.helpers import recipe_with_pools
 @pytest.fixture(scope="module")
 def cm() -> CostModel:
     r = recipe_with_pools([("H800-PCIe", 8, 64)], "7b")
-    return CostModel(r.cluster, r.workload, calibration=recipe_calibration(r))
+    return CostModel(r.cluster, r.workload, calibration=r.calibration)
 
 
 @pytest.fixture(scope="module")

@@ -26,14 +26,14 @@ def two_layout_plan(folder: Path, scheduler: str, steps: int = 8) -> Path:
     on big-0 and big-1, a tp1 server on big-2 and a tp2 server on small-0's two GPUs, each with the cost model's
     speed for its layout and a share in proportion to it, the small server's batch capped at 4, weights pushed
     after every step. The planner's plan for the recipe gives the rest (objective, predictions, staleness)."""
-    from areal_hex_plugin.costmodel import CostModel, RolloutStage, recipe_calibration
+    from areal_hex_plugin.costmodel import CostModel, RolloutStage
     from areal_hex_plugin.plan import HexPlan
     from areal_hex_plugin.scheduler import plan_recipe
     from areal_hex_plugin.specs.recipe import load_recipe
 
     recipe = load_recipe(RECIPE, [*overrides(folder, scheduler, steps), *LONGER], base_dir=REPO)
     plan = plan_recipe(recipe).to_dict()
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     groups = []
     for pool, gpu_type, tp, cap in (("big", "CPU-BIG", 1, None), ("small", "CPU-SMALL", 2, 4)):
         estimate = cm.rollout((RolloutStage(pool=pool, tp=tp),))

@@ -18,7 +18,7 @@ from areal_hex_plugin.areal.elastic import DOWN, JOINING, UP, ElasticRollout, ou
 from areal_hex_plugin.areal.join import Joined  # noqa: E402
 from areal_hex_plugin.areal.placement import ROLLOUT_ROLE, WorkerSlot  # noqa: E402
 from areal_hex_plugin.areal.routing import ShareRouter  # noqa: E402
-from areal_hex_plugin.costmodel import CostModel, recipe_calibration  # noqa: E402
+from areal_hex_plugin.costmodel import CostModel  # noqa: E402
 from areal_hex_plugin.joins import JOIN_FILE, append_request  # noqa: E402
 from areal_hex_plugin.scheduler.reshare import ServerShape  # noqa: E402
 from areal_hex_plugin.specs.config import ElasticConfig  # noqa: E402
@@ -76,7 +76,7 @@ def rig(servers, tmp_path):
 
     elastic = ElasticRollout(
         CONFIG,
-        CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe)),
+        CostModel(recipe.cluster, recipe.workload, recipe.calibration),
         SHAPES,
         ["big-2/0", "small-0/1"],
         [s.address for s in servers],

@@ -90,14 +90,14 @@ def test_a_malformed_line_is_reported_and_keeps_the_numbering(tmp_path):
 def test_the_servers_a_joining_machine_runs(laid_out):
     from areal_hex_plugin.areal.join import Joined, machine_slots, on_this_node
     from areal_hex_plugin.areal.placement import node_local, placement_from_plan
-    from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.costmodel import CostModel
     from areal_hex_plugin.errors import HexError
     from areal_hex_plugin.joins import JoinRequest
     from areal_hex_plugin.scheduler.reshare import ServerShape
     from tests.elastic.plans import elastic_recipe
 
     recipe = elastic_recipe()
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     placement = node_local(placement_from_plan(laid_out), laid_out)  # as hex_local lays the machines out
 
     def slots(host: str, pool: str):

@@ -211,7 +211,7 @@ def test_a_lost_rollout_machine_is_predicted_as_the_planner_scores_the_fleet_lef
     """The replan's prediction is the planner's own score of the plan it writes, held (its caps, window, admitted
     rollouts; a window that drains pays its drain). Before, replicas were scored uncapped and without the drain:
     the A100 + L40S mix kept 41,645 tokens/s after losing a rollout machine, where its fleet makes 23,753."""
-    from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.costmodel import CostModel
     from areal_hex_plugin.scheduler import plan_recipe
     from areal_hex_plugin.scheduler.sensitivity import Held, Rules
 
@@ -219,7 +219,7 @@ def test_a_lost_rollout_machine_is_predicted_as_the_planner_scores_the_fleet_lef
     plan = plan_recipe(recipe)
     lost = next(m.host for m in plan.machines if m.role == "rollout")
     new = replan(recipe, plan, [lost], {}).plan
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     held = Held.of_plan(new).tokens_per_s(cm, Rules.of(recipe))
     assert new.predicted.tokens_per_s == pytest.approx(held, rel=1e-3)
     assert new.predicted.tokens_per_s < 0.95 * plan.predicted.tokens_per_s

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+from areal_hex_plugin.costmodel import CostModel
 from areal_hex_plugin.scheduler.inflight import best_split
 from areal_hex_plugin.scheduler.reshare import (
     RESOLUTION,
@@ -29,7 +29,7 @@ def recipe():
 
 
 def _cm(recipe, workload=None) -> CostModel:
-    return CostModel(recipe.cluster, workload or recipe.workload, recipe_calibration(recipe))
+    return CostModel(recipe.cluster, workload or recipe.workload, recipe.calibration)
 
 
 def test_the_shares_are_the_planners_split_over_the_live_servers(recipe):
@@ -81,7 +81,7 @@ def test_a_step_of_the_plans_own_lengths_is_no_drift():
     the fault simulator), past the 20% threshold, and shares re-balanced on noise. Doubled lengths still read as
     drift."""
     paper = load_recipe(REPO / "recipes/paper/7b.yaml", [])
-    cm = CostModel(paper.cluster, paper.workload, recipe_calibration(paper))
+    cm = CostModel(paper.cluster, paper.workload, paper.calibration)
     servers, live = [ServerShape("h20", 1)] * 4 + [ServerShape("h800", 1)] * 4, [True] * 8
     dist, rng = paper.workload.output_lengths, random.Random(0)
     changes = [drift(cm, servers, live, dist.sample(rng, 500), "step").change for _ in range(20)]

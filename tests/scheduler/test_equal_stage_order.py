@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from itertools import permutations
 
-from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+from areal_hex_plugin.costmodel import CostModel
 from areal_hex_plugin.costmodel.train import TrainStage
 from areal_hex_plugin.scheduler.train_search import _equal_combinations, search_train
 from areal_hex_plugin.sim.reproduce import H20, H800, rented
@@ -20,7 +20,7 @@ from tests.conftest import REPO
 
 def _mix():
     recipe = rented(load_recipe(REPO / "recipes/paper/7b.yaml", []), {H800: 4, H20: 52})
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     return recipe, cm
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+from areal_hex_plugin.costmodel import CostModel
 from areal_hex_plugin.costmodel.train import TrainStage
 from areal_hex_plugin.scheduler import plan_recipe
 from areal_hex_plugin.scheduler.train_search import search_train
@@ -17,7 +17,7 @@ RECIPE = REPO / "recipes/ci/one_machine.yaml"
 
 def test_a_dp_that_does_not_divide_the_samples_is_refused_with_the_reason():
     recipe = load_recipe(RECIPE, [])
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     samples = recipe.workload.rl.samples_per_step
     assert samples % 3 and not samples % 2
     pool = recipe.cluster.pools[0].name
@@ -28,7 +28,7 @@ def test_a_dp_that_does_not_divide_the_samples_is_refused_with_the_reason():
 
 def test_the_search_takes_the_largest_dp_that_divides_the_samples():
     recipe = load_recipe(RECIPE, [])
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     pool = recipe.cluster.pools[0].name
     chosen = search_train(cm, recipe.cluster, {pool: 7}, max_pp=1)
     assert [s.dp * s.tp for s in chosen.stages] == [4]  # 7 GPUs: dp4 (16 samples), not dp7
@@ -36,9 +36,7 @@ def test_the_search_takes_the_largest_dp_that_divides_the_samples():
     loose = dataclasses.replace(
         recipe.workload, rl=dataclasses.replace(recipe.workload.rl, even_dispatch=False)
     )
-    assert (
-        CostModel(recipe.cluster, loose, recipe_calibration(recipe)).train((TrainStage(pool, 3, 1),)).feasible
-    )
+    assert CostModel(recipe.cluster, loose, recipe.calibration).train((TrainStage(pool, 3, 1),)).feasible
 
 
 def test_every_plan_of_the_one_machine_recipe_divides_its_samples():

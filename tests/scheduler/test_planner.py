@@ -152,12 +152,12 @@ def test_cli_bad_input_exits_2_without_traceback_or_file(tmp_path, capsys, args)
 
 def test_replicas_hold_no_more_sequences_than_the_staleness_bound_admits():
     """eta = 0 with a small batch: upstream admits one batch of rollouts, so the plan's replicas share it."""
-    from areal_hex_plugin.costmodel import CostModel, recipe_calibration
+    from areal_hex_plugin.costmodel import CostModel
     from areal_hex_plugin.specs.recipe import load_recipe
 
     recipe = load_recipe(PAPER_7B, ["rollout.max_head_offpolicyness=0", "train_dataset.batch_size=8"])
     plan = plan_recipe(recipe)
-    cap = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe)).staleness_sequences()
+    cap = CostModel(recipe.cluster, recipe.workload, recipe.calibration).staleness_sequences()
     in_flight = sum(g.concurrency * g.count for g in plan.rollout.replicas)
     assert in_flight <= cap < 8 * 16
 

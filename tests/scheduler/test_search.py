@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from areal_hex_plugin.costmodel import CostModel, TrainStage, recipe_calibration
+from areal_hex_plugin.costmodel import CostModel, TrainStage
 from areal_hex_plugin.costmodel.memory import TRAIN_BYTES_PER_PARAM, USABLE_HBM_FRACTION
 from areal_hex_plugin.scheduler.brute import BruteForce
 from areal_hex_plugin.scheduler.planner import Planner, PlanRequest, plan_recipe
@@ -67,7 +67,7 @@ def test_the_time_limit_is_honoured_on_a_large_cluster():
 
 def test_training_search_keeps_tp_in_a_machine_and_prunes_without_loss():
     recipe = recipe_with_pools([("H800-PCIe", 4, 2), ("H20", 8, 2)], "7b")
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     gpus = {"p0": 8, "p1": 16}
     pruned = search_train(cm, recipe.cluster, gpus, max_pp=4)
     full = search_train(cm, recipe.cluster, gpus, max_pp=4, exhaustive=True)
@@ -85,7 +85,7 @@ def test_training_search_keeps_tp_in_a_machine_and_prunes_without_loss():
 
 def test_training_search_finds_nothing_when_memory_is_too_small():
     recipe = recipe_with_pools([("L40S", 1, 1), ("H20", 8, 2)], "14b")
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     assert search_train(cm, recipe.cluster, {"p0": 1}, max_pp=4) is None
     assert not cm.train((TrainStage("p0", 1, 1),)).feasible
 
@@ -101,7 +101,7 @@ def test_gap_is_measured_against_a_valid_bound():
 
 def test_the_memory_cut_never_drops_a_layout_the_cost_model_accepts():
     recipe = recipe_with_pools([("L40S", 4, 2), ("A100-80GB", 2, 2)], "14b")
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     pools = [recipe.cluster.pool("p1"), recipe.cluster.pool("p0")]
     per_pool = [_options(p, p.n_gpus, 4, recipe.workload.rl.samples_per_step) for p in pools]
     state = recipe.workload.model.params * TRAIN_BYTES_PER_PARAM

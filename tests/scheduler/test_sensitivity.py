@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from areal_hex_plugin.cli import main
-from areal_hex_plugin.costmodel import CostModel, Efficiency, recipe_calibration
+from areal_hex_plugin.costmodel import CostModel, Efficiency
 from areal_hex_plugin.costmodel.calibration import FACTORS, Calibration
 from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
 from areal_hex_plugin.scheduler.caps import recipe_caps
@@ -65,7 +65,7 @@ def test_a_held_plan_rescores_to_the_planners_prediction(recipe, overrides):
     plan = plan_recipe(r, PlanRequest(sensitivity=True))
     if overrides:  # the expected losses priced in
         assert plan.predicted.tokens_per_s < plan.predicted.loss_free_tokens_per_s
-    cm = CostModel(r.cluster, r.workload, recipe_calibration(r))
+    cm = CostModel(r.cluster, r.workload, r.calibration)
     held = Held.of_plan(plan).tokens_per_s(cm, Rules.of(r))
     assert held == pytest.approx(plan.predicted.tokens_per_s, rel=1e-6)
     # Every factor of every GPU type of the cluster, and the length distribution's figures, are inputs.

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from areal_hex_plugin.cli import main
-from areal_hex_plugin.costmodel import CostModel, RolloutStage, recipe_calibration
+from areal_hex_plugin.costmodel import CostModel, RolloutStage
 from areal_hex_plugin.scheduler import plan_recipe
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.specs.recipe import load_recipe
@@ -25,7 +25,7 @@ def planned():
 def test_step_table_follows_the_cost_model(planned):
     recipe, plan = planned
     spec = sim_spec(recipe, plan)
-    cm = CostModel(recipe.cluster, recipe.workload, recipe_calibration(recipe))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     for group, lane in zip(plan.rollout.replicas, spec.lanes, strict=True):
         stages = tuple(RolloutStage(group.pool, group.tp) for _ in range(group.pp))
         estimate = cm.rollout(stages, max_sequences=group.concurrency)  # the plan's batch per replica
