@@ -1,10 +1,9 @@
 """``python -m areal_hex_plugin.driver --config RECIPE.yaml [Hydra overrides]``: run a recipe on upstream AReaL.
 
-Same shape as upstream's example scripts (and usable as an ``areal train run --driver`` function on 2.x):
-call :func:`register` (the plugin's one way in, shared with user scripts), load the recipe, take the plan
-(``hex.plan_path``, or solve it now), rewrite the upstream config, check the plan against the recipe's cluster and
-the live one (the pre-flight of ``areal-hex check``, ``areal/preflight.py``), then train with ``HexPPOTrainer`` and
-the recipe's ``hex.workflow``. ``hex.dry_run=true`` runs the same checks, prints the rewritten config and the
+Same shape as upstream's example scripts (and usable as an ``areal train run --driver`` function on 2.x): the
+pre-flight of ``areal-hex check`` (``areal/preflight.py``) loads the recipe, takes the plan (``hex.plan_path``, or
+solves it now), rewrites the upstream config and checks the plan against the recipe's cluster and the live one, and
+hands back the run's session; the driver then trains with ``HexPPOTrainer`` on it and the recipe's ``hex.workflow``. ``hex.dry_run=true`` runs the same checks, prints the rewritten config and the
 placement and exits without starting anything. Bad input exits 2 with one message.
 """
 
@@ -33,23 +32,6 @@ def split_argv(argv: list[str]) -> tuple[str, list[str]]:
     return path, rest
 
 
-def obtain_plan(recipe, config):
-    """The saved plan at ``hex.plan_path`` (checked against the recipe and its budget, and its layouts by the cost
-    model as the planner's own are), or a plan solved now."""
-    from areal_hex_plugin.costmodel import CostModel
-    from areal_hex_plugin.costmodel.plan_check import plan_estimates
-    from areal_hex_plugin.saved_plan import load_saved_plan
-
-    if not config.hex.plan_path:
-        from areal_hex_plugin.scheduler import plan_recipe
-
-        plan = plan_recipe(recipe)  # for the recipe's backends: the plan areal-hex plan RECIPE shows
-        return plan, f"solved at start for {plan.runtime}"
-    plan = load_saved_plan(config.hex.plan_path, recipe, "hex.plan_path")
-    plan_estimates(CostModel(recipe.cluster, recipe.workload, recipe.calibration), plan)
-    return plan, f"plan {config.hex.plan_path}"
-
-
 def run(argv: list[str]) -> int:
     from areal_hex_plugin.areal.dryrun import describe_dry_run
     from areal_hex_plugin.areal.launch import scheduler_factory
@@ -57,42 +39,15 @@ def run(argv: list[str]) -> int:
     from areal_hex_plugin.outfiles import write_json
 
     path, overrides = split_argv(argv)
-    checked = preflight(path, overrides, run=True)  # every check of `areal-hex check`, before anything starts
-    config, plan = checked.config, checked.plan
+    session = preflight(path, overrides, run=True)  # every check of `areal-hex check`, before anything starts
+    config = session.config
     if config.hex.plan_out:
-        written = write_json(config.hex.plan_out, plan.to_dict(), "hex.plan_out")
+        written = write_json(config.hex.plan_out, session.plan.to_dict(), "hex.plan_out")
         print(f"plan written to {written}", file=sys.stderr)
     if config.hex.dry_run:
-        print(describe_dry_run(checked))
+        print(describe_dry_run(session))
         return 0
-    make_scheduler = scheduler_factory(config, plan, checked.rewrite.placement)
-    return _train(config, plan, make_scheduler, path, overrides)
-
-
-def check_transport(config) -> None:
-    """What the relay transport needs from the config and the environment, checked before any worker starts."""
-    from areal_hex_plugin.areal.rewrite import uses_relay
-
-    if not uses_relay(config):
-        return
-    mode = config.actor.weight_update_mode
-    if mode != "xccl":
-        raise HexError(
-            "actor.weight_update_mode",
-            f"is {mode!r}, but hex.transport=relay sends weights in place of upstream's xccl buckets",
-            "set actor.weight_update_mode=xccl, or hex.transport=upstream to keep upstream's own path",
-        )
-    megatron = config.actor.megatron
-    if megatron.bridge_type == "megatron-bridge" and megatron.use_bridge_for_update_weights:
-        raise HexError(
-            "actor.megatron.use_bridge_for_update_weights",
-            "is true: megatron-bridge's export hands every pipeline stage the whole model, and the relay sends "
-            "each stage's own layers",
-            "set it to false (upstream's convert_to_hf path, its default), or hex.transport=upstream",
-        )
-    from areal_hex_plugin.transport.wire import load_token
-
-    load_token()
+    return _train(session, scheduler_factory(session), path, overrides)
 
 
 def workflow_kwargs(config, temperature: float | None = None) -> dict:
@@ -148,12 +103,13 @@ def resume_fix(recipe: str, overrides: list[str], config, lost: list[str], plan_
     return f"{shlex.join([*replan, '--json', new, *kept])} && {shlex.join(drive)}{note}"
 
 
-def _train(config, plan, make_scheduler, recipe: str, overrides: list[str]) -> int:
+def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
     from areal.dataset import get_custom_dataset
     from areal.utils.hf_utils import load_hf_tokenizer
 
     from areal_hex_plugin.areal.trainer import PLAN_FILE, HexPPOTrainer
 
+    config = session.config
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
     train_dataset = get_custom_dataset(
         split="train", dataset_config=config.train_dataset, tokenizer=tokenizer
@@ -165,7 +121,7 @@ def _train(config, plan, make_scheduler, recipe: str, overrides: list[str]) -> i
         )
     lost: list[str] = []
     with HexPPOTrainer(
-        config, train_dataset, valid_dataset, plan=plan, make_scheduler=make_scheduler
+        config, train_dataset, valid_dataset, session=session, make_scheduler=make_scheduler
     ) as trainer:
         try:
             trainer.train(

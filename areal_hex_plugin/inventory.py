@@ -157,6 +157,11 @@ def machines_from_ray_nodes(nodes: list[dict]) -> list[Machine]:
 
 def machines_from_ray(address: str | None) -> list[Machine]:
     """Connect to a running Ray cluster (``address`` or ``auto``) and read its GPU nodes."""
+    return machines_from_ray_nodes(ray_nodes(address))
+
+
+def ray_nodes(address: str | None) -> list[dict]:
+    """The node records of a running Ray cluster (``address`` or ``auto``), as ``ray.nodes()`` gives them."""
     import ray
 
     was_initialized = ray.is_initialized()
@@ -172,7 +177,7 @@ def machines_from_ray(address: str | None) -> list[Machine]:
                 "RAY_AUTH_TOKEN exported",
             ) from None
     try:
-        return machines_from_ray_nodes(ray.nodes())
+        return ray.nodes()
     finally:
         if not was_initialized:
             ray.shutdown()
@@ -288,17 +293,29 @@ def machines_from_local() -> list[Machine]:
     return machines_from_nvidia_smi(out.stdout, socket.gethostname())
 
 
+@dataclass(frozen=True)
+class LiveInventory:
+    """A live cluster's machines as read once; for Ray also its node records, whose resources pin workers."""
+
+    source: str
+    machines: tuple[Machine, ...]
+    ray_nodes: tuple[dict, ...] = ()
+
+
+def read_inventory(source: str, address: str | None = None) -> LiveInventory:
+    """The machines of ``source`` (``ray`` at ``address``, ``slurm`` or ``local``)."""
+    if source == "ray":
+        nodes = ray_nodes(address)
+        return LiveInventory(source, tuple(machines_from_ray_nodes(nodes)), tuple(nodes))
+    read = {"slurm": machines_from_slurm, "local": machines_from_local}.get(source)
+    if read is None:
+        raise HexError("--from", f"unknown source {source!r}", "use ray, slurm or local")
+    return LiveInventory(source, tuple(read()))
+
+
 def discover(source: str, address: str | None = None) -> list[DiscoveredPool]:
     """Pools found on ``source`` (``ray``, ``slurm`` or ``local``)."""
-    if source == "ray":
-        machines = machines_from_ray(address)
-    elif source == "slurm":
-        machines = machines_from_slurm()
-    elif source == "local":
-        machines = machines_from_local()
-    else:
-        raise HexError("--from", f"unknown source {source!r}", "use ray, slurm or local")
-    return group_pools(machines)
+    return group_pools(list(read_inventory(source, address).machines))
 
 
 def _run_tool(cmd: list[str], field: str, fix: str) -> subprocess.CompletedProcess:

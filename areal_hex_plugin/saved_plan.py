@@ -37,3 +37,20 @@ def load_saved_plan(path: str | Path, recipe, field: str) -> HexPlan:
     plan = load_plan_for(path, recipe.cluster, recipe.workload.model, field)
     check_plan_budget(plan, recipe, path, field)
     return plan
+
+
+def obtain_plan(recipe, plan_path: str | None) -> tuple[HexPlan, str]:
+    """The plan a run follows, and where it came from: the saved plan at ``plan_path`` (``hex.plan_path``: checked
+    against the recipe and its budget, and its layouts by the cost model as the planner's own are), or, with no
+    path, the plan ``areal-hex plan RECIPE`` shows, solved now."""
+    from areal_hex_plugin.costmodel import CostModel
+    from areal_hex_plugin.costmodel.plan_check import plan_estimates
+
+    if not plan_path:
+        from areal_hex_plugin.scheduler import plan_recipe
+
+        plan = plan_recipe(recipe)
+        return plan, f"solved at start for {plan.runtime}"
+    plan = load_saved_plan(plan_path, recipe, "hex.plan_path")
+    plan_estimates(CostModel(recipe.cluster, recipe.workload, recipe.calibration), plan)
+    return plan, f"plan {plan_path}"

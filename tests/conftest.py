@@ -52,4 +52,4 @@ def no_ray_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
             "--address", f"cannot connect to a Ray cluster at {address or 'auto'}: none here", "start Ray"
         )
 
-    monkeypatch.setattr(inventory, "machines_from_ray", unreachable)
+    monkeypatch.setattr(inventory, "ray_nodes", unreachable)

@@ -8,8 +8,8 @@ from dataclasses import asdict
 
 import yaml
 
-from areal_hex_plugin.areal.preflight import Preflight
 from areal_hex_plugin.areal.rewrite import Rewrite
+from areal_hex_plugin.areal.session import HexSession
 from areal_hex_plugin.tables import render_table
 
 SPEC_FIELDS = ("cpu", "gpu", "mem", "port_count", "cmd", "env_vars")
@@ -70,14 +70,14 @@ def placement_table(rewrite: Rewrite) -> str:
     )
 
 
-def describe_dry_run(checked: Preflight) -> str:
-    config, rewrite, plan = checked.config, checked.rewrite, checked.plan
+def describe_dry_run(session: HexSession) -> str:
+    config, rewrite, plan = session.config, session.rewrite, session.plan
     lines = [
-        f"AReaL-Hex dry run ({checked.plan_source}); nothing was started.",
+        f"AReaL-Hex dry run ({session.plan_source}); nothing was started.",
         "",
         "# Pre-flight (areal-hex check)",
-        *(f"ok   {line}" for line in checked.passed),
-        *(f"note {line}" for line in checked.notes),
+        *(f"ok   {line}" for line in session.passed),
+        *(f"note {line}" for line in session.notes),
         "",
         "# Upstream config after the plan's rewrite",
         yaml.safe_dump(rewritten_config(config), sort_keys=False, default_flow_style=False).rstrip(),

@@ -591,18 +591,17 @@ class ElasticRollout:
 def attach_elastic(trainer) -> ElasticRollout | None:
     """Watch the trainer's rollout servers (``hex.elastic``); None when disabled or not a Hex controller."""
     from areal_hex_plugin.areal.engines import HexRolloutController
-    from areal_hex_plugin.areal.planning import recipe_of
-    from areal_hex_plugin.costmodel import CostModel
     from areal_hex_plugin.scheduler.replan import replan_for_lengths
 
     config, rollout = trainer.config, trainer.rollout
     if not config.hex.elastic.enabled or not isinstance(rollout, HexRolloutController):
         return None
-    recipe = recipe_of(config)
+    session = trainer.hex_session
+    recipe = session.recipe
     slots = rollout._slots()
     elastic = ElasticRollout(
         config.hex.elastic,
-        CostModel(recipe.cluster, recipe.workload, recipe.calibration),
+        session.cost_model(),
         [ServerShape(s.pool, s.tp, s.pp, s.concurrency or None) for s in slots],
         [f"{s.host}/{rank}" for rank, s in enumerate(slots)],
         [f"{info.host}:{info.port}" for info in rollout.server_infos],

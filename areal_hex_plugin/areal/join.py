@@ -111,11 +111,9 @@ def local_gpu_counts() -> dict[str, int]:
 
 def join_machine(trainer, request: JoinRequest, busy: set[str]) -> Joined:
     """Start ``request``'s machine's servers for ``trainer``'s rollout (``busy``: hosts with a server not lost)."""
-    from areal_hex_plugin.areal.planning import recipe_of
     from areal_hex_plugin.areal.rewrite import flagged
     from areal_hex_plugin.areal.schedulers.local import HexLocalScheduler
-    from areal_hex_plugin.areal.transport_setup import cluster_of, with_servers
-    from areal_hex_plugin.costmodel import CostModel
+    from areal_hex_plugin.areal.transport_setup import with_servers
 
     rollout, actor = trainer.rollout, trainer.actor
     if not isinstance(rollout.scheduler, HexLocalScheduler):
@@ -126,10 +124,10 @@ def join_machine(trainer, request: JoinRequest, busy: set[str]) -> Joined:
         )
     if request.host in busy:
         raise HexError(tag(request.index), f"{request.host} serves in this run", "name another machine")
-    recipe = recipe_of(trainer.config)
-    if request.pool not in {p.name for p in recipe.cluster.pools}:
+    session = trainer.hex_session
+    if request.pool not in {p.name for p in session.recipe.cluster.pools}:
         raise HexError(tag(request.index), f"pool {request.pool!r} is not in the recipe", "name a pool of it")
-    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    cm = session.cost_model()
     placement = rollout.scheduler.placement
     slots, new = machine_slots(
         cm, trainer.hex_plan, placement, request, len(rollout.workers), lambda s: flagged(s, trainer.config)
@@ -141,7 +139,7 @@ def join_machine(trainer, request: JoinRequest, busy: set[str]) -> Joined:
     def attach() -> None:
         settings = getattr(actor, "hex_settings", None)
         if settings is not None:
-            with_servers(settings, slots, cluster_of(trainer.config), placement.slots[TRAIN_ROLE])
+            with_servers(settings, slots, session.recipe.cluster, placement.slots[TRAIN_ROLE])
         rollout.hex_attach(slots, workers, infos)
 
     return Joined(slots, [f"{info.host}:{info.port}" for info in infos], attach)

@@ -19,6 +19,8 @@ from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.scheduler.caps import RuntimeCaps, unmet
 
 TRAIN_ROLE = "actor"
+# hex_local only: "1" lets planned roles share this machine's GPUs (smoke tests on a one-GPU machine).
+SHARE_GPUS_ENV = "HEX_LOCAL_SHARE_GPUS"
 # Actor workers of a pipelined plan: each stage's planned layer count, space-separated (HexMegatronPPOActor).
 PP_LAYERS_ENV = "HEX_PP_LAYERS"
 ROLLOUT_ROLE = "rollout"
@@ -241,3 +243,26 @@ def node_local(placement: Placement, plan: HexPlan, devices: list[int] | None = 
         for role, role_slots in placement.slots.items()
     }
     return replace(placement, slots=slots)
+
+
+def check_local_gpus(plan: HexPlan, machines: list, share: bool = False) -> list[int]:
+    """hex_local lays every planned machine on this node: it needs the planned GPU types, and as many GPUs of
+    each as planned unless ``share``. Returns this node's device ids."""
+    from areal_hex_plugin.inventory import canonical_gpu_type
+    from areal_hex_plugin.specs.catalog import build_catalog
+
+    catalog = build_catalog()
+    have: dict[str, int] = defaultdict(int)
+    for m in machines:
+        have[canonical_gpu_type(m.gpu_name, catalog)] += m.gpus
+    need: dict[str, int] = defaultdict(int)
+    for machine in plan.machines:
+        need[machine.gpu_type] += sum(1 for g in machine.gpus if g.role != "idle")
+    for gpu_type, n in sorted(need.items()):
+        if n and have.get(gpu_type, 0) < (1 if share else n):
+            raise HexError(
+                "hex.plan_path",
+                f"the plan needs {n} {gpu_type} GPUs but this machine has {have.get(gpu_type, 0)}",
+                "re-plan for this machine (areal-hex inventory --from local) or use hex_ray/hex_slurm",
+            )
+    return list(range(sum(have.values())))

@@ -11,11 +11,9 @@ is one :class:`HexError` naming the key and the fix.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from areal_hex_plugin.areal.session import HexSession, open_session
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs.schema_keys import KeyCheck
 
@@ -24,19 +22,6 @@ SOURCES = {"hex_local": "local", "hex_ray": "ray", "hex_slurm": "slurm"}
 
 class InventoryUnreachable(HexError):
     """The scheduler's cluster could not be asked for its machines (no Ray cluster, no sinfo, no nvidia-smi)."""
-
-
-@dataclass
-class Preflight:
-    """What the checks loaded, for the run (or the dry run) to go on with."""
-
-    recipe: Any
-    config: Any
-    plan: Any
-    plan_source: str
-    rewrite: Any
-    passed: list[str] = field(default_factory=list)  # one line per check, in order
-    notes: list[str] = field(default_factory=list)
 
 
 def upstream_keys(key: str) -> KeyCheck:
@@ -163,52 +148,68 @@ def check_recover_checkpoint(config) -> str | None:
     return f"recover: resumes from {info}"
 
 
-def _read_inventory(kind: str, source: str) -> list:
-    from areal_hex_plugin.inventory import machines_from_local, machines_from_ray, machines_from_slurm
+def check_live_inventory(session: HexSession) -> str:
+    """The plan's machines against the live cluster ``scheduler.type`` runs on: its GPU types, and its hosts or
+    as many machines of each type (hex_local: the GPUs of this machine)."""
+    from areal_hex_plugin.areal.placement import SHARE_GPUS_ENV, check_local_gpus, check_plan_fits_inventory
+    from areal_hex_plugin.inventory import group_pools
 
-    read: dict[str, Callable[[], list]] = {
-        "local": machines_from_local,
-        "ray": lambda: machines_from_ray(os.environ.get("RAY_ADDRESS")),
-        "slurm": machines_from_slurm,
-    }
+    kind = session.config.scheduler.type
+    source = SOURCES[kind]
     try:
-        return read[source]()
+        machines = list(session.live_inventory(source).machines)
     except HexError as exc:
         raise InventoryUnreachable(
             f"scheduler.type={kind}",
             f"cannot read the live {source} inventory ({exc.field}: {exc.problem})",
             f"{exc.fix}; or check everything else with areal-hex check RECIPE --offline",
         ) from None
-
-
-def check_live_inventory(config, plan) -> str:
-    """The plan's machines against the live cluster ``scheduler.type`` runs on: its GPU types, and its hosts or
-    as many machines of each type (hex_local: the GPUs of this machine)."""
-    from areal_hex_plugin.areal.launch import SHARE_GPUS_ENV, check_local_gpus
-    from areal_hex_plugin.areal.placement import check_plan_fits_inventory
-    from areal_hex_plugin.inventory import group_pools
-
-    source = SOURCES[config.scheduler.type]
-    machines = _read_inventory(config.scheduler.type, source)
     if source == "local":
-        check_local_gpus(plan, machines, os.environ.get(SHARE_GPUS_ENV) == "1")
+        check_local_gpus(session.plan, machines, os.environ.get(SHARE_GPUS_ENV) == "1")
     else:
-        check_plan_fits_inventory(plan, group_pools(machines), source)
+        check_plan_fits_inventory(session.plan, group_pools(machines), source)
     found = ", ".join(f"{m.gpus} x {m.gpu_name}" for m in machines[:4]) + (
         " ..." if len(machines) > 4 else ""
     )
     return f"live inventory ({source}): {len(machines)} machines ({found}) host the plan"
 
 
-def preflight(path: str, overrides: list[str], offline: bool = False, run: bool = False) -> Preflight:
-    """Run every check (``areal-hex check``; ``offline``: all but the live inventory). ``run``: for the driver,
-    which loads the config as a real run does (:func:`load_upstream_config` with ``save``), and whose dry run
-    takes an unreachable cluster as a note (a reachable one that lacks the plan's machines still fails)."""
+def check_transport(config) -> None:
+    """What the relay transport needs from the config and the environment, checked before any worker starts."""
+    from areal_hex_plugin.areal.rewrite import uses_relay
+
+    if not uses_relay(config):
+        return
+    mode = config.actor.weight_update_mode
+    if mode != "xccl":
+        raise HexError(
+            "actor.weight_update_mode",
+            f"is {mode!r}, but hex.transport=relay sends weights in place of upstream's xccl buckets",
+            "set actor.weight_update_mode=xccl, or hex.transport=upstream to keep upstream's own path",
+        )
+    megatron = config.actor.megatron
+    if megatron.bridge_type == "megatron-bridge" and megatron.use_bridge_for_update_weights:
+        raise HexError(
+            "actor.megatron.use_bridge_for_update_weights",
+            "is true: megatron-bridge's export hands every pipeline stage the whole model, and the relay sends "
+            "each stage's own layers",
+            "set it to false (upstream's convert_to_hf path, its default), or hex.transport=upstream",
+        )
+    from areal_hex_plugin.transport.wire import load_token
+
+    load_token()
+
+
+def preflight(path: str, overrides: list[str], offline: bool = False, run: bool = False) -> HexSession:
+    """Run every check (``areal-hex check``; ``offline``: all but the live inventory) and open the run's session.
+    ``run``: for the driver, which loads the config as a real run does (:func:`load_upstream_config` with
+    ``save``), and whose dry run takes an unreachable cluster as a note (a reachable one that lacks the plan's
+    machines still fails)."""
     from areal_hex_plugin.areal.launch import check_scheduler_type
     from areal_hex_plugin.areal.plugin import register
     from areal_hex_plugin.areal.rewrite import apply_plan
-    from areal_hex_plugin.driver import check_transport, obtain_plan
     from areal_hex_plugin.outfiles import check_writable
+    from areal_hex_plugin.saved_plan import obtain_plan
     from areal_hex_plugin.specs.overrides import checked_overrides
     from areal_hex_plugin.specs.recipe import load_recipe
 
@@ -238,19 +239,19 @@ def preflight(path: str, overrides: list[str], offline: bool = False, run: bool 
     passed.append(
         f"transport: {config.hex.transport}" + (" (token set)" if config.hex.transport == "relay" else "")
     )
-    plan, source = obtain_plan(recipe, config)
+    plan, source = obtain_plan(recipe, config.hex.plan_path)
     rewrite = apply_plan(config, plan)  # refuses a plan these backends cannot start
     passed.append(
         f"plan: {source}; ${plan.predicted.cost_per_hour:,.2f}/h, {plan.predicted.tokens_per_s:,.0f} tokens/s"
     )
-    result = Preflight(recipe, config, plan, source, rewrite, passed)
+    session = HexSession(recipe, config, plan, source, rewrite, passed)
     if offline:
-        result.notes.append("live inventory: not checked (--offline)")
-        return result
-    try:
-        passed.append(check_live_inventory(config, plan))
-    except InventoryUnreachable as exc:
-        if not (run and dry_run):
-            raise
-        result.notes.append(f"live inventory: not checked ({exc.problem})")
-    return result
+        session.notes.append("live inventory: not checked (--offline)")
+    else:
+        try:
+            passed.append(check_live_inventory(session))
+        except InventoryUnreachable as exc:
+            if not (run and dry_run):
+                raise
+            session.notes.append(f"live inventory: not checked ({exc.problem})")
+    return open_session(session)

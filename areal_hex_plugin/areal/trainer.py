@@ -1,8 +1,9 @@
 """``HexPPOTrainer``: upstream's PPOTrainer that follows a HexPlan, used exactly like PPOTrainer.
 
-Without ``plan=`` it plans from the config's ``hex:`` section (``hex.plan_path``, or solved now).
-``_init_scheduler`` runs before upstream parses any backend string, so it rewrites the config from the plan,
-saves ``hex_plan.json`` beside upstream's ``config.yaml`` and returns the Hex scheduler for ``scheduler.type``.
+It follows the run's :class:`~areal_hex_plugin.areal.session.HexSession` (``session=``, made by the driver's
+pre-flight; else the session for the config, :func:`session_for`), whose plan has already rewritten the config.
+``_init_scheduler`` runs before upstream parses any backend string: it saves ``hex_plan.json`` beside upstream's
+``config.yaml`` and returns the Hex scheduler for ``scheduler.type``.
 Rollout servers use the engine class :func:`register` installed (``HexRemoteSGLangEngine``: per-GPU-type flags,
 share routing), through ``_rollout_engine_cls`` (upstream's hook with ``patches/0002``). With
 ``hex.transport: relay`` the actor is the transport's ``HexFSDPPPOActor`` or ``HexMegatronRelayActor`` and its
@@ -27,8 +28,9 @@ from areal_hex_plugin.areal.elastic import attach_elastic, reroute
 from areal_hex_plugin.areal.launch import scheduler_factory
 from areal_hex_plugin.areal.metrics import HexStatsLog
 from areal_hex_plugin.areal.plugin import ROLLOUT_ENGINES, TRAIN_ENGINES, load, register, swapped
-from areal_hex_plugin.areal.rewrite import apply_plan, uses_relay
-from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
+from areal_hex_plugin.areal.rewrite import uses_relay
+from areal_hex_plugin.areal.session import HexSession, session_for
+from areal_hex_plugin.areal.transport_setup import transport_settings
 from areal_hex_plugin.areal.update_window import push_every
 from areal_hex_plugin.plan import HexPlan, PlanChange
 
@@ -49,15 +51,12 @@ class HexPPOTrainer(PPOTrainer):
         train_dataset=None,
         valid_dataset=None,
         *,
-        plan: HexPlan | None = None,
+        session: HexSession | None = None,
         make_scheduler: Callable[[], object] | None = None,
     ) -> None:
         register()
-        if plan is None:
-            from areal_hex_plugin.areal.planning import plan_for
-
-            plan, _ = plan_for(config)
-        self.hex_plan = plan
+        self.hex_session = session or session_for(config, "HexPPOTrainer")
+        plan = self.hex_session.plan
         # The driver checks the live cluster first and passes the builder; otherwise it is checked here.
         self._make_scheduler = make_scheduler
         super().__init__(config, train_dataset, valid_dataset)
@@ -68,13 +67,19 @@ class HexPPOTrainer(PPOTrainer):
         self._hex_plan_lock = threading.Lock()
         self.hex_elastic = attach_elastic(self)
 
+    @property
+    def hex_plan(self) -> HexPlan:
+        """The running plan, with the changes made during the run."""
+        return self.hex_session.plan
+
     # -- elastic rollout (areal/elastic.py) ----------------------------------------------------------------
 
     def hex_record_change(self, change: PlanChange) -> None:
         """Append a change to the running plan and rewrite ``hex_plan.json`` beside upstream's config."""
         with self._hex_plan_lock:
-            self.hex_plan = replace(self.hex_plan, changes=[*self.hex_plan.changes, change])
-            save_plan_beside_config(self.config, self.hex_plan)
+            session = self.hex_session
+            session.plan = replace(session.plan, changes=[*session.plan.changes, change])
+            save_plan_beside_config(self.config, session.plan)
 
     def hex_relaunches(self) -> bool:
         """A relaunched server can receive the current version only over the relay."""
@@ -99,10 +104,8 @@ class HexPPOTrainer(PPOTrainer):
         return load(path) if path else None
 
     def _init_scheduler(self):
-        self.hex_rewrite = apply_plan(self.config, self.hex_plan)
         save_plan_beside_config(self.config, self.hex_plan)
-        placement = self.hex_rewrite.placement
-        build = self._make_scheduler or scheduler_factory(self.config, self.hex_plan, placement)
+        build = self._make_scheduler or scheduler_factory(self.hex_session)
         return build()
 
     def _create_train_engine(self, actor_config, alloc):
@@ -113,8 +116,9 @@ class HexPPOTrainer(PPOTrainer):
         actor.create_process_group(parallel_strategy=alloc.parallel)
         if uses_relay(self.config):
             # Configured here, not after __init__: upstream's recovery updates weights inside __init__ on a resume.
-            placement, relay = self.hex_rewrite.placement, self.config.hex.relay
-            actor.configure_hex_transport(transport_settings(placement, cluster_of(self.config), relay))
+            session = self.hex_session
+            settings = transport_settings(session.placement, session.recipe.cluster, self.config.hex.relay)
+            actor.configure_hex_transport(settings)
         return actor
 
     def close(self):

@@ -4,18 +4,9 @@ form each pool, how fast its links are, and the ``hex.relay`` options. The trans
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from areal_hex_plugin.areal.placement import ROLLOUT_ROLE, TRAIN_ROLE, Placement
-from areal_hex_plugin.specs.catalog import build_catalog
-from areal_hex_plugin.specs.cluster import Cluster, build_cluster
+from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.config import RelayConfig
-
-
-def cluster_of(config) -> Cluster:
-    """The recipe's cluster, built from the loaded ``hex:`` section."""
-    catalog = build_catalog({name: asdict(figures) for name, figures in config.hex.gpu_catalog.items()})
-    return build_cluster(config.hex.cluster, catalog)
 
 
 def with_servers(settings, slots, cluster: Cluster, train_slots):

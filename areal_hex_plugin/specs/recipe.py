@@ -328,7 +328,12 @@ def load_recipe(
     it are read from ``base_dir`` (default: the recipe's folder)."""
     file = Path(path).expanduser()
     folder = Path(base_dir) if base_dir is not None else file.parent
-    config = apply_overrides(read_yaml(file), list(overrides))
+    return build_recipe(apply_overrides(read_yaml(file), list(overrides)), file, folder)
+
+
+def build_recipe(config: dict, file: Path, folder: Path) -> Recipe:
+    """The recipe whose whole config (overrides applied, plain containers) is ``config``, read from ``file``;
+    relative paths in it are read from ``folder``."""
     if "hex" not in config:
         raise HexError(
             "hex",

@@ -58,7 +58,8 @@ class RelayWeightTransport:
     def meta_options(self, trainer) -> dict[str, Any]:
         """What the train workers need: the route through every rollout server's receiver (started now), the
         sender's options and the commit threshold."""
-        from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
+        from areal_hex_plugin.areal.session import session_for
+        from areal_hex_plugin.areal.transport_setup import transport_settings
         from areal_hex_plugin.transport.controller_adapter import start_receivers, trainer_hosts
 
         placement = getattr(trainer.scheduler, "placement", None)
@@ -67,7 +68,8 @@ class RelayWeightTransport:
                 f"weight_update_mode={NAME} needs a Hex scheduler (scheduler.type: hex_local, hex_ray or "
                 "hex_slurm) and a config with a hex: section (HexGRPOConfig)"
             )
-        settings = transport_settings(placement, cluster_of(trainer.config), trainer.config.hex.relay)
+        cluster = session_for(trainer.config, NAME).recipe.cluster
+        settings = transport_settings(placement, cluster, trainer.config.hex.relay)
         route = start_receivers(trainer.rollout, settings, trainer_hosts(getattr(trainer, "actor", None)))
         return {
             "route": route.to_dict(),

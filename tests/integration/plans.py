@@ -69,3 +69,12 @@ def two_type_plan(servers_per_machine: int = 2, big_tp: int = 1) -> HexPlan:
         solver=SolverInfo(0.1, "optimal", 1, 0.0),
         staleness=Staleness(max_head_offpolicyness=4, max_concurrent_rollouts=192),
     )
+
+
+def session_of(config, plan: HexPlan):
+    """The run's session as a scheduler's set-up reads it: the config, the plan and its placement (no recipe)."""
+    from areal_hex_plugin.areal.placement import placement_from_plan
+    from areal_hex_plugin.areal.rewrite import Rewrite
+    from areal_hex_plugin.areal.session import HexSession
+
+    return HexSession(None, config, plan, "test", Rewrite(placement_from_plan(plan), "", "", ()))

@@ -15,7 +15,7 @@ from areal.infra.scheduler.exceptions import WorkerCreationError  # noqa: E402
 
 from areal_hex_plugin.areal.placement import node_local, placement_from_plan  # noqa: E402
 from areal_hex_plugin.areal.schedulers.local import HexLocalScheduler  # noqa: E402
-from tests.integration.plans import two_type_plan  # noqa: E402
+from tests.integration.plans import session_of, two_type_plan  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = "tests.integration.probe_engine.PoolProbe"
@@ -91,7 +91,8 @@ def test_replica_count_not_in_the_plan_starts_nothing(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_factory_reads_nvidia_smi_and_can_share_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from areal_hex_plugin.areal.config import HexGRPOConfig
-    from areal_hex_plugin.areal.launch import SHARE_GPUS_ENV, scheduler_factory
+    from areal_hex_plugin.areal.launch import scheduler_factory
+    from areal_hex_plugin.areal.placement import SHARE_GPUS_ENV
     from areal_hex_plugin.errors import HexError
 
     fake = tmp_path / "nvidia-smi"  # one H100 and one L40S, as nvidia-smi prints them
@@ -106,8 +107,8 @@ def test_factory_reads_nvidia_smi_and_can_share_gpus(tmp_path: Path, monkeypatch
     config.cluster.name_resolve.nfs_record_root = str(tmp_path)
     plan = two_type_plan()
     with pytest.raises(HexError, match="needs 4 H100 GPUs but this machine has 1"):
-        scheduler_factory(config, plan, placement_from_plan(plan))
+        scheduler_factory(session_of(config, plan))
     monkeypatch.setenv(SHARE_GPUS_ENV, "1")
-    scheduler = scheduler_factory(config, plan, placement_from_plan(plan))()
+    scheduler = scheduler_factory(session_of(config, plan))()
     ids = {i for slots in scheduler.placement.slots.values() for s in slots for i in s.gpu_ids}
     assert ids == {0, 1} and scheduler.gpu_devices == [0, 1]

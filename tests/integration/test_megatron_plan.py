@@ -102,7 +102,7 @@ def test_relay_with_a_megatron_actor_sends_from_every_stage(tmp_path: Path) -> N
 def test_relay_refuses_the_bridge_export_that_gives_every_stage_the_whole_model(
     tmp_path: Path, monkeypatch
 ) -> None:
-    from areal_hex_plugin.driver import check_transport
+    from areal_hex_plugin.areal.preflight import check_transport
 
     monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", "test-token-0123456789abcdef")
 

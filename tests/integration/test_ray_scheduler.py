@@ -19,7 +19,7 @@ from areal_hex_plugin.areal.schedulers.ray import (  # noqa: E402
     pool_resources_from_nodes,
 )
 from areal_hex_plugin.errors import HexError  # noqa: E402
-from tests.integration.plans import two_type_plan  # noqa: E402
+from tests.integration.plans import session_of, two_type_plan  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = "tests.integration.probe_engine.PoolProbe"
@@ -121,7 +121,7 @@ def test_factory_checks_the_live_ray_cluster_then_builds(two_pool_cluster, tmp_p
     from areal_hex_plugin.areal.launch import scheduler_factory
 
     plan = two_type_plan()
-    build = scheduler_factory(_hex_config(tmp_path, "hex_ray"), plan, placement_from_plan(plan))
+    build = scheduler_factory(session_of(_hex_config(tmp_path, "hex_ray"), plan))
     scheduler = build()
     assert isinstance(scheduler, HexRayScheduler)
     assert scheduler.pool_resources == {"big": "accelerator_type:H100", "small": "accelerator_type:L40S"}

@@ -22,7 +22,7 @@ from areal_hex_plugin.areal.schedulers.slurm import (  # noqa: E402
     slurm_pools_from_sinfo,
 )
 from areal_hex_plugin.inventory import machines_from_sinfo  # noqa: E402
-from tests.integration.plans import two_type_plan  # noqa: E402
+from tests.integration.plans import session_of, two_type_plan  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "golden"
 POOLS = {
@@ -144,18 +144,17 @@ def test_factory_reads_sinfo_and_refuses_a_missing_type(
     config.cluster.fileroot = str(tmp_path)
     config.cluster.name_resolve.nfs_record_root = str(tmp_path)
     plan = two_type_plan()
-    placement = placement_from_plan(plan)
 
     sinfo.write_text(f"#!/bin/sh\ncat <<'END'\n{SINFO}END\n")
     sinfo.chmod(0o755)
-    scheduler = scheduler_factory(config, plan, placement)()
+    scheduler = scheduler_factory(session_of(config, plan))()
     assert isinstance(scheduler, HexSlurmScheduler)
     assert scheduler.pools["small"] == POOLS["small"]
 
     h100_only = "\n".join(SINFO.splitlines()[:2])
     sinfo.write_text(f"#!/bin/sh\ncat <<'END'\n{h100_only}\nEND\n")
     with pytest.raises(HexError, match="needs L40S machines but the live slurm cluster has none"):
-        scheduler_factory(config, plan, placement)
+        scheduler_factory(session_of(config, plan))
 
 
 def test_one_machine_with_servers_of_two_layouts_is_refused_before_sbatch() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -16,6 +15,7 @@ from areal.utils.stats_logger import StatsLogger  # noqa: E402
 from areal_hex_plugin.areal.config import load_hex_config  # noqa: E402
 from areal_hex_plugin.areal.placement import node_local  # noqa: E402
 from areal_hex_plugin.areal.schedulers.local import HexLocalScheduler  # noqa: E402
+from areal_hex_plugin.areal.session import HexSession, recipe_from_config  # noqa: E402
 from areal_hex_plugin.areal.trainer import PLAN_FILE, HexPPOTrainer  # noqa: E402
 from areal_hex_plugin.scheduler import plan_recipe  # noqa: E402
 from areal_hex_plugin.specs.recipe import load_recipe  # noqa: E402
@@ -40,7 +40,8 @@ def test_init_scheduler_rewrites_config_saves_plan_and_builds_the_hex_scheduler(
 
     # Everything PPOTrainer.__init__ does before this call needs a tokenizer download; the seam itself does not.
     trainer = HexPPOTrainer.__new__(HexPPOTrainer)
-    trainer.config, trainer.hex_plan, trainer._make_scheduler = config, plan, make_scheduler
+    trainer.config, trainer._make_scheduler = config, make_scheduler
+    trainer.hex_session = _session(config, plan)
     scheduler = trainer._init_scheduler()
 
     assert scheduler is built[0]
@@ -53,6 +54,13 @@ def test_init_scheduler_rewrites_config_saves_plan_and_builds_the_hex_scheduler(
     saved = Path(StatsLogger.get_log_path(config.stats_logger))
     assert (saved / "config.yaml").exists()  # upstream's, written by load_expr_config
     assert json.loads((saved / PLAN_FILE).read_text())["model"] == plan.model
+
+
+def _session(config, plan) -> HexSession:
+    """The session the pre-flight opens for ``config`` and ``plan`` (its rewrite applied to ``config``)."""
+    from areal_hex_plugin.areal.rewrite import apply_plan
+
+    return HexSession(recipe_from_config(config, RECIPE), config, plan, "test", apply_plan(config, plan))
 
 
 def _two_pool_config(tmp_path: Path, *overrides: str):
@@ -75,20 +83,21 @@ def _two_pool_config(tmp_path: Path, *overrides: str):
 @pytest.mark.integration
 def test_relay_transport_gets_the_fsdp_actor_and_the_plans_pools(tmp_path: Path) -> None:
     from areal_hex_plugin.areal.placement import placement_from_plan
-    from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
+    from areal_hex_plugin.areal.transport_setup import transport_settings
     from areal_hex_plugin.transport.controller_adapter import HexPPOActorController
     from tests.integration.plans import two_type_plan
 
     config = _two_pool_config(tmp_path)
     plan = two_type_plan()
-    settings = transport_settings(placement_from_plan(plan), cluster_of(config), config.hex.relay)
+    cluster = recipe_from_config(config, RECIPE).cluster
+    settings = transport_settings(placement_from_plan(plan), cluster, config.hex.relay)
     got = [(p.name, p.workers, p.cross_gb_per_s, p.intra_gb_per_s) for p in settings.pools]
     assert got == [("big", [0, 1], 12.5, 12.5), ("small", [2, 3, 4, 5], 1.5, 3.0)]
 
     trainer = HexPPOTrainer.__new__(HexPPOTrainer)
     trainer.config = config
     trainer.scheduler = HexLocalScheduler(node_local(placement_from_plan(plan), plan), exp_config=config)
-    trainer.hex_rewrite = SimpleNamespace(placement=placement_from_plan(plan))
+    trainer.hex_session = _session(config, plan)
     config.hex.transport = "relay"
     relay = trainer._create_train_engine(config.actor, ModelAllocation.from_str("fsdp:d2"))
     assert isinstance(relay, HexPPOActorController)
@@ -104,7 +113,7 @@ def test_recipe_relay_options_reach_the_sender_receivers_and_commit_check(tmp_pa
     import inspect
 
     from areal_hex_plugin.areal.placement import placement_from_plan
-    from areal_hex_plugin.areal.transport_setup import cluster_of, transport_settings
+    from areal_hex_plugin.areal.transport_setup import transport_settings
     from areal_hex_plugin.specs.config import RelayConfig
     from areal_hex_plugin.transport.sender import SenderConfig
     from areal_hex_plugin.transport.sglang_adapter import RelayReceiverMixin
@@ -118,7 +127,7 @@ def test_recipe_relay_options_reach_the_sender_receivers_and_commit_check(tmp_pa
     trainer = HexPPOTrainer.__new__(HexPPOTrainer)
     trainer.config = config
     trainer.scheduler = HexLocalScheduler(node_local(placement_from_plan(plan), plan), exp_config=config)
-    trainer.hex_rewrite = SimpleNamespace(placement=placement_from_plan(plan))
+    trainer.hex_session = _session(config, plan)
     settings = trainer._create_train_engine(config.actor, ModelAllocation.from_str("fsdp:d2")).hex_settings
 
     assert SenderConfig(**settings.sender) == SenderConfig(
@@ -135,7 +144,8 @@ def test_recipe_relay_options_reach_the_sender_receivers_and_commit_check(tmp_pa
     assert [p.name for p in settings.pools] == ["big", "small"]
 
     # The recipe's defaults are the transport's own: a recipe without overrides changes nothing.
-    default = transport_settings(placement_from_plan(plan), cluster_of(config), RelayConfig())
+    cluster = trainer.hex_session.recipe.cluster
+    default = transport_settings(placement_from_plan(plan), cluster, RelayConfig())
     assert SenderConfig(**default.sender) == SenderConfig()
     start = inspect.signature(RelayReceiverMixin.hex_start_receiver).parameters
     # hex_start_receiver reads allowed_hosts=None as [] (any peer holding the token).

@@ -44,8 +44,7 @@ def _trainer(tmp_path: Path, engines: list) -> SimpleNamespace:
     from areal.api.cli_args import load_expr_config
 
     from areal_hex_plugin.areal.config import HexGRPOConfig
-    from areal_hex_plugin.areal.planning import plan_for
-    from areal_hex_plugin.areal.rewrite import apply_plan
+    from areal_hex_plugin.areal.session import session_for
 
     (tmp_path / "nr").mkdir()
     config, _ = load_expr_config(
@@ -53,7 +52,7 @@ def _trainer(tmp_path: Path, engines: list) -> SimpleNamespace:
          f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}", f"hex.relay.stage_dir={tmp_path / 'stage'}"],
         HexGRPOConfig,
     )  # fmt: skip
-    placement = apply_plan(config, plan_for(config)[0]).placement
+    placement = session_for(config, "test").placement
     assert len(placement.slots["rollout"]) == len(engines)
     workers = [SimpleNamespace(id=f"rollout/{i}") for i in range(len(engines))]
     rollout = SimpleNamespace(

@@ -2,31 +2,40 @@
 
 from __future__ import annotations
 
+import os
 from collections import deque
 
 from areal.api.scheduler_api import Job
 from areal.infra.scheduler.exceptions import GPUAllocationError
 from areal.infra.scheduler.local import LocalScheduler
 
-from areal_hex_plugin.areal.launch import from_exp_config
-from areal_hex_plugin.areal.placement import Placement
+from areal_hex_plugin.areal.placement import SHARE_GPUS_ENV, Placement, check_local_gpus, node_local
 from areal_hex_plugin.areal.schedulers.common import planned_job
+from areal_hex_plugin.areal.session import HexSession, session_for
 
 
 class HexLocalScheduler(LocalScheduler):
     """Starts each planned worker on exactly the GPU ids its slot names (one node; see ``placement.node_local``).
 
     Roles the plan does not place (``data``, colocated ``ref``/``eval-rollout``) keep upstream's behaviour.
-    ``HexLocalScheduler(exp_config=config)`` plans from ``config.hex`` and rewrites ``config`` to the plan.
+    ``HexLocalScheduler(exp_config=config)`` takes the run's session for ``config`` (:func:`session_for`).
     """
 
     def __init__(self, placement: Placement | None = None, **kwargs) -> None:
-        if placement is None:  # built from exp_config alone (upstream's way): plan and check here
-            placement = from_exp_config("hex_local", kwargs.get("exp_config"))["placement"]
+        if placement is None:  # built from exp_config alone (upstream's way): set up here
+            placement = self.setup(session_for(kwargs.get("exp_config"), "hex_local"))["placement"]
         ids = sorted({i for slots in placement.slots.values() for s in slots for i in s.gpu_ids})
         super().__init__(gpu_devices=kwargs.pop("gpu_devices", None) or ids, **kwargs)
         self.placement = placement
         self._planned_ids: deque[tuple[int, ...]] | None = None
+
+    @staticmethod
+    def setup(session: HexSession) -> dict:
+        """The plan's placement on this node's GPUs, checked against them (``HEX_LOCAL_SHARE_GPUS=1``: planned
+        roles may share them)."""
+        share = os.environ.get(SHARE_GPUS_ENV) == "1"
+        devices = check_local_gpus(session.plan, list(session.live_inventory("local").machines), share)
+        return {"placement": node_local(session.placement, session.plan, devices if share else None)}
 
     def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
         job, slots = planned_job(self.placement, job)

@@ -21,9 +21,9 @@ from areal.infra.utils.ray_placement_group import (
     SeparatedRayPlacementStrategy,
 )
 
-from areal_hex_plugin.areal.launch import from_exp_config
 from areal_hex_plugin.areal.placement import Placement, check_plan_fits_inventory
 from areal_hex_plugin.areal.schedulers.common import planned_job
+from areal_hex_plugin.areal.session import HexSession, session_for
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.inventory import canonical_gpu_type, group_pools, machines_from_ray_nodes
 from areal_hex_plugin.plan import HexPlan
@@ -103,7 +103,7 @@ def pool_resources_from_nodes(plan: HexPlan, nodes: list[dict]) -> dict[str, str
 
 class HexRayScheduler(RayScheduler):
     """Puts each planned role's workers only on nodes of their pools; other roles keep upstream's behaviour.
-    ``HexRayScheduler(exp_config=config)`` plans from ``config.hex`` and reads the live Ray nodes."""
+    ``HexRayScheduler(exp_config=config)`` takes the run's session for ``config`` (:func:`session_for`)."""
 
     def __init__(
         self,
@@ -112,8 +112,8 @@ class HexRayScheduler(RayScheduler):
         gpus_per_node: dict[str, int] | None = None,
         **kwargs,
     ) -> None:
-        if placement is None:  # built from exp_config alone (upstream's way): plan and check here
-            planned = from_exp_config("hex_ray", kwargs.get("exp_config"))
+        if placement is None:  # built from exp_config alone (upstream's way): set up here
+            planned = self.setup(session_for(kwargs.get("exp_config"), "hex_ray"))
             placement, pool_resources = planned["placement"], planned["pool_resources"]
             gpus_per_node = gpus_per_node or planned["gpus_per_node"]
         exp_config = kwargs.get("exp_config")
@@ -125,6 +125,37 @@ class HexRayScheduler(RayScheduler):
         self.placement = placement
         self.pool_resources = pool_resources or {}
         self.gpus_per_node = gpus_per_node or {}
+
+    @staticmethod
+    def setup(session: HexSession) -> dict:
+        """The plan's placement and the Ray resource of each pool, checked against the live Ray nodes (Ray is
+        joined at ``RAY_ADDRESS``, default ``auto``, and stays joined for the scheduler)."""
+        import importlib.util
+        import os
+
+        import ray
+
+        if importlib.util.find_spec("areal.infra.utils.ray_placement_group") is None:
+            # areal 2.x rewrote its Ray scheduler (HTTP workers, _build_node_plan); the shim targets 1.0.4.
+            raise HexError(
+                "scheduler.type",
+                "hex_ray supports the Ray scheduler of areal 1.0.4 only",
+                "install areal==1.0.4, or use hex_local / hex_slurm",
+            )
+        if not ray.is_initialized():
+            address = os.environ.get("RAY_ADDRESS", "auto")
+            try:
+                ray.init(address=address, logging_level="ERROR")
+            except (ConnectionError, RuntimeError) as exc:
+                raise HexError(
+                    "scheduler.type", f"hex_ray found no Ray cluster at {address}: {exc}", "start Ray first"
+                ) from None
+        nodes = list(session.live_inventory("ray").ray_nodes)
+        return {
+            "placement": session.placement,
+            "pool_resources": pool_resources_from_nodes(session.plan, nodes),
+            "gpus_per_node": {p.name: p.gpus_per_machine for p in session.config.hex.cluster.pools},
+        }
 
     def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
         return super().create_workers(planned_job(self.placement, job)[0], *args, **kwargs)

@@ -19,11 +19,11 @@ from areal.api.scheduler_api import Job
 from areal.infra.scheduler.slurm import SlurmScheduler
 from areal.infra.utils.proc import build_streaming_log_cmd
 
-from areal_hex_plugin.areal.launch import from_exp_config
-from areal_hex_plugin.areal.placement import Placement, WorkerSlot
+from areal_hex_plugin.areal.placement import Placement, WorkerSlot, check_plan_fits_inventory
 from areal_hex_plugin.areal.schedulers.common import planned_job
+from areal_hex_plugin.areal.session import HexSession, session_for
 from areal_hex_plugin.errors import HexError
-from areal_hex_plugin.inventory import Machine, canonical_gpu_type
+from areal_hex_plugin.inventory import Machine, canonical_gpu_type, group_pools
 from areal_hex_plugin.specs.catalog import build_catalog
 
 
@@ -118,17 +118,30 @@ def _components(slots: tuple[WorkerSlot, ...]) -> list[_Component]:
 
 class HexSlurmScheduler(SlurmScheduler):
     """Submits each planned role as a heterogeneous job whose components sit on the planned pools and hosts.
-    ``HexSlurmScheduler(exp_config=config)`` plans from ``config.hex`` and reads the live ``sinfo``."""
+    ``HexSlurmScheduler(exp_config=config)`` takes the run's session for ``config`` (:func:`session_for`)."""
 
     def __init__(
         self, placement: Placement | None = None, pools: dict[str, SlurmPool] | None = None, **kwargs
     ) -> None:
-        if placement is None:  # built from exp_config alone (upstream's way): plan and check here
-            planned = from_exp_config("hex_slurm", kwargs.get("exp_config"))
+        if placement is None:  # built from exp_config alone (upstream's way): set up here
+            planned = self.setup(session_for(kwargs.get("exp_config"), "hex_slurm"))
             placement, pools = planned["placement"], planned["pools"]
         super().__init__(**kwargs)
         self.placement = placement
         self.pools = pools or {}
+
+    @staticmethod
+    def setup(session: HexSession) -> dict:
+        """The plan's placement as heterogeneous-job components and each pool's GRES, partition and constraint,
+        checked against the live ``sinfo``."""
+        check_slurm_placement(session.placement)
+        machines = list(session.live_inventory("slurm").machines)
+        check_plan_fits_inventory(session.plan, group_pools(machines), "slurm")
+        gpus_per_node = {p.name: p.gpus_per_machine for p in session.config.hex.cluster.pools}
+        return {
+            "placement": session.placement,
+            "pools": slurm_pools_from_sinfo(session.placement, machines, gpus_per_node),
+        }
 
     def create_workers(self, job: Job, *args, **kwargs) -> list[str]:
         return super().create_workers(planned_job(self.placement, job)[0], *args, **kwargs)
