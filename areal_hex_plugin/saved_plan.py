@@ -1,11 +1,19 @@
 """A saved plan used with a recipe (``simulate --plan``, ``hex.plan_path``): checked against the recipe's cluster and
-model, and against its budget at the recipe's prices."""
+model, against its budget at the recipe's prices, and its layouts by the cost model.
+
+The planner only builds layouts the cost model finds feasible (the TP degree divides the attention heads, the
+weights leave room for a KV cache, the training state fits); a plan read from a file, perhaps edited by hand,
+passes the same check (:func:`plan_estimates`) before anything uses it.
+"""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
+from areal_hex_plugin.costmodel.model import CostModel
+from areal_hex_plugin.costmodel.rollout import RolloutEstimate, RolloutStage
+from areal_hex_plugin.costmodel.train import TrainEstimate, TrainStage
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan, load_plan_for
 
@@ -43,9 +51,6 @@ def obtain_plan(recipe, plan_path: str | None) -> tuple[HexPlan, str]:
     """The plan a run follows, and where it came from: the saved plan at ``plan_path`` (``hex.plan_path``: checked
     against the recipe and its budget, and its layouts by the cost model as the planner's own are), or, with no
     path, the plan ``areal-hex plan RECIPE`` shows, solved now."""
-    from areal_hex_plugin.costmodel import CostModel
-    from areal_hex_plugin.costmodel.plan_check import plan_estimates
-
     if not plan_path:
         from areal_hex_plugin.scheduler import plan_recipe
 
@@ -54,3 +59,26 @@ def obtain_plan(recipe, plan_path: str | None) -> tuple[HexPlan, str]:
     plan = load_saved_plan(plan_path, recipe, "hex.plan_path")
     plan_estimates(CostModel(recipe.cluster, recipe.workload, recipe.calibration), plan)
     return plan, f"plan {plan_path}"
+
+
+def plan_estimates(
+    cm: CostModel, plan: HexPlan, source: str = "plan"
+) -> tuple[list[RolloutEstimate], TrainEstimate]:
+    """Each replica group's estimate (its full batch) and the training layout's; HexError names the first
+    group or the trainer that does not run, and why."""
+    rollout = []
+    for i, group in enumerate(plan.rollout.replicas):
+        estimate = cm.rollout(tuple(RolloutStage(pool=group.pool, tp=group.tp) for _ in range(group.pp)))
+        if not estimate.feasible:
+            raise HexError(
+                f"{source}.rollout.replicas[{i}]",
+                f"tp{group.tp} pp{group.pp} on {group.gpu_type} does not run on this recipe: {estimate.reason}",
+                "re-plan the recipe (areal-hex plan RECIPE --json PLAN), or edit the group to a layout that runs",
+            )
+        rollout.append(estimate)
+    train = cm.train(tuple(TrainStage(s.pool, s.dp, s.tp, s.hybrid) for s in plan.train.stages))
+    if not train.feasible:
+        raise HexError(
+            f"{source}.train", f"does not run on this recipe: {train.reason}", "re-plan the recipe"
+        )
+    return rollout, train

@@ -112,11 +112,10 @@ def local_gpu_counts() -> dict[str, int]:
 def join_machine(trainer, request: JoinRequest, busy: set[str]) -> Joined:
     """Start ``request``'s machine's servers for ``trainer``'s rollout (``busy``: hosts with a server not lost)."""
     from areal_hex_plugin.areal.rewrite import flagged
-    from areal_hex_plugin.areal.schedulers.local import HexLocalScheduler
     from areal_hex_plugin.areal.transport_setup import with_servers
 
     rollout, actor = trainer.rollout, trainer.actor
-    if not isinstance(rollout.scheduler, HexLocalScheduler):
+    if not getattr(rollout.scheduler, "hex_joins_machines", False):
         raise HexError(
             tag(request.index),
             f"machines join a running plan on hex_local only (this run: {type(rollout.scheduler).__name__})",

@@ -13,7 +13,7 @@ It fills the tables below, each item only if missing, once per process (a module
   call (:func:`swapped`).
 - ``TRAIN_ENGINES``: (``hex.transport``, actor backend) -> train engine class; ``HexPPOTrainer`` builds the actor
   with it. With ``patches/0003`` the relay also goes into upstream's weight-transport registry as ``hex_relay``
-  (``transport/registry.py``), so upstream's own trainer and FSDP actor run it with
+  (``transport/registry.py``, built by ``areal/transport_setup.py``), so upstream's own trainer and FSDP actor run it with
   ``actor.weight_update_mode: hex_relay``.
 """
 
@@ -30,6 +30,7 @@ HEX_SCHEDULERS = {
     "hex_ray": "areal_hex_plugin.areal.schedulers.ray.HexRayScheduler",
     "hex_slurm": "areal_hex_plugin.areal.schedulers.slurm.HexSlurmScheduler",
 }
+HEX_WEIGHT_TRANSPORT = "areal_hex_plugin.areal.transport_setup.relay_weight_transport"
 HEX_ROLLOUT_ENGINES = {"sglang": "areal_hex_plugin.areal.engines.HexRemoteSGLangEngine"}
 HEX_TRAIN_ENGINES = {
     ("relay", "fsdp"): "areal_hex_plugin.transport.fsdp_adapter.HexFSDPPPOActor",
@@ -84,12 +85,12 @@ def _register_upstream_transport() -> None:
         return
     from areal.api import weight_transport
 
-    from areal_hex_plugin.transport.registry import NAME, RelayWeightTransport
+    from areal_hex_plugin.transport.registry import NAME
 
     try:
         weight_transport.get_weight_transport(NAME)
     except ValueError:  # not registered yet
-        weight_transport.register_weight_transport(NAME, RelayWeightTransport())
+        weight_transport.register_weight_transport(NAME, load(HEX_WEIGHT_TRANSPORT)())
 
 
 def _build(path: str, **kwargs: Any) -> Any:

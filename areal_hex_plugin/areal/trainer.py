@@ -24,13 +24,13 @@ from areal.trainer import rl_trainer
 from areal.trainer.rl_trainer import PPOTrainer
 from areal.utils.stats_logger import StatsLogger
 
-from areal_hex_plugin.areal.elastic import attach_elastic, reroute
+from areal_hex_plugin.areal.elastic import attach_elastic
 from areal_hex_plugin.areal.launch import scheduler_factory
 from areal_hex_plugin.areal.metrics import HexStatsLog
 from areal_hex_plugin.areal.plugin import ROLLOUT_ENGINES, TRAIN_ENGINES, load, register, swapped
 from areal_hex_plugin.areal.rewrite import uses_relay
 from areal_hex_plugin.areal.session import HexSession, session_for
-from areal_hex_plugin.areal.transport_setup import transport_settings
+from areal_hex_plugin.areal.transport_setup import reroute, transport_settings
 from areal_hex_plugin.areal.update_window import push_every
 from areal_hex_plugin.plan import HexPlan, PlanChange
 

@@ -14,10 +14,10 @@ prefill rate (``RolloutEstimate.prefill_s_per_token``), the same figure the plan
 from __future__ import annotations
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage, TrainStage
-from areal_hex_plugin.costmodel.plan_check import plan_estimates
 from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.saved_plan import plan_estimates
 from areal_hex_plugin.sim.spec import LaneSpec, SimSpec
 
 

@@ -22,6 +22,7 @@ the receivers at the end of such a run; each node removes its stage directory wh
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from areal_hex_plugin.transport.fsdp_adapter import fsdp_part_index, fsdp_parts, send_version
@@ -48,7 +49,12 @@ class EngineRelay(RelayTrainSide):
 
 
 class RelayWeightTransport:
-    """Upstream's ``WeightTransport`` protocol, implemented by the relay."""
+    """Upstream's ``WeightTransport`` protocol, implemented by the relay. ``settings_for(trainer)`` gives the
+    relay's :class:`~areal_hex_plugin.transport.controller_adapter.TransportSettings` for upstream's trainer (the
+    integration's, ``areal/transport_setup.py``: its Hex scheduler's placement and the run's cluster)."""
+
+    def __init__(self, settings_for: Callable[[Any], Any]) -> None:
+        self.settings_for = settings_for
 
     def build_meta(self, trainer) -> Any:
         from areal.api.io_struct import WeightUpdateMeta
@@ -58,18 +64,9 @@ class RelayWeightTransport:
     def meta_options(self, trainer) -> dict[str, Any]:
         """What the train workers need: the route through every rollout server's receiver (started now), the
         sender's options and the commit threshold."""
-        from areal_hex_plugin.areal.session import session_for
-        from areal_hex_plugin.areal.transport_setup import transport_settings
         from areal_hex_plugin.transport.controller_adapter import start_receivers, trainer_hosts
 
-        placement = getattr(trainer.scheduler, "placement", None)
-        if placement is None or not hasattr(trainer.config, "hex"):
-            raise ValueError(
-                f"weight_update_mode={NAME} needs a Hex scheduler (scheduler.type: hex_local, hex_ray or "
-                "hex_slurm) and a config with a hex: section (HexGRPOConfig)"
-            )
-        cluster = session_for(trainer.config, NAME).recipe.cluster
-        settings = transport_settings(placement, cluster, trainer.config.hex.relay)
+        settings = self.settings_for(trainer)
         route = start_receivers(trainer.rollout, settings, trainer_hosts(getattr(trainer, "actor", None)))
         return {
             "route": route.to_dict(),

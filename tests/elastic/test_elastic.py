@@ -221,7 +221,7 @@ def test_a_drift_logs_the_planners_suggestion_and_its_gain(rig, tmp_path):
     elastic, router, changes, _, _ = rig
     recipe = elastic_recipe()
     plan = HexPlan.load(two_layout_plan(tmp_path, "hex_local"))
-    elastic._suggest = lambda workload: replan_for_lengths(recipe, plan, workload)
+    elastic.advisor.suggest = lambda workload: replan_for_lengths(recipe, plan, workload)
     elastic._lengths = [4] * 16
     assert "hex/elastic/replan_gain" not in elastic.step_metrics()
     _wait(lambda: elastic.suggested_gain is not None, 30)

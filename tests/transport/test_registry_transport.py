@@ -70,7 +70,7 @@ def _trainer(tmp_path: Path, engines: list) -> SimpleNamespace:
 
 
 def test_upstream_fsdp_actor_runs_the_relay_from_the_registry(tmp_path: Path, monkeypatch) -> None:
-    from areal_hex_plugin.transport.registry import RelayWeightTransport
+    from areal_hex_plugin.areal.transport_setup import relay_weight_transport
 
     monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN.decode())
     monkeypatch.chdir(REPO)  # the recipe's model shape is a path relative to the repository
@@ -85,7 +85,7 @@ def test_upstream_fsdp_actor_runs_the_relay_from_the_registry(tmp_path: Path, mo
     try:
         # The trainer's side: the receivers start and the route is made from the plan's placement.
         # (build_meta wraps these in the patched WeightUpdateMeta, which this unpatched process lacks.)
-        options = RelayWeightTransport().meta_options(_trainer(tmp_path, [e for _, e in replicas]))
+        options = relay_weight_transport().meta_options(_trainer(tmp_path, [e for _, e in replicas]))
         assert options["replicas"] == 2
         port = _free_port()
         env = {

@@ -21,6 +21,8 @@ class HexLocalScheduler(LocalScheduler):
     ``HexLocalScheduler(exp_config=config)`` takes the run's session for ``config`` (:func:`session_for`).
     """
 
+    hex_joins_machines = True  # areal-hex join starts a machine's servers through it (areal/join.py)
+
     def __init__(self, placement: Placement | None = None, **kwargs) -> None:
         if placement is None:  # built from exp_config alone (upstream's way): set up here
             placement = self.setup(session_for(kwargs.get("exp_config"), "hex_local"))["placement"]

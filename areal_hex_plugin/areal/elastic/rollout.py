@@ -1,6 +1,8 @@
 """Elastic rollout: servers lost and gained while a run goes on, and output lengths that drift.
 
-One :class:`ElasticRollout` per training rollout controller (``HexRolloutController``), in the driver's process:
+One :class:`ElasticRollout` per training rollout controller (``HexRolloutController``), in the driver's process,
+made of three parts each with a module of its own: the servers' health (``health.py``), their shares
+(``shares.py``) and length drift (``drift.py``); here, what ties them to the run:
 
 - **Health.** A thread probes every server's ``/health`` every ``hex.elastic.health_interval_s`` (unanswered after
   ``health_timeout_s``: failed); ``failures_to_down`` failures in a row mark it lost, so a server leaves the routing
@@ -49,14 +51,16 @@ from typing import Any
 
 from areal.utils import logging
 
+from areal_hex_plugin.areal.elastic.drift import DriftAdvisor
+from areal_hex_plugin.areal.elastic.health import DOWN, JOINING, UP, ServerHealth, http_probe
+from areal_hex_plugin.areal.elastic.shares import SharePolicy
 from areal_hex_plugin.joins import JOIN_FILE, JoinRequest, read_requests, tag
 from areal_hex_plugin.plan import PlanChange
-from areal_hex_plugin.scheduler.reshare import RESOLUTION, ServerShape, drift, reshare
+from areal_hex_plugin.scheduler.reshare import RESOLUTION, ServerShape
 from areal_hex_plugin.specs.config import ElasticConfig
 
 logger = logging.getLogger("HexElastic")
 
-UP, DOWN, JOINING = "up", "down", "joining"
 # How often a waiting sample looks whether its server was lost.
 POLL_S = 0.1
 
@@ -65,16 +69,6 @@ _attempt_picks: contextvars.ContextVar[list[int] | None] = contextvars.ContextVa
 _held_verdicts: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
     "hex_verdicts", default=None
 )
-
-
-def http_probe(address: str, timeout_s: float) -> bool:
-    """Whether the server at ``host:port`` answers ``/health`` within ``timeout_s``."""
-    import requests
-
-    try:
-        return requests.get(f"http://{address}/health", timeout=timeout_s).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def served_version(address: str, timeout_s: float) -> str | None:
@@ -121,7 +115,8 @@ class _HeldVerdicts:
 
 
 class ElasticRollout:
-    """Server states, health probes, resubmission, share re-solving and drift for one rollout controller."""
+    """Resubmission, joins and change records for one rollout controller, over its servers' health, shares and
+    drift (each a part of its own)."""
 
     def __init__(
         self,
@@ -147,32 +142,24 @@ class ElasticRollout:
         version_of: Callable[[str, float], str | None] = served_version,
     ) -> None:
         self.config = config
-        self.cm = cost_model  # the lengths the current shares were solved for
-        self.drift_samples = drift_samples  # a window's samples: drift is scored on their rollout time
-        self.window = window  # the plan's update window, which re-shares score
-        self.shapes, self.names, self.addresses = list(shapes), list(names), list(addresses)
-        self.states = [UP] * len(shapes)
-        self.failures = [0] * len(shapes)
-        self.shares: tuple[float, ...] = ()
+        self.health = ServerHealth(config, addresses, probe)
+        self.policy = SharePolicy(cost_model, shapes, set_shares, window)
+        self.advisor = DriftAdvisor(
+            config.drift_threshold, config.drift_min_samples, drift_samples, window, lengths_file, suggest
+        )
+        self.names = list(names)
         self.counts: Counter[str] = Counter()
-        self.detections: list[
-            dict[str, Any]
-        ] = []  # each loss: rank, when its first failed probe was, when marked
+        self.detections: list[dict[str, Any]] = []  # each loss: rank, its first failed probe, when marked
         self.version = 0
         self.step = 0
-        self.drift = 0.0
-        self._set_shares, self._in_flight, self._record = set_shares, in_flight, record
+        self._in_flight, self._record = in_flight, record
         self._staleness = staleness  # upstream's StalenessManager of the controller
         self._relaunch, self._reroute = relaunch, reroute
         self._join, self._joins_file = join, joins_file  # join(request, busy hosts) -> areal.join.Joined
         self._joins_read = 0
         self._joined_by: dict[int, int] = {}  # rank -> the join request that started it
         self._joiner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hex-join")  # one join at a time
-        self._suggest = suggest  # workload -> replan.LengthSuggestion (a solve: run off the training thread)
-        self.suggested_gain: float | None = None
-        self._lengths_file = lengths_file
-        self._probe, self._version_of = probe, version_of
-        self._first_failure: list[float | None] = [None] * len(shapes)
+        self._version_of = version_of
         self._lengths: list[int] = []
         self._accepted: set[int] = set()  # samples (first task ids) accepted
         self._route_dirty = False
@@ -182,6 +169,31 @@ class ElasticRollout:
         self._pool = ThreadPoolExecutor(
             max_workers=min(16, max(1, len(shapes))), thread_name_prefix="hex-health"
         )
+
+    @property
+    def states(self) -> list[str]:
+        return self.health.states
+
+    @states.setter
+    def states(self, states: list[str]) -> None:
+        self.health.states = states
+
+    @property
+    def shares(self) -> tuple[float, ...]:
+        return self.policy.shares
+
+    @shares.setter
+    def shares(self, shares: Sequence[float]) -> None:
+        self.policy.shares = tuple(shares)
+
+    @property
+    def deadline_s(self) -> float:
+        """At most this long from a server's last answer to its leaving the routing."""
+        return self.health.deadline_s
+
+    @property
+    def suggested_gain(self) -> float | None:
+        return self.advisor.suggested_gain
 
     def summary(self) -> dict[str, int]:
         """What happened to the samples and servers so far."""
@@ -194,13 +206,8 @@ class ElasticRollout:
             "lost",
             "relaunched",
         )
-        return {key: self.counts[key] for key in (*keys, "gained", "joined", "reshares", "changes")}
-
-    @property
-    def deadline_s(self) -> float:
-        """At most this long from a server's last answer to its leaving the routing."""
-        c = self.config
-        return c.failures_to_down * (c.health_interval_s + c.health_timeout_s)
+        counts = {**self.counts, "reshares": self.policy.reshares}
+        return {key: counts.get(key, 0) for key in (*keys, "gained", "joined", "reshares", "changes")}
 
     # -- life --------------------------------------------------------------------------------------------
 
@@ -212,7 +219,7 @@ class ElasticRollout:
         self._thread = threading.Thread(target=self._watch, name="hex-elastic", daemon=True)
         self._thread.start()
         logger.info(
-            f"watching {len(self.shapes)} rollout servers: a lost one leaves the routing within "
+            f"watching {len(self.names)} rollout servers: a lost one leaves the routing within "
             f"{self.deadline_s:.1f} s"
         )
 
@@ -229,35 +236,24 @@ class ElasticRollout:
     def _watch(self) -> None:
         while not self._stop.wait(self.config.health_interval_s):
             self._take_joins()
-            ranks = [r for r, state in enumerate(self.states) if state != DOWN]
-            answers = self._pool.map(
-                lambda r: self._probe(self.addresses[r], self.config.health_timeout_s), ranks
-            )
-            for rank, ok in zip(ranks, answers, strict=True):
+            ranks = self.health.to_probe()
+            for rank, ok in zip(ranks, self._pool.map(self.health.probe, ranks), strict=True):
                 self._after_probe(rank, ok)
 
     def _after_probe(self, rank: int, ok: bool) -> None:
         with self._lock:
-            if self.states[rank] == DOWN:
-                return
-            if ok:
-                self.failures[rank], self._first_failure[rank] = 0, None
-                return
-            self.failures[rank] += 1
-            if self._first_failure[rank] is None:
-                self._first_failure[rank] = time.time()
-            if self.failures[rank] >= self.config.failures_to_down:
-                self.mark_down(rank, f"{self.failures[rank]} health probes failed")
+            if self.health.record(rank, ok):
+                self.mark_down(rank, f"{self.health.failures[rank]} health probes failed")
 
     def confirm_failure(self, rank: int) -> bool:
         """A request on ``rank`` failed: probe it now; whether it is (now) lost."""
         if self.states[rank] == DOWN:
             return True
-        if self._probe(self.addresses[rank], self.config.health_timeout_s):
+        if self.health.probe(rank):
             return False
         self._after_probe(rank, False)
         # One more probe decides at once rather than at the next round.
-        if self.states[rank] != DOWN and not self._probe(self.addresses[rank], self.config.health_timeout_s):
+        if self.states[rank] != DOWN and not self.health.probe(rank):
             self.mark_down(rank, "a request failed and its server does not answer")
         return self.states[rank] == DOWN
 
@@ -269,7 +265,7 @@ class ElasticRollout:
 
     def live(self) -> list[bool]:
         """Which servers take requests."""
-        return [state == UP for state in self.states]
+        return self.health.live()
 
     def reachable(self, rank: int) -> bool:
         """Whether ``rank``'s worker and server take control calls (pause, version, stats): not lost."""
@@ -283,23 +279,25 @@ class ElasticRollout:
             if self.states[rank] == DOWN:
                 return
             was_serving = self.states[rank] == UP
-            before = self._tokens_per_s()
-            self.states[rank] = DOWN
-            now = time.time()
+            before = self.policy.tokens_per_s(self.live())
+            detection = self.health.mark_down(rank)
             in_flight = self._in_flight(rank) if was_serving else 0
             self.counts["lost"] += 1
             self.counts["in_flight_at_loss"] += in_flight
-            first = self._first_failure[rank] or now
             self.detections.append(
-                {"rank": rank, "first_failure": first, "marked": now, "in_flight": in_flight}
+                {
+                    "rank": rank,
+                    "first_failure": detection.first_failure,
+                    "marked": detection.marked,
+                    "in_flight": in_flight,
+                }
             )
             self._route_dirty = True
-            if any(self.live()):
-                self._apply(reshare(self.cm, self.shapes, self.live(), window=self.window).shares)
+            self.policy.resolve(self.live())
             logger.warning(
-                f"rollout server {self.names[rank]} lost ({reason}) at {now:.3f}, {now - first:.2f} s after its "
-                f"first failed probe: {in_flight} samples in flight go to the others; shares now "
-                f"{self._share_text()}"
+                f"rollout server {self.names[rank]} lost ({reason}) at {detection.marked:.3f}, "
+                f"{detection.marked - detection.first_failure:.2f} s after its first failed probe: {in_flight} "
+                f"samples in flight go to the others; shares now {self._share_text()}"
             )
             self._change("lost", [self.names[rank]], reason, before)
         if self._relaunch is not None and self.config.relaunch:
@@ -312,9 +310,7 @@ class ElasticRollout:
             logger.warning(f"rollout server {self.names[rank]} cannot be relaunched ({error}); it stays out")
             return
         with self._lock:
-            self.addresses[rank] = address
-            self.failures[rank], self._first_failure[rank] = 0, None
-            self.states[rank] = JOINING
+            self.health.relaunched(rank, address)
             self._route_dirty = True
             self.counts["relaunched"] += 1
         logger.info(
@@ -348,20 +344,14 @@ class ElasticRollout:
         except Exception as error:  # the machine does not come: recorded, the run goes on
             logger.warning(f"{tag(request.index)} failed: {error}")
             with self._lock:
-                self._change(
-                    "lost", [request.host], f"{tag(request.index)} failed: {error}", self._tokens_per_s()
-                )
+                before = self.policy.tokens_per_s(self.live())
+                self._change("lost", [request.host], f"{tag(request.index)} failed: {error}", before)
             return
         with self._lock:
             for shape, name, address in zip(joined.shapes, joined.names, joined.addresses, strict=True):
-                self._joined_by[len(self.states)] = request.index
-                self.shapes.append(shape)
+                self.policy.add(shape)
                 self.names.append(name)
-                self.addresses.append(address)
-                self.failures.append(0)
-                self._first_failure.append(None)
-                self.states.append(JOINING)  # last: control calls reach a rank once it has a state
-            self.shares = (*self.shares, *(0.0 for _ in joined.names))
+                self._joined_by[self.health.add(address)] = request.index
             joined.attach()
             self._route_dirty = True
         logger.info(
@@ -385,13 +375,13 @@ class ElasticRollout:
         for rank, state in enumerate(self.states):
             if state != JOINING:
                 continue
-            held = self._version_of(self.addresses[rank], self.config.health_timeout_s)
+            held = self._version_of(self.health.addresses[rank], self.config.health_timeout_s)
             if held != str(version):
                 continue
             with self._lock:
-                before = self._tokens_per_s()
+                before = self.policy.tokens_per_s(self.live())
                 self.states[rank] = UP
-                self._apply(reshare(self.cm, self.shapes, self.live(), window=self.window).shares)
+                self.policy.resolve(self.live())
                 self.counts["gained"] += 1
                 request = self._joined_by.get(rank)
                 if request is None:
@@ -404,22 +394,10 @@ class ElasticRollout:
                 )
                 self._change("gained", [self.names[rank]], how, before)
 
-    # -- shares ------------------------------------------------------------------------------------------
-
-    def _apply(self, shares: Sequence[float]) -> None:
-        self.shares = tuple(shares)
-        self._set_shares(shares)
-        self.counts["reshares"] += 1
+    # -- records -----------------------------------------------------------------------------------------
 
     def _share_text(self) -> str:
         return ", ".join(f"{n}: {s:.3f}" for n, s in zip(self.names, self.shares, strict=True))
-
-    def _tokens_per_s(self) -> float:
-        """Predicted generation speed of the serving servers (samples per second of the split, in tokens)."""
-        if not any(self.live()):
-            return 0.0
-        result = reshare(self.cm, self.shapes, self.live(), window=self.window)
-        return RESOLUTION * self.cm.workload.output_lengths.mean / result.makespan_s
 
     def _change(self, kind: str, hosts: list[str], reason: str, before: float) -> None:
         change = PlanChange(
@@ -428,7 +406,7 @@ class ElasticRollout:
             reason=reason,
             step=self.step,
             tokens_per_s_before=round(before, 3),
-            tokens_per_s_after=round(self._tokens_per_s(), 3),
+            tokens_per_s_after=round(self.policy.tokens_per_s(self.live()), 3),
             shares={n: round(s, 6) for n, s in zip(self.names, self.shares, strict=True)},
         )
         self.counts["changes"] += 1
@@ -484,7 +462,7 @@ class ElasticRollout:
                         self._lengths.extend(lengths)
                     return result
                 lost = bool(picks) and await asyncio.to_thread(self.confirm_failure, picks[-1])
-            if not lost or not any(self.live()) or resubmits >= len(self.shapes):
+            if not lost or not any(self.live()) or resubmits >= len(self.names):
                 for _ in held:  # the sample's last attempt: its verdict goes to upstream's manager
                     self.counts["rejected"] += 1
                     self._staleness().on_rollout_rejected()
@@ -515,21 +493,12 @@ class ElasticRollout:
                 "hex/elastic/resubmitted": float(self.counts["resubmitted"]),
                 "hex/elastic/changes": float(self.counts["changes"]),
             }
-            if len(lengths) >= self.config.drift_min_samples and any(self.live()):
-                found = drift(
-                    self.cm,
-                    self.shapes,
-                    self.live(),
-                    lengths,
-                    f"served at step {self.step}",
-                    self.drift_samples,
-                    self.window,
-                )
-                self.drift = found.change
+            found = self.advisor.check(self.policy.cm, self.policy.shapes, self.live(), lengths, self.step)
+            if found is not None:
                 out["hex/elastic/served_mean_tokens"] = sum(lengths) / len(lengths)
-                if abs(self.drift) > self.config.drift_threshold:
-                    self._rebalance(found.measured, found.shares, lengths)
-            out["hex/elastic/drift"] = self.drift
+                if self.advisor.moved():
+                    self._rebalance(found, lengths)
+            out["hex/elastic/drift"] = self.advisor.change
             if self.suggested_gain is not None:
                 out["hex/elastic/replan_gain"] = self.suggested_gain
             out.update({f"hex/elastic/share/{n}": s for n, s in zip(self.names, self.shares, strict=True)})
@@ -541,51 +510,19 @@ class ElasticRollout:
         self.step += 1
         return out
 
-    def _rebalance(self, measured, shares: Sequence[float], lengths: list[int]) -> None:
+    def _rebalance(self, found, lengths: list[int]) -> None:
         with self._lock:
-            before = self._tokens_per_s()
-            was = self.cm.workload.output_lengths.mean
-            self.cm = measured
-            self._apply(shares)
+            before = self.policy.tokens_per_s(self.live())
+            was = self.policy.cm.workload.output_lengths.mean
+            self.policy.cm = found.measured
+            self.policy.apply(found.shares)
             reason = (
-                f"served outputs average {measured.workload.output_lengths.mean:.1f} tokens against {was:.1f}: "
-                f"the predicted rollout time moves {self.drift:+.0%}"
+                f"served outputs average {found.measured.workload.output_lengths.mean:.1f} tokens against "
+                f"{was:.1f}: the predicted rollout time moves {self.advisor.change:+.0%}"
             )
             self._change("drift", [], reason, before)
-        written = ""
-        if self._lengths_file:
-            Path(self._lengths_file).write_text("".join(f"{n}\n" for n in lengths))
-            written = f" (written to {self._lengths_file})"
         logger.warning(f"length drift: {reason}; shares re-balanced online to {self._share_text()}")
-        if self._suggest is not None:
-            threading.Thread(
-                target=self._log_suggestion, args=(measured.workload, written), name="hex-replan", daemon=True
-            ).start()
-
-    def _log_suggestion(self, workload, written: str) -> None:
-        """What a re-plan for the served lengths would change and gain (the planner's search, off the training
-        thread)."""
-        try:
-            found = self._suggest(workload)
-        except Exception as error:  # a suggestion only: the run goes on
-            logger.warning(f"no re-plan suggestion for the served lengths ({error})")
-            return
-        self.suggested_gain = found.gain
-        figures = (
-            f"the planner's plan for them predicts {found.tokens_per_s:,.1f} tokens/s against about "
-            f"{found.current_tokens_per_s:,.1f} for the running plan at these lengths ({found.gain:+.1%})"
-        )
-        if not found.diff:
-            logger.info(
-                f"re-plan suggestion: none, the layout stays ({figures}); the re-balanced shares suffice"
-            )
-            return
-        moves = "; ".join(f"{d.host}: {d.before or '(new)'} -> {d.after or '(gone)'}" for d in found.diff)
-        logger.warning(
-            f"re-plan suggestion for the served lengths: {figures}, moving {len(found.diff)} machines ({moves}). "
-            f"Plan the recipe with hex.workload.output_lengths={{kind: file, path: <the served lengths>{written}}} "
-            "(areal-hex plan RECIPE --json PLAN.json) and resume from the recover checkpoint with hex.plan_path"
-        )
+        self.advisor.advise(found, lengths)
 
 
 def attach_elastic(trainer) -> ElasticRollout | None:
@@ -626,48 +563,3 @@ def attach_elastic(trainer) -> ElasticRollout | None:
     rollout.hex_elastic = elastic
     elastic.start()
     return elastic
-
-
-def reroute(actor, rollout, reachable: Sequence[bool]) -> None:
-    """Point the relay at the ``reachable`` rollout servers only (before an update): each one's receiver (started
-    once, so the same endpoint), the plan's pools, and the train workers' coordinator rebuilt through the
-    transport's ``hex_configure_transport``. Nothing to do on upstream's own weight path."""
-    from areal.infra.utils.concurrent import run_async_task
-
-    from areal_hex_plugin.transport.controller_adapter import receiver_options, trainer_hosts
-    from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
-
-    settings = getattr(actor, "hex_settings", None)
-    if settings is None or not settings.pools:
-        return
-    ranks = [rank for rank, ok in enumerate(reachable) if ok]
-    # A receiver first started here (a server lost before the first update) takes control from the trainer only.
-    options = receiver_options(settings, trainer_hosts(actor))
-
-    async def start_all() -> list[str]:
-        return await asyncio.gather(
-            *(
-                rollout.scheduler.async_call_engine(
-                    rollout.workers[rank].id,
-                    "hex_start_receiver",
-                    engine_name=rollout._engine_name(rank),
-                    **options,
-                )
-                for rank in ranks
-            )
-        )
-
-    endpoints = dict(zip(ranks, (Endpoint.parse(text) for text in run_async_task(start_all)), strict=True))
-    route = Route(
-        [
-            PoolRoute(
-                pool.name, [endpoints[i] for i in pool.workers], pool.cross_gb_per_s, pool.intra_gb_per_s
-            )
-            for pool in (replace(p, workers=[i for i in p.workers if i in endpoints]) for p in settings.pools)
-            if pool.workers
-        ]
-    )
-    actor._hex_route = route
-    actor.hex_ranks = {str(endpoint): rank for rank, endpoint in endpoints.items()}
-    actor._custom_function_call("hex_configure_transport", route.to_dict(), settings.sender)
-    logger.info(f"relay route now {route.replica_count} servers: {route.to_dict()}")
