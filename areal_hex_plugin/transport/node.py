@@ -453,7 +453,7 @@ class ReceiverNode:
                         )
                         self._report(_with_id(reply, message))
                         continue
-                    self._start_commit(message)
+                    self._start_commit(message, channel)
                 elif message.kind == Kind.ABORT and self._loading >= 0:
                     reply = make(
                         Kind.ERROR, id=0, error=f"version {self._loading} is loading: too late to withdraw"
@@ -472,9 +472,10 @@ class ReceiverNode:
                     self._end_session()
                     self._drop_kept()
 
-    def _start_commit(self, message: Message) -> None:
+    def _start_commit(self, message: Message, channel: Channel) -> None:
         """Commit on a thread of its own: a load may outlast the sender's deadline, and the sender then asks what
-        this replica serves (``status`` shows the version loading) instead of guessing."""
+        this replica serves (``status`` shows the version loading) instead of guessing. The answer goes only to
+        the channel that asked (a new control channel's ids start again)."""
         self._loading = message["version"]
 
         def commit() -> None:
@@ -482,7 +483,8 @@ class ReceiverNode:
                 reply = self._handle(message)
             finally:
                 self._loading = -1
-            self._report(_with_id(reply, message))
+            if self._control is channel:
+                self._report(_with_id(reply, message))
 
         self._committing = threading.Thread(target=commit, name="hex-commit", daemon=True)
         self._committing.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 from areal_hex_plugin.transport.node import ReceiverNode
 from areal_hex_plugin.transport.route import PoolRoute, Route
 from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
-from tests.transport.harness import TOKEN, Replica, ReplicaFleet
+from tests.transport.harness import TOKEN, Proxy, Replica, ReplicaFleet
 
 pytestmark = pytest.mark.integration
 
@@ -33,15 +34,19 @@ def _sender(*replicas: Replica) -> RelaySender:
     return RelaySender(route, SenderConfig(timeout_s=2.0, commit_timeout_s=1.0), token=TOKEN)
 
 
-def _slow_load(node: ReceiverNode) -> None:
-    """The server takes longer to load than the commit deadline and the status grace together."""
-    load = node.sink.load
+def _loads_for(seconds: float):
+    """The server takes ``seconds`` to load."""
 
-    def slow(version, staged) -> None:
-        time.sleep(_SLOW_LOAD_S)
-        load(version, staged)
+    def setup(node: ReceiverNode) -> None:
+        load = node.sink.load
 
-    node.sink.load = slow
+        def slow(version, staged) -> None:
+            time.sleep(seconds)
+            load(version, staged)
+
+        node.sink.load = slow
+
+    return setup
 
 
 def _dies_after_load(node: ReceiverNode) -> None:
@@ -57,7 +62,7 @@ def _dies_after_load(node: ReceiverNode) -> None:
 
 def test_a_load_past_the_deadline_is_reported_unknown_not_kept(tmp_path):
     with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
-        (slow,) = fleet.start([1], setup=_slow_load)
+        (slow,) = fleet.start([1], setup=_loads_for(_SLOW_LOAD_S))  # past the deadline and the status grace
         sender = _sender(slow)
         try:
             began = time.monotonic()
@@ -87,3 +92,28 @@ def test_a_receiver_killed_after_its_server_loaded_is_reported_unknown(tmp_path)
         assert dying.committed()["version"] == 1  # its server holds the new version
         assert reason.startswith("unknown: check server") and "will not switch" not in reason, reason
         assert report.outcomes == {str(dying.endpoint): reason}
+
+
+def test_a_commit_whose_answer_is_lost_is_asked_again_and_reported_switched(tmp_path):
+    """The control connection breaks while the replica loads: the sender asks it over a new connection and
+    reports what it serves, "switched", instead of a failure."""
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        (replica,) = fleet.start([1], setup=_loads_for(1.5))
+        proxy = Proxy(replica.endpoint)
+        route = Route([PoolRoute("h20", [proxy.endpoint], 1.5, 5.0)])
+        sender = RelaySender(route, SenderConfig(timeout_s=5.0, commit_timeout_s=5.0), token=TOKEN)
+        try:
+            sender.begin(1)
+            sender.send_bucket(list(_state(1).items()))
+            sender.finish(commit=False)
+            cutter = threading.Timer(0.5, proxy.cut, args=(0,))  # the first connection is the control one
+            cutter.start()
+            sender.commit()
+            cutter.join()
+            report = sender.last_report
+        finally:
+            sender.close()
+            proxy.close()
+        assert report.committed == [str(proxy.endpoint)], report.failed
+        assert report.outcomes == {str(proxy.endpoint): "switched"}
+        assert replica.committed()["version"] == 1
