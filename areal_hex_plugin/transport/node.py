@@ -36,11 +36,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import fcntl
 import hmac
 import logging
 import queue
 import socket
+import struct
 import tempfile
+import termios
 import threading
 import time
 from collections import deque
@@ -87,7 +90,8 @@ _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 class WeightSink(Protocol):
     """Where a committed version goes (an inference server, or test receivers). ``staged`` iterates the
     version's (name, tensor) pairs; ``staged.directory`` holds it as safetensors files. The tensors' memory may stage
-    a later version once ``load`` has returned (at once with a rollback dir): copy what must outlive the call."""
+    a later version once ``load`` has returned (at once with a rollback dir): copy what must outlive the call.
+    A sink may name its server in a ``server`` attribute: what to check when a commit's outcome is unknown."""
 
     def load(self, version: int, staged: Iterator[tuple[str, torch.Tensor]]) -> None: ...
 
@@ -134,7 +138,7 @@ class _Session:
     # The downstream neighbour and backend of the forwarders.
     downstream: tuple[str, str] = ("", "")
     # The data connection that carries each lane here (a second one for a lane is refused).
-    lanes: dict[int, object] = field(default_factory=dict)
+    lanes: dict[int, Channel] = field(default_factory=dict)
     # The key only the trainer and this replica hold for the session (the seal's).
     seal_key: bytes = b""
     # The buckets being received now; none may start once ``end`` sealed the session.
@@ -191,8 +195,24 @@ class _Forwarder:
         self.session = session  # the one it forwards for now (a kept forwarder moves on to the next)
         self.queue: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self.broken = False
+        self.backlog = 0  # chunk bytes queued here, not yet handed to the link
+        self._counting = threading.Lock()
         self.thread = threading.Thread(target=self._run, name=f"hex-forward-{peer}", daemon=True)
         self.thread.start()
+
+    def put(self, kind: str, payload: Any) -> None:
+        """Queue a frame or a chunk to forward."""
+        self._count(kind, payload, 1)
+        self.queue.put((kind, payload))
+
+    def _count(self, kind: str, payload: Any, sign: int) -> None:
+        if kind == "chunk":
+            with self._counting:
+                self.backlog += sign * payload.numel() * payload.element_size()
+
+    def unsent(self) -> int:
+        """Bytes handed to the link's socket that the downstream has not taken yet (the kernel's send queue)."""
+        return _kernel_queue(self.channel.sock, termios.TIOCOUTQ)
 
     def _run(self) -> None:
         while (item := self.queue.get()) is not None:
@@ -200,6 +220,7 @@ class _Forwarder:
                 if not self.broken:
                     self._forward(*item)
             finally:
+                self._count(*item, -1)
                 self.queue.task_done()
 
     def _forward(self, kind: str, payload: Any) -> None:
@@ -223,6 +244,15 @@ class _Forwarder:
         self.thread.join(timeout=5)
         self.link.close()
         self.channel.close()
+
+
+def _kernel_queue(sock: socket.socket, request: int) -> int:
+    """Bytes in a socket's kernel queue (``termios.FIONREAD``: arrived, unread; ``TIOCOUTQ``: not yet taken by
+    the peer); 0 for a closed socket."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), request, bytes(4)))[0]
+    except (OSError, ValueError):
+        return 0
 
 
 class ReceiverNode:
@@ -250,6 +280,9 @@ class ReceiverNode:
         self._leftovers: list[StagedVersion] = []
         self._last_committed: StagedVersion | None = None
         self._control: Channel | None = None
+        # The commit being loaded on its own thread, so status and abort are answered meanwhile, and its version.
+        self._committing: threading.Thread | None = None
+        self._loading = -1
         self._handshakes = threading.BoundedSemaphore(self.config.max_handshakes)
         self._trainer_handshakes = threading.BoundedSemaphore(self.config.trainer_handshakes)
         self._listener: socket.socket | None = None
@@ -409,6 +442,8 @@ class ReceiverNode:
         try:
             while True:
                 message = pending.popleft() if pending else channel.recv(_REQUESTS)
+                if message.kind not in (Kind.STATUS, Kind.ABORT):
+                    self._await_commit()
                 if message.kind == Kind.COMMIT:
                     while channel.readable():  # what the sender sent after it (an abort) already arrived
                         pending.append(channel.recv(_REQUESTS))
@@ -418,16 +453,46 @@ class ReceiverNode:
                         )
                         self._report(_with_id(reply, message))
                         continue
-                self._report(_with_id(self._handle(message), message))
+                    self._start_commit(message, channel)
+                elif message.kind == Kind.ABORT and self._loading >= 0:
+                    reply = make(
+                        Kind.ERROR, id=0, error=f"version {self._loading} is loading: too late to withdraw"
+                    )
+                    self._report(_with_id(reply, message))
+                else:
+                    self._report(_with_id(self._handle(message), message))
         except ProtocolError as error:
             logger.warning("control channel from %s broke the protocol: %s", channel.peer_host, error)
             self._report(make(Kind.ERROR, id=0, error=str(error)[:2000]))
         finally:
+            self._await_commit()
             with self._lock:
                 if self._control is channel:
                     self._control = None
                     self._end_session()
                     self._drop_kept()
+
+    def _start_commit(self, message: Message, channel: Channel) -> None:
+        """Commit on a thread of its own: a load may outlast the sender's deadline, and the sender then asks what
+        this replica serves (``status`` shows the version loading) instead of guessing. The answer goes only to
+        the channel that asked (a new control channel's ids start again)."""
+        self._loading = message["version"]
+
+        def commit() -> None:
+            try:
+                reply = self._handle(message)
+            finally:
+                self._loading = -1
+            if self._control is channel:
+                self._report(_with_id(reply, message))
+
+        self._committing = threading.Thread(target=commit, name="hex-commit", daemon=True)
+        self._committing.start()
+
+    def _await_commit(self) -> None:
+        committing, self._committing = self._committing, None
+        if committing is not None:
+            committing.join()
 
     def _handle(self, message: Message) -> Message:
         handler = {
@@ -502,7 +567,9 @@ class ReceiverNode:
             strangers = [channel for channel in self._data if channel.peer_host not in hosts]
         for channel in strangers:
             channel.close()
-        return make(Kind.READY, id=0, version=self.version)
+        return make(
+            Kind.READY, id=0, version=self.version, server=str(getattr(self.sink, "server", ""))[:300]
+        )
 
     def _on_connect(self, message: Message) -> Message:
         """Open one data link per part (lane) to the downstream neighbour (already prepared for the same
@@ -656,7 +723,27 @@ class ReceiverNode:
         return make(Kind.ABORTED, id=0)
 
     def _on_status(self, message: Message) -> Message:
-        return make(Kind.STATE, id=0, version=self.version, digest=self.digest)
+        return make(
+            Kind.STATE,
+            id=0,
+            version=self.version,
+            digest=self.digest,
+            loading=self._loading,
+            **self._data_path(),
+        )
+
+    def _data_path(self) -> dict[str, int]:
+        """Both ends of this replica's links in the current session (the sender's evidence of who stalls)."""
+        session = self._session
+        if session is None:
+            return {"unread": 0, "backlog": 0, "unsent": 0}
+        with self._lock:
+            inbound, outbound = list(session.lanes.values()), list(session.forwarders)
+        return {
+            "unread": sum(_kernel_queue(channel.sock, termios.FIONREAD) for channel in inbound),
+            "backlog": sum(forwarder.backlog for forwarder in outbound),
+            "unsent": sum(forwarder.unsent() for forwarder in outbound),
+        }
 
     # -- data ---------------------------------------------------------------------------------------------
 
@@ -768,42 +855,64 @@ class ReceiverNode:
                 raise ProtocolError(f"bucket {index} is arriving on another link")
             session.receiving.add(index)
         try:
-            ok = self._receive_into_stage(session, header, channel, link, entries)
+            ok, arrived = self._receive_into_stage(session, header, channel, link, entries)
         finally:
             with self._lock:
                 session.receiving.discard(index)
-        # Acknowledged once no longer arriving: the end that may follow at once finds it settled.
-        self._report(make(Kind.ACK, session=session.id, index=index, copy=header["copy"], ok=ok, error=""))
+        # Acknowledged once no longer arriving: the end that may follow at once finds it settled. The whole copy
+        # arrived: its size and the digest of what arrived are the evidence of a NACK.
+        self._report(
+            make(
+                Kind.ACK,
+                session=session.id,
+                index=index,
+                copy=header["copy"],
+                ok=ok,
+                error="",
+                received=nbytes,
+                digest=arrived,
+            )
+        )
 
     def _refuse_bucket(self, session: _Session, header: Message, error: Exception) -> ConnectionError:
         """Tell the sender why this replica cannot take the bucket (e.g. its stage dir is full); the data link
         ends."""
         index, copy = header["index"], header["copy"]
         self._report(
-            make(Kind.ACK, session=session.id, index=index, copy=copy, ok=False, error=str(error)[:2000])
+            make(
+                Kind.ACK,
+                session=session.id,
+                index=index,
+                copy=copy,
+                ok=False,
+                error=str(error)[:2000],
+                received=0,
+                digest="",
+            )
         )
         return ConnectionError(f"bucket {index} refused: {error}")
 
     def _receive_into_stage(
         self, session: _Session, header: Message, channel: Channel, link: DataLink, entries: list[Any]
-    ) -> bool:
-        """Stage, forward and hash the bucket's bytes; True when its chunk digests match."""
+    ) -> tuple[bool, str]:
+        """Stage, forward and hash the bucket's bytes; whether its chunk digests match, and the bucket digest of
+        what arrived."""
         index, nbytes, step = header["index"], header["nbytes"], header["chunk"]
         forwarder = session.forwarders[index % session.parts] if session.forwarders else None
         if forwarder is not None:
-            forwarder.queue.put(("frame", header))
+            forwarder.put("frame", header)
         try:
             session.stage.allocate(index, header["copy"], entries, nbytes)
             landing = session.stage.landing(index, step)
         except Exception as error:
             raise self._refuse_bucket(session, header, error) from error
-        ok, chunks = False, []
+        ok, chunks, computed = False, [], []
         try:  # a bucket that does not arrive whole and verified is not kept
             hashed = []
             try:
                 for chunk_index, piece in enumerate(link.receive(landing)):
                     if forwarder is not None:
-                        forwarder.queue.put(("chunk", piece))
+                        forwarder.put("chunk", piece)
                     hashed.append(hash_chunk(session.key, index, chunk_index, piece))
             except HexError as error:  # the stage dir filled up under this bucket
                 raise self._refuse_bucket(session, header, error) from error
@@ -812,8 +921,9 @@ class ReceiverNode:
             if dict(sent.fields) != dict(digests_after(header, chunks).fields) or len(chunks) != len(hashed):
                 raise ProtocolError(f"bucket {index}: its digests frame does not match its header and size")
             if forwarder is not None:
-                forwarder.queue.put(("frame", sent))
-            ok = [future.result() for future in hashed] == chunks
+                forwarder.put("frame", sent)
+            computed = [future.result() for future in hashed]
+            ok = computed == chunks
         finally:
             with self._lock:
                 if ok:
@@ -823,7 +933,7 @@ class ReceiverNode:
                 else:
                     session.digests.pop(index, None)
                     session.stage.drop(index)
-        return ok
+        return ok, bucket_digest(session.key, index, header["manifest"], step, computed)
 
 
 def _check_parts(

@@ -16,7 +16,8 @@ from typing import Any
 
 from areal_hex_plugin.specs.config import RELAY_BACKENDS
 
-PROTOCOL_VERSION = 2  # 2: Diffie-Hellman handshake, sealed END/COMMIT, upstream_lost
+# 2: Diffie-Hellman handshake, sealed END/COMMIT, upstream_lost; 3: evidence in ACK and STATE, server in READY
+PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 8 << 20
 MAX_BUCKET_BYTES = 2 << 30  # upstream's weight_chunked_mem_mb default is 1 GiB
 MAX_BUCKETS = 1 << 16
@@ -210,6 +211,7 @@ _ID = integer(0, MAX_VERSION)
 _VERSION = integer(0, MAX_VERSION)
 _ERROR = text(2000)
 _HOST = text(255, r"[A-Za-z0-9_.:\-]*")
+_QUEUED = integer(0, 1 << 62)  # bytes in a node's queues
 _ENDPOINT = text(300, r"\[?[A-Za-z0-9_.:\-]+\]?:[0-9]{1,5}")
 
 # The fields of each kind (every one required, no others allowed); ``id`` is added to control traffic.
@@ -237,13 +239,24 @@ FIELDS: dict[Kind, dict[str, Field]] = {
     Kind.COMMIT: {"session": _SESSION, "version": _VERSION, "digest": _DIGEST, "seal": _DIGEST},
     Kind.ABORT: {"session": text(32)},
     Kind.STATUS: {},
-    Kind.READY: {"version": integer(-1, MAX_VERSION)},
+    # ``server``: what to check when this replica's commit is in doubt (its inference server; '' if none named).
+    Kind.READY: {"version": integer(-1, MAX_VERSION), "server": text(300)},
     Kind.CONNECTED: {},
     Kind.DOWNSTREAM_FAILED: {"peer": _ENDPOINT, "error": _ERROR},
     Kind.VERIFIED: {"digest": _DIGEST},
     Kind.COMMITTED: {"version": _VERSION},
     Kind.ABORTED: {},
-    Kind.STATE: {"version": integer(-1, MAX_VERSION), "digest": text(64)},
+    # ``loading``: the version the replica is loading now (-1: none); then the current session's data path, both
+    # ends of each link: bytes arrived from upstream not yet read (``unread``), bytes held to forward downstream not
+    # yet handed to the socket (``backlog``) and bytes in that socket not yet taken by the downstream (``unsent``).
+    Kind.STATE: {
+        "version": integer(-1, MAX_VERSION),
+        "digest": text(64),
+        "loading": integer(-1, MAX_VERSION),
+        "unread": _QUEUED,
+        "backlog": _QUEUED,
+        "unsent": _QUEUED,
+    },
     Kind.ERROR: {"error": _ERROR},
     Kind.ACK: {
         "session": _SESSION,
@@ -251,6 +264,10 @@ FIELDS: dict[Kind, dict[str, Field]] = {
         "copy": integer(0, MAX_COPIES),
         "ok": Field(_flag),
         "error": _ERROR,
+        # The evidence of a NACK: how many bytes of the copy arrived, and the keyed digest of what arrived
+        # (buckets.bucket_digest over the chunk digests the replica computed; '' for a refused bucket).
+        "received": integer(0, MAX_BUCKET_BYTES),
+        "digest": text(64, r"([0-9a-f]{64})?"),
     },
     Kind.FORWARD_FAILED: {"session": _SESSION, "peer": _ENDPOINT, "error": _ERROR},
     Kind.UPSTREAM_LOST: {"session": _SESSION, "error": _ERROR},

@@ -12,9 +12,19 @@ repair plan for :meth:`PartSender.repair`, round after round until nothing is mi
 sender's data link cannot reach counts as failed, as one this process's own link cannot reach (re-routed under
 ``on_failure: reroute``).
 
+Blame needs proof: a replica reports only what it can observe, and a report the sender can show to be false routes
+the reporter out and excludes it for the rest of this sender's life (its later versions), never the replica it
+names. A FORWARD_FAILED must name the reporter's own downstream (a tail has none); a NACK must be for a copy that
+reached the reporter (the sender handed it to the relay whole, or the reporter's upstream reported on it), carry the
+copy's size as the bytes received and a digest of what arrived that differs from the sender's. A pool that stops
+making progress is asked, on both ends of the link into its first replica that lacks buckets, who holds the bytes:
+an upstream that holds bytes to forward while its socket and its downstream wait is the one routed out.
+
 The commit has one deadline for all replicas, asked at once. A replica that has not answered by then is in doubt:
 it is sent an ``abort`` (a node that finds an abort queued behind a commit withdraws the commit) and asked for its
-``status``; only what the status shows is reported as committed."""
+``status`` (over a new control channel if its own was lost), until it has finished loading or the grace is over;
+the report tells each such replica's outcome as it showed it: "switched", "kept: ..." or "unknown: check server
+..." (:attr:`UpdateReport.outcomes`), and only a switched one counts as committed."""
 
 from __future__ import annotations
 
@@ -99,6 +109,9 @@ class UpdateReport:
     # ``digest`` from a copy of the weights, the buckets' manifests and the number of parts (an audit of what a
     # replica holds).
     update: str = ""
+    # The replicas whose commit was in doubt, by what they showed afterwards: "switched" (also in ``committed``),
+    # "kept: ..." or "unknown: check server ...: ..." (also in ``failed``).
+    outcomes: dict[str, str] = field(default_factory=dict)
 
     def mark(self, phase: str, began: float) -> None:
         self.phases[phase] = round(time.perf_counter() - began, 4)
@@ -121,6 +134,9 @@ class _Control:
         self.replies: queue.Queue[Message] = queue.Queue()
         self.closed = False
         self.lost = False  # the connection broke (e.g. the node restarted): the next version opens a new one
+        self.server = (
+            ""  # the replica's server as its node names it (what to check when a commit is in doubt)
+        )
         self._last_id = 0
         self._events = events
         threading.Thread(target=self._read, name=f"hex-control-{endpoint}", daemon=True).start()
@@ -214,6 +230,7 @@ class _PoolPush:
         self.channel, self.link, self.relay, self.pool, self.events = channel, link, relay, pool, events
         self.work: queue.Queue[tuple[Message, Bucket, int] | threading.Event | None] = queue.Queue()
         self.broken = False
+        self.sent: dict[tuple[str, int], int] = {}  # (session, bucket) -> the last copy handed over whole
         self.thread = threading.Thread(target=self._run, name=f"hex-push-{pool}", daemon=True)
         self.thread.start()
 
@@ -234,6 +251,7 @@ class _PoolPush:
                 bucket.wait_filled(min(offset + step, bucket.nbytes))  # sent as it is packed
                 self.link.send(bucket.data[offset : offset + step])
             self.channel.send(digests_after(header, bucket.chunks))  # hashed while the bytes went out
+            self.sent[(header["session"], header["index"])] = header["copy"]
         except Exception as error:  # noqa: BLE001 - reported as a failure of the relay
             self.broken = True
             # A relay that refuses a bucket (e.g. a full stage dir) says why on the control channel, then
@@ -295,6 +313,9 @@ class _PoolState:
     acked: dict[int, set[Endpoint]] = field(default_factory=dict)
     # The latest copy of each bucket sent; a NACK of an older copy is stale.
     copies: dict[int, int] = field(default_factory=dict)
+    # Who reported on each (bucket, copy), and NACKs waiting until their copy has reached the reporter.
+    reports: dict[tuple[int, int], set[Endpoint]] = field(default_factory=dict)
+    deferred: list[tuple[Endpoint, Message]] = field(default_factory=list)
 
 
 class RelaySender:
@@ -328,6 +349,8 @@ class RelaySender:
         self._events: queue.Queue[tuple[str, Endpoint, dict[str, Any]]] = queue.Queue()
         self._pools = {pool.name: _PoolState(pool, list(pool.replicas)) for pool in route.pools}
         self._failed: dict[str, str] = {}
+        # Replicas caught reporting falsely: left out of every later version of this sender (replica -> why).
+        self._excluded: dict[Endpoint, str] = {}
         self._buckets: dict[int, Bucket] = {}  # this part's, by version-wide index
         self._remote: list[PartSummary] = []
         # What other parts must send again, per pool: every bucket (a new session) or some copies.
@@ -356,11 +379,18 @@ class RelaySender:
         self._began = time.perf_counter()
         self._report = UpdateReport(version, "", 0, 0.0, update=self._update)
         self._drain_events()
-        self._failed = {}
+        self._failed = {str(e): f"excluded: {why}" for e, why in self._excluded.items()}
         self._link_repairs: dict[Endpoint, int] = {}
         for state in self._pools.values():
-            # Replicas that failed an earlier version are tried again: a recovered one gets this version whole.
-            state.alive = list(state.route.replicas)
+            # Replicas that failed an earlier version are tried again (a recovered one gets this version whole),
+            # except those caught lying.
+            state.alive = [e for e in state.route.replicas if e not in self._excluded]
+            if not state.alive:
+                self.abort()
+                raise TransportError(
+                    f"weight update to version {version} failed: every replica of pool {state.route.name!r} is "
+                    f"excluded for false reports ({self._failed}); all keep their previous version"
+                )
             self._prepare(state, keep_link=True)
         self._report.mark("prepared", self._began)
 
@@ -493,32 +523,57 @@ class RelaySender:
         self._buckets, self._remote = {}, []
 
     def _reconcile(self, in_doubt: list[tuple[_Control, _PoolState]], report: UpdateReport) -> None:
-        """Withdraw the commit from replicas that did not answer, then believe only their status."""
+        """Withdraw the commit from replicas that did not answer, then report (and route by) what each shows."""
         for control, state in in_doubt:
             control.send(Kind.ABORT, session=state.session)
-        asked = [(control, state, control.send(Kind.STATUS)) for control, state in in_doubt]
         deadline = time.monotonic() + min(self.config.timeout_s, 5.0)
-        for control, state, request_id in asked:
-            reply = control.reply(request_id, deadline=deadline)
-            if reply.kind == Kind.STATE and (reply["version"], reply["digest"]) == (
-                self._version,
-                report.digest,
-            ):
+        for control, state in in_doubt:
+            outcome = self._outcome(self._served(state, control, deadline), control, report.digest)
+            report.outcomes[str(control.endpoint)] = outcome
+            if outcome == "switched":
                 report.committed.append(str(control.endpoint))
-            elif reply.kind == Kind.STATE:
-                self._drop(
-                    state,
-                    control.endpoint,
-                    f"commit not done within {self.config.commit_timeout_s:.0f} s; "
-                    f"withdrawn, the replica keeps version {reply['version']}",
-                )
             else:
-                self._drop(
-                    state,
-                    control.endpoint,
-                    f"commit not done within {self.config.commit_timeout_s:.0f} s "
-                    "and no status: in doubt; the commit was withdrawn, the replica will not switch",
-                )
+                self._drop(state, control.endpoint, outcome)
+
+    def _served(self, state: _PoolState, control: _Control, deadline: float) -> Message:
+        """The replica's status by ``deadline``, asked again while it is still loading; over a new control
+        channel if its own was lost (a reply lost on the way is no answer); the last status if a later one
+        does not come."""
+        last: Message | None = None
+        while True:
+            if control.lost:
+                try:
+                    control = self._reopen(state, control)
+                except (TransportError, OSError) as error:
+                    return _lost(f"the replica is unreachable ({error})")
+            reply = control.reply(control.send(Kind.STATUS), deadline=deadline)
+            if reply.kind != Kind.STATE:
+                return reply if last is None else last
+            if reply["loading"] < 0 or time.monotonic() >= deadline:
+                return reply
+            last = reply
+            time.sleep(0.1)
+
+    def _reopen(self, state: _PoolState, control: _Control) -> _Control:
+        control.close()
+        timeout_s = min(self.config.timeout_s, 5.0)
+        state.controls[control.endpoint] = fresh = _Control(
+            control.endpoint, state.route.name, self.token, timeout_s, self._events
+        )
+        fresh.server = control.server
+        return fresh
+
+    def _outcome(self, reply: Message, control: _Control, digest: str) -> str:
+        """What a replica whose commit was in doubt serves, as its status shows it, never a guess."""
+        late = f"commit not done within {self.config.commit_timeout_s:.0f} s"
+        server = control.server or f"of replica {control.endpoint}"
+        if reply.kind != Kind.STATE:
+            return f"unknown: check server {server}: {late} and no status ({_error(reply)})"
+        if (reply["version"], reply["digest"]) == (self._version, digest):
+            return "switched"
+        if reply["loading"] >= 0:
+            return f"unknown: check server {server}: {late}, still loading version {reply['loading']}"
+        return f"kept: {late}; withdrawn, the replica serves version {reply['version']}"
 
     def abort(self) -> None:
         """Every replica drops the staged version and keeps serving its last committed one."""
@@ -596,6 +651,7 @@ class RelaySender:
                 self._stop_push(state)
             keep_link = False
             state.session, state.acked, state.copies = secrets.token_hex(8), {}, {}
+            state.reports, state.deferred = {}, []
             failed = self._prepare_chain(state)
             if failed is None:
                 return
@@ -655,6 +711,8 @@ class RelaySender:
                     return Endpoint.parse(reply["peer"]), reply["error"]
                 if reply.kind != expected:
                     return endpoint, _error(reply)
+                if reply.kind == Kind.READY:
+                    state.controls[endpoint].server = reply["server"]
         if state.push is not None:  # kept from the last version: the relay serves it in the new session too
             return None
         relay = chain[0]
@@ -726,6 +784,8 @@ class RelaySender:
             try:
                 pool, endpoint, message = self._events.get(timeout=0.5)
             except queue.Empty:
+                for state in self._pools.values():  # a copy the relay was waiting for may have gone out whole
+                    self._retry_deferred(state)
                 if time.monotonic() - last_progress > self.config.timeout_s:
                     self._fail_laggard()
                     last_progress = time.monotonic()
@@ -737,10 +797,9 @@ class RelaySender:
             if kind == Kind.ACK and message["session"] == state.session:
                 last_progress = time.monotonic()
                 self._on_ack(state, endpoint, message)
+                self._retry_deferred(state)
             elif kind == Kind.FORWARD_FAILED and message["session"] == state.session:
-                peer = Endpoint.parse(message["peer"])
-                if peer in state.alive:
-                    self._repair_link(state, peer, f"link from {endpoint} broke: {message['error']}")
+                self._on_forward_failed(state, endpoint, message)
                 last_progress = time.monotonic()
             elif (
                 kind == Kind.UPSTREAM_LOST
@@ -754,18 +813,89 @@ class RelaySender:
                 self._reroute(state, endpoint, message["error"])
                 last_progress = time.monotonic()
 
+    def _on_forward_failed(self, state: _PoolState, endpoint: Endpoint, message: Message) -> None:
+        """A replica says its link to its downstream broke: only a replica with that downstream can know it."""
+        position = state.alive.index(endpoint)
+        downstream = state.alive[position + 1] if position + 1 < len(state.alive) else None
+        if downstream is None:
+            self._exclude(
+                state, endpoint, f"reported its forward to {message['peer']} failed; it has no downstream"
+            )
+        elif message["peer"] != str(downstream):
+            self._exclude(
+                state,
+                endpoint,
+                f"reported its forward to {message['peer']} failed; its downstream is {downstream}",
+            )
+        else:
+            self._repair_link(state, downstream, f"link from {endpoint} broke: {message['error']}")
+
+    def _exclude(self, state: _PoolState, endpoint: Endpoint, lie: str) -> None:
+        """Route out a replica caught reporting falsely, and leave it out of this sender's later versions."""
+        self._excluded[endpoint] = lie
+        self._reroute(state, endpoint, f"{lie}; excluded from this sender's versions")
+
+    def _expected(self, index: int) -> tuple[str, int] | None:
+        """The digest and size of bucket ``index`` as its sender made it (None: no such bucket)."""
+        bucket = self._buckets.get(index)
+        if bucket is not None:
+            return bucket.digest(self._key), bucket.nbytes
+        for summary in self._remote:
+            for each, digest, nbytes in summary.buckets:
+                if each == index:
+                    return digest, nbytes
+        return None
+
+    def _false_nack(self, state: _PoolState, endpoint: Endpoint, message: Message) -> str:
+        """What proves this NACK false ('' when nothing does)."""
+        index, copy = message["index"], message["copy"]
+        latest = state.copies.get(index, -1 if index in self._buckets else 0)
+        expected = self._expected(index)
+        if expected is None or copy > latest:
+            return f"NACKed copy {copy} of bucket {index}, which was never sent"
+        digest, nbytes = expected
+        if message["received"] != nbytes:
+            return f"NACKed bucket {index} after {message['received']} bytes; a NACK comes after all {nbytes}"
+        if message["digest"] == digest:
+            return f"NACKed bucket {index} with the digest of its right bytes"
+        return ""
+
+    def _reached(self, state: _PoolState, endpoint: Endpoint, index: int, copy: int) -> bool:
+        """Has copy ``copy`` of bucket ``index`` reached ``endpoint`` whole? The relay's own-part copies once the
+        sender handed them over; any other's once the replica upstream of it reported on that copy."""
+        position = state.alive.index(endpoint)
+        if position == 0:
+            push = state.push
+            sent = push.sent.get((state.session, index), -1) if push is not None else -1
+            return index not in self._buckets or sent >= copy
+        return state.alive[position - 1] in state.reports.get((index, copy), set())
+
+    def _retry_deferred(self, state: _PoolState) -> None:
+        deferred, state.deferred = state.deferred, []
+        for endpoint, message in deferred:
+            if endpoint in state.alive and message["session"] == state.session:
+                self._on_ack(state, endpoint, message)
+
     def _on_ack(self, state: _PoolState, endpoint: Endpoint, message: Message) -> None:
         index, copy = message["index"], message["copy"]
+        state.reports.setdefault((index, copy), set()).add(endpoint)
         if message["ok"]:
             state.acked.setdefault(index, set()).add(endpoint)
             return
         if message["error"]:  # the replica cannot take the bucket at all (e.g. its stage directory is full)
             self._reroute(state, endpoint, message["error"])
             return
+        lie = self._false_nack(state, endpoint, message)
+        if lie:
+            self._exclude(state, endpoint, lie)
+            return
         # Corruption upstream of a node reaches every node after it: re-send once per copy, not per NACK (another
         # part's bucket went out as copy 0).
         latest = state.copies.get(index, -1 if index in self._buckets else 0)
         if copy != latest or endpoint in state.acked.get(index, set()):
+            return
+        if not self._reached(state, endpoint, index, copy):
+            state.deferred.append((endpoint, message))
             return
         if copy >= self.config.max_resends:
             # The first replica of the chain without a good copy sits behind the bad link.
@@ -816,8 +946,31 @@ class RelaySender:
         for state in self._pools.values():
             for endpoint in list(state.alive):
                 if not all(endpoint in state.acked.get(index, set()) for index in self._awaited(state)):
-                    self._reroute(state, endpoint, f"no progress within {self.config.timeout_s:.0f} s")
+                    self._reroute(state, *self._stall(state, endpoint))
                     break
+
+    def _stall(self, state: _PoolState, laggard: Endpoint) -> tuple[Endpoint, str]:
+        """Who stalls the first replica that lacks buckets, and why: its upstream when both ends of the link
+        between them say so (the upstream holds bytes to forward while its socket has none queued and the laggard
+        none unread: on the tcp backend the bytes go on those sockets), else the laggard itself."""
+        silent = (laggard, f"no progress within {self.config.timeout_s:.0f} s")
+        position = state.alive.index(laggard)
+        if position == 0 or self.config.backend != "tcp":  # the relay's upstream is this sender
+            return silent
+        upstream = state.alive[position - 1]
+        ends = [state.controls.get(upstream), state.controls.get(laggard)]
+        if None in ends:
+            return silent
+        asked = [(control, control.send(Kind.STATUS)) for control in ends if control is not None]
+        sending, receiving = (control.reply(request_id) for control, request_id in asked)
+        if sending.kind != Kind.STATE or receiving.kind != Kind.STATE:
+            return silent
+        if sending["backlog"] > 0 and sending["unsent"] == 0 and receiving["unread"] == 0:
+            return upstream, (
+                f"stalled its link to {laggard}: it held {sending['backlog']} bytes to forward while its socket "
+                f"had none queued and {laggard} none unread, for {self.config.timeout_s:.0f} s"
+            )
+        return silent
 
     def _verify(self, digest: str, summaries: list[PartSummary]) -> None:
         parts = [[len(s.buckets), s.nbytes, self._part_digest(s)] for s in summaries]

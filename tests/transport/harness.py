@@ -11,6 +11,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,7 +86,14 @@ class _SavingSink(TensorParallelSink):
         torch.save({"version": version, "shards": self.shards}, self.path)
 
 
-def _replica_main(path: str, tp_size: int, timeout_s: float, ready, limits: dict[int, int]) -> None:
+def _replica_main(
+    path: str,
+    tp_size: int,
+    timeout_s: float,
+    ready,
+    limits: dict[int, int],
+    setup: Callable[[ReceiverNode], None] | None,
+) -> None:
     # A forked replica inherits the test process's handlers (Ray's SIGTERM one, under xdist): terminate must end it.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for limit, extra in limits.items():  # headroom above what this process uses already
@@ -100,6 +108,8 @@ def _replica_main(path: str, tp_size: int, timeout_s: float, ready, limits: dict
     )  # under the test's tmp_path: a terminated replica leaves no shm
     config = ReceiverConfig(timeout_s=timeout_s, stage_dir=stage)
     node = ReceiverNode(_SavingSink(tp_size, Path(path)), config, token=TOKEN)
+    if setup is not None:  # e.g. turn this replica into an attacker
+        setup(node)
     ready.put(node.start().port)
     threading.Event().wait()  # serve until the fleet terminates this process
 
@@ -133,14 +143,20 @@ class ReplicaFleet:
         self.tmp_path, self.timeout_s = tmp_path, timeout_s
         self.replicas: list[Replica] = []
 
-    def start(self, tp_sizes: list[int], limits: dict[int, int] | None = None) -> list[Replica]:
-        """``limits``: resource limits for the replica processes, as headroom above their use at start."""
+    def start(
+        self,
+        tp_sizes: list[int],
+        limits: dict[int, int] | None = None,
+        setup: Callable[[ReceiverNode], None] | None = None,
+    ) -> list[Replica]:
+        """``limits``: resource limits for the replica processes, as headroom above their use at start;
+        ``setup``: called in each replica process with its node before it starts (forked: any callable)."""
         started = []
         for tp_size in tp_sizes:
             ready = _CTX.Queue()
             path = self.tmp_path / f"replica{len(self.replicas)}.pt"
             process = _CTX.Process(
-                target=_replica_main, args=(str(path), tp_size, self.timeout_s, ready, limits or {})
+                target=_replica_main, args=(str(path), tp_size, self.timeout_s, ready, limits or {}, setup)
             )
             process.start()
             replica = Replica(process, Endpoint("127.0.0.1", ready.get(timeout=60)), path, tp_size)
