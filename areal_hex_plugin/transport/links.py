@@ -389,7 +389,7 @@ def connect_data_link(
     """Connect to a node's data side for ``session`` and open the sending link; the channel closes on failure."""
     channel = connect(host, port, token, timeout_s)
     try:
-        channel.send(make(Kind.HELLO, role="data", proto=PROTOCOL_VERSION, session=session))
+        channel.send(make(Kind.HELLO, role="data", proto=PROTOCOL_VERSION, session=session, heartbeat_ms=0))
         return channel, open_sending_link(channel, backend, timeout_s, device)
     except (OSError, RuntimeError, ValueError) as error:  # torch's group errors are RuntimeErrors
         channel.close()
