@@ -240,7 +240,9 @@ class RelayConfig:
     """Options of the relay weight transport (used when ``transport: relay``)."""
 
     backend: str = spec(
-        "tcp", "payload link: tcp (works anywhere), gloo, or nccl (CUDA on both ends)", choices=RELAY_BACKENDS
+        "tcp",
+        "payload link: tcp (works anywhere), gloo (the same authenticated TCP path), or nccl (CUDA on both ends)",
+        choices=RELAY_BACKENDS,
     )
     timeout_s: float = spec(
         30.0, "a replica silent this long, or a link that stops moving, counts as dead", SECONDS

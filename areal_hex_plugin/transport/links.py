@@ -1,8 +1,10 @@
 """Data links between two neighbours of a route: the payload bytes, after the bucket's frame.
 
 ``tcp`` sends the bytes on the authenticated connection itself (works everywhere, the fallback where NCCL cannot
-span the two sides); ``gloo`` and ``nccl`` open a two-rank torch.distributed group. Their rendezvous store is no
-TCPStore listening for anyone: it is a store served over the authenticated data connection itself
+span the two sides); so does ``gloo``: a gloo group would keep gloo's own TCP pair listener open for the link's
+life, taking connections from any host with no deadline and no authentication (at the descriptor limit gloo's
+``accept`` throws and the process aborts). ``nccl`` opens a two-rank torch.distributed group. Its rendezvous store
+is no TCPStore listening for anyone: it is a store served over the authenticated data connection itself
 (:class:`_ServedStore` on the receiving side, :class:`_ChannelStore` on the sending side), and the group makes its
 first transfer (which sets NCCL's communicator up) before that phase ends, so an unauthenticated peer never reaches
 the rendezvous. Payload bytes from the group are used only after their keyed chunk digests match.
@@ -324,20 +326,12 @@ class _ChannelStore(dist.Store):
         self._open = False
 
 
-def _make_group(
-    backend: str, store: dist.Store, rank: int, local_host: str, timeout_s: float, device: torch.device
-) -> TorchLink:
-    """A two-rank group bound to ``local_host`` (this side's address on the authenticated connection)."""
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if backend == "gloo":
-        options = dist.ProcessGroupGloo._Options()
-        options._timeout = timeout
-        options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_host)]
-        return TorchLink(dist.ProcessGroupGloo(store, rank, 2, options), rank, torch.device("cpu"))
-    # NCCL picks its network interface itself (NCCL_SOCKET_IFNAME / NCCL_IB_HCA); the rendezvous is ours.
+def _make_group(store: dist.Store, rank: int, timeout_s: float, device: torch.device) -> TorchLink:
+    """A two-rank NCCL group (NCCL picks its network interface itself: NCCL_SOCKET_IFNAME / NCCL_IB_HCA; the
+    rendezvous is ours)."""
     torch.cuda.set_device(device)
     options = dist.ProcessGroupNCCL.Options()
-    options._timeout = timeout
+    options._timeout = datetime.timedelta(seconds=timeout_s)
     return TorchLink(dist.ProcessGroupNCCL(store, rank, 2, options), rank, device)
 
 
@@ -355,10 +349,10 @@ def _first_transfer(link: TorchLink) -> None:
 def open_sending_link(channel: Channel, backend: str, timeout_s: float, device: torch.device) -> DataLink:
     """Upstream side; the peer runs :func:`open_receiving_link` on the same channel."""
     channel.send(make(Kind.LINK, backend=backend))
-    if backend == "tcp":
+    if backend != "nccl":
         return SocketLink(channel)
     store = _ChannelStore(channel)
-    link = _make_group(backend, store, 0, channel.sock.getsockname()[0], timeout_s, device)
+    link = _make_group(store, 0, timeout_s, device)
     _first_transfer(link)
     store.close()
     return link
@@ -366,7 +360,7 @@ def open_sending_link(channel: Channel, backend: str, timeout_s: float, device: 
 
 def open_receiving_link(channel: Channel, timeout_s: float, device: torch.device) -> DataLink:
     backend = channel.recv({Kind.LINK})["backend"]
-    if backend == "tcp":
+    if backend != "nccl":
         return SocketLink(channel)
     check_backend(backend)
     store = _ServedStore(timeout_s)
@@ -380,7 +374,7 @@ def open_receiving_link(channel: Channel, timeout_s: float, device: torch.device
 
     server = threading.Thread(target=serve, name="hex-rendezvous", daemon=True)
     server.start()
-    link = _make_group(backend, store, 1, channel.sock.getsockname()[0], timeout_s, device)
+    link = _make_group(store, 1, timeout_s, device)
     _first_transfer(link)
     server.join(timeout_s)
     if failure or server.is_alive():
@@ -395,7 +389,7 @@ def connect_data_link(
     """Connect to a node's data side for ``session`` and open the sending link; the channel closes on failure."""
     channel = connect(host, port, token, timeout_s)
     try:
-        channel.send(make(Kind.HELLO, role="data", proto=PROTOCOL_VERSION, session=session))
+        channel.send(make(Kind.HELLO, role="data", proto=PROTOCOL_VERSION, session=session, heartbeat_ms=0))
         return channel, open_sending_link(channel, backend, timeout_s, device)
     except (OSError, RuntimeError, ValueError) as error:  # torch's group errors are RuntimeErrors
         channel.close()

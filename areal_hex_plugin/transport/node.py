@@ -69,6 +69,8 @@ from areal_hex_plugin.transport.buckets import version_digest as digest_of_versi
 from areal_hex_plugin.transport.links import DataLink, connect_data_link, current_device, open_receiving_link
 from areal_hex_plugin.transport.protocol import (
     MAX_PARTS,
+    MIN_HEARTBEAT_MS,
+    SILENT_HEARTBEATS,
     Kind,
     Message,
     ProtocolError,
@@ -79,11 +81,21 @@ from areal_hex_plugin.transport.protocol import (
 from areal_hex_plugin.transport.route import Endpoint
 from areal_hex_plugin.transport.scratch import OwnedDir
 from areal_hex_plugin.transport.stage import SparePages, StagedVersion
-from areal_hex_plugin.transport.wire import Channel, authenticate_as_server, load_token, resolve_hosts
+from areal_hex_plugin.transport.wire import (
+    Channel,
+    CutOff,
+    FrameBudget,
+    Heartbeat,
+    authenticate_as_server,
+    load_token,
+    resolve_hosts,
+)
 
 logger = logging.getLogger("HexTransportNode")
 
 _REQUESTS = {Kind.PREPARE, Kind.CONNECT, Kind.END, Kind.COMMIT, Kind.ABORT, Kind.STATUS}
+# Requests read ahead behind a commit (what the sender may send after it: an abort, a status).
+_READ_AHEAD = 8
 _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
@@ -283,6 +295,7 @@ class ReceiverNode:
         # The commit being loaded on its own thread, so status and abort are answered meanwhile, and its version.
         self._committing: threading.Thread | None = None
         self._loading = -1
+        self._control_silence_s = 0.0  # how long the open control channel may be silent before it is closed
         self._handshakes = threading.BoundedSemaphore(self.config.max_handshakes)
         self._trainer_handshakes = threading.BoundedSemaphore(self.config.trainer_handshakes)
         self._listener: socket.socket | None = None
@@ -401,10 +414,13 @@ class ReceiverNode:
             if not self._peer_allowed(peer, hello["role"]):
                 self._refuse(sock, peer, f"no {hello['role']} channel from a host that is not the route's")
                 return
+            if hello["role"] == "control" and hello["heartbeat_ms"] < MIN_HEARTBEAT_MS:
+                self._refuse(sock, peer, f"a control channel beats at least every {MIN_HEARTBEAT_MS} ms")
+                return
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # both kinds idle between versions
             if hello["role"] == "control":
-                self._serve_control(channel)
+                self._serve_control(channel, hello["heartbeat_ms"] / 1000)
             else:
                 self._serve_data(channel, hello["session"])
         except (OSError, ConnectionError, ValueError, RuntimeError) as error:
@@ -419,34 +435,45 @@ class ReceiverNode:
         if control is not None:
             try:
                 control.send(message)
-            except OSError:
+            except OSError:  # e.g. the trainer took nothing for 3 heartbeats: the channel ends
                 logger.info("control channel lost while reporting %s", message.kind.value)
+                control.close()
 
-    def _take_control(self, channel: Channel) -> bool:
-        """One control channel at a time; a closed one (its sender went) is replaced."""
-        for _ in range(20):
+    def _take_control(self, channel: Channel, silence_s: float) -> bool:
+        """One control channel at a time: a new one waits until the open one is closed, by its sender or for its
+        silence (then within that channel's bound)."""
+        deadline = time.monotonic() + self._control_silence_s + 1.0
+        while True:
             with self._lock:
                 if self._control is None or self._control.peer_closed():
-                    self._control = channel
+                    self._control, self._control_silence_s = channel, silence_s
                     self._drop_kept()  # links are kept for one sender's control channel only
                     return True
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.05)
-        return False
 
-    def _serve_control(self, channel: Channel) -> None:
-        if not self._take_control(channel):
+    def _serve_control(self, channel: Channel, heartbeat_s: float) -> None:
+        silence_s = SILENT_HEARTBEATS * heartbeat_s
+        if not self._take_control(channel, silence_s):
             channel.send(make(Kind.ERROR, id=0, error="another control channel is open on this replica"))
             return
-        channel.settimeout(None)  # idle between versions; the sender closing ends it
+        channel.settimeout(silence_s)  # a report the sender takes nothing of for that long ends the channel
+        heartbeat, budget = Heartbeat(channel, heartbeat_s), FrameBudget()
         pending: deque[Message] = deque()
         try:
             while True:
-                message = pending.popleft() if pending else channel.recv(_REQUESTS)
+                message = pending.popleft() if pending else self._next_frame(channel, silence_s, budget)
+                if message is None:
+                    continue
                 if message.kind not in (Kind.STATUS, Kind.ABORT):
                     self._await_commit()
                 if message.kind == Kind.COMMIT:
                     while channel.readable():  # what the sender sent after it (an abort) already arrived
-                        pending.append(channel.recv(_REQUESTS))
+                        if len(pending) == _READ_AHEAD:
+                            raise CutOff(f"over its cap of {_READ_AHEAD} requests behind a commit")
+                        if (after := self._next_frame(channel, silence_s, budget)) is not None:
+                            pending.append(after)
                     if any(m.kind == Kind.ABORT for m in pending):
                         reply = make(
                             Kind.ERROR, id=0, error="commit withdrawn by the sender (deadline passed)"
@@ -461,11 +488,15 @@ class ReceiverNode:
                     self._report(_with_id(reply, message))
                 else:
                     self._report(_with_id(self._handle(message), message))
+        except CutOff as error:
+            logger.warning("closing the control channel from %s: %s", channel.peer_host, error)
         except ProtocolError as error:
             logger.warning("control channel from %s broke the protocol: %s", channel.peer_host, error)
             self._report(make(Kind.ERROR, id=0, error=str(error)[:2000]))
         finally:
             self._await_commit()
+            heartbeat.stop()
+            channel.close()
             with self._lock:
                 if self._control is channel:
                     self._control = None
@@ -493,6 +524,18 @@ class ReceiverNode:
         committing, self._committing = self._committing, None
         if committing is not None:
             committing.join()
+
+    @staticmethod
+    def _next_frame(channel: Channel, silence_s: float, budget: FrameBudget) -> Message | None:
+        """The next request on the control channel (None for a heartbeat); every frame is counted against the
+        sender's ``budget`` (requests are a handful per version), and a sender silent for ``silence_s`` is cut
+        off."""
+        try:
+            message = channel.recv_within(_REQUESTS | {Kind.HEARTBEAT}, silence_s)
+        except TimeoutError:
+            raise CutOff(f"silent for {silence_s:g} s (3 heartbeats)") from None
+        budget.spend()
+        return None if message.kind == Kind.HEARTBEAT else message
 
     def _handle(self, message: Message) -> Message:
         handler = {

@@ -16,8 +16,13 @@ from typing import Any
 
 from areal_hex_plugin.specs.config import RELAY_BACKENDS
 
-# 2: Diffie-Hellman handshake, sealed END/COMMIT, upstream_lost; 3: evidence in ACK and STATE, server in READY
+# 2: Diffie-Hellman handshake, sealed END/COMMIT, upstream_lost; 3: evidence in ACK and STATE, server in READY,
+# heartbeats
 PROTOCOL_VERSION = 3
+# A control channel's heartbeat interval (the trainer's, announced in its hello; both ends beat at it), and how
+# many intervals of silence close the channel.
+MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS = 50, 60_000
+SILENT_HEARTBEATS = 3
 MAX_FRAME_BYTES = 8 << 20
 MAX_BUCKET_BYTES = 2 << 30  # upstream's weight_chunked_mem_mb default is 1 GiB
 MAX_BUCKETS = 1 << 16
@@ -58,6 +63,7 @@ class ProtocolError(RuntimeError):
 
 class Kind(enum.StrEnum):
     HELLO = "hello"
+    HEARTBEAT = "heartbeat"  # either way on a control channel, every heartbeat interval
     # sender -> node, on the control connection (each carries an ``id`` the answer echoes)
     PREPARE = "prepare"
     CONNECT = "connect"
@@ -216,7 +222,14 @@ _ENDPOINT = text(300, r"\[?[A-Za-z0-9_.:\-]+\]?:[0-9]{1,5}")
 
 # The fields of each kind (every one required, no others allowed); ``id`` is added to control traffic.
 FIELDS: dict[Kind, dict[str, Field]] = {
-    Kind.HELLO: {"role": choice("control", "data"), "proto": choice(PROTOCOL_VERSION), "session": text(32)},
+    Kind.HELLO: {
+        "role": choice("control", "data"),
+        "proto": choice(PROTOCOL_VERSION),
+        "session": text(32),
+        # The control channel's heartbeat interval (0 on a data link, which has none).
+        "heartbeat_ms": integer(0, MAX_HEARTBEAT_MS),
+    },
+    Kind.HEARTBEAT: {},
     Kind.PREPARE: {
         "session": _SESSION,
         "update": _DIGEST,

@@ -33,7 +33,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,17 +53,28 @@ from areal_hex_plugin.transport.buckets import (
 )
 from areal_hex_plugin.transport.links import DataLink, check_backend, connect_data_link, current_device
 from areal_hex_plugin.transport.protocol import (
+    MAX_HEARTBEAT_MS,
     MAX_HOSTS,
     MAX_PARTS,
     MIN_CHUNK_BYTES,
+    MIN_HEARTBEAT_MS,
     PROTOCOL_VERSION,
+    SILENT_HEARTBEATS,
     Kind,
     Message,
     digests_after,
     make,
 )
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
-from areal_hex_plugin.transport.wire import Channel, TransportError, connect, load_token
+from areal_hex_plugin.transport.wire import (
+    Channel,
+    CutOff,
+    FrameBudget,
+    Heartbeat,
+    TransportError,
+    connect,
+    load_token,
+)
 
 logger = logging.getLogger("HexTransportSender")
 
@@ -80,10 +91,19 @@ class SenderConfig:
     # One deadline for every replica's commit (each loads the version into its server), and the grace for the
     # status of those in doubt after it.
     commit_timeout_s: float = 300.0
+    # Both ends of each control channel send a heartbeat this often (the trainer announces it); a channel silent
+    # for 3 of them is closed at either end, so a restarted trainer takes a replica over within that.
+    heartbeat_s: float = 5.0
 
     def __post_init__(self) -> None:
         check_relay_sender(self.backend, self.on_failure, self.timeout_s, self.chunk_bytes, self.max_resends)
         check_backend(self.backend)  # nccl also needs CUDA here
+        if not MIN_HEARTBEAT_MS <= self.heartbeat_s * 1000 <= MAX_HEARTBEAT_MS:
+            raise HexError(
+                "SenderConfig.heartbeat_s",
+                f"{self.heartbeat_s!r} s is outside [{MIN_HEARTBEAT_MS / 1000:g}, {MAX_HEARTBEAT_MS / 1000:g}] s",
+                "use e.g. 5 (a silent control channel is then closed within 15 s)",
+            )
         if self.chunk_bytes < MIN_CHUNK_BYTES or self.commit_timeout_s <= 0:
             raise HexError(
                 "hex.relay",
@@ -117,20 +137,39 @@ class UpdateReport:
         self.phases[phase] = round(time.perf_counter() - began, 4)
 
 
+_EVENTS = (Kind.ACK, Kind.FORWARD_FAILED, Kind.UPSTREAM_LOST)
+
+
 class _Control:
-    """The sender's control channel to one node; replies queue up, events go to the shared queue."""
+    """The sender's control channel to one node; replies queue up, events go to the shared queue.
+
+    Only what the sender may be waiting for is kept: a reply to a request still unanswered, an event the sender
+    ``expects`` (its pool's current session, a bucket copy that was sent), each once. Everything else is dropped
+    and counted against a :class:`FrameBudget`; a node over it, or silent for three heartbeats, is cut off."""
 
     def __init__(
-        self, endpoint: Endpoint, pool: str, token: bytes, timeout_s: float, events: queue.Queue
+        self,
+        endpoint: Endpoint,
+        pool: str,
+        token: bytes,
+        config: SenderConfig,
+        events: queue.Queue,
+        expects: Callable[[Message], bool],
     ) -> None:
-        self.endpoint, self.pool, self.timeout_s = endpoint, pool, timeout_s
-        self.channel = connect(endpoint.host, endpoint.port, token, timeout_s)
+        self.endpoint, self.pool, self.timeout_s = endpoint, pool, config.timeout_s
+        self.channel = connect(endpoint.host, endpoint.port, token, config.timeout_s)
+        heartbeat_ms = round(config.heartbeat_s * 1000)
         try:
-            self.channel.send(make(Kind.HELLO, role="control", proto=PROTOCOL_VERSION, session=""))
+            self.channel.send(
+                make(
+                    Kind.HELLO, role="control", proto=PROTOCOL_VERSION, session="", heartbeat_ms=heartbeat_ms
+                )
+            )
         except OSError as error:
             self.channel.close()
             raise TransportError(f"control connection to {endpoint} broke at once ({error})") from error
-        self.channel.settimeout(None)
+        self._silence_s = SILENT_HEARTBEATS * config.heartbeat_s
+        self.channel.settimeout(self._silence_s)  # a send the node does not take by then ends the channel too
         self.replies: queue.Queue[Message] = queue.Queue()
         self.closed = False
         self.lost = False  # the connection broke (e.g. the node restarted): the next version opens a new one
@@ -138,27 +177,63 @@ class _Control:
             ""  # the replica's server as its node names it (what to check when a commit is in doubt)
         )
         self._last_id = 0
-        self._events = events
+        self._events, self._expects = events, expects
+        self._asked: set[int] = set()  # requests not answered yet
+        self._asked_lock = threading.Lock()
+        self._session, self._seen = "", set[tuple[Any, ...]]()  # the events kept, of that session
+        self._budget = FrameBudget()
+        self._heartbeat = Heartbeat(self.channel, config.heartbeat_s)
         threading.Thread(target=self._read, name=f"hex-control-{endpoint}", daemon=True).start()
 
     def _read(self) -> None:
         try:
             while True:
-                message = self.channel.recv()
-                if message.kind in (Kind.ACK, Kind.FORWARD_FAILED, Kind.UPSTREAM_LOST):
-                    self._events.put((self.pool, self.endpoint, message))
-                else:
-                    self.replies.put(message)
+                try:
+                    message = self.channel.recv_within(None, self._silence_s)
+                except TimeoutError:
+                    raise CutOff(f"silent for {self._silence_s:g} s (3 heartbeats)") from None
+                if not self._keep(message):
+                    self._budget.spend()
         except (OSError, ConnectionError, ValueError, RuntimeError) as error:
             self.lost = True
+            self._heartbeat.stop()
             if not self.closed:
+                if isinstance(error, CutOff):
+                    logger.warning("%s: closing its control channel: %s", self.endpoint, error)
+                self.channel.close()
                 lost = _lost(f"control connection lost ({error})")
                 self._events.put((self.pool, self.endpoint, lost))
                 self.replies.put(lost)
 
+    def _keep(self, message: Message) -> bool:
+        """Queue ``message`` if the sender may be waiting for it; False (dropped) otherwise."""
+        if message.kind in _EVENTS:
+            if not self._expects(message):
+                return False
+            if message["session"] != self._session:
+                self._session, self._seen = message["session"], set()
+            seen = (message.kind, message.fields.get("index"), message.fields.get("copy"))
+            if seen in self._seen:
+                return False
+            self._seen.add(seen)
+            self._events.put((self.pool, self.endpoint, message))
+            return True
+        request = message.fields.get("id")
+        with self._asked_lock:
+            if request not in self._asked and not (request == 0 and self._asked):
+                return False
+            if request == 0:  # the node refused the channel itself: the answer to every request
+                self._asked.clear()
+            else:
+                self._asked.discard(request)
+        self.replies.put(message)
+        return True
+
     def send(self, kind: Kind, **fields: Any) -> int:
         """Send a request tagged with a fresh id (the node echoes it); returns the id to await."""
         self._last_id += 1
+        with self._asked_lock:
+            self._asked.add(self._last_id)
         try:
             self.channel.send(make(kind, id=self._last_id, **fields))
         except OSError as error:
@@ -194,6 +269,7 @@ class _Control:
 
     def close(self) -> None:
         self.closed = True
+        self._heartbeat.stop()
         self.channel.close()
 
 
@@ -361,6 +437,7 @@ class RelaySender:
         self._device = current_device()
         self._began = 0.0
         self._report: UpdateReport | None = None
+        self._sending = False  # from begin() until the version is committed or aborted
 
     # -- public -------------------------------------------------------------------------------------------
 
@@ -378,6 +455,7 @@ class RelaySender:
         self._key = content_key(self.token, self._update)
         self._began = time.perf_counter()
         self._report = UpdateReport(version, "", 0, 0.0, update=self._update)
+        self._sending = True
         self._drain_events()
         self._failed = {str(e): f"excluded: {why}" for e, why in self._excluded.items()}
         self._link_repairs: dict[Endpoint, int] = {}
@@ -520,7 +598,7 @@ class RelaySender:
         self._reconcile(in_doubt, report)
         report.mark("committed", self._began)
         report.failed = dict(self._failed)
-        self._buckets, self._remote = {}, []
+        self._buckets, self._remote, self._sending = {}, [], False
 
     def _reconcile(self, in_doubt: list[tuple[_Control, _PoolState]], report: UpdateReport) -> None:
         """Withdraw the commit from replicas that did not answer, then report (and route by) what each shows."""
@@ -581,7 +659,7 @@ class RelaySender:
             self._stop_push(state)
             for control in self._live_controls(state):
                 control.request(Kind.ABORT, session=state.session)
-        self._buckets, self._remote = {}, []
+        self._buckets, self._remote, self._sending = {}, [], False
 
     def status(self) -> dict[str, dict[str, Any]]:
         """Committed version and digest of every live replica (asked at once)."""
@@ -604,6 +682,17 @@ class RelaySender:
             state.controls.clear()
 
     # -- internals ----------------------------------------------------------------------------------------
+
+    def _expects(self, state: _PoolState, event: Message) -> bool:
+        """Whether a replica of ``state``'s pool may have reason to send ``event``: one of the pool's current session
+        while a version is on its way, and an acknowledgement only of a bucket copy sent into it (this part's
+        buckets as copied; another part's as its first copy or one a repair asked for)."""
+        if not self._sending or event["session"] != state.session:
+            return False
+        if event.kind != Kind.ACK:
+            return True
+        own = event["index"] % self._parts == 0
+        return event["copy"] <= state.copies.get(event["index"], -1 if own else 0)
 
     def _live_controls(self, state: _PoolState) -> list[_Control]:
         return [state.controls[e] for e in state.alive if e in state.controls]
@@ -669,7 +758,12 @@ class RelaySender:
             if endpoint not in state.controls:
                 try:
                     state.controls[endpoint] = _Control(
-                        endpoint, state.route.name, self.token, self.config.timeout_s, self._events
+                        endpoint,
+                        state.route.name,
+                        self.token,
+                        self.config,
+                        self._events,
+                        lambda message, state=state: self._expects(state, message),
                     )
                 except TransportError as error:
                     return endpoint, str(error)

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from areal_hex_plugin.errors import HexError
-from areal_hex_plugin.transport.protocol import MAX_FRAME_BYTES, Kind, Message, ProtocolError, parse
+from areal_hex_plugin.transport.protocol import MAX_FRAME_BYTES, Kind, Message, ProtocolError, make, parse
 
 TOKEN_ENV = "AREAL_HEX_TRANSPORT_TOKEN"
 TAG_BYTES = 32
@@ -49,6 +49,10 @@ _SHARE_BYTES = 256
 CLIENT_HELLO_BYTES = _NONCE_BYTES + _SHARE_BYTES + 32
 _LENGTH = struct.Struct("!I")
 _SEQUENCE = struct.Struct("!Q")
+# Control frames a peer may send that its reader keeps no use for (heartbeats, late or duplicate answers and
+# reports): this many at once, refilled at this rate; a peer over it is cut off.
+IDLE_FRAMES_BURST = 256
+IDLE_FRAMES_PER_S = 64.0
 
 
 class TransportError(RuntimeError):
@@ -57,6 +61,26 @@ class TransportError(RuntimeError):
 
 class AuthError(TransportError):
     """The peer does not hold the shared token."""
+
+
+class CutOff(TransportError):
+    """A peer cut off: over its cap of control frames, or silent past its bound."""
+
+
+class FrameBudget:
+    """A peer's allowance of control frames: ``burst`` at once, refilled at ``per_s`` a second."""
+
+    def __init__(self, burst: int = IDLE_FRAMES_BURST, per_s: float = IDLE_FRAMES_PER_S) -> None:
+        self.burst, self.per_s = burst, per_s
+        self._left, self._at = float(burst), time.monotonic()
+
+    def spend(self) -> None:
+        """Take one frame from the allowance; raises :class:`CutOff` when none is left."""
+        now = time.monotonic()
+        self._left = min(self.burst, self._left + (now - self._at) * self.per_s) - 1
+        self._at = now
+        if self._left < 0:
+            raise CutOff(f"over its cap of {self.burst} control frames at once and {self.per_s:g} a second")
 
 
 def load_token(env: dict[str, str] | None = None) -> bytes:
@@ -74,6 +98,22 @@ def load_token(env: dict[str, str] | None = None) -> bytes:
 def recv_exact(sock: socket.socket, nbytes: int, deadline: float | None = None) -> bytes:
     buffer = bytearray(nbytes)
     recv_exact_into(sock, memoryview(buffer), deadline)
+    return bytes(buffer)
+
+
+def _recv_exact_by(sock: socket.socket, nbytes: int, deadline: float) -> bytes:
+    """``nbytes`` by ``deadline`` (time.monotonic), waiting in select: the socket's timeout, which other threads'
+    sends use, stays as it is."""
+    buffer = bytearray(nbytes)
+    view, received = memoryview(buffer), 0
+    while received < nbytes:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([sock], [], [], left)[0]:
+            raise TimeoutError("deadline passed")
+        count = sock.recv_into(view[received:])
+        if count == 0:
+            raise ConnectionError("peer closed the connection")
+        received += count
     return bytes(buffer)
 
 
@@ -125,10 +165,19 @@ class Channel:
             self._sent += 1
 
     def recv(self, expect: set[Kind] | None = None, deadline: float | None = None) -> Message:
-        (length,) = _LENGTH.unpack(recv_exact(self.sock, _LENGTH.size, deadline))
+        return self._frame(lambda nbytes: recv_exact(self.sock, nbytes, deadline), expect)
+
+    def recv_within(self, expect: set[Kind] | None, within_s: float) -> Message:
+        """The next frame, whole within ``within_s`` (else TimeoutError); the socket's timeout stays as it is (a
+        control channel's other threads send on it)."""
+        deadline = time.monotonic() + within_s
+        return self._frame(lambda nbytes: _recv_exact_by(self.sock, nbytes, deadline), expect)
+
+    def _frame(self, read, expect: set[Kind] | None) -> Message:
+        (length,) = _LENGTH.unpack(read(_LENGTH.size))
         if length > MAX_FRAME_BYTES:
             raise ProtocolError(f"frame of {length} bytes refused (at most {MAX_FRAME_BYTES})")
-        data = recv_exact(self.sock, length + TAG_BYTES, deadline)
+        data = read(length + TAG_BYTES)
         body, tag = data[:length], data[length:]
         if not hmac.compare_digest(tag, self._tag(self._in, self._received, body)):
             raise ProtocolError("frame failed its authentication tag (changed, replayed or forged)")
@@ -169,6 +218,25 @@ class Channel:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+class Heartbeat:
+    """Sends a heartbeat frame on a control channel every ``interval_s`` until stopped or a send fails."""
+
+    def __init__(self, channel: Channel, interval_s: float) -> None:
+        self.channel, self.interval_s = channel, interval_s
+        self._stopped = threading.Event()
+        threading.Thread(target=self._beat, name="hex-heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(self.interval_s):
+            try:
+                self.channel.send(make(Kind.HEARTBEAT))
+            except OSError:  # the channel's reader hears of it too, and ends the channel
+                return
+
+    def stop(self) -> None:
+        self._stopped.set()
 
 
 def _key_pair() -> tuple[int, bytes]:

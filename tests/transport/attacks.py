@@ -33,7 +33,13 @@ class TokenHolder:
             self.sock.close()
             raise
         self.send(
-            {"kind": "hello", "role": role, "proto": PROTOCOL_VERSION, "session": hello.get("session", "")}
+            {
+                "kind": "hello",
+                "role": role,
+                "proto": PROTOCOL_VERSION,
+                "session": hello.get("session", ""),
+                "heartbeat_ms": hello.get("heartbeat_ms", 5000),
+            }
         )
 
     def send(self, message: dict) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import threading
@@ -9,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from areal_hex_plugin.transport.links import DataLink, TorchLink, open_receiving_link, open_sending_link
+from areal_hex_plugin.transport.links import DataLink, TorchLink
 from areal_hex_plugin.transport.wire import Channel
 
 _CPU = torch.device("cpu")
@@ -19,19 +20,23 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def _gloo_pair() -> tuple[DataLink, DataLink, Channel, Channel]:
-    """Two ends of a gloo link whose rendezvous runs over a real channel (one key for both ends)."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        upstream = Channel(socket.create_connection(listener.getsockname()), b"k" * 32, client=True)
-        downstream = Channel(listener.accept()[0], b"k" * 32, client=False)
-    opened: dict[str, DataLink] = {}
-    receiver = threading.Thread(
-        target=lambda: opened.setdefault("r", open_receiving_link(downstream, 10.0, _CPU))
-    )
-    receiver.start()
-    sending = open_sending_link(upstream, "gloo", 10.0, _CPU)
-    receiver.join()
-    return sending, opened["r"], upstream, downstream
+def _gloo_pair() -> tuple[TorchLink, TorchLink]:
+    """Two ends of a real two-rank gloo group on the CPU: the group :class:`TorchLink` drives as it drives NCCL's on
+    a GPU (a ``gloo`` data link itself carries its bytes on the authenticated connection)."""
+    store, links = torch.distributed.HashStore(), [None, None]
+
+    def make(rank: int) -> None:
+        options = torch.distributed.ProcessGroupGloo._Options()
+        options._timeout = datetime.timedelta(seconds=10)
+        options._devices = [torch.distributed.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        links[rank] = TorchLink(torch.distributed.ProcessGroupGloo(store, rank, 2, options), rank, _CPU)
+
+    made = [threading.Thread(target=make, args=(rank,)) for rank in (0, 1)]
+    for thread in made:
+        thread.start()
+    for thread in made:
+        thread.join()
+    return links[0], links[1]
 
 
 def _transfer(sending: DataLink, receiving: DataLink) -> None:
@@ -48,9 +53,9 @@ def _transfer(sending: DataLink, receiving: DataLink) -> None:
 
 def test_closed_gloo_links_hold_no_sockets_even_while_referenced():
     def one_version() -> tuple[DataLink, DataLink]:
-        sending, receiving, upstream, downstream = _gloo_pair()
+        sending, receiving = _gloo_pair()
         _transfer(sending, receiving)
-        for end in (sending, receiving, upstream, downstream):
+        for end in (sending, receiving):
             end.close()
         return sending, receiving
 
@@ -83,7 +88,7 @@ def test_link_posts_the_next_transfer_before_handing_out_a_chunk(staged):
     """Over a real gloo pair, the direct path (gloo on the CPU) and the double-buffered one a GPU link takes
     (``staged``): bytes exact across chunk sizes that grow and shrink (buffers are reused in turn), and chunk k+1's
     receive is posted before chunk k is handed to the caller."""
-    sending, receiving, upstream, downstream = _gloo_pair()
+    sending, receiving = _gloo_pair()
     log: list[str] = []
     ends = [TorchLink(_Recorded(link.group, log), link.rank, _CPU, staged) for link in (sending, receiving)]
     sizes = [100, 4096, 4096, 7, 8192, 4096]
@@ -108,14 +113,14 @@ def test_link_posts_the_next_transfer_before_handing_out_a_chunk(staged):
         assert [received[at] for at in posted] == [f"recv {n}" for n in sizes]
         assert all(posted[k + 1] < received.index(f"got {k}") for k in range(len(sizes) - 1))
     finally:
-        for end in (*ends, upstream, downstream):
+        for end in ends:
             end.close()
 
 
 def test_a_staged_receiver_reuses_its_host_staging_from_one_version_to_the_next():
     """The receiving side copies each chunk off the device through two host buffers (pinned where CUDA is), kept
     with the link: a later version of chunks no larger reuses them, a larger chunk grows them; bytes exact."""
-    sending, receiving, upstream, downstream = _gloo_pair()
+    sending, receiving = _gloo_pair()
     ends = [TorchLink(link.group, link.rank, _CPU, staged=True) for link in (sending, receiving)]
 
     def version(sizes: list[int]) -> list[int]:
@@ -136,7 +141,7 @@ def test_a_staged_receiver_reuses_its_host_staging_from_one_version_to_the_next(
         assert version([4096, 100, 4096]) == first
         assert version([8192, 8192])[0] != first[0]
     finally:
-        for end in (*ends, upstream, downstream):
+        for end in ends:
             end.close()
 
 

@@ -1,0 +1,124 @@
+"""Heartbeats on control channels (issue 37): a control channel silent for three heartbeats (its peer's host lost,
+no FIN or RST) is closed at either end, so a restarted trainer takes over a replica within that bound instead of
+being refused until kernel keepalive (about 2 hours); a quiet but live channel stays open. Real replica processes,
+real trainer processes, SIGSTOP for a host that went silent."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import pytest
+
+from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode
+from areal_hex_plugin.transport.route import PoolRoute, Route
+from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
+from areal_hex_plugin.transport.sinks import MemorySink
+from tests.transport import attacks
+from tests.transport.harness import TOKEN, ReplicaFleet
+from tests.transport.trainers import TrainerProcess, state_of
+
+pytestmark = pytest.mark.integration
+
+HEARTBEAT_S = 0.5
+BOUND_S = 3 * HEARTBEAT_S
+# What a loaded 2-core machine may add to the bound (scheduling, a handshake, a version of 8 KiB).
+SLACK_S = 5.0
+
+
+def _sender(*endpoints, **config) -> RelaySender:
+    config.setdefault("timeout_s", 10.0)
+    route = Route([PoolRoute("h20", list(endpoints), 1.5, 5.0)])
+    return RelaySender(route, SenderConfig(heartbeat_s=HEARTBEAT_S, **config), token=TOKEN)
+
+
+def _records(logger_name: str, monkeypatch) -> list[logging.LogRecord]:
+    """The warnings ``logger_name`` emits from now on (read at the logger: upstream's getLogger replaces the root
+    that pytest's capture hangs on)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger(logger_name)
+    monkeypatch.setattr(logger, "disabled", False)
+    monkeypatch.setattr(logger, "handlers", [handler])
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    return records
+
+
+def test_a_restarted_trainer_takes_over_from_a_stopped_one_within_three_heartbeats(tmp_path):
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        (replica,) = fleet.start([1])
+        with TrainerProcess([replica.endpoint], heartbeat_s=HEARTBEAT_S, timeout_s=10.0) as lost:
+            assert lost.send(1) == [str(replica.endpoint)]
+            os.kill(lost.pid, signal.SIGSTOP)  # its host is gone: no FIN, no RST, its socket stays open
+            stopped = time.monotonic()
+            sender = _sender(replica.endpoint)
+            try:
+                report = sender.send_version(2, [list(state_of(2).items())])
+            finally:
+                sender.close()
+            took = time.monotonic() - stopped
+        assert report.committed == [str(replica.endpoint)], report.failed
+        assert took <= BOUND_S + SLACK_S, f"took over after {took:.1f} s"
+        assert replica.committed()["version"] == 2
+
+
+def test_the_node_closes_a_silent_control_channel_within_three_heartbeats(monkeypatch):
+    records = _records("HexTransportNode", monkeypatch)
+    node = ReceiverNode(MemorySink(), ReceiverConfig(timeout_s=5.0), token=TOKEN)
+    endpoint = node.start()
+    try:
+        silent = attacks.TokenHolder(endpoint, TOKEN, heartbeat_ms=int(HEARTBEAT_S * 1000))
+        opened = time.monotonic()
+        try:
+            assert silent.closed_by_peer(BOUND_S + SLACK_S)
+            took = time.monotonic() - opened
+        finally:
+            silent.close()
+    finally:
+        node.stop()
+    assert BOUND_S * 0.9 <= took <= BOUND_S + SLACK_S, f"closed after {took:.1f} s"
+    silences = [r for r in records if "silent" in r.getMessage()]
+    assert len(silences) == 1, [r.getMessage() for r in records]
+
+
+def test_the_trainer_closes_the_control_channel_of_a_stopped_replica_within_three_heartbeats(
+    tmp_path, monkeypatch
+):
+    records = _records("HexTransportSender", monkeypatch)
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        healthy, stopped = fleet.start([1, 1])
+        sender = _sender(healthy.endpoint, stopped.endpoint)
+        try:
+            assert len(sender.send_version(1, [list(state_of(1).items())]).committed) == 2
+            control = sender._pools["h20"].controls[stopped.endpoint]
+            os.kill(stopped.process.pid, signal.SIGSTOP)
+            began = time.monotonic()
+            while not control.lost and time.monotonic() - began < BOUND_S + SLACK_S:
+                time.sleep(0.05)
+            took, lost = time.monotonic() - began, control.lost
+            os.kill(stopped.process.pid, signal.SIGCONT)
+        finally:
+            sender.close()
+    assert lost and took <= BOUND_S + SLACK_S, f"lost: {lost} after {took:.1f} s"
+    silences = [r for r in records if "silent" in r.getMessage()]
+    assert len(silences) == 1, [r.getMessage() for r in records]
+
+
+def test_a_quiet_trainer_keeps_its_control_channel_past_the_silence_bound(tmp_path):
+    """Idle between versions for four times the bound, each end hears the other's heartbeats: the next version goes
+    over the same control channel (and its kept links)."""
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        (replica,) = fleet.start([1])
+        sender = _sender(replica.endpoint)
+        try:
+            assert sender.send_version(1, [list(state_of(1).items())]).committed == [str(replica.endpoint)]
+            control = sender._pools["h20"].controls[replica.endpoint]
+            time.sleep(4 * BOUND_S)  # the idle time between two versions
+            assert not control.lost
+            assert sender.send_version(2, [list(state_of(2).items())]).committed == [str(replica.endpoint)]
+            assert sender._pools["h20"].controls[replica.endpoint] is control and not control.lost
+        finally:
+            sender.close()
