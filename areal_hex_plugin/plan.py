@@ -351,9 +351,7 @@ class HexPlan:
         default_factory=dict,
     )
     warnings: list[str] = spec(help="what the planner warns about", default_factory=list)
-    runtime: str = spec(
-        "", "the runtime the plan was made for (RuntimeCaps.describe()); empty in older plans"
-    )
+    runtime: str = spec("", "the runtime the plan was made for (RuntimeCaps.describe())")
     changes: list[PlanChange] = spec(
         help="what changed since the plan was made, in order (lost and gained servers, re-plans)",
         default_factory=list,
@@ -405,14 +403,29 @@ class HexPlan:
 
 
 _REPLAN = "re-create the plan: areal-hex plan RECIPE --json PLAN.json"
+# How far a plan's shares may sum from 1: a hand-edited plan rounds them (to 6 places in tests/elastic/plans.py).
+_SHARES_OFF = 1e-3
 
 
 def _check(plan: HexPlan, source: str) -> None:
-    """Cross-field checks a consumer relies on: every referenced stage/group exists and some group has work."""
+    """Cross-field checks a consumer relies on: what every plan the planner writes has (a runtime, a positive
+    predicted step and throughput, shares of the whole step) and every referenced stage/group exists."""
+    for name in ("tokens_per_s", "step_time_s"):
+        if getattr(plan.predicted, name) <= 0:
+            raise HexError(f"{source}.predicted.{name}", "is 0: the planner predicts a positive one", _REPLAN)
+    if not plan.runtime:
+        raise HexError(
+            f"{source}.runtime", "is empty: the plan does not say which runtime it is for", _REPLAN
+        )
+    shares = sum(g.share for g in plan.rollout.replicas)
+    if plan.rollout.replicas and abs(shares - 1) > _SHARES_OFF:
+        raise HexError(
+            f"{source}.rollout.replicas",
+            f"the shares sum to {shares:g}, not 1: they split each step's samples",
+            _REPLAN,
+        )
     n_stages = len(plan.train.stages)
     n_groups = len(plan.rollout.replicas)
-    if plan.rollout.replicas and not any(g.share > 0 for g in plan.rollout.replicas):
-        raise HexError(f"{source}.rollout.replicas", "every share is 0", _REPLAN)
     for i, machine in enumerate(plan.machines):
         for j, gpu in enumerate(machine.gpus):
             where = f"{source}.machines[{i}].gpus[{j}]"

@@ -8,6 +8,7 @@ passes the same check (:func:`plan_estimates`) before anything uses it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -41,10 +42,26 @@ def check_plan_budget(plan: HexPlan, recipe, path: str | Path, field: str) -> No
 
 
 def load_saved_plan(path: str | Path, recipe, field: str) -> HexPlan:
-    """The plan at ``path``, checked against ``recipe``: its cluster, its model and its budget."""
+    """The plan at ``path``, checked against ``recipe``: its cluster, its model and its budget; without the
+    planner's explanations of it (:func:`without_explanations`)."""
     plan = load_plan_for(path, recipe.cluster, recipe.workload.model, field)
     check_plan_budget(plan, recipe, path, field)
-    return plan
+    return without_explanations(plan)
+
+
+def without_explanations(plan: HexPlan) -> HexPlan:
+    """``plan`` without what only the planner's search knows (why each pool got its role, the binding constraint,
+    the frontier and its alternatives, the sensitivity): a file's copy of them is not checked, so not shown."""
+    return dataclasses.replace(
+        plan,
+        binding="",
+        binding_constraint=None,
+        pool_roles={},
+        pool_role_reasons={},
+        pareto=[],
+        alternatives={},
+        sensitivity=None,
+    )
 
 
 def obtain_plan(recipe, plan_path: str | None) -> tuple[HexPlan, str]:

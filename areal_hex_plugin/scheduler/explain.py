@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from areal_hex_plugin.plan import Binding, Objective, PoolRole
+from areal_hex_plugin.plan import Binding, Machine, Objective, PoolRole
 from areal_hex_plugin.scheduler.evaluate import Evaluation
 from areal_hex_plugin.specs.cluster import Cluster
 
@@ -54,28 +54,28 @@ def describe_binding(b: Binding, objective: Objective) -> str:
     return "; ".join(parts)
 
 
-def pool_roles(e: Evaluation, cluster: Cluster, limits: tuple[int, ...]) -> dict[str, PoolRole]:
-    """Per pool: its machines per role, and the hardware figure that explains the choice."""
+def pool_roles(machines: list[Machine], cluster: Cluster, limits: tuple[int, ...]) -> dict[str, PoolRole]:
+    """Per pool: its placed machines per role (as the plan's machine table shows them: a search's shared machine
+    whose training GPUs the layout leaves unused generates only), and the hardware figure that explains it."""
     used = [p for p, m in zip(cluster.pools, limits, strict=True) if m]
     best_flops = max(used, key=lambda p: p.gpu.tflops_bf16 / p.price_per_gpu_hour)
     best_hbm = max(used, key=lambda p: p.gpu.hbm_tb_per_s / p.price_per_gpu_hour)
     roles: dict[str, PoolRole] = {}
-    for i, (pool, t, r, limit) in enumerate(
-        zip(cluster.pools, e.split.train, e.split.rollout, limits, strict=True)
-    ):
-        split = 1 if e.split.shared_gpus(i) else 0
-        if split:
+    for pool, limit in zip(cluster.pools, limits, strict=True):
+        placed = [m.role for m in machines if m.pool == pool.name]
+        t, r, split = placed.count("train"), placed.count("rollout"), placed.count("split")
+        if split or (t and r):
             reason, best = "shared", False
-        elif t and not r:
+        elif t:
             reason, best = "compute_bound", pool is best_flops
-        elif r and not t:
+        elif r:
             reason, best = "hbm_bound", pool is best_hbm
         else:
-            reason, best = ("shared" if t and r else "outside_search" if limit == 0 else "no_gain"), False
+            reason, best = ("outside_search" if limit == 0 else "no_gain"), False
         roles[pool.name] = PoolRole(
             t,
             r,
-            pool.machines - t - r - split,
+            placed.count("idle"),
             reason,
             best,
             pool.gpu.tflops_bf16 / pool.price_per_gpu_hour,

@@ -531,7 +531,7 @@ class Planner:
         # longest sample ends: admit enough of them to keep every planned sequence decoding.
         in_flight = self.cm.prompts_to_fill(sum(g.concurrency * g.count for g in rollout.replicas))
         binding = binding_constraint(best, self.objective, self.cluster)
-        roles = pool_roles(best, self.cluster, self.limits)
+        roles = pool_roles(machines, self.cluster, self.limits)
         return HexPlan(
             recipe=str(self.recipe.path),
             model=self.workload.model.name,

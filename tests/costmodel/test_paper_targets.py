@@ -28,6 +28,14 @@ def _recipes() -> dict:
     return {r.workload.model.name: r for r in loaded}
 
 
+@pytest.fixture(scope="module")
+def fit():
+    """The fit ``areal-hex calibrate --baselines recipes/paper/baselines.json`` runs, on the paper's recipes."""
+    return fit_baselines(
+        BASELINES, {m: setting_from(r) for m, r in _recipes().items()}, name="baselines.json"
+    )
+
+
 def test_every_factor_of_the_paper_profile_names_its_source():
     for gpu_type, factors in SHIPPED["gpu_types"].items():
         for key in factors:
@@ -63,8 +71,7 @@ def test_baseline_phases_within_15_percent():
 
 
 @pytest.mark.slow
-def test_the_shipped_profile_is_what_the_fit_gives():
-    fit = fit_baselines(BASELINES, {m: setting_from(r) for m, r in _recipes().items()}, name="baselines.json")
+def test_the_shipped_profile_is_what_the_fit_gives(fit):
     for gpu_type, factors in SHIPPED["gpu_types"].items():
         assert fit.factors[gpu_type] == pytest.approx(factors, rel=1e-3), gpu_type
     assert fit.sources == SHIPPED["sources"]
@@ -85,12 +92,14 @@ def test_runs_planned_as_upstreams_loop_cannot_be_fitted(monkeypatch, eta, neede
         fit_baselines(BASELINES, {m: setting_from(r) for m, r in _recipes().items()}, name="baselines.json")
 
 
-def test_the_h20_runs_and_table_1_agree_on_32_gpus():
+@pytest.mark.slow
+def test_the_h20_runs_and_table_1_agree_on_32_gpus(fit):
     """The paper does not state its H20 count. Table 1's per-GPU speeds (against the fitted H800) and the H20
-    runs' steps agree, within 15%, on 4 machines (32 GPUs), not on the 68 the budget buys."""
+    runs' steps agree, within 15%, on 4 machines (32 GPUs), not on the 68 the budget buys: the points the fit
+    computes now, not the ones stored in the profile."""
     assert BASELINES["clusters"]["h20"]["gpus"] is None
-    assert SHIPPED["cluster_gpus"] == {"h800": 24, "h20": 32}
-    h20 = [p for p in SHIPPED["points"] if p["cluster"] == "h20"]
+    assert fit.gpus == {"h800": 24, "h20": 32}
+    h20 = [p for p in fit.points if p["cluster"] == "h20"]
     assert len([p for p in h20 if "(Table 1)" in p["phase"]]) == 2 * len(MODELS)
     for point in h20:
         assert point["model_value"] == pytest.approx(point["measured"], rel=0.15), point

@@ -48,6 +48,10 @@ LOG_DIR_ENV = "HEX_STANDIN_LOG_DIR"
 # A file holding a whole number N: every generation then ends (as at EOS) after N tokens. Read at each request,
 # so a test can change the served lengths mid-run.
 LENGTHS_FILE_ENV = "HEX_STANDIN_LENGTHS_FILE"
+# A JSON file {"pool": P, "requests": N}, for a test that kills a server while it holds requests open: a server of
+# pool P (its HEX_POOL) answers none of its requests and, once N are open, claims "<file>.held" (its PID and log),
+# holding them until it is killed. One server claims it per run; one started after the claim (a relaunch) serves.
+HOLD_FILE_ENV = "HEX_STANDIN_HOLD_FILE"
 
 
 def forced_length() -> int | None:
@@ -90,6 +94,47 @@ def staged_buckets(directory: Path) -> list[tuple[int, list[str]]]:
         header.pop("__metadata__", None)
         out.append((int(path.name.split("-")[1]), sorted(header, key=lambda n: header[n]["data_offsets"][0])))
     return out
+
+
+class RequestHold:
+    """Holds a server's requests open as ``HEX_STANDIN_HOLD_FILE`` asks; a no-op for every other server."""
+
+    def __init__(self, order_path: str | None, pool: str, log_path: str | None) -> None:
+        self.marker: Path | None = None
+        self.wanted = 0
+        if order_path:
+            order = json.loads(Path(order_path).read_text())
+            marker = Path(f"{order_path}.held")
+            if order["pool"] == pool and not marker.exists():
+                self.marker, self.wanted = marker, int(order["requests"])
+        self.log_path = log_path
+        self.held = 0
+        self._lock = threading.Lock()
+        self._serving = threading.Event()  # set: this server answers its requests
+        if self.marker is None:
+            self._serving.set()
+
+    def wait(self) -> None:
+        """Returns at once on a serving server; on a holding one, never (until another server claimed first)."""
+        if self._serving.is_set():
+            return
+        with self._lock:
+            self.held += 1
+            if self.held == self.wanted and not self._claim():
+                self._serving.set()
+        self._serving.wait()
+
+    def _claim(self) -> bool:
+        """Writes the marker whole in one step (a link to a finished file): whether this server was first."""
+        draft = self.marker.with_name(f"{self.marker.name}.{os.getpid()}")
+        draft.write_text(json.dumps({"pid": os.getpid(), "log": self.log_path, "requests": self.held}))
+        try:
+            os.link(draft, self.marker)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            draft.unlink()
 
 
 class _Aborted(Exception):
@@ -139,6 +184,7 @@ class SGLangCPUServer(SGLangStandIn):
         tp_size: int = 1,
         max_running_requests: int | None = None,
         flags: dict | None = None,
+        hold: RequestHold | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -147,6 +193,7 @@ class SGLangCPUServer(SGLangStandIn):
         self._eos = self._lm.config.eos_token_id
         self._rng = torch.Generator().manual_seed(seed)
         self._log_path = log_path
+        self._hold = hold or RequestHold(None, "", log_path)
         self._lock = threading.Lock()  # one forward step or one weight load at a time
         self._running = threading.Event()  # cleared while paused
         self._running.set()
@@ -275,6 +322,7 @@ class SGLangCPUServer(SGLangStandIn):
         self._log(
             event="request", resumed=resumed
         )  # on arrival: a new request, or the rest of an aborted one
+        self._hold.wait()
         with self._slots or contextlib.nullcontext():  # SGLang's max_running_requests: the rest wait
             tokens, logprobs, finish, version = self._run(body["input_ids"], params)
         if finish["type"] == "abort":
@@ -374,10 +422,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.pp_size != 1:
         parser.error(f"--pp-size {args.pp_size}: the stand-in runs tensor parallelism only")
     log_dir = os.environ.get(LOG_DIR_ENV)
+    pool = os.environ.get("HEX_POOL", "server")
     log_path = None
     if log_dir:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
-        log_path = str(Path(log_dir) / f"{os.environ.get('HEX_POOL', 'server')}-{args.port}.jsonl")
+        log_path = str(Path(log_dir) / f"{pool}-{args.port}.jsonl")
     flags = {
         "pp_size": args.pp_size,
         "mem_fraction_static": args.mem_fraction_static,
@@ -395,6 +444,7 @@ def main(argv: list[str] | None = None) -> None:
         tp_size=args.tp_size,
         max_running_requests=args.max_running_requests,
         flags=flags,
+        hold=RequestHold(os.environ.get(HOLD_FILE_ENV), pool, log_path),
     )
     signal.signal(signal.SIGTERM, lambda *_: server.close())
     server.serve_forever()

@@ -3,7 +3,8 @@
 The CI e2e run (``tests/e2e``: upstream's trainer, FSDP on 2 gloo ranks, the relay, the SGLang stand-in servers,
 ``hex_local``) on the hand-laid two-layout plan, with a watcher thread in the test that
 
-1. SIGKILLs the CPU-SMALL server while it has requests in flight, early in the run;
+1. SIGKILLs the CPU-SMALL server by its PID while it holds requests open, in the first step (the stand-in, told
+   by ``HEX_STANDIN_HOLD_FILE``, answers none of them and says so once it holds ``HELD`` of them);
 2. once the relaunched server has loaded a version, doubles the served output lengths (4 -> 8 tokens: the
    stand-in ends every generation after the number in ``HEX_STANDIN_LENGTHS_FILE``).
 
@@ -16,7 +17,9 @@ server's copy of it) before its first request; the shares changed within two ste
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -26,10 +29,9 @@ import pytest
 pytest.importorskip("areal")
 
 from tests.e2e.run import environment, new_mark, processes_left, run_driver  # noqa: E402
-from tests.e2e.sglang_server import LENGTHS_FILE_ENV  # noqa: E402
+from tests.e2e.sglang_server import HOLD_FILE_ENV, LENGTHS_FILE_ENV  # noqa: E402
 from tests.elastic.checks import committed_first_loads  # noqa: E402
 from tests.elastic.plans import LONGER, elastic_recipe, two_layout_plan  # noqa: E402
-from tests.elastic.procs import flag, kill_where  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TIMEOUT_S = 600
@@ -39,6 +41,7 @@ TIMEOUT_S = 600
 STEPS = 12
 INTERVAL_S, PROBE_TIMEOUT_S, FAILURES = 0.5, 1.0, 2
 DEADLINE_S = FAILURES * (INTERVAL_S + PROBE_TIMEOUT_S)
+HELD = 2  # requests the small server holds open, unanswered, when it is killed
 ELASTIC = (
     f"++hex.elastic.health_interval_s={INTERVAL_S}",
     f"++hex.elastic.health_timeout_s={PROBE_TIMEOUT_S}",
@@ -54,11 +57,12 @@ def _records(path: Path) -> list[dict]:
 
 
 class Watcher(threading.Thread):
-    """Kills the small server mid-step, then doubles the lengths once its replacement has loaded a version."""
+    """Kills the small server while it holds requests open, then doubles the lengths once its replacement has
+    loaded a version."""
 
-    def __init__(self, folder: Path, mark: str, lengths: Path) -> None:
+    def __init__(self, folder: Path, held: Path, lengths: Path) -> None:
         super().__init__(daemon=True)
-        self.folder, self.mark, self.lengths = folder, mark, lengths
+        self.folder, self.held, self.lengths = folder, held, lengths
         self.killed_at: float | None = None
         self.killed_log: Path | None = None
         self.doubled_at: float | None = None
@@ -68,14 +72,12 @@ class Watcher(threading.Thread):
         servers = self.folder / "servers"
         while not self.done.wait(0.05):
             smalls = sorted(servers.glob("small-*.jsonl"))
-            if self.killed_at is None and smalls:
-                # In flight: arrived and not yet answered (2, so one is still there when the kill lands; two
-                # requests logged was not enough under load: both could be answered by then).
-                records = _records(smalls[0])
-                arrived = sum(r["event"] == "request" for r in records)
-                if arrived - sum(r["event"] == "generate" for r in records) >= 2:
-                    self._kill(smalls[0])
-            elif self.killed_at is not None and self.doubled_at is None:
+            if self.killed_at is None:
+                # The server writes the marker once it holds HELD requests and answers none of them until it
+                # is killed: the state lasts, so this poll races nothing.
+                if self.held.exists():
+                    self._kill()
+            elif self.doubled_at is None:
                 for log in smalls:
                     if log != self.killed_log and any(
                         r["event"] == "load" and r["version"] != "default" for r in _records(log)
@@ -85,22 +87,25 @@ class Watcher(threading.Thread):
             if self.doubled_at is not None:
                 return
 
-    def _kill(self, log: Path) -> None:
-        port = log.stem.rsplit("-", 1)[1].encode()
-        if kill_where(
-            self.mark, lambda argv: b"tests.e2e.sglang_server" in argv and flag(argv, b"--port") == port
-        ):
-            self.killed_at, self.killed_log = time.time(), log
+    def _kill(self) -> None:
+        holder = json.loads(self.held.read_text())
+        os.kill(holder["pid"], signal.SIGKILL)
+        self.killed_at, self.killed_log = time.time(), Path(holder["log"])
 
 
 def test_a_server_lost_and_relaunched_and_lengths_that_double(tmp_path: Path) -> None:
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("4")
-    env = environment(
-        tmp_path, new_mark(), {"HEX_LOCAL_GPUS": "CPU-BIG:3,CPU-SMALL:2", LENGTHS_FILE_ENV: str(lengths)}
-    )
+    hold = tmp_path / "hold.json"
+    hold.write_text(json.dumps({"pool": "small", "requests": HELD}))
+    settings = {
+        "HEX_LOCAL_GPUS": "CPU-BIG:3,CPU-SMALL:2",
+        LENGTHS_FILE_ENV: str(lengths),
+        HOLD_FILE_ENV: str(hold),
+    }
+    env = environment(tmp_path, new_mark(), settings)
     plan_file = two_layout_plan(tmp_path, "hex_local", STEPS)
-    watcher = Watcher(tmp_path, env["HEX_E2E_RUN"], lengths)
+    watcher = Watcher(tmp_path, Path(f"{hold}.held"), lengths)
     watcher.start()
     extra = (f"hex.plan_path={plan_file}", "total_train_epochs=2", *LONGER, *ELASTIC)
     run = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, extra)
@@ -120,13 +125,14 @@ def test_a_server_lost_and_relaunched_and_lengths_that_double(tmp_path: Path) ->
     assert counts["duplicates"] == 0 and counts["rejected"] == 0, counts
     rl = elastic_recipe().workload.rl
     assert counts["accepted"] >= STEPS * rl.batch_size, counts  # prompts (samples of n_samples sequences)
-    # Every step ran and was logged; the killed server left requests unfinished, each of an in-flight sample
-    # (n_samples requests each).
+    # Every step ran and was logged; the killed server answered none of its requests (at least HELD), each of an
+    # in-flight sample (n_samples requests each).
     assert len(re.findall(r"hex elastic step \d+ ended", run.log)) == STEPS
     assert len([r for r in run.wandb_history() if "hex/elastic/live_servers" in r]) == STEPS
     killed = _records(watcher.killed_log)
-    unfinished = sum(r["event"] == "request" for r in killed) - sum(r["event"] == "generate" for r in killed)
-    assert 1 <= unfinished <= rl.n_samples * counts["in_flight_at_loss"], (unfinished, counts)
+    assert not [r for r in killed if r["event"] == "generate"], killed
+    unfinished = sum(r["event"] == "request" for r in killed)
+    assert HELD <= unfinished <= rl.n_samples * counts["in_flight_at_loss"], (unfinished, counts)
     figures["unfinished_requests_on_the_lost_server"] = unfinished
 
     # The plan records the changes: lost (the survivor takes everything), gained, then the drift re-balance.

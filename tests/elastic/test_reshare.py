@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from areal_hex_plugin.costmodel import CostModel
-from areal_hex_plugin.scheduler.inflight import best_split
 from areal_hex_plugin.scheduler.reshare import (
     RESOLUTION,
     ServerShape,
@@ -32,14 +32,32 @@ def _cm(recipe, workload=None) -> CostModel:
     return CostModel(recipe.cluster, workload or recipe.workload, recipe.calibration)
 
 
-def test_the_shares_are_the_planners_split_over_the_live_servers(recipe):
+def _brute_makespan(big, small, x_big: int, mean: float) -> float:
+    """The step of ``x_big`` of the RESOLUTION samples on the two big servers (the busier one takes the odd one)
+    and the rest on the small one: each server's samples at its speed, plus one KV rebuild (at eta 1 a step does
+    not wait for its longest sample)."""
+    x_small = RESOLUTION - x_big
+    return max(
+        math.ceil(x_big / 2) * mean / big.tokens_per_s + big.recompute_s,
+        x_small * mean / small.tokens_per_s + small.recompute_s,
+    )
+
+
+def test_the_shares_are_the_least_makespan_of_every_split_over_the_live_servers(recipe):
+    """Against the brute force: every split of the samples between the big pair and the small server."""
+    assert recipe.workload.rl.max_head_offpolicyness == 1 and not recipe.workload.rl.waits_for_longest
     cm = _cm(recipe)
+    big, small, mean = (
+        replica_config(cm, SERVERS[0]),
+        replica_config(cm, SERVERS[1]),
+        cm.workload.output_lengths.mean,
+    )
+    best = min(_brute_makespan(big, small, x, mean) for x in range(1, RESOLUTION))
     result = reshare(cm, SERVERS, [True, True, True])
-    assert sum(result.shares) == pytest.approx(1.0)
-    groups = ((replica_config(cm, SERVERS[0]), 2), (replica_config(cm, SERVERS[1]), 1))
-    makespan, split = best_split(groups, RESOLUTION, recipe.workload.output_lengths.mean)
-    assert result.makespan_s == makespan
-    assert result.shares == pytest.approx((split[0] / 2000, split[1] / 1000, split[0] / 2000))
+    assert sum(result.shares) == pytest.approx(1.0) and result.shares[0] == result.shares[2]
+    assert result.makespan_s == pytest.approx(best)
+    x_big = round((result.shares[0] + result.shares[2]) * RESOLUTION)
+    assert _brute_makespan(big, small, x_big, mean) == pytest.approx(best)
 
 
 def test_a_dead_server_gets_nothing_and_the_rest_take_its_share(recipe):

@@ -48,6 +48,7 @@ def small_plan() -> HexPlan:
         baselines={"uniform": Baseline(900.0, 9.0, {"H800": 4, "H20": 4})},
         solver=SolverInfo(0.1, "optimal", 3, 0.0),
         staleness=Staleness(4, 128),
+        runtime="fsdp + sglang",
     )
 
 
@@ -81,6 +82,11 @@ def test_round_trip_through_json_file(tmp_path):
         (lambda d: d["rollout"]["replicas"][0].update(concurrency=0), "plan.rollout.replicas[0].concurrency"),
         (lambda d: d["rollout"]["replicas"][0].update(share=-0.5), "plan.rollout.replicas[0].share"),
         (lambda d: d["train"]["stages"][0].update(dp=0), "plan.train.stages[0].dp"),
+        (lambda d: d["predicted"].update(tokens_per_s=0), "plan.predicted.tokens_per_s"),
+        (lambda d: d["rollout"]["replicas"][0].update(share=0.5), "plan.rollout.replicas"),
+        (lambda d: d["rollout"]["replicas"][0].update(share=0), "plan.rollout.replicas"),
+        (lambda d: d.update(runtime=""), "plan.runtime"),
+        (lambda d: d.pop("runtime"), "plan.runtime"),
     ],
 )
 def test_malformed_plans_name_the_field(tmp_path, edit, field):

@@ -114,3 +114,24 @@ def test_hex_slurm_does_not_split_machines():
     two = recipe_with_pools([("H100", 8, 2)], "1.5b", "actor.path=Qwen/Qwen2.5-0.5B")
     plan = plan_recipe(two, PlanRequest(caps=slurm))
     assert all(m.role != "split" for m in plan.machines) and unmet(plan, slurm) == {}
+
+
+@pytest.mark.parametrize(
+    "pools",
+    [ONE_H100, [("H100", 4, 2), ("H20", 4, 1)]],
+    ids=["one-machine-split", "shared-gpu-unused-by-training"],
+)
+def test_each_pools_why_counts_the_machines_of_its_table(pools):
+    """Found by a scale check: a pool's "why" (``pool_role_reasons``, ``pool_roles``) counted the split the search
+    scored, not the machines placed. On 2 4-GPU H100s and an H20 the split shares p0-1, but its training GPU is
+    not in the dp4 training layout: the table shows p0-1 generating only, the why said "1 split"."""
+    plan = plan_recipe(recipe_with_pools(pools, "1.5b", "actor.path=Qwen/Qwen2.5-0.5B"))
+    for pool, role in plan.pool_role_reasons.items():
+        table = [m.role for m in plan.machines if m.pool == pool]
+        said = {"train": role.train, "rollout": role.rollout, "idle": role.idle, "split": role.split}
+        assert said == {r: table.count(r) for r in said}, (pool, table, role)
+        assert (role.reason == "shared") == ("split" in table or {"train", "rollout"} <= set(table)), role
+        if "split" in table:
+            assert plan.pool_roles[pool].startswith(
+                f"{table.count('split')} split between training and rollout"
+            )

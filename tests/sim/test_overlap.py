@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 
 import pytest
 
@@ -44,10 +43,16 @@ def _areal_on_h800(eta: int):
 def test_admission_room_and_the_wait_of_a_tight_step():
     # The room after a window's last consumed batch: eta + 1 batches less the window's and those in flight.
     assert admission_room(8, 1, 1) == 7 and admission_room(1, 1, 1) == 0 and admission_room(8, 6, 2.5) == 0.5
-    # Room for a whole batch: the rollouts that end during training are all replaced, no wait beyond g.
+    # Worked by hand: g = 100 s a batch at full occupancy, 40 s of training.
+    # Room for a whole batch: the 0.4 batch that ends during training is replaced, the step is g = 100 s.
     assert tight_step_s(100.0, 40.0, 1.0, 1.0) == pytest.approx(100.0)
-    # No room: the batch in flight decays unreplaced during training, the rest follows at full speed.
-    assert tight_step_s(100.0, 40.0, 1.0, 0.0) == pytest.approx(40.0 + 100.0 * math.exp(-0.4))
+    # No room, 1 batch in flight: it decays unreplaced with a mean residence of 1 x 100 s, so 1 - e^-0.4 = 0.32968
+    # of it ends in the 40 s; the missing 0.67032 comes at full speed, 67.032 s: 40 + 67.032 = 107.032 s.
+    assert tight_step_s(100.0, 40.0, 1.0, 0.0) == pytest.approx(107.032, abs=1e-3)
+    # Room 0.25, 2 batches in flight: the first 25 s end 0.25 batch, all replaced; the 15 s left decay the 2
+    # batches with a residence of 2 x 100 s: 2 (1 - e^-0.075) = 0.144513 end; 1 - 0.25 - 0.144513 = 0.605487 of
+    # the batch is missing, 60.549 s at full speed: 40 + 60.549 = 100.549 s.
+    assert tight_step_s(100.0, 40.0, 2.0, 0.25) == pytest.approx(100.549, abs=1e-3)
     # A long training step leaves almost nothing to wait for; more room, less wait.
     assert tight_step_s(100.0, 1000.0, 1.0, 0.0) == pytest.approx(1000.0, rel=1e-4)
     assert tight_step_s(100.0, 40.0, 1.0, 0.3) < tight_step_s(100.0, 40.0, 1.0, 0.0)

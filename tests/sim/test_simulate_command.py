@@ -8,6 +8,7 @@ import pytest
 
 from areal_hex_plugin.cli import main
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
+from areal_hex_plugin.saved_plan import load_saved_plan
 from areal_hex_plugin.scheduler import plan_recipe
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.specs.recipe import load_recipe
@@ -104,6 +105,50 @@ def test_without_kv_recompute_no_slower(planned, tmp_path):
         runs[bool(flag)] = json.loads(out.read_text())
     assert runs[True]["kv_recompute"] is False and runs[False]["kv_recompute"] is True
     assert runs[True]["simulated_step_s"] <= runs[False]["simulated_step_s"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d["predicted"].update(tokens_per_s=0), "plan.predicted.tokens_per_s"),
+        (lambda d: d["predicted"].update(step_time_s=0), "plan.predicted.step_time_s"),
+        (
+            lambda d: [g.update(share=g["share"] / 2) for g in d["rollout"]["replicas"]],
+            "plan.rollout.replicas",
+        ),
+        (lambda d: d.update(runtime=""), "plan.runtime"),
+    ],
+)
+def test_a_saved_plan_no_planner_writes_exits_2_naming_the_field(planned, tmp_path, capsys, edit, field):
+    """Found by fuzzing: a plan predicting 0 tokens/s ended simulate in a ZeroDivisionError; one whose shares sum
+    to 0.5, or with no runtime, was taken."""
+    data = planned[1].to_dict()
+    edit(data)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(data))
+    assert main(["simulate", str(RECIPE), "--plan", str(plan_file), "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {field}:") and "areal-hex plan" in err and "Traceback" not in err, err
+
+
+def test_a_saved_plans_explanations_are_not_taken_from_the_file(planned, tmp_path):
+    """The planner's explanations (why each pool got its role, the binding constraint, the sensitivity, the
+    frontier) are output only: nothing recomputes them from a saved plan, so a loaded plan carries none."""
+    recipe, plan = planned
+    data = plan.to_dict()
+    data["pool_roles"] = {pool: "forged" for pool in data["pool_roles"]}
+    data["binding"] = "forged"
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(data))
+    loaded = load_saved_plan(plan_file, recipe, "--plan")
+    assert (loaded.pool_roles, loaded.pool_role_reasons, loaded.binding, loaded.binding_constraint) == (
+        {},
+        {},
+        "",
+        None,
+    )
+    assert (loaded.sensitivity, loaded.pareto, loaded.alternatives) == (None, [], {})
+    assert loaded.machines == plan.machines and loaded.rollout == plan.rollout
 
 
 def plan_samples(recipe) -> int:
