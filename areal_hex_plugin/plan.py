@@ -170,7 +170,7 @@ class SolverInfo:
         "averaged over it",
         between(1, 1_000_000),
     )
-    enumerated: str = spec("", "exhaustive mode: the plans the brute force covered (scheduler/brute.py)")
+    enumerated: str = spec("", "exhaustive mode: the plans the brute force covered (planner/brute.py)")
 
 
 @dataclass(frozen=True)
@@ -265,7 +265,7 @@ _ELASTICITY = between(-1e6, 1e6)
 
 @dataclass(frozen=True)
 class Elasticity:
-    """How the chosen plan moves with one input, the plan held (``scheduler/sensitivity.py``): d ln(number) /
+    """How the chosen plan moves with one input, the plan held (``planner/sensitivity.py``): d ln(number) /
     d ln(input) by central differences; null where the input is 0 or does not move, or the number is 0."""
 
     value: float = spec(
@@ -297,7 +297,7 @@ class Flip:
 
 @dataclass(frozen=True)
 class Sensitivity:
-    """What the ranking hangs on (``areal-hex plan``; ``scheduler/sensitivity.py``)."""
+    """What the ranking hangs on (``areal-hex plan``; ``planner/sensitivity.py``)."""
 
     step: float = spec(
         help="relative change of each input for the elasticities (+ and -)", range=between(0, 0.5)

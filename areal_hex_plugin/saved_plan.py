@@ -69,7 +69,7 @@ def obtain_plan(recipe, plan_path: str | None) -> tuple[HexPlan, str]:
     against the recipe and its budget, and its layouts by the cost model as the planner's own are), or, with no
     path, the plan ``areal-hex plan RECIPE`` shows, solved now."""
     if not plan_path:
-        from areal_hex_plugin.scheduler import plan_recipe
+        from areal_hex_plugin.planner import plan_recipe
 
         plan = plan_recipe(recipe)
         return plan, f"solved at start for {plan.runtime}"

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from report import emit  # benchmarks/report.py, beside this script
 
-from areal_hex_plugin.scheduler import plan_recipe
+from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.sim.engine import default_warmup
 from areal_hex_plugin.sim.fault_file import read_faults
 from areal_hex_plugin.sim.faults import FaultLoop, setting_of

@@ -1,5 +1,5 @@
 """What ``plan``'s sensitivity costs: plan time of the shipped recipes (and the scheduler benchmark's 256- and
-1,024-GPU clusters) without and with ``PlanRequest.sensitivity`` (``scheduler/sensitivity.py``).
+1,024-GPU clusters) without and with ``PlanRequest.sensitivity`` (``planner/sensitivity.py``).
 
     .venv/bin/python benchmarks/sensitivity.py [--json OUT] [--repeats N]
 
@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 
 from report import emit  # benchmarks/report.py, beside this script
-from scheduler import (  # benchmarks/scheduler.py, beside this script
+from scheduler import (  # benchmarks/planner.py, beside this script
     BATCH_GPUS,
     BATCH_PROMPTS,
     SIZES,
     recipe_for,
 )
 
-from areal_hex_plugin.scheduler.planner import PlanRequest, plan_recipe
+from areal_hex_plugin.planner.recipe_planner import PlanRequest, plan_recipe
 from areal_hex_plugin.specs.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent

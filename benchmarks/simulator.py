@@ -33,7 +33,7 @@ from areal_hex_plugin.plan import (
     TrainPlan,
     TrainStage,
 )
-from areal_hex_plugin.scheduler import plan_recipe
+from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.specs.recipe import load_recipe

@@ -27,8 +27,8 @@ from areal.infra.controller.rollout_controller import RolloutController
 from areal.infra.remote_inf_engine import RemoteInfEngine
 from areal.utils import logging
 
-from areal_hex_plugin.areal.placement import ROLLOUT_ROLE
 from areal_hex_plugin.areal.routing import ShareRouter
+from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE
 from areal_hex_plugin.transport.sglang_adapter import RelayReceiverMixin
 
 # A rollout worker env var (set it in the recipe's rollout scheduling_spec env_vars): the Python module to run as

@@ -3,7 +3,7 @@ run's scheduler.
 
 :func:`machine_slots` says which servers the machine runs: a machine the plan placed (its servers lost since) runs
 its planned servers on its GPUs again; a new or idle machine runs its pool's planned replica shape (the plan's
-fastest per GPU there, else the cost model's: ``scheduler/replan.gained_shape``, as ``areal-hex replan --gained``
+fastest per GPU there, else the cost model's: ``planner/replan.gained_shape``, as ``areal-hex replan --gained``
 places it), as many as its GPUs hold. :func:`join_machine` starts them (a worker per server under a scheduler role
 of their own, upstream's engine, its server with the slot's flags) and hands back what the elastic watcher
 attaches: the controller's workers, routing (share 0) and the relay's pools. The watcher then keeps each server out
@@ -16,10 +16,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from areal_hex_plugin.areal.placement import ROLLOUT_ROLE, TRAIN_ROLE, Placement, WorkerSlot
+from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, TRAIN_ROLE, Placement, WorkerSlot
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.joins import JoinRequest, tag
-from areal_hex_plugin.scheduler.reshare import ServerShape
+from areal_hex_plugin.planner.reshare import ServerShape
 
 
 @dataclass
@@ -49,7 +49,7 @@ def machine_slots(cm, plan, placement: Placement, request: JoinRequest, first_ra
         return tuple(replace(s, index=first_rank + k) for k, s in enumerate(old)), False
     if any(s.host == request.host for s in placement.slots[TRAIN_ROLE]):
         raise HexError(tag(request.index), f"{request.host} trains in this run", "name another machine")
-    from areal_hex_plugin.scheduler.replan import gained_shape
+    from areal_hex_plugin.planner.replan import gained_shape
 
     pool = cm.cluster.pool(request.pool)
     shape = gained_shape(cm, plan, pool)

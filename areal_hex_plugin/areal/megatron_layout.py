@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from areal_hex_plugin.areal.placement import PP_LAYERS_ENV
+from areal_hex_plugin.areal.worker_slots import PP_LAYERS_ENV
 
 _DECODER_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 

@@ -151,7 +151,11 @@ def check_recover_checkpoint(config) -> str | None:
 def check_live_inventory(session: HexSession) -> str:
     """The plan's machines against the live cluster ``scheduler.type`` runs on: its GPU types, and its hosts or
     as many machines of each type (hex_local: the GPUs of this machine)."""
-    from areal_hex_plugin.areal.placement import SHARE_GPUS_ENV, check_local_gpus, check_plan_fits_inventory
+    from areal_hex_plugin.areal.worker_slots import (
+        SHARE_GPUS_ENV,
+        check_local_gpus,
+        check_plan_fits_inventory,
+    )
     from areal_hex_plugin.inventory import group_pools
 
     kind = session.config.scheduler.type

@@ -10,17 +10,17 @@ from dataclasses import asdict, dataclass, replace
 
 from areal.api.alloc_mode import ModelAllocation
 
-from areal_hex_plugin.areal.placement import (
+from areal_hex_plugin.areal.sglang_flags import server_flags
+from areal_hex_plugin.areal.worker_slots import (
     ROLLOUT_ROLE,
     TRAIN_ROLE,
     Placement,
     check_plan_runs,
     placement_from_plan,
 )
-from areal_hex_plugin.areal.sglang_flags import server_flags
 from areal_hex_plugin.errors import UpstreamLimit
 from areal_hex_plugin.plan import HexPlan
-from areal_hex_plugin.scheduler.caps import RuntimeCaps, backend_kind, caps_for
+from areal_hex_plugin.planner.caps import RuntimeCaps, backend_kind, caps_for
 from areal_hex_plugin.specs.catalog import build_catalog
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from areal_hex_plugin.areal.placement import Placement
 from areal_hex_plugin.areal.rewrite import Rewrite, apply_plan
+from areal_hex_plugin.areal.worker_slots import Placement
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.inventory import LiveInventory
 from areal_hex_plugin.plan import HexPlan

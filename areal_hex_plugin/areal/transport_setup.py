@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from areal.utils import logging
 
-from areal_hex_plugin.areal.placement import ROLLOUT_ROLE, TRAIN_ROLE, Placement
+from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, TRAIN_ROLE, Placement
 from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.config import RelayConfig
 

@@ -62,8 +62,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
-    from areal_hex_plugin.scheduler.report import describe_plan, plot_frontier
+    from areal_hex_plugin.planner import PlanRequest, plan_recipe
+    from areal_hex_plugin.planner.report import describe_plan, plot_frontier
     from areal_hex_plugin.specs.config import ObjectiveConfig
     from areal_hex_plugin.specs.typed import meta_of, scalar
 
@@ -99,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
     if args.unconstrained:
         from dataclasses import replace
 
-        from areal_hex_plugin.scheduler.caps import PAPER, recipe_caps
-        from areal_hex_plugin.scheduler.report import describe_runtime_gap
+        from areal_hex_plugin.planner.caps import PAPER, recipe_caps
+        from areal_hex_plugin.planner.report import describe_runtime_gap
 
         with working(f"planning {args.recipe} in the paper's unconstrained space"):
             paper = plan_recipe(recipe, replace(request, caps=PAPER, sensitivity=False))
@@ -135,10 +135,10 @@ def _export(args: argparse.Namespace, plan, recipe, out) -> None:
 
 
 def check_exhaustive_depth(recipe) -> None:
-    """The brute force enumerates pipelines of a bounded depth (``scheduler/brute.py``); a recipe allowing deeper
+    """The brute force enumerates pipelines of a bounded depth (``planner/brute.py``); a recipe allowing deeper
     ones (``hex.solver.max_pp_stages``, by default as deep as the model allows) is refused with the bound to set."""
     from areal_hex_plugin.errors import HexError
-    from areal_hex_plugin.scheduler.brute import LIMITS
+    from areal_hex_plugin.planner.brute import LIMITS
 
     limit, depth = LIMITS["hex.solver.max_pp_stages"], recipe.solver.max_pp_stages
     if depth <= limit:

@@ -1,6 +1,6 @@
 """``areal-hex replan --plan OLD.json --lost HOSTS [--gained POOL=HOSTS]``: the plan after machines come and go.
 
-The smallest change the objective allows (``scheduler/replan.py``): a lost rollout machine changes only the
+The smallest change the objective allows (``planner/replan.py``): a lost rollout machine changes only the
 rollout shares; a lost training machine re-plans the recipe on the machines left, keeping every machine's role
 where the new plan allows. Prints which machines change role or layout and the predicted tokens/s before and
 after; ``--json OUT`` writes the new plan (with the change recorded in its ``changes``) for ``hex.plan_path``.
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.errors import HexError
     from areal_hex_plugin.outfiles import check_writable, console, write_json
     from areal_hex_plugin.plan import HexPlan
-    from areal_hex_plugin.scheduler.replan import replan
+    from areal_hex_plugin.planner.replan import replan
     from areal_hex_plugin.specs.recipe import load_recipe
 
     check_writable(args.json, "--json")

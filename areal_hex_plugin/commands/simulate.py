@@ -49,9 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.outfiles import check_writable, console, write_json
+    from areal_hex_plugin.planner import plan_recipe
     from areal_hex_plugin.progress import working
     from areal_hex_plugin.saved_plan import load_saved_plan
-    from areal_hex_plugin.scheduler import plan_recipe
     from areal_hex_plugin.sim.agreement import plan_gap
     from areal_hex_plugin.sim.engine import simulate
     from areal_hex_plugin.sim.inputs import sim_spec

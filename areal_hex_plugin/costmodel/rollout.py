@@ -96,7 +96,7 @@ class RolloutEstimate:
     longest_s: float = 0.0
     # What a pipeline that drains before a weight update (admission stopped, nothing new to decode beside the
     # survivors; every step at eta = 0) adds to the window: the longest sample's seconds less those of the tokens
-    # the batch in flight still had to generate at full speed (``scheduler/inflight.py``, ``drains``).
+    # the batch in flight still had to generate at full speed (``planner/inflight.py``, ``drains``).
     drain_s: float = 0.0
 
     @property
@@ -229,7 +229,7 @@ def estimate_rollout(
     # lets it (``max_sequences``: a rollout holds its slot until its longest sample ends, so the sequences
     # decoding are those of the admitted rollouts that have not ended; Little's law then gives the step). At
     # eta = 0 too: the step's samples queue at the replica and enter as slots free, so only its end drains
-    # (``drain_s``, ``scheduler/inflight.py``'s ``drains``).
+    # (``drain_s``, ``planner/inflight.py``'s ``drains``).
     total_tokens = concurrency * lengths.mean
     full_s = total_tokens / peak
     # The n_samples sequences of a rollout share one prompt: SGLang's radix cache prefills it once.

@@ -61,7 +61,7 @@ class TrainStage:
     dp: int
     tp: int
     # FSDP hybrid sharding: the state sharded within each machine, replicated across machines (the paper's space;
-    # upstream 1.0.4's FSDP engine shards over all dp ranks, see scheduler/caps.py).
+    # upstream 1.0.4's FSDP engine shards over all dp ranks, see planner/caps.py).
     hybrid: bool = False
 
     @property

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from areal_hex_plugin.costmodel.calibration import Calibration, build_calibration
 from areal_hex_plugin.costmodel.fit_baselines import measured_workload, setting_from
-from areal_hex_plugin.scheduler import plan_recipe
+from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.sim.reproduce import as_areal_ran, paper_request, rented
 from areal_hex_plugin.specs.config import CalibrationConfig, GpuEfficiencyConfig
 

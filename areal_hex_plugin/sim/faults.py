@@ -4,7 +4,7 @@ A faults file is YAML: a list ``faults`` of timed events, each with ``at_s`` (se
 and one of ``lost: HOST``, ``back: HOST`` (a lost rollout machine returns), ``gained: POOL`` (one more machine of
 a pool that generates, in the layout of the pool's first replica group) or ``length_scale: K`` (the output lengths
 drawn from then on are the recipe's times K, capped at ``max_new_tokens``). Each is played as the live run plays
-it (``areal/elastic.py``, ``scheduler/reshare.py``):
+it (``areal/elastic.py``, ``planner/reshare.py``):
 
 - **lost rollout machine**: its replicas stop at once; ``hex.elastic``'s detection deadline later they leave the
   routing, every sample in flight or queued on them goes to the survivors (counted once per loss as resubmitted),
@@ -29,7 +29,7 @@ from typing import Any
 from areal_hex_plugin.costmodel import CostModel
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan
-from areal_hex_plugin.scheduler.reshare import ServerShape, drift, reshare
+from areal_hex_plugin.planner.reshare import ServerShape, drift, reshare
 from areal_hex_plugin.sim.engine import _CALL, _Loop, _Replica, default_warmup
 from areal_hex_plugin.sim.fault_file import Fault, read_faults
 from areal_hex_plugin.sim.result import SimResult

@@ -26,13 +26,13 @@ from typing import IO
 from areal_hex_plugin.costmodel import CostModel
 from areal_hex_plugin.costmodel.fit_baselines import areal_runtime
 from areal_hex_plugin.plan import HexPlan
-from areal_hex_plugin.scheduler import PlanRequest, plan_recipe
-from areal_hex_plugin.scheduler.caps import PAPER, RuntimeCaps, recipe_caps
-from areal_hex_plugin.scheduler.evaluate import Evaluator
-from areal_hex_plugin.scheduler.inflight import choose, replica_stages, serial_rollout_s
-from areal_hex_plugin.scheduler.rollout_model import solve_rollout
-from areal_hex_plugin.scheduler.sensitivity import WORKLOAD, Held, Rules, elasticities, inputs, model
-from areal_hex_plugin.scheduler.train_search import search_train
+from areal_hex_plugin.planner import PlanRequest, plan_recipe
+from areal_hex_plugin.planner.caps import PAPER, RuntimeCaps, recipe_caps
+from areal_hex_plugin.planner.evaluate import Evaluator
+from areal_hex_plugin.planner.inflight import choose, replica_stages, serial_rollout_s
+from areal_hex_plugin.planner.rollout_model import solve_rollout
+from areal_hex_plugin.planner.sensitivity import WORKLOAD, Held, Rules, elasticities, inputs, model
+from areal_hex_plugin.planner.train_search import search_train
 from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.sim.result import SimResult
@@ -255,7 +255,7 @@ def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tupl
 def ratio_elasticities(recipe: Recipe, pairs: dict[str, tuple[Planned, Planned, bool]]) -> dict[str, dict]:
     """Per ratio (name -> (Hex plan, baseline plan, whether per $/h), each with the recipe it was planned on): its
     predicted value, the Hex plan's tokens/s (per $/h) over the baseline's, and its elasticity to each factor of
-    the testbed's GPU types and to the workload, every plan held (``scheduler/sensitivity.py``; a plan's $/h does
+    the testbed's GPU types and to the workload, every plan held (``planner/sensitivity.py``; a plan's $/h does
     not move, so a ratio per $/h moves as the ratio of tokens/s)."""
     calibration, workload = recipe.calibration, recipe.workload
     planned = list({id(p): p for a, b, _ in pairs.values() for p in (a, b)}.values())

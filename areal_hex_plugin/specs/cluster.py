@@ -50,7 +50,7 @@ class Pool:
 
 
 # Machines in play up to which the planner may split a machine's GPUs between training and rollout
-# (scheduler/split.py: shared_choices); on more machines roles are whole machines.
+# (planner/split.py: shared_choices); on more machines roles are whole machines.
 SHARED_MACHINES = 3
 
 

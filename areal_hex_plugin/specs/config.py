@@ -59,7 +59,7 @@ class PoolConfig:
     )
     preemptible: bool = spec(
         False,
-        "spot or preemptible machines: the planner prices their expected losses (scheduler/preemption.py)",
+        "spot or preemptible machines: the planner prices their expected losses (planner/preemption.py)",
     )
     preemptions_per_hour: float | None = spec(
         None,

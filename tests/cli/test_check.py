@@ -22,7 +22,7 @@ RECIPE = REPO / "recipes/paper/1.5b.yaml"
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The recipe's plan, saved once: the checks below then load it instead of solving."""
-    from areal_hex_plugin.scheduler import plan_recipe
+    from areal_hex_plugin.planner import plan_recipe
     from areal_hex_plugin.specs.recipe import load_recipe
 
     return plan_recipe(load_recipe(RECIPE)).save(tmp_path_factory.mktemp("plan") / "plan.json")

@@ -187,7 +187,7 @@ def test_the_mixes_say_which_pool_does_what():
 
 @pytest.mark.parametrize("path", CLAIMS, ids=lambda p: p.name)
 def test_a_recipes_header_says_what_its_plan_does(path):
-    from areal_hex_plugin.scheduler import plan_recipe
+    from areal_hex_plugin.planner import plan_recipe
     from areal_hex_plugin.specs.recipe import load_recipe
 
     plan = plan_recipe(load_recipe(path))

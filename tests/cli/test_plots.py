@@ -9,8 +9,8 @@ import pytest
 
 from areal_hex_plugin.cli import main
 from areal_hex_plugin.plan import ParetoPoint
-from areal_hex_plugin.scheduler import plan_recipe
-from areal_hex_plugin.scheduler.report import _gpus, frontier_figure
+from areal_hex_plugin.planner import plan_recipe
+from areal_hex_plugin.planner.report import _gpus, frontier_figure
 from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.sim.plot import WINDOW_STEPS, _window, timeline_figure

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from areal_hex_plugin.cli import main
-from areal_hex_plugin.scheduler.explain import describe_binding, describe_role
+from areal_hex_plugin.planner.explain import describe_binding, describe_role
 from areal_hex_plugin.schemas import NAMES, load_schema, plan_schema
 from tests.conftest import REPO
 

@@ -11,9 +11,9 @@ import pytest
 from areal_hex_plugin.cli import main
 from areal_hex_plugin.hostlist import compress_hosts
 from areal_hex_plugin.plan import ParetoPoint
+from areal_hex_plugin.planner import plan_recipe
+from areal_hex_plugin.planner.report import describe_plan
 from areal_hex_plugin.progress import working
-from areal_hex_plugin.scheduler import plan_recipe
-from areal_hex_plugin.scheduler.report import describe_plan
 from areal_hex_plugin.specs.recipe import load_recipe
 from areal_hex_plugin.tables import render_table
 from tests.conftest import REPO

@@ -11,7 +11,7 @@ from areal_hex_plugin.costmodel.decode import KERNEL_DATA, ROOFLINE
 from areal_hex_plugin.costmodel.lengths import length_stats
 from areal_hex_plugin.costmodel.rollout import RolloutStage, decode_step_s, estimate_rollout
 from tests.conftest import REPO
-from tests.scheduler.helpers import recipe_with_pools
+from tests.planner.helpers import recipe_with_pools
 
 ORACLE = json.loads((REPO / "tests" / "costmodel" / "data" / "kernel_data_oracle.json").read_text())
 MODELS = {"DeepSeek-R1-Distill-Qwen-7B": "7b", "DeepSeek-R1-Distill-Qwen-14B": "14b"}

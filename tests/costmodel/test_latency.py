@@ -17,8 +17,8 @@ from areal_hex_plugin.costmodel.lengths import expected_longest
 from areal_hex_plugin.costmodel.rollout import _build_stages
 from areal_hex_plugin.costmodel.single_type import best_rollout
 from areal_hex_plugin.errors import HexError
-from areal_hex_plugin.scheduler.inflight import window_rollout_s
-from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig
+from areal_hex_plugin.planner.inflight import window_rollout_s
+from areal_hex_plugin.planner.rollout_model import ReplicaConfig
 from areal_hex_plugin.specs.workload import LengthDistribution
 from tests.conftest import REPO
 from tests.costmodel.helpers import cost_model, recipe
@@ -125,7 +125,7 @@ def test_calibrate_refuses_a_fit_outside_the_physical_ranges_naming_the_measurem
 
 @pytest.mark.parametrize("eta", [0, 8])
 def test_a_drain_adds_the_longest_sample_less_the_in_flight_tokens(eta):
-    """Issue 26: a window whose pipeline drains before its update (scheduler/inflight.py, ``drains``) waits for its
+    """Issue 26: a window whose pipeline drains before its update (planner/inflight.py, ``drains``) waits for its
     longest sample, while the batch in flight still had its remaining tokens to generate at full speed; at eta = 0
     every step drains so. The two length figures are drawn here (Monte Carlo), not taken from the cost model: the
     step's longest of its samples (the cap's point mass makes it the cap), and the mean position of a sequence in

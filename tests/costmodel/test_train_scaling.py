@@ -9,8 +9,8 @@ import pytest
 
 from areal_hex_plugin.costmodel import CostModel, TrainStage
 from areal_hex_plugin.costmodel.memory import stage_params
-from areal_hex_plugin.scheduler.train_search import search_train
-from tests.scheduler.helpers import recipe_with_pools
+from areal_hex_plugin.planner.train_search import search_train
+from tests.planner.helpers import recipe_with_pools
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_the_bubble_repeats_per_micro_batch_work_not_once_per_step_traffic(fast)
 
 
 def test_hybrid_sharding_gathers_inside_the_machine_and_reduces_across_once_per_optimizer_step(cm, fast):
-    """FSDP sharded within each machine and replicated across them (the paper's space, scheduler/caps.py)."""
+    """FSDP sharded within each machine and replicated across them (the paper's space, planner/caps.py)."""
     fsdp = fast.train((TrainStage("p0", 32, 1),))
     hybrid = fast.train((TrainStage("p0", 32, 1, hybrid=True),))
     assert hybrid.step_time_s < fsdp.step_time_s

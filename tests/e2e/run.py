@@ -134,7 +134,7 @@ def overrides(folder: Path, scheduler: str, steps: int) -> list[str]:
 def solved_plan(folder: Path, scheduler: str, steps: int) -> dict:
     """The plan the planner solves for the recipe with the run's overrides, as the driver does at start (the
     solve is deterministic: one CP-SAT worker, a fixed seed); its solve time left out."""
-    from areal_hex_plugin.scheduler import plan_recipe
+    from areal_hex_plugin.planner import plan_recipe
     from areal_hex_plugin.specs.recipe import load_recipe
 
     plan = plan_recipe(load_recipe(RECIPE, overrides(folder, scheduler, steps), base_dir=REPO)).to_dict()

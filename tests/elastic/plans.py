@@ -28,7 +28,7 @@ def two_layout_plan(folder: Path, scheduler: str, steps: int = 8) -> Path:
     after every step. The planner's plan for the recipe gives the rest (objective, predictions, staleness)."""
     from areal_hex_plugin.costmodel import CostModel, RolloutStage
     from areal_hex_plugin.plan import HexPlan
-    from areal_hex_plugin.scheduler import plan_recipe
+    from areal_hex_plugin.planner import plan_recipe
     from areal_hex_plugin.specs.recipe import load_recipe
 
     recipe = load_recipe(RECIPE, [*overrides(folder, scheduler, steps), *LONGER], base_dir=REPO)

@@ -17,11 +17,11 @@ from areal.infra.staleness_manager import StalenessManager  # noqa: E402
 
 from areal_hex_plugin.areal.elastic import DOWN, JOINING, UP, ElasticRollout, output_lengths  # noqa: E402
 from areal_hex_plugin.areal.join import Joined  # noqa: E402
-from areal_hex_plugin.areal.placement import ROLLOUT_ROLE, WorkerSlot  # noqa: E402
 from areal_hex_plugin.areal.routing import ShareRouter  # noqa: E402
+from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, WorkerSlot  # noqa: E402
 from areal_hex_plugin.costmodel import CostModel  # noqa: E402
 from areal_hex_plugin.joins import JOIN_FILE, append_request  # noqa: E402
-from areal_hex_plugin.scheduler.reshare import ServerShape  # noqa: E402
+from areal_hex_plugin.planner.reshare import ServerShape  # noqa: E402
 from areal_hex_plugin.specs.config import ElasticConfig  # noqa: E402
 from tests.elastic.plans import elastic_recipe, two_layout_plan  # noqa: E402
 from tests.transport.sglang_standin import SGLangStandIn  # noqa: E402
@@ -217,7 +217,7 @@ def test_doubled_lengths_rebalance_the_shares(rig, tmp_path):
 
 def test_a_drift_logs_the_planners_suggestion_and_its_gain(rig, tmp_path):
     from areal_hex_plugin.plan import HexPlan
-    from areal_hex_plugin.scheduler.replan import replan_for_lengths
+    from areal_hex_plugin.planner.replan import replan_for_lengths
 
     elastic, router, changes, _, _ = rig
     recipe = elastic_recipe()

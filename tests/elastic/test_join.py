@@ -89,11 +89,11 @@ def test_a_malformed_line_is_reported_and_keeps_the_numbering(tmp_path):
 
 def test_the_servers_a_joining_machine_runs(laid_out):
     from areal_hex_plugin.areal.join import Joined, machine_slots, on_this_node
-    from areal_hex_plugin.areal.placement import node_local, placement_from_plan
+    from areal_hex_plugin.areal.worker_slots import node_local, placement_from_plan
     from areal_hex_plugin.costmodel import CostModel
     from areal_hex_plugin.errors import HexError
     from areal_hex_plugin.joins import JoinRequest
-    from areal_hex_plugin.scheduler.reshare import ServerShape
+    from areal_hex_plugin.planner.reshare import ServerShape
     from tests.elastic.plans import elastic_recipe
 
     recipe = elastic_recipe()

@@ -12,7 +12,7 @@ from areal_hex_plugin.areal.elastic.drift import DriftAdvisor  # noqa: E402
 from areal_hex_plugin.areal.elastic.health import DOWN, JOINING, UP, ServerHealth  # noqa: E402
 from areal_hex_plugin.areal.elastic.shares import SharePolicy  # noqa: E402
 from areal_hex_plugin.costmodel import CostModel  # noqa: E402
-from areal_hex_plugin.scheduler.reshare import ServerShape  # noqa: E402
+from areal_hex_plugin.planner.reshare import ServerShape  # noqa: E402
 from areal_hex_plugin.specs.config import ElasticConfig  # noqa: E402
 from tests.elastic.plans import elastic_recipe  # noqa: E402
 

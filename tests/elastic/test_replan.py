@@ -13,7 +13,7 @@ import pytest
 
 from areal_hex_plugin.cli import main
 from areal_hex_plugin.plan import HexPlan
-from areal_hex_plugin.scheduler.replan import replan
+from areal_hex_plugin.planner.replan import replan
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
 from tests.elastic.plans import LONGER, elastic_recipe, two_layout_plan
@@ -150,14 +150,14 @@ def test_bad_input_is_one_message(tiny_plan, args, field, capsys):
 
 @pytest.fixture(scope="module")
 def paper_7b(tmp_path_factory):
-    from areal_hex_plugin.scheduler import plan_recipe
+    from areal_hex_plugin.planner import plan_recipe
 
     recipe = load_recipe(REPO / "recipes" / "paper" / "7b.yaml")
     return recipe, plan_recipe(recipe)
 
 
 def test_a_replan_at_the_planned_lengths_moves_nothing_and_gains_nothing(paper_7b):
-    from areal_hex_plugin.scheduler.replan import replan_for_lengths
+    from areal_hex_plugin.planner.replan import replan_for_lengths
 
     recipe, plan = paper_7b
     found = replan_for_lengths(recipe, plan, recipe.workload)
@@ -167,8 +167,8 @@ def test_a_replan_at_the_planned_lengths_moves_nothing_and_gains_nothing(paper_7
 
 
 def test_a_replan_for_much_shorter_outputs_says_what_moves_and_what_it_gains(paper_7b):
-    from areal_hex_plugin.scheduler.replan import replan_for_lengths
-    from areal_hex_plugin.scheduler.reshare import with_lengths
+    from areal_hex_plugin.planner.replan import replan_for_lengths
+    from areal_hex_plugin.planner.reshare import with_lengths
 
     recipe, plan = paper_7b
     short = with_lengths(recipe.workload, [recipe.workload.output_lengths.mean // 8] * 256, "measured")
@@ -212,8 +212,8 @@ def test_a_lost_rollout_machine_is_predicted_as_the_planner_scores_the_fleet_lef
     rollouts; a window that drains pays its drain). Before, replicas were scored uncapped and without the drain:
     the A100 + L40S mix kept 41,645 tokens/s after losing a rollout machine, where its fleet makes 23,753."""
     from areal_hex_plugin.costmodel import CostModel
-    from areal_hex_plugin.scheduler import plan_recipe
-    from areal_hex_plugin.scheduler.sensitivity import Held, Rules
+    from areal_hex_plugin.planner import plan_recipe
+    from areal_hex_plugin.planner.sensitivity import Held, Rules
 
     recipe = load_recipe(REPO / "recipes" / name)
     plan = plan_recipe(recipe)

@@ -1,4 +1,4 @@
-"""Shares for the servers a run has now, by the planner's rollout model (``scheduler/reshare.py``)."""
+"""Shares for the servers a run has now, by the planner's rollout model (``planner/reshare.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from areal_hex_plugin.costmodel import CostModel
-from areal_hex_plugin.scheduler.reshare import (
+from areal_hex_plugin.planner.reshare import (
     RESOLUTION,
     ServerShape,
     drift,

@@ -73,8 +73,8 @@ def two_type_plan(servers_per_machine: int = 2, big_tp: int = 1) -> HexPlan:
 
 def session_of(config, plan: HexPlan):
     """The run's session as a scheduler's set-up reads it: the config, the plan and its placement (no recipe)."""
-    from areal_hex_plugin.areal.placement import placement_from_plan
     from areal_hex_plugin.areal.rewrite import Rewrite
     from areal_hex_plugin.areal.session import HexSession
+    from areal_hex_plugin.areal.worker_slots import placement_from_plan
 
     return HexSession(None, config, plan, "test", Rewrite(placement_from_plan(plan), "", "", ()))

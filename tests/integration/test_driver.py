@@ -47,7 +47,7 @@ def test_dry_run_shows_the_routing_policy_the_controller_will_use(tmp_path: Path
 
 
 def _save_plan(recipe: Path, path: Path) -> Path:
-    from areal_hex_plugin.scheduler import plan_recipe
+    from areal_hex_plugin.planner import plan_recipe
     from areal_hex_plugin.specs.recipe import load_recipe
 
     return plan_recipe(load_recipe(recipe)).save(path)

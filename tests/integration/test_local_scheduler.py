@@ -13,8 +13,8 @@ from areal.api.cli_args import SchedulingSpec  # noqa: E402
 from areal.api.scheduler_api import Job  # noqa: E402
 from areal.infra.scheduler.exceptions import WorkerCreationError  # noqa: E402
 
-from areal_hex_plugin.areal.placement import node_local, placement_from_plan  # noqa: E402
 from areal_hex_plugin.areal.schedulers.local import HexLocalScheduler  # noqa: E402
+from areal_hex_plugin.areal.worker_slots import node_local, placement_from_plan  # noqa: E402
 from tests.integration.plans import session_of, two_type_plan  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def test_replica_count_not_in_the_plan_starts_nothing(tmp_path: Path) -> None:
 def test_factory_reads_nvidia_smi_and_can_share_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from areal_hex_plugin.areal.config import HexGRPOConfig
     from areal_hex_plugin.areal.launch import scheduler_factory
-    from areal_hex_plugin.areal.placement import SHARE_GPUS_ENV
+    from areal_hex_plugin.areal.worker_slots import SHARE_GPUS_ENV
     from areal_hex_plugin.errors import HexError
 
     fake = tmp_path / "nvidia-smi"  # one H100 and one L40S, as nvidia-smi prints them

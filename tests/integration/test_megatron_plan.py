@@ -128,7 +128,7 @@ def test_hf_names_go_to_the_stage_that_holds_their_layer() -> None:
 
 
 def test_megatron_xccl_refuses_rollout_pipelines_its_training_does_not_match(tmp_path: Path) -> None:
-    from areal_hex_plugin.scheduler.caps import caps_for, unmet
+    from areal_hex_plugin.planner.caps import caps_for, unmet
 
     plan = _pipelined_plan()
     caps = caps_for("megatron", "upstream", "xccl")

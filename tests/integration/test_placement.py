@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from areal_hex_plugin.areal.placement import check_plan_fits_inventory, node_local, placement_from_plan
+from areal_hex_plugin.areal.worker_slots import check_plan_fits_inventory, node_local, placement_from_plan
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.inventory import DiscoveredPool
 from areal_hex_plugin.plan import ReplicaGroup, check_plan_fits

@@ -12,12 +12,12 @@ ray = pytest.importorskip("ray")
 from areal.api.cli_args import GRPOConfig, SchedulingSpec  # noqa: E402
 from areal.api.scheduler_api import Job  # noqa: E402
 
-from areal_hex_plugin.areal.placement import placement_from_plan  # noqa: E402
 from areal_hex_plugin.areal.schedulers.ray import (  # noqa: E402
     HexRayScheduler,
     PoolDeferredStrategy,
     pool_resources_from_nodes,
 )
+from areal_hex_plugin.areal.worker_slots import placement_from_plan  # noqa: E402
 from areal_hex_plugin.errors import HexError  # noqa: E402
 from tests.integration.plans import session_of, two_type_plan  # noqa: E402
 

@@ -12,9 +12,9 @@ pytest.importorskip("areal")
 
 from areal_hex_plugin.areal.config import load_hex_config  # noqa: E402
 from areal_hex_plugin.areal.engines import HexRolloutController  # noqa: E402
-from areal_hex_plugin.areal.placement import node_local  # noqa: E402
 from areal_hex_plugin.areal.rewrite import apply_plan  # noqa: E402
 from areal_hex_plugin.areal.schedulers.local import HexLocalScheduler  # noqa: E402
+from areal_hex_plugin.areal.worker_slots import node_local  # noqa: E402
 from areal_hex_plugin.errors import UpstreamLimit  # noqa: E402
 from tests.integration.plans import two_type_plan  # noqa: E402
 

@@ -81,8 +81,8 @@ def _controller(tmp_path: Path, routing: str = "shares"):
     from areal.api.scheduler_api import Worker
 
     from areal_hex_plugin.areal.engines import HexRemoteSGLangEngine, HexRolloutController
-    from areal_hex_plugin.areal.placement import node_local, placement_from_plan
     from areal_hex_plugin.areal.schedulers.local import HexLocalScheduler
+    from areal_hex_plugin.areal.worker_slots import node_local, placement_from_plan
     from tests.integration.plans import two_type_plan
 
     plan = two_type_plan()

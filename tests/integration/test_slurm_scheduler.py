@@ -15,12 +15,12 @@ from areal.api.cli_args import SchedulingSpec  # noqa: E402
 from areal.api.scheduler_api import Job  # noqa: E402
 from areal.infra.scheduler.exceptions import WorkerCreationError  # noqa: E402
 
-from areal_hex_plugin.areal.placement import placement_from_plan  # noqa: E402
 from areal_hex_plugin.areal.schedulers.slurm import (  # noqa: E402
     HexSlurmScheduler,
     SlurmPool,
     slurm_pools_from_sinfo,
 )
+from areal_hex_plugin.areal.worker_slots import placement_from_plan  # noqa: E402
 from areal_hex_plugin.inventory import machines_from_sinfo  # noqa: E402
 from tests.integration.plans import session_of, two_type_plan  # noqa: E402
 
@@ -158,8 +158,8 @@ def test_factory_reads_sinfo_and_refuses_a_missing_type(
 
 
 def test_one_machine_with_servers_of_two_layouts_is_refused_before_sbatch() -> None:
-    from areal_hex_plugin.areal.placement import Placement, WorkerSlot
     from areal_hex_plugin.areal.schedulers.slurm import check_slurm_placement
+    from areal_hex_plugin.areal.worker_slots import Placement, WorkerSlot
     from areal_hex_plugin.errors import HexError
 
     slots = (

@@ -13,11 +13,11 @@ from areal.api.alloc_mode import ModelAllocation  # noqa: E402
 from areal.utils.stats_logger import StatsLogger  # noqa: E402
 
 from areal_hex_plugin.areal.config import load_hex_config  # noqa: E402
-from areal_hex_plugin.areal.placement import node_local  # noqa: E402
 from areal_hex_plugin.areal.schedulers.local import HexLocalScheduler  # noqa: E402
 from areal_hex_plugin.areal.session import HexSession, recipe_from_config  # noqa: E402
 from areal_hex_plugin.areal.trainer import PLAN_FILE, HexPPOTrainer  # noqa: E402
-from areal_hex_plugin.scheduler import plan_recipe  # noqa: E402
+from areal_hex_plugin.areal.worker_slots import node_local  # noqa: E402
+from areal_hex_plugin.planner import plan_recipe  # noqa: E402
 from areal_hex_plugin.specs.recipe import load_recipe  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def test_init_scheduler_rewrites_config_saves_plan_and_builds_the_hex_scheduler(
     built = []
 
     def make_scheduler():
-        from areal_hex_plugin.areal.placement import placement_from_plan
+        from areal_hex_plugin.areal.worker_slots import placement_from_plan
 
         built.append(HexLocalScheduler(node_local(placement_from_plan(plan), plan), exp_config=config))
         return built[-1]
@@ -82,8 +82,8 @@ def _two_pool_config(tmp_path: Path, *overrides: str):
 
 @pytest.mark.integration
 def test_relay_transport_gets_the_fsdp_actor_and_the_plans_pools(tmp_path: Path) -> None:
-    from areal_hex_plugin.areal.placement import placement_from_plan
     from areal_hex_plugin.areal.transport_setup import transport_settings
+    from areal_hex_plugin.areal.worker_slots import placement_from_plan
     from areal_hex_plugin.transport.controller_adapter import HexPPOActorController
     from tests.integration.plans import two_type_plan
 
@@ -112,8 +112,8 @@ def test_relay_transport_gets_the_fsdp_actor_and_the_plans_pools(tmp_path: Path)
 def test_recipe_relay_options_reach_the_sender_receivers_and_commit_check(tmp_path: Path) -> None:
     import inspect
 
-    from areal_hex_plugin.areal.placement import placement_from_plan
     from areal_hex_plugin.areal.transport_setup import transport_settings
+    from areal_hex_plugin.areal.worker_slots import placement_from_plan
     from areal_hex_plugin.specs.config import RelayConfig
     from areal_hex_plugin.transport.sender import SenderConfig
     from areal_hex_plugin.transport.sglang_adapter import RelayReceiverMixin

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from areal_hex_plugin.scheduler import plan_recipe
+from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.sim.agreement import plan_gap
 from areal_hex_plugin.sim.report import describe_simulation
 from areal_hex_plugin.sim.result import PoolUsage, SimResult, StepRecord

@@ -9,7 +9,7 @@ import pytest
 
 from areal_hex_plugin.cli import main
 from areal_hex_plugin.errors import HexError
-from areal_hex_plugin.scheduler import plan_recipe
+from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.schemas import load_schema
 from areal_hex_plugin.sim.engine import default_warmup
 from areal_hex_plugin.sim.fault_file import read_faults
@@ -226,7 +226,7 @@ def test_a_bad_fault_file_exits_2(planned, tmp_path, capsys):
 
 
 def test_a_lost_machines_shares_go_to_the_survivors_by_the_planners_rollout_model(planned, tmp_path):
-    from areal_hex_plugin.scheduler.reshare import reshare
+    from areal_hex_plugin.planner.reshare import reshare
 
     recipe, plan, spec = planned
     host = _hosts(plan, "rollout")[0]

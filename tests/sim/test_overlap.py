@@ -17,7 +17,7 @@ import json
 import pytest
 
 from areal_hex_plugin.costmodel.model import admission_room, tight_step_s
-from areal_hex_plugin.scheduler import plan_recipe
+from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.sim.agreement import TOLERANCE
 from areal_hex_plugin.sim.baselines import homogeneous
 from areal_hex_plugin.sim.engine import simulate

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from areal_hex_plugin.scheduler import plan_recipe
+from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.sim.reproduce import even_split, paper_request, rented
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO

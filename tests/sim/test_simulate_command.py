@@ -8,8 +8,8 @@ import pytest
 
 from areal_hex_plugin.cli import main
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
+from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.saved_plan import load_saved_plan
-from areal_hex_plugin.scheduler import plan_recipe
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from areal_hex_plugin.scheduler import plan_recipe
+from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.sim.baselines import homogeneous
 from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec

@@ -4,7 +4,7 @@ Found (issue 26, item 3): with eta = 8 the planner pushed weights every 9 steps 
 window's longest samples overlap the next steps. Upstream's admission (``StalenessManager``, versions as the driver
 sets them) lets exactly eta + 1 batches in per window, so the trainer's last step of the window needs every
 admitted rollout: the pipeline drains to its longest sample before each update (no request is left to interrupt)
-and the simulated step was 27% over the plan on paper/1.5b, 28% on the A100/L40S mix (``scheduler/inflight.py``).
+and the simulated step was 27% over the plan on paper/1.5b, 28% on the A100/L40S mix (``planner/inflight.py``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import dataclasses
 
 import pytest
 
-from areal_hex_plugin.scheduler import plan_recipe
-from areal_hex_plugin.scheduler.inflight import Runtime, ahead, drains, windows
-from areal_hex_plugin.scheduler.report import _runtime
-from areal_hex_plugin.scheduler.rollout_model import ReplicaConfig
+from areal_hex_plugin.planner import plan_recipe
+from areal_hex_plugin.planner.inflight import Runtime, ahead, drains, windows
+from areal_hex_plugin.planner.report import _runtime
+from areal_hex_plugin.planner.rollout_model import ReplicaConfig
 from areal_hex_plugin.sim.agreement import TOLERANCE
 from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec

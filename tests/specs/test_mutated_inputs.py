@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from areal_hex_plugin.cli import main
 from areal_hex_plugin.costmodel.calibration import PROFILE_FORMAT
-from areal_hex_plugin.scheduler import plan_recipe
+from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.specs.recipe import UPSTREAM_FIELDS, load_recipe
 from tests.conftest import REPO
 from tests.costmodel.helpers import TRUTH, synthetic_measurements

@@ -15,7 +15,7 @@ from typing import Any
 
 from areal.utils import logging
 
-from areal_hex_plugin.scheduler.reshare import RESOLUTION, Drift, ServerShape, drift
+from areal_hex_plugin.planner.reshare import RESOLUTION, Drift, ServerShape, drift
 
 logger = logging.getLogger("HexElastic")
 

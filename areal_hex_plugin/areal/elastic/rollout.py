@@ -9,7 +9,7 @@ made of three parts each with a module of its own: the servers' health (``health
   at most ``deadline_s = failures_to_down * (interval + timeout)`` seconds after it stops answering. A request that
   fails probes its server at once.
 - **Lost.** Its share drops to 0 and the shares are re-solved over the servers left by the planner's rollout model
-  (``scheduler/reshare.py``: milliseconds, no re-plan) and applied to the router in place. The controller
+  (``planner/reshare.py``: milliseconds, no re-plan) and applied to the router in place. The controller
   resubmits every sample in flight on it to the survivors (:meth:`ElasticRollout.submit`): the attempt on the lost
   server is cancelled (or its failure held back from upstream's staleness manager), the sample goes out again under
   a new task id, and only its last attempt is accepted or rejected, so each sample counts once. Every rollout
@@ -56,7 +56,7 @@ from areal_hex_plugin.areal.elastic.health import DOWN, JOINING, UP, ServerHealt
 from areal_hex_plugin.areal.elastic.shares import SharePolicy
 from areal_hex_plugin.joins import JOIN_FILE, JoinRequest, read_requests, tag
 from areal_hex_plugin.plan import PlanChange
-from areal_hex_plugin.scheduler.reshare import RESOLUTION, ServerShape
+from areal_hex_plugin.planner.reshare import RESOLUTION, ServerShape
 from areal_hex_plugin.specs.config import ElasticConfig
 
 logger = logging.getLogger("HexElastic")
@@ -528,7 +528,7 @@ class ElasticRollout:
 def attach_elastic(trainer) -> ElasticRollout | None:
     """Watch the trainer's rollout servers (``hex.elastic``); None when disabled or not a Hex controller."""
     from areal_hex_plugin.areal.engines import HexRolloutController
-    from areal_hex_plugin.scheduler.replan import replan_for_lengths
+    from areal_hex_plugin.planner.replan import replan_for_lengths
 
     config, rollout = trainer.config, trainer.rollout
     if not config.hex.elastic.enabled or not isinstance(rollout, HexRolloutController):

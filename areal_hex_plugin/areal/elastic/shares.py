@@ -1,11 +1,11 @@
 """Rollout shares over the servers that serve: re-solved by the planner's rollout model whenever a server leaves
-or comes, or the lengths they serve move (``scheduler/reshare.py``: milliseconds, no re-plan)."""
+or comes, or the lengths they serve move (``planner/reshare.py``: milliseconds, no re-plan)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from areal_hex_plugin.scheduler.reshare import RESOLUTION, ServerShape, reshare
+from areal_hex_plugin.planner.reshare import RESOLUTION, ServerShape, reshare
 
 
 class SharePolicy:

@@ -8,7 +8,7 @@ from areal.api.cli_args import SchedulingSpec, SchedulingStrategyType
 from areal.api.scheduler_api import Job
 from areal.infra.scheduler.exceptions import WorkerCreationError
 
-from areal_hex_plugin.areal.placement import Placement, WorkerSlot
+from areal_hex_plugin.areal.worker_slots import Placement, WorkerSlot
 
 
 def specs_for_slots(

@@ -9,9 +9,9 @@ from areal.api.scheduler_api import Job
 from areal.infra.scheduler.exceptions import GPUAllocationError
 from areal.infra.scheduler.local import LocalScheduler
 
-from areal_hex_plugin.areal.placement import SHARE_GPUS_ENV, Placement, check_local_gpus, node_local
 from areal_hex_plugin.areal.schedulers.common import planned_job
 from areal_hex_plugin.areal.session import HexSession, session_for
+from areal_hex_plugin.areal.worker_slots import SHARE_GPUS_ENV, Placement, check_local_gpus, node_local
 
 
 class HexLocalScheduler(LocalScheduler):

@@ -21,9 +21,9 @@ from areal.infra.utils.ray_placement_group import (
     SeparatedRayPlacementStrategy,
 )
 
-from areal_hex_plugin.areal.placement import Placement, check_plan_fits_inventory
 from areal_hex_plugin.areal.schedulers.common import planned_job
 from areal_hex_plugin.areal.session import HexSession, session_for
+from areal_hex_plugin.areal.worker_slots import Placement, check_plan_fits_inventory
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.inventory import canonical_gpu_type, group_pools, machines_from_ray_nodes
 from areal_hex_plugin.plan import HexPlan

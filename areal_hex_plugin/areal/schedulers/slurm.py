@@ -19,9 +19,9 @@ from areal.api.scheduler_api import Job
 from areal.infra.scheduler.slurm import SlurmScheduler
 from areal.infra.utils.proc import build_streaming_log_cmd
 
-from areal_hex_plugin.areal.placement import Placement, WorkerSlot, check_plan_fits_inventory
 from areal_hex_plugin.areal.schedulers.common import planned_job
 from areal_hex_plugin.areal.session import HexSession, session_for
+from areal_hex_plugin.areal.worker_slots import Placement, WorkerSlot, check_plan_fits_inventory
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.inventory import Machine, canonical_gpu_type, group_pools
 from areal_hex_plugin.specs.catalog import build_catalog
