@@ -221,8 +221,10 @@ class StagedVersion:
 
     def _reserve(self, index: int, path: Path, header: int, start: int, end: int) -> None:
         """Back bytes [start, end) of a new bucket file with real space before anything writes them."""
-        handle = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        handle = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
+            if _identity(os.fstat(handle)) != self.mapped[path.name].identity:
+                raise OSError(errno.ESTALE, f"{path} is no longer the file this bucket is mapped from")
             os.posix_fallocate(handle, header + start, end - start)
         except OSError as error:
             if error.errno not in (errno.ENOSPC, errno.EDQUOT):
