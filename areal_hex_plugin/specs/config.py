@@ -268,12 +268,14 @@ class RelayConfig:
         None, "interface the receivers listen on (e.g. ib0); null: the worker's own address"
     )
     stage_dir: str = spec(
-        "/dev/shm/areal-hex", "node-local directory a verified version is written to for SGLang to load"
+        "/dev/shm",
+        "node-local directory a verified version is written to for SGLang to load (in a private "
+        "areal-hex-uid<uid> directory the node makes there)",
     )
     rollback_dir: str | None = spec(
-        "/var/tmp/areal-hex",
-        "node-local disk directory a loaded version moves to (what a failed load rolls back to); "
-        "null: it stays in stage_dir",
+        "/var/tmp",
+        "node-local disk directory a loaded version moves to (what a failed load rolls back to; in a private "
+        "areal-hex-uid<uid> directory the node makes there); null: it stays in stage_dir",
     )
 
 

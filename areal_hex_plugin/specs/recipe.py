@@ -210,8 +210,8 @@ def _check_relay(relay: RelayConfig) -> None:
             "give a name such as ib0 or eth0 (see `ip -br addr` on a rollout machine), or null",
         )
     for name, value, example in (
-        ("stage_dir", relay.stage_dir, "/dev/shm/areal-hex"),
-        ("rollback_dir", relay.rollback_dir, "/var/tmp/areal-hex, or null"),
+        ("stage_dir", relay.stage_dir, "/dev/shm"),
+        ("rollback_dir", relay.rollback_dir, "/var/tmp, or null"),
     ):
         if value is not None and not value.startswith("/"):
             raise HexError(

@@ -117,8 +117,8 @@ class ReceiverConfig:
     timeout_s: float = 30.0
     # Host names or addresses allowed to connect at all, on top of the route's own peers (never beyond them).
     allowed_hosts: list[str] = field(default_factory=list)
-    # Node-local directory under which the node stages versions, in a dir of its own; None: /dev/shm (else the
-    # temp dir).
+    # Node-local directory under which the node stages versions, in a dir of its own inside this user's private
+    # areal-hex-uid<uid> (scratch.py); None: /dev/shm (else the temp dir).
     stage_dir: str | None = None
     # Node-local disk directory under which the last committed version moves once loaded (what a failed load rolls
     # back to), so a commit holds only the new version in memory; None: it stays in the stage dir.
@@ -303,12 +303,12 @@ class ReceiverNode:
         # Stage and rollback dirs of the node's own, gone with it (or with its process: see scratch.py).
         shm = Path("/dev/shm")
         stage_parent = self.config.stage_dir or (shm if shm.is_dir() else tempfile.gettempdir())
-        self._scratch = [OwnedDir(Path(stage_parent))]
+        self._scratch = [OwnedDir(Path(stage_parent), "hex.relay.stage_dir")]
         self.stage_root = self._scratch[0].path
         self._spare = SparePages(self.stage_root)
         self.rollback_root: Path | None = None
         if self.config.rollback_dir is not None:
-            self._scratch.append(OwnedDir(Path(self.config.rollback_dir)))
+            self._scratch.append(OwnedDir(Path(self.config.rollback_dir), "hex.relay.rollback_dir"))
             self.rollback_root = self._scratch[-1].path
         # Frees the version before the last committed one and spills the last committed one to disk.
         self._keeper: threading.Thread | None = None
@@ -709,7 +709,10 @@ class ReceiverNode:
             return make(Kind.ERROR, id=0, error="commit of a version this session did not verify")
         if not self._sealed_by_trainer(session, message):
             return make(Kind.ERROR, id=0, error="commit: its seal is not the trainer's for this replica")
-        problem = self._check_staged(session, session.announced, session.verified)  # exactly what loads now
+        # Exactly what loads now: the verified bytes, in the files the server reads (see stage.py).
+        problem = (
+            self._check_staged(session, session.announced, session.verified) or session.stage.changed_files()
+        )
         if problem:
             return make(
                 Kind.ERROR, id=0, error=f"commit: the staged version changed after its end ({problem})"

@@ -12,6 +12,7 @@ holds the new version in memory and the one a failed load returns to on disk.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ class SGLangDiskSink:
         for name in _MODEL_FILES if self.model_path else ():
             source = Path(self.model_path) / name
             if source.exists():
-                shutil.copy(source, directory / name)
+                _copy_new(source, directory / name)
         self.engine.pause_generation()
         try:
             self._load_directory(directory, version)
@@ -88,6 +89,13 @@ class SGLangDiskSink:
         return ""
 
 
+def _copy_new(source: Path, target: Path) -> None:
+    """Copy ``source`` to a new file ``target``, never through a link or over a file already there."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with open(source, "rb") as reader, open(os.open(target, flags, 0o600), "wb") as writer:
+        shutil.copyfileobj(reader, writer)
+
+
 class RelayReceiverMixin:
     """``hex_*`` receiver methods (start, status, stop) for a ``RemoteSGLangEngine`` subclass."""
 
@@ -99,17 +107,19 @@ class RelayReceiverMixin:
         port: int = 0,
         timeout_s: float = 30.0,
         allowed_hosts: list[str] | None = None,
-        stage_dir: str = "/dev/shm/areal-hex",
+        stage_dir: str = "/dev/shm",
         model_path: str | None = None,
         bind_interface: str | None = None,
-        rollback_dir: str | None = "/var/tmp/areal-hex",
+        rollback_dir: str | None = "/var/tmp",
         trainer_hosts: list[str] | None = None,
     ) -> str:
         """Start (once) the receiver; returns ``host:port``.
 
         It listens on ``bind_host``, else on the IPv4 address of ``bind_interface`` (resolved here, on the rollout
         machine), else on this host's own address. Only ``trainer_hosts`` (the controller names the host of the
-        train worker that sends, rank 0) may open its control channel; None: this machine alone.
+        train worker that sends, rank 0) may open its control channel; None: this machine alone. ``stage_dir`` and
+        ``rollback_dir`` are shared directories: the node works in a private ``areal-hex-uid<uid>`` of its own
+        there (``scratch.py``).
         """
         if self._hex_node is None:
             from areal.utils.network import gethostip

@@ -77,7 +77,7 @@ def _peak_during_commits(tmp_path: Path, monkeypatch, rollback_dir: str | None) 
 
 def test_a_commit_holds_one_version_in_memory_and_rolls_back_from_disk(tmp_path, monkeypatch):
     assert _peak_during_commits(tmp_path, monkeypatch, str(tmp_path / "rollback")) <= 1.5
-    assert not (tmp_path / "rollback").exists() or not any((tmp_path / "rollback").iterdir())
+    assert list((tmp_path / "rollback" / f"areal-hex-uid{os.geteuid()}").iterdir()) == []  # all removed
 
 
 def test_without_a_rollback_dir_a_commit_holds_two_versions(tmp_path, monkeypatch):

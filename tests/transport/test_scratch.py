@@ -29,6 +29,7 @@ def _start(rollback_dir: Path):
 
 
 def test_a_killed_receivers_dirs_are_removed_by_the_next_and_a_live_ones_kept(tmp_path):
+    private = tmp_path / f"areal-hex-uid{os.geteuid()}"  # this user's own parent of the rollback dirs
     killed, killed_dirs = _start(tmp_path)
     alive, alive_dirs = _start(tmp_path)
     try:
@@ -42,19 +43,19 @@ def test_a_killed_receivers_dirs_are_removed_by_the_next_and_a_live_ones_kept(tm
         try:
             assert not any(p.exists() for p in killed_dirs)
             assert all(p.is_dir() for p in alive_dirs)
-            assert {node.stage_root.parent, node.rollback_root.parent} == {killed_dirs[0].parent, tmp_path}
+            assert {node.stage_root.parent, node.rollback_root.parent} == {killed_dirs[0].parent, private}
         finally:
             node.stop()
         assert not node.stage_root.exists() and not node.rollback_root.exists()
     finally:
         alive.kill()
         alive.join(timeout=30)
-    assert set(reclaim_orphans(tmp_path)) == {alive_dirs[1]}
+    assert set(reclaim_orphans(private)) == {alive_dirs[1]}
     assert alive_dirs[0] in reclaim_orphans(alive_dirs[0].parent)
 
 
 def test_a_dir_of_this_process_is_not_an_orphan(tmp_path):
-    mine = OwnedDir(tmp_path)
-    assert reclaim_orphans(tmp_path) == [] and mine.path.is_dir()
+    mine = OwnedDir(tmp_path, "hex.relay.stage_dir")
+    assert reclaim_orphans(mine.path.parent) == [] and mine.path.is_dir()
     mine.remove()
     assert not mine.path.exists()

@@ -49,7 +49,8 @@ def test_commit_goes_through_sglang_disk_update(tmp_path, monkeypatch):
             dim = shard_dim(name)
             shards = [server.model.shards[rank][name] for rank in range(2)]
             assert torch.equal(torch.cat(shards, dim) if dim is not None else shards[0], full), name
-        (stage,) = tmp_path.iterdir()  # the receiver's own areal-hex-* dir, with its owner lock
+        (private,) = tmp_path.iterdir()  # this user's areal-hex-uid<uid>
+        (stage,) = private.iterdir()  # the receiver's own areal-hex-* dir, with its owner lock
         # v7 kept: what SGLang rolls back to (its pages in memory spare for the next version's buckets). The node's
         # keeper moves them off the commit's path, so the listing settles a moment after the commit returns.
         deadline = time.monotonic() + 30
@@ -57,7 +58,7 @@ def test_commit_goes_through_sglang_disk_update(tmp_path, monkeypatch):
             assert time.monotonic() < deadline, listing
             time.sleep(0.05)
         engine.hex_stop_receiver()
-        assert list(tmp_path.iterdir()) == []
+        assert list(private.iterdir()) == []
     finally:
         engine.hex_stop_receiver()
         engine.destroy()
