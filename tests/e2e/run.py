@@ -150,9 +150,10 @@ def run_driver(
     timeout_s: float,
     extra: tuple[str, ...] = (),
     recipe: Path = RECIPE,
+    cwd: Path = REPO,
 ) -> Run:
-    """Make the assets in ``folder`` and run the driver on ``recipe`` there for ``steps`` steps; a run past
-    ``timeout_s`` is killed whole."""
+    """Make the assets in ``folder`` and run the driver on ``recipe`` there for ``steps`` steps, from ``cwd``; a
+    run past ``timeout_s`` is killed whole."""
     write_assets(folder)
     for name in ("name_resolve", "home", "wandb"):
         (folder / name).mkdir(exist_ok=True)
@@ -171,7 +172,7 @@ def run_driver(
     start = time.monotonic()
     proc = subprocess.Popen(
         cmd,
-        cwd=REPO,
+        cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -17,6 +17,7 @@ server's copy of it) before its first request; the shares changed within two ste
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -93,7 +94,36 @@ class Watcher(threading.Thread):
         self.killed_at, self.killed_log = time.time(), Path(holder["log"])
 
 
+def relocated_recipe(folder: Path) -> Path:
+    """The CI recipe copied into ``folder`` with its calibration profile and its output lengths (the elastic
+    tests' distribution, drawn once) in files beside it, named by relative paths: read from the recipe's folder
+    wherever the run starts."""
+    import random
+
+    import yaml
+
+    from tests.e2e.run import RECIPE, REPO
+
+    folder.mkdir()
+    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe["hex"]["workload"]["model"] = str(REPO / recipe["hex"]["workload"]["model"])
+    recipe["hex"]["workload"]["output_lengths"] = {"kind": "file", "path": "lengths/basis.txt"}
+    recipe["hex"]["calibration"] = {"profile": "profiles/cpu.json"}
+    (folder / "lengths").mkdir()
+    draw = random.Random(0)
+    basis = [min(16, max(1, round(draw.lognormvariate(math.log(12) - 0.125, 0.5)))) for _ in range(500)]
+    (folder / "lengths" / "basis.txt").write_text("".join(f"{n}\n" for n in basis))
+    (folder / "profiles").mkdir()
+    factors = {"train_mfu": 0.4, "hbm_fraction": 0.8}  # the built-in figures: the run behaves as from RECIPE
+    profile = {"format": "areal-hex-profile/1", "gpu_types": {"CPU-BIG": factors, "CPU-SMALL": factors}}
+    (folder / "profiles" / "cpu.json").write_text(json.dumps(profile))
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
 def test_a_server_lost_and_relaunched_and_lengths_that_double(tmp_path: Path) -> None:
+    """Also a run from another working directory, on a recipe whose profile and lengths are relative paths."""
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("4")
     hold = tmp_path / "hold.json"
@@ -107,8 +137,11 @@ def test_a_server_lost_and_relaunched_and_lengths_that_double(tmp_path: Path) ->
     plan_file = two_layout_plan(tmp_path, "hex_local", STEPS)
     watcher = Watcher(tmp_path, Path(f"{hold}.held"), lengths)
     watcher.start()
-    extra = (f"hex.plan_path={plan_file}", "total_train_epochs=2", *LONGER, *ELASTIC)
-    run = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, extra)
+    recipe = relocated_recipe(tmp_path / "recipe")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    extra = (f"hex.plan_path={plan_file}", "total_train_epochs=2", LONGER[0], *ELASTIC)
+    run = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, extra, recipe=recipe, cwd=elsewhere)
     watcher.done.set()
     assert run.returncode == 0, run.log[-6000:]
     assert watcher.killed_at is not None, "the small server was never killed"
