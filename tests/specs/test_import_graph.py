@@ -73,3 +73,46 @@ def test_the_package_has_no_import_circle():
 
 def test_the_circle_finder_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# docs/architecture.md's floors, top first: a module imports only from its own floor or the ones below.
+FLOORS = [
+    ("driver", "cli", "commands"),
+    ("areal.trainer",),
+    ("areal.preflight", "areal.dryrun", "areal.launch", "areal.schedulers"),
+    ("areal.session", "areal.elastic", "areal.join", "areal.transport_setup", "areal.metrics", "areal.update_window"),
+    ("areal.rewrite", "areal.engines", "areal.routing", "areal.sglang_flags", "areal.megatron_actor",
+     "areal.megatron_layout", "areal.profile_decode", "areal.profile_train"),
+    ("areal.worker_slots", "areal.plugin", "areal.config", "areal"),
+    ("transport",),
+    ("sim", "saved_plan", "inventory", "joins", "schemas"),
+    ("planner",),
+    ("plan",),
+    ("costmodel",),
+    ("specs",),
+    ("errors", "tables", "outfiles", "progress", "hostlist", ""),
+]  # fmt: skip
+# The one import that runs back up: the recipe reader builds the recipe's calibration and checks its memory.
+UPWARD = {
+    ("areal_hex_plugin.specs.recipe", "areal_hex_plugin.costmodel.calibration"),
+    ("areal_hex_plugin.specs.recipe", "areal_hex_plugin.costmodel.memory"),
+}
+
+
+def floor(module: str) -> int:
+    """The floor of ``module`` (``areal_hex_plugin.x.y``): the longest prefix listed in FLOORS."""
+    name = module.removeprefix("areal_hex_plugin").removeprefix(".")
+    found = [
+        (len(prefix), level)
+        for level, prefixes in enumerate(FLOORS)
+        for prefix in prefixes
+        if name == prefix or name.startswith(f"{prefix}.") or (prefix == "" and "." not in name)
+    ]
+    assert found, f"{module} is on no floor of docs/architecture.md"
+    return max(found)[1]
+
+
+def test_imports_point_down_the_floors_but_one():
+    graph = import_graph()
+    upward = {(a, b) for a, outs in graph.items() for b in outs if floor(b) < floor(a)}
+    assert upward == UPWARD
