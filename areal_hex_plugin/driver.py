@@ -33,20 +33,25 @@ def split_argv(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def run(argv: list[str]) -> int:
-    from areal_hex_plugin.areal.dryrun import describe_dry_run
+    path, overrides = split_argv(argv)
+    # First, before the seconds importing upstream takes: the run has begun.
+    print(f"areal-hex: {path}: planning and checking before anything starts", file=sys.stderr, flush=True)
     from areal_hex_plugin.areal.launch import scheduler_factory
     from areal_hex_plugin.areal.preflight import preflight
+    from areal_hex_plugin.areal.startup import announce, describe_start
     from areal_hex_plugin.outfiles import write_json
+    from areal_hex_plugin.progress import working
 
-    path, overrides = split_argv(argv)
-    session = preflight(path, overrides, run=True)  # every check of `areal-hex check`, before anything starts
+    with working(f"areal-hex: loading upstream AReaL, planning and checking {path}"):
+        session = preflight(path, overrides, run=True)  # every check of `areal-hex check`
     config = session.config
     if config.hex.plan_out:
         written = write_json(config.hex.plan_out, session.plan.to_dict(), "hex.plan_out")
         print(f"plan written to {written}", file=sys.stderr)
     if config.hex.dry_run:
-        print(describe_dry_run(session))
+        print(describe_start(session, dry_run=True))
         return 0
+    announce(session)
     return _train(session, scheduler_factory(session), path, overrides)
 
 
@@ -108,6 +113,8 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
     from areal.utils.hf_utils import load_hf_tokenizer
 
     from areal_hex_plugin.areal.trainer import PLAN_FILE, HexPPOTrainer
+    from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, TRAIN_ROLE
+    from areal_hex_plugin.progress import working
 
     config = session.config
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
@@ -120,9 +127,16 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
             split="test", dataset_config=config.valid_dataset, tokenizer=tokenizer
         )
     lost: list[str] = []
-    with HexPPOTrainer(
-        config, train_dataset, valid_dataset, session=session, make_scheduler=make_scheduler
-    ) as trainer:
+    slots = session.placement.slots
+    starting = (
+        f"areal-hex: upstream AReaL is starting {len(slots[TRAIN_ROLE])} training workers and "
+        f"{len(slots[ROLLOUT_ROLE])} rollout servers ({config.scheduler.type})"
+    )
+    with working(starting):
+        trainer = HexPPOTrainer(
+            config, train_dataset, valid_dataset, session=session, make_scheduler=make_scheduler
+        )
+    with trainer:
         try:
             trainer.train(
                 workflow=config.hex.workflow,

@@ -35,6 +35,7 @@ class HexSession:
     passed: list[str] = field(default_factory=list)  # the pre-flight's checks, one line each, in order
     notes: list[str] = field(default_factory=list)
     inventory: LiveInventory | None = None  # the live cluster, as read once (None: not read)
+    announced: bool = False  # what the run decided was printed (areal/startup.py)
 
     @property
     def placement(self) -> Placement:

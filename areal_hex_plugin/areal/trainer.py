@@ -55,7 +55,12 @@ class HexPPOTrainer(PPOTrainer):
         make_scheduler: Callable[[], object] | None = None,
     ) -> None:
         register()
-        self.hex_session = session or session_for(config, "HexPPOTrainer")
+        if session is None:
+            from areal_hex_plugin.areal.startup import announce
+
+            session = session_for(config, "HexPPOTrainer")
+            announce(session)
+        self.hex_session = session
         plan = self.hex_session.plan
         # The driver checks the live cluster first and passes the builder; otherwise it is checked here.
         self._make_scheduler = make_scheduler

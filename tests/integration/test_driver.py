@@ -147,3 +147,43 @@ def test_dry_run_refuses_a_plan_that_does_not_fit_the_recipe(edit, field, tmp_pa
     captured = capsys.readouterr()
     assert captured.err.startswith(f"error: {field}") and "fix:" in captured.err, captured.err
     assert "# Placement" not in captured.out
+
+
+def test_a_run_says_it_began_within_two_seconds_then_what_it_decided(tmp_path: Path, transport_token) -> None:
+    """The first line comes before upstream is imported; the plan table, the pre-flight, the placement and the
+    changes to the config follow, as the dry run shows them and a real run prints them before starting workers."""
+    import os
+    import time
+
+    recipe = REPO / "recipes/ci/tiny.yaml"
+    env = {
+        **os.environ,
+        "AREAL_HEX_TRANSPORT_TOKEN": transport_token,
+        "HEX_LOCAL_GPUS": "CPU-BIG:3,CPU-SMALL:2",
+    }
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "areal_hex_plugin.driver", *_argv(recipe, tmp_path, "hex.dry_run=true")],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = proc.stderr.readline()
+    began_s = time.monotonic() - start
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert first.startswith(f"areal-hex: {recipe}: planning and checking"), first
+    assert began_s < 2.0, began_s
+    sections = [
+        "# Plan",
+        "AReaL-Hex plan for",
+        "# Pre-flight",
+        "# Upstream config",
+        "# Placement",
+        "Predicted:",
+    ]
+    assert [out.index(s) for s in sections] == sorted(out.index(s) for s in sections)
+    assert "change: actor.backend: fsdp:d2 -> fsdp:d2t1: the plan trains on 2 GPUs" in out
+    assert "change: rollout.max_concurrent_rollouts: 16 -> 3" in out

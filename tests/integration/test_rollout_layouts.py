@@ -99,7 +99,7 @@ def test_upstream_xccl_with_mixed_layouts_is_refused_before_anything_starts(tmp_
 
 @pytest.mark.integration
 def test_every_change_to_the_recipe_is_explained(tmp_path: Path) -> None:
-    from areal_hex_plugin.areal.dryrun import placement_table
+    from areal_hex_plugin.areal.startup import placement_table
 
     config = _config(tmp_path, "sglang.max_running_requests=300")
     rewrite = apply_plan(config, two_type_plan(big_tp=2))

@@ -79,7 +79,7 @@ def test_the_circle_finder_finds_a_circle():
 FLOORS = [
     ("driver", "cli", "commands"),
     ("areal.trainer",),
-    ("areal.preflight", "areal.dryrun", "areal.launch", "areal.schedulers"),
+    ("areal.preflight", "areal.startup", "areal.launch", "areal.schedulers"),
     ("areal.session", "areal.elastic", "areal.join", "areal.transport_setup", "areal.metrics", "areal.update_window"),
     ("areal.rewrite", "areal.engines", "areal.routing", "areal.sglang_flags", "areal.megatron_actor",
      "areal.megatron_layout", "areal.profile_decode", "areal.profile_train"),

@@ -37,6 +37,17 @@ def specs_for_slots(
     return out
 
 
+def announced_session(exp_config, who: str):
+    """The run's session for a scheduler upstream builds from ``exp_config`` alone (:func:`session_for`), what it
+    decided printed once."""
+    from areal_hex_plugin.areal.session import session_for
+    from areal_hex_plugin.areal.startup import announce
+
+    session = session_for(exp_config, who)
+    announce(session)
+    return session
+
+
 def check_replicas(role: str, replicas: int, slots: tuple[WorkerSlot, ...]) -> None:
     if replicas != len(slots):
         raise WorkerCreationError(

@@ -9,8 +9,8 @@ from areal.api.scheduler_api import Job
 from areal.infra.scheduler.exceptions import GPUAllocationError
 from areal.infra.scheduler.local import LocalScheduler
 
-from areal_hex_plugin.areal.schedulers.common import planned_job
-from areal_hex_plugin.areal.session import HexSession, session_for
+from areal_hex_plugin.areal.schedulers.common import announced_session, planned_job
+from areal_hex_plugin.areal.session import HexSession
 from areal_hex_plugin.areal.worker_slots import SHARE_GPUS_ENV, Placement, check_local_gpus, node_local
 
 
@@ -25,7 +25,7 @@ class HexLocalScheduler(LocalScheduler):
 
     def __init__(self, placement: Placement | None = None, **kwargs) -> None:
         if placement is None:  # built from exp_config alone (upstream's way): set up here
-            placement = self.setup(session_for(kwargs.get("exp_config"), "hex_local"))["placement"]
+            placement = self.setup(announced_session(kwargs.get("exp_config"), "hex_local"))["placement"]
         ids = sorted({i for slots in placement.slots.values() for s in slots for i in s.gpu_ids})
         super().__init__(gpu_devices=kwargs.pop("gpu_devices", None) or ids, **kwargs)
         self.placement = placement

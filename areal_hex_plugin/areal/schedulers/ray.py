@@ -21,8 +21,8 @@ from areal.infra.utils.ray_placement_group import (
     SeparatedRayPlacementStrategy,
 )
 
-from areal_hex_plugin.areal.schedulers.common import planned_job
-from areal_hex_plugin.areal.session import HexSession, session_for
+from areal_hex_plugin.areal.schedulers.common import announced_session, planned_job
+from areal_hex_plugin.areal.session import HexSession
 from areal_hex_plugin.areal.worker_slots import Placement, check_plan_fits_inventory
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.inventory import canonical_gpu_type, group_pools, machines_from_ray_nodes
@@ -113,7 +113,7 @@ class HexRayScheduler(RayScheduler):
         **kwargs,
     ) -> None:
         if placement is None:  # built from exp_config alone (upstream's way): set up here
-            planned = self.setup(session_for(kwargs.get("exp_config"), "hex_ray"))
+            planned = self.setup(announced_session(kwargs.get("exp_config"), "hex_ray"))
             placement, pool_resources = planned["placement"], planned["pool_resources"]
             gpus_per_node = gpus_per_node or planned["gpus_per_node"]
         exp_config = kwargs.get("exp_config")

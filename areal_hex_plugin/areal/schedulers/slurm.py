@@ -19,8 +19,8 @@ from areal.api.scheduler_api import Job
 from areal.infra.scheduler.slurm import SlurmScheduler
 from areal.infra.utils.proc import build_streaming_log_cmd
 
-from areal_hex_plugin.areal.schedulers.common import planned_job
-from areal_hex_plugin.areal.session import HexSession, session_for
+from areal_hex_plugin.areal.schedulers.common import announced_session, planned_job
+from areal_hex_plugin.areal.session import HexSession
 from areal_hex_plugin.areal.worker_slots import Placement, WorkerSlot, check_plan_fits_inventory
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.inventory import Machine, canonical_gpu_type, group_pools
@@ -124,7 +124,7 @@ class HexSlurmScheduler(SlurmScheduler):
         self, placement: Placement | None = None, pools: dict[str, SlurmPool] | None = None, **kwargs
     ) -> None:
         if placement is None:  # built from exp_config alone (upstream's way): set up here
-            planned = self.setup(session_for(kwargs.get("exp_config"), "hex_slurm"))
+            planned = self.setup(announced_session(kwargs.get("exp_config"), "hex_slurm"))
             placement, pools = planned["placement"], planned["pools"]
         super().__init__(**kwargs)
         self.placement = placement

@@ -1,5 +1,6 @@
-"""What ``hex.dry_run=true`` prints: the pre-flight's checks (``areal-hex check``), the upstream config after the
-plan's rewrite, and the placement table."""
+"""What a run prints at start, and all a dry run (``hex.dry_run=true``) prints: the plan table, the pre-flight's
+checks (``areal-hex check``), the upstream config after the plan's rewrite, the placement table and every change
+the plan made to the config, with its reason."""
 
 from __future__ import annotations
 
@@ -70,10 +71,29 @@ def placement_table(rewrite: Rewrite) -> str:
     )
 
 
-def describe_dry_run(session: HexSession) -> str:
+def announce(session: HexSession) -> None:
+    """Print what the run decided (:func:`describe_start`), once per session: the driver does before upstream
+    starts anything, and so do a Hex scheduler or ``HexPPOTrainer`` that upstream builds from the config alone."""
+    if not session.announced:
+        session.announced = True
+        print(describe_start(session, dry_run=False), flush=True)
+
+
+def describe_start(session: HexSession, dry_run: bool) -> str:
+    """What the run decided, before it starts anything (``dry_run``: and it starts nothing)."""
+    from areal_hex_plugin.planner.report import describe_plan
+
     config, rewrite, plan = session.config, session.rewrite, session.plan
+    head = (
+        f"AReaL-Hex dry run ({session.plan_source}); nothing was started."
+        if dry_run
+        else f"AReaL-Hex run ({session.plan_source}): upstream AReaL starts the workers below."
+    )
     lines = [
-        f"AReaL-Hex dry run ({session.plan_source}); nothing was started.",
+        head,
+        "",
+        "# Plan",
+        describe_plan(plan),
         "",
         "# Pre-flight (areal-hex check)",
         *(f"ok   {line}" for line in session.passed),
@@ -89,5 +109,6 @@ def describe_dry_run(session: HexSession) -> str:
         f"Predicted: {plan.predicted.tokens_per_s:,.0f} tokens/s at ${plan.predicted.cost_per_hour:,.2f}/h "
         f"({plan.predicted.tokens_per_dollar:,.0f} tokens/$), step {plan.predicted.step_time_s:.1f}s",
     ]
-    lines += [f"note: {n}" for n in (*rewrite.notes, *plan.warnings)]
+    lines += [f"change: {n}" for n in rewrite.notes]
+    lines += [f"note: {n}" for n in plan.warnings]
     return "\n".join(lines)
