@@ -99,8 +99,6 @@ def resume_fix(recipe: str, overrides: list[str], config, lost: list[str], plan_
     new = str(Path(plan_file).with_name("hex_plan.replanned.json"))
     kept = [o for o in overrides if not o.lstrip("+").startswith("hex.plan_path=")]
     resume = [*kept, f"hex.plan_path={new}"]
-    if config.recover.no_save_optim and not any("recover.no_load_optim" in o for o in kept):
-        resume.append("++recover.no_load_optim=true")
     replan = ["areal-hex", "replan", "--plan", plan_file, "--lost", ",".join(lost), "--recipe", recipe]
     drive = [sys.executable, "-m", "areal_hex_plugin.driver", "--config", recipe, *resume]
     off = config.recover.mode in ("off", "disabled")

@@ -122,6 +122,21 @@ def recover_root(config) -> Path:
     return Path(recover.fileroot) / "checkpoints" / user / recover.experiment_name / recover.trial_name
 
 
+def check_recover_config(config) -> None:
+    """A run that writes recover checkpoints must be able to resume from them: upstream saves the optimizer's state
+    unless ``recover.no_save_optim`` and loads it unless ``recover.no_load_optim``, and a resume that loads what
+    was never saved fails in the workers."""
+    recover = config.recover
+    if recover.mode in ("off", "disabled") or not recover.no_save_optim or recover.no_load_optim:
+        return
+    raise HexError(
+        "recover.no_load_optim",
+        f"is false while recover.no_save_optim is true (recover.mode={recover.mode}): a resumed run would load "
+        "optimizer state its recover checkpoints do not hold",
+        "set recover.no_load_optim=true (resume with a fresh optimizer), or recover.no_save_optim=false (save it)",
+    )
+
+
 def check_recover_checkpoint(config) -> str | None:
     """A recover checkpoint the run would resume from was not being written when the last run stopped.
 
@@ -236,6 +251,7 @@ def preflight(path: str, overrides: list[str], offline: bool = False, run: bool 
                 config.hex.reward_fn, "hex.reward_fn", "function", "areal.reward.gsm8k.gsm8k_reward_fn"
             )
         )
+    check_recover_config(config)
     resuming = check_recover_checkpoint(config)
     if resuming:
         passed.append(resuming)

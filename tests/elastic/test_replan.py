@@ -198,7 +198,7 @@ def test_a_lost_training_machines_fix_is_the_replan_then_this_runs_own_command()
     ]  # fmt: skip
     assert resume_cmd == [
         sys.executable, "-m", "areal_hex_plugin.driver", "--config", "r.yaml", "scheduler.type=hex_local", "seed=7",
-        f"hex.plan_path={new}", "++recover.no_load_optim=true",
+        f"hex.plan_path={new}",
     ]  # fmt: skip
     off = SimpleNamespace(recover=SimpleNamespace(no_save_optim=False, mode="disabled"))
     assert resume_fix("r.yaml", [], off, ["a", "b"], "/run/hex_plan.json").endswith(

@@ -116,8 +116,7 @@ def test_a_lost_training_rank_replanned_and_resumed(tmp_path: Path, capsys) -> N
         "areal-hex", "replan", "--plan", str(run_plan), "--lost", "big-1", "--recipe", str(RECIPE),
         "--json", str(new_plan), *run_overrides,
     ]  # fmt: skip
-    # The CI recipe's recover checkpoints hold no optimizer state (recover.no_save_optim): none to load either.
-    resume = (f"hex.plan_path={new_plan}", "++recover.no_load_optim=true")
+    resume = (f"hex.plan_path={new_plan}",)
     assert resume_cmd == [
         sys.executable,
         "-m",

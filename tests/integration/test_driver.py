@@ -187,3 +187,18 @@ def test_a_run_says_it_began_within_two_seconds_then_what_it_decided(tmp_path: P
     assert [out.index(s) for s in sections] == sorted(out.index(s) for s in sections)
     assert "change: actor.backend: fsdp:d2 -> fsdp:d2t1: the plan trains on 2 GPUs" in out
     assert "change: rollout.max_concurrent_rollouts: 16 -> 3" in out
+
+
+def test_a_recover_config_that_cannot_resume_is_refused_before_anything_starts(
+    tmp_path: Path, capsys
+) -> None:
+    recipe = REPO / "recipes/ci/tiny.yaml"  # recover.mode on, no optimizer state saved
+    assert main(_argv(recipe, tmp_path, "hex.dry_run=true", "recover.no_load_optim=false")) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("areal-hex: ") and len(err) == 3, err  # the run began; then one message: error, fix
+    assert err[1].startswith("error: recover.no_load_optim: is false while recover.no_save_optim is true"), err
+    assert "set recover.no_load_optim=true" in err[2]
+    assert (
+        main(_argv(recipe, tmp_path, "hex.dry_run=true", "recover.mode=off", "recover.no_load_optim=false"))
+        == 0
+    )
