@@ -38,9 +38,9 @@ relay with every chunk's MAC taken over its position alone (its bytes unhashed),
 
 Memory: each configuration runs on workers of its own, stopped (their staged copies removed) before the next
 starts, so the largest configuration sets what the run needs: a replica holds about two versions staged in
-/dev/shm and one more for the broadcast, a sender about three. The run checks that estimate against MemAvailable
-and free /dev/shm before it starts and refuses, naming the flags that shrink it, when it does not fit. At the
-default sizes (a 247 MB model, 1, 3 and 6 replicas per pool) the largest needs about 12.4 GiB. A worker that dies
+/dev/shm and one more for the broadcast, a sender up to about five models (the trainer peaked at 4.5). The run
+checks that estimate against MemAvailable and free /dev/shm before it starts and refuses, naming the flags that
+shrink it, when it does not fit. At the default sizes (a 247 MB model, 1, 3 and 6 replicas per pool) the largest needs about 12.8 GiB. A worker that dies
 fails its configuration alone (``error``: its exit cause, SIGKILL most likely the OOM killer, and its log, kept).
 
 Needs root and iproute2; every namespace and every staged copy (under ``/dev/shm/hex-transport-<pid>-*``) is
@@ -495,7 +495,9 @@ GIB = 1 << 30
 # 2.13 CPU; `peak_rss_bytes` in each run), rounded up. A replica maps two versions staged in /dev/shm (the
 # committed one and the one arriving, or its spare pages) and, for the broadcast, a third copy of its own.
 SENDER_BASE_BYTES = 384 << 20  # measured 313 MiB (transformers imported)
-SENDER_MODELS = 3  # the state dict, the buckets being packed, the broadcast's flat copy (trainer)
+SENDER_MODELS = (
+    5  # the state dict, the buckets being packed, the broadcast's flat copy, what gloo holds in flight
+)
 REPLICA_BASE_BYTES = 256 << 20  # measured 232 MiB
 REPLICA_MODELS = 1  # the broadcast's bytes
 REPLICA_STAGED_MODELS = 2

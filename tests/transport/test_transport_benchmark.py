@@ -4,6 +4,7 @@ its exit cause and log, and leaves nothing staged in /dev/shm however it ends.""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,6 +98,9 @@ def test_sigterm_mid_run_removes_every_staged_copy_and_namespace():
     run.send_signal(signal.SIGTERM)
     _, err = run.communicate(timeout=120)
     assert run.returncode != 0 and "stopped by SIGTERM" in err, err[-3000:]
+    logs = Path(err.split("the workers' logs are kept in ", 1)[1].split()[0])
+    assert (logs / "replicas-2" / "trainer.log").is_file()
+    shutil.rmtree(logs)
     assert not list(transport.SHM.glob(f"{transport.SHM_PREFIX}{run.pid}-*"))
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert f"hxb{run.pid % 10000:04d}-" not in namespaces
