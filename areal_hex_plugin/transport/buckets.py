@@ -3,9 +3,9 @@
 The buffer is a safetensors data section: tensors back to back with no gaps, ordered by element size (largest
 first) so every tensor starts aligned for its dtype. Integrity is keyed: per update the sender draws a nonce,
 ``content key = HMAC(token, "hex-content" | nonce)``, and every chunk gets keyed BLAKE3 (``BLAKE3(key = content
-key, bucket | chunk index | bytes)``, 32 bytes); the bucket digest binds the manifest, sizes and chunk digests, a part digest binds the part
-(one sender's share of the version) and its bucket digests, the version digest binds the version and every part
-digest. Part p of P senders numbers its buckets p, p + P, p + 2P, ... (:func:`bucket_index`), so an index names its
+key, bucket | chunk index | bytes)``, 32 bytes); the bucket digest binds the manifest, sizes and chunk digests, a
+part digest binds the part (one sender's share of the version) and its bucket digests, the version digest binds the
+version and every part digest. Part p of P senders numbers its buckets p, p + P, p + 2P, ... (:func:`bucket_index`), so an index names its
 part and no bucket can move between parts. Without the token nobody can make bytes that pass. Chunks are hashed on a thread
 pool (blake3 releases the GIL), so a receiver hashes chunk k while chunk k+1 arrives, and a sender sends a bucket's
 bytes while they are hashed: the chunk digests follow the payload (a ``digests`` frame after the bucket's bytes).
