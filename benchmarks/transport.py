@@ -29,7 +29,23 @@ not the links, is what stretches an update past the bound.
 
 Each is timed ``--repeats`` times per replica count and the median kept. Every replica hashes what it holds
 afterwards (outside the timing) and the hash must equal the trainer's.
-Needs root and iproute2; every namespace is removed on exit, failure, Ctrl-C or the time limit.
+
+Integrity: ``digest`` holds benchmarks/digest.py's figures (GB/s per core of each candidate chunk MAC, the
+transport's on its hashing pool, and the cores that keep up with 12.5 and 50 GB/s). ``hex_digest_off_s`` is the
+relay with every chunk's MAC taken over its position alone (its bytes unhashed), a repeat of each in turn with
+``hex_s``: the transport has no switch for it, so every worker of the benchmark swaps the chunk digest for that one
+(``digest_on_over_off`` is the digest's share of the update).
+
+Memory: each configuration runs on workers of its own, stopped (their staged copies removed) before the next
+starts, so the largest configuration sets what the run needs: a replica holds about two versions staged in
+/dev/shm and one more for the broadcast, a sender up to about five models (the trainer peaked at 4.5). The run
+checks that estimate against MemAvailable and free /dev/shm before it starts and refuses, naming the flags that
+shrink it, when it does not fit. At the default sizes (a 247 MB model, 1, 3 and 6 replicas per pool) the largest needs about 12.8 GiB. A worker that dies
+fails its configuration alone (``error``: its exit cause, SIGKILL most likely the OOM killer, and its log, kept).
+
+Needs root and iproute2; every namespace and every staged copy (under ``/dev/shm/hex-transport-<pid>-*``) is
+removed on exit, failure, Ctrl-C, SIGTERM or the time limit, and a run killed outright (SIGKILL) leaves its
+copies to the next run, which removes them first.
 
     sudo .venv/bin/python benchmarks/transport.py --json transport.json
 """
@@ -40,7 +56,9 @@ import argparse
 import contextlib
 import datetime
 import hashlib
+import hmac
 import json
+import math
 import os
 import secrets
 import shutil
@@ -122,8 +140,21 @@ def _model_state(hidden: int, layers: int, vocab: int):
         num_key_value_heads=max(1, hidden // 256),
         tie_word_embeddings=False,
     )
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: no float32 copy at twice the model's size
+    try:
+        model = Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    return {name: tensor.detach() for name, tensor in model.state_dict().items()}
+
+
+def _model_bytes(hidden: int, layers: int, vocab: int) -> int:
+    """The bytes of :func:`_model_state` (bf16), counted without building it; the trainer checks it."""
+    intermediate, kv = hidden * 8 // 3 // 64 * 64, max(1, hidden // 256) * 64
+    attention = 2 * hidden * hidden + hidden + 2 * (hidden * kv + kv)  # q, o; biases on q, k, v
+    layer = attention + 3 * hidden * intermediate + 2 * hidden  # the MLP, two norms
+    return 2 * (layers * layer + 2 * vocab * hidden + hidden)  # embeddings, head, final norm
 
 
 def trainer_worker(args: argparse.Namespace) -> None:
@@ -154,8 +185,8 @@ def trainer_worker(args: argparse.Namespace) -> None:
     sender = None
     for line in sys.stdin:
         command = json.loads(line)
-        if command["t"] == "cpu":
-            _answer({"cpu_s": _cpu_s()})
+        if command["t"] in _COMMON:
+            _answer(_COMMON[command["t"]](command))
         elif command["t"] == "route":  # one sender per route, kept across versions like the FSDP actor's
             if sender is not None:
                 sender.close()
@@ -207,8 +238,8 @@ def part_worker(args: argparse.Namespace) -> None:
     _answer({})
     for line in sys.stdin:
         command = json.loads(line)
-        if command["t"] == "cpu":
-            _answer({"cpu_s": _cpu_s()})
+        if command["t"] in _COMMON:
+            _answer(_COMMON[command["t"]](command))
         elif (
             command["t"] == "begin"
         ):  # kept from version to version, with its links, as the train side keeps it
@@ -274,12 +305,35 @@ def _outcome(report, seconds: float) -> dict:
     }
 
 
-def _cpu_s() -> float:
-    """CPU seconds this process has used so far (every thread, user and system)."""
+def _usage(command: dict) -> dict:
+    """CPU seconds this process has used so far (every thread, user and system) and its peak resident bytes
+    (staged weights it maps included)."""
     import resource
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    return {"cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_bytes": usage.ru_maxrss << 10}
+
+
+_TRANSPORT_CHUNK_DIGEST = []  # the transport's own chunk digest, kept while the benchmark switches it off
+
+
+def _switch_chunk_mac(command: dict) -> dict:
+    """Off: every chunk's digest is a MAC of its position alone, its bytes unhashed; on: the transport's own. All
+    workers switch together, so sender and receivers agree and the relay runs as usual minus the hashing. The
+    transport itself has no such switch: this is how the benchmark times the relay with the digest off."""
+    from areal_hex_plugin.transport import buckets
+
+    if not _TRANSPORT_CHUNK_DIGEST:
+        _TRANSPORT_CHUNK_DIGEST.append(buckets.chunk_digest)
+    buckets.chunk_digest = _TRANSPORT_CHUNK_DIGEST[0] if command["on"] else _position_digest
+    return {}
+
+
+def _position_digest(key: bytes, index: int, chunk_index: int, data) -> str:
+    return hmac.digest(key, index.to_bytes(4, "big") + chunk_index.to_bytes(8, "big"), "sha256").hex()
+
+
+_COMMON = {"cpu": _usage, "mac": _switch_chunk_mac}  # commands every worker answers
 
 
 class _KeepSink:
@@ -300,14 +354,16 @@ def replica_worker(args: argparse.Namespace) -> None:
 
     sink = _KeepSink()
     trainer = f"{args.address.rsplit('.', 1)[0]}.254"  # the trainer's address in this pool (_address)
-    config = ReceiverConfig(bind_host=args.address, port=PORT, timeout_s=60.0, trainer_hosts=[trainer])
+    config = ReceiverConfig(
+        bind_host=args.address, port=PORT, timeout_s=60.0, trainer_hosts=[trainer], stage_dir=args.stage_dir
+    )
     node = ReceiverNode(sink, config)
     node.start()
     _answer({"ready": args.address})
     for line in sys.stdin:
         command = json.loads(line)
-        if command["t"] == "cpu":
-            _answer({"cpu_s": _cpu_s()})
+        if command["t"] in _COMMON:
+            _answer(_COMMON[command["t"]](command))
         elif command["t"] == "hash":
             _answer({"version": sink.version, "sha": _sha(sink.named)})
         elif command["t"] == "naive":
@@ -319,14 +375,14 @@ def replica_worker(args: argparse.Namespace) -> None:
             _ring(group, command["rank"], command["world"], flat, command["chunk"])
             group.barrier().wait()
             received, offset = [], 0
-            for name, dtype, shape in command["manifest"]:
-                tensor = torch.empty(shape, dtype=getattr(torch, dtype))
-                nbytes = tensor.numel() * tensor.element_size()
-                tensor.view(-1).view(torch.uint8).copy_(flat[offset : offset + nbytes])
-                received.append((name, tensor))
+            for name, dtype, shape in command["manifest"]:  # views into what arrived: no second copy
+                nbytes = math.prod(shape) * getattr(torch, dtype).itemsize
+                received.append(
+                    (name, flat[offset : offset + nbytes].view(getattr(torch, dtype)).view(shape))
+                )
                 offset += nbytes
             _answer({"sha": _sha(received)})
-            del group, _store
+            del group, _store, flat, received
         else:
             break
     node.stop()
@@ -430,27 +486,67 @@ class Testbed:
 
 # -- orchestration ---------------------------------------------------------------------------------------------
 
+POOLS = 2
+SHM = Path("/dev/shm")
+SHM_PREFIX = "hex-transport-"
+GIB = 1 << 30
+# What a worker holds besides the model's bytes (Python, torch, gloo, the transport's threads), and what each
+# holds per byte of the model: measured as peak RSS at the default sizes on this project's 2-core machine (torch
+# 2.13 CPU; `peak_rss_bytes` in each run), rounded up. A replica maps two versions staged in /dev/shm (the
+# committed one and the one arriving, or its spare pages) and, for the broadcast, a third copy of its own.
+SENDER_BASE_BYTES = 384 << 20  # measured 313 MiB (transformers imported)
+SENDER_MODELS = (
+    5  # the state dict, the buckets being packed, the broadcast's flat copy, what gloo holds in flight
+)
+REPLICA_BASE_BYTES = 256 << 20  # measured 232 MiB
+REPLICA_MODELS = 1  # the broadcast's bytes
+REPLICA_STAGED_MODELS = 2
+
+
+class WorkerDied(RuntimeError):
+    """A worker ended before it answered; the message holds its exit cause and the log it left."""
+
+
+def _exit_cause(returncode: int) -> str:
+    if returncode >= 0:
+        return f"exit status {returncode}"
+    name = signal.Signals(-returncode).name
+    if -returncode == signal.SIGKILL:
+        return f"{name}: likely the kernel's OOM killer, read `dmesg | grep -i -A5 'out of memory'`"
+    return name
+
 
 class Worker:
-    def __init__(self, namespace: str, argv: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log.open("w")
+    """A process that answers JSON lines on stdout to the commands it reads on stdin; its stderr goes to ``log``."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str], log: Path) -> None:
+        self.name, self.log_path, self.log = name, log, log.open("w")
         self.process = subprocess.Popen(
-            ["ip", "netns", "exec", namespace, sys.executable, __file__, *argv],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
-        )  # fmt: skip
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
+        )
 
     def send(self, command: dict) -> None:
-        self.process.stdin.write(json.dumps(command) + "\n")
-        self.process.stdin.flush()
+        try:
+            self.process.stdin.write(json.dumps(command) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            raise self._died() from None
 
     def read(self) -> dict:
         line = self.process.stdout.readline()
         if not line:
-            raise RuntimeError(f"worker exited early; see {self.log.name}")
+            raise self._died()
         return json.loads(line)
 
+    def _died(self) -> WorkerDied:
+        try:
+            cause = _exit_cause(self.process.wait(timeout=10))
+        except subprocess.TimeoutExpired:
+            cause = "closed its output but still runs"
+        return WorkerDied(f"{self.name} ended early ({cause}); its log: {self.log_path}")
+
     def stop(self) -> None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, WorkerDied):
             self.send({"t": "exit"})
         try:
             self.process.wait(timeout=10)
@@ -460,60 +556,165 @@ class Worker:
         self.log.close()
 
 
-def _run(args: argparse.Namespace, workdir: Path) -> dict:
-    pools, per_pool_max = 2, max(args.replicas + ([args.senders_replicas] if args.senders else []))
-    most_senders = max(args.senders, default=1)
-    env = dict(
-        os.environ, AREAL_HEX_TRANSPORT_TOKEN=secrets.token_hex(16), PYTHONPATH=str(Path(__file__).parents[1])
+def _in_namespace(namespace: str, argv: list[str]) -> list[str]:
+    """The command that runs this file as a worker (``argv``) in ``namespace``."""
+    return ["ip", "netns", "exec", namespace, sys.executable, __file__, *argv]
+
+
+def _configurations(args) -> list[tuple[int, int]]:
+    """(replicas per pool, senders) of every configuration, in the order they run."""
+    return [(per_pool, 1) for per_pool in args.replicas] + [(args.senders_replicas, s) for s in args.senders]
+
+
+def _memory_needed(args, per_pool: int, senders: int) -> tuple[int, int]:
+    """(bytes of memory, of them staged in /dev/shm) that one configuration's workers hold at most."""
+    model = _model_bytes(args.hidden, args.layers, args.vocab)
+    replicas = POOLS * per_pool
+    staged = replicas * REPLICA_STAGED_MODELS * model
+    own = senders * (SENDER_BASE_BYTES + SENDER_MODELS * model)
+    own += replicas * (REPLICA_BASE_BYTES + REPLICA_MODELS * model)
+    return own + staged, staged
+
+
+def _mem_available() -> int:
+    with open("/proc/meminfo") as meminfo:
+        fields = dict(line.split(":", 1) for line in meminfo)
+    return int(fields["MemAvailable"].split()[0]) << 10
+
+
+def _check_memory(args) -> str:
+    """Why the largest configuration does not fit this machine's free memory and /dev/shm ('' when it fits)."""
+    (memory, staged), (per_pool, senders) = max(
+        (_memory_needed(args, *config), config) for config in _configurations(args)
     )
+    shm_free = shutil.disk_usage(SHM).free
+    available = _mem_available()
+    if memory <= available and staged <= shm_free:
+        return ""
+    return (
+        f"not enough memory: the largest configuration ({per_pool} replicas per pool, {senders} sender(s)) needs "
+        f"about {memory / GIB:.1f} GiB, {staged / GIB:.1f} GiB of it staged in {SHM}; this machine has "
+        f"{available / GIB:.1f} GiB available and {shm_free / GIB:.1f} GiB free in {SHM}. Pass fewer --replicas "
+        f"(or --senders-replicas), or a smaller model (--layers, --hidden); nothing was run"
+    )
+
+
+def _reclaim_staged() -> None:
+    """Remove what an earlier run killed from outside (SIGKILL) left staged in /dev/shm."""
+    for left in SHM.glob(f"{SHM_PREFIX}*"):
+        owner = left.name.removeprefix(SHM_PREFIX).split("-")[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            shutil.rmtree(left, ignore_errors=True)
+
+
+def _digest_figures(args) -> dict:
+    """benchmarks/digest.py (a ``--digest-mb`` bf16 bucket in 4 MiB chunks) in a process of its own, its memory
+    gone before the workers start."""
+    run = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("digest.py")), "--repeats", str(args.digest_repeats),
+         "--bucket-mb", str(args.digest_mb)],
+        capture_output=True, text=True, check=True, env=_env(),
+    )  # fmt: skip
+    return json.loads(run.stdout)
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+
+
+def _run(args: argparse.Namespace, workdir: Path, staged: Path) -> dict:
+    digest = _digest_figures(args)
+    env = dict(_env(), AREAL_HEX_TRANSPORT_TOKEN=secrets.token_hex(16))
+    per_pool_max = max(per_pool for per_pool, _ in _configurations(args))
+    runs, sender_runs = [], []
+    with Testbed(
+        POOLS, per_pool_max, args.cross_mb_per_s, args.intra_mb_per_s, max(args.senders, default=1)
+    ) as bed:
+        for per_pool, senders in _configurations(args):
+            result = _configuration(args, bed, env, workdir, staged, per_pool, senders)
+            (runs if senders == 1 else sender_runs).append(result)
+            if args.json:  # what is measured so far survives the time limit
+                args.json.write_text(json.dumps(_summarise(args, digest, runs, sender_runs), indent=2) + "\n")
+    return _summarise(args, digest, runs, sender_runs)
+
+
+def _configuration(args, bed: Testbed, env: dict, workdir: Path, staged: Path, per_pool: int, senders: int):
+    """One configuration on workers of its own, stopped after it with their staged copies removed, so memory holds
+    one configuration at a time; a worker that dies fails this configuration alone."""
+    logs = workdir / (f"replicas-{per_pool}" if senders == 1 else f"senders-{senders}")
+    logs.mkdir()
     model_argv = ["--hidden", str(args.hidden), "--layers", str(args.layers), "--vocab", str(args.vocab)]
+    model_argv += ["--bucket-mb", str(args.bucket_mb)]
     workers: list[Worker] = []
-    with Testbed(pools, per_pool_max, args.cross_mb_per_s, args.intra_mb_per_s, most_senders) as bed:
-        try:
-            trainer_argv = ["--worker", "trainer", *model_argv, "--bucket-mb", str(args.bucket_mb)]
-            trainer_argv += ["--senders", ",".join(str(senders) for senders in args.senders)]
-            trainer = Worker(
-                bed.ns(), [*trainer_argv, "--chunk-kb", str(args.chunk_kb)], env, workdir / "trainer.log"
-            )
-            workers.append(trainer)
-            replicas = {}
-            for pool in range(pools):
-                for replica in range(per_pool_max):
-                    argv = ["--worker", "replica", "--address", _address(pool, replica)]
-                    log = workdir / f"replica-{pool}-{replica}.log"
-                    replicas[pool, replica] = Worker(bed.ns(pool, replica), argv, env, log)
-                    workers.append(replicas[pool, replica])
-            parts = []
-            for part in range(1, most_senders):
+    try:
+        trainer_argv = ["--worker", "trainer", *model_argv, "--chunk-kb", str(args.chunk_kb)]
+        trainer_argv += ["--senders", str(senders)]
+        trainer = Worker("trainer", _in_namespace(bed.ns(), trainer_argv), env, logs / "trainer.log")
+        workers.append(trainer)
+        used = []
+        for pool in range(POOLS):
+            for replica in range(per_pool):
                 argv = [
                     "--worker",
-                    "part",
-                    "--part",
-                    str(part),
-                    *model_argv,
-                    "--bucket-mb",
-                    str(args.bucket_mb),
+                    "replica",
+                    "--address",
+                    _address(pool, replica),
+                    "--stage-dir",
+                    str(staged),
                 ]
-                parts.append(Worker(bed.sender_ns(part), argv, env, workdir / f"part-{part}.log"))
-                workers.append(parts[-1])
-            model = trainer.read()
-            for worker in [*replicas.values(), *parts]:
-                worker.read()
-            runs, sender_runs = [], []
-            for per_pool in args.replicas:
-                runs.append(_one_config(args, trainer, replicas, model, pools, per_pool))
-                if args.json:  # what is measured so far survives the time limit
-                    args.json.write_text(json.dumps(_summarise(args, model, runs, []), indent=2) + "\n")
-            for senders in args.senders:
-                used = [replicas[pool, r] for pool in range(pools) for r in range(args.senders_replicas)]
-                sender_runs.append(_senders_config(args, trainer, parts[: senders - 1], used, model, pools))
-                if args.json:
-                    summary = _summarise(args, model, runs, sender_runs)
-                    args.json.write_text(json.dumps(summary, indent=2) + "\n")
-        finally:
-            for worker in workers:
-                worker.stop()
-    return _summarise(args, model, runs, sender_runs)
+                name = f"replica-{pool}-{replica}"
+                used.append(
+                    Worker(name, _in_namespace(bed.ns(pool, replica), argv), env, logs / f"{name}.log")
+                )
+        parts = []
+        for part in range(1, senders):
+            argv = ["--worker", "part", "--part", str(part), *model_argv]
+            parts.append(
+                Worker(
+                    f"part-{part}", _in_namespace(bed.sender_ns(part), argv), env, logs / f"part-{part}.log"
+                )
+            )
+        workers += [*used, *parts]
+        model = trainer.read()
+        _check_model_bytes(args, model["nbytes"])
+        for worker in [*used, *parts]:
+            worker.read()
+        if senders == 1:
+            result = _one_config(args, trainer, used, model, per_pool)
+        else:
+            result = _senders_config(args, trainer, parts, used, model)
+        result["staged_bytes"] = _tree_bytes(staged)
+        result["peak_rss_bytes"] = _peaks(trainer, used, parts)
+        return result
+    except WorkerDied as died:
+        print(f"{logs.name}: {died}", file=sys.stderr)
+        return {"replicas_per_pool": per_pool, "senders": senders, "error": str(died)}
+    finally:
+        for worker in workers:
+            worker.stop()
+        for left in staged.iterdir():
+            shutil.rmtree(left, ignore_errors=True)
+
+
+def _check_model_bytes(args, nbytes: int) -> None:
+    counted = _model_bytes(args.hidden, args.layers, args.vocab)
+    if counted != nbytes:
+        raise RuntimeError(f"_model_bytes counts {counted} bytes, the model has {nbytes}: fix _model_bytes")
+
+
+def _tree_bytes(root: Path) -> int:
+    return sum(path.stat().st_size for path in root.rglob("*") if path.is_file())
+
+
+def _peaks(trainer: Worker, replicas: list[Worker], parts: list[Worker]) -> dict:
+    """The most resident bytes each kind of worker held (a replica's staged pages it maps included)."""
+    peaks = {}
+    for kind, workers in (("trainer", [trainer]), ("replica", replicas), ("part", parts)):
+        for worker in workers:
+            worker.send({"t": "cpu"})
+        if workers:
+            peaks[kind] = max(worker.read()["peak_rss_bytes"] for worker in workers)
+    return peaks
 
 
 def _route(args, pools: int, per_pool: int) -> dict:
@@ -530,11 +731,11 @@ def _route(args, pools: int, per_pool: int) -> dict:
     }
 
 
-def _senders_config(args, trainer: Worker, parts: list[Worker], used: list[Worker], model: dict, pools: int):
+def _senders_config(args, trainer: Worker, parts: list[Worker], used: list[Worker], model: dict) -> dict:
     """The version in ``len(parts) + 1`` parts, each part's sender in its own namespace (its own links)."""
     senders, per_pool = len(parts) + 1, args.senders_replicas
-    hosts = [_sender_address(pool, part) for part in range(1, senders) for pool in range(pools)]
-    trainer.send({"t": "route", "route": _route(args, pools, per_pool), "parts": senders, "hosts": hosts})
+    hosts = [_sender_address(pool, part) for part in range(1, senders) for pool in range(POOLS)]
+    trainer.send({"t": "route", "route": _route(args, POOLS, per_pool), "parts": senders, "hosts": hosts})
     trainer.read()
     cpu_before = _cpu([*used, trainer, *parts])
     hex_runs, first = [], 10000 + senders * 100
@@ -558,11 +759,7 @@ def _senders_config(args, trainer: Worker, parts: list[Worker], used: list[Worke
             part.send({"t": "release"})
             part.read()
     cpu_s = _cpu([*used, trainer, *parts]) - cpu_before
-    exact = True
-    for worker in used:
-        worker.send({"t": "hash"})
-        answer = worker.read()
-        exact &= answer["sha"] == model["sha"] and answer["version"] == first + args.repeats - 1
+    exact = _holds(used, model, first + args.repeats - 1)
     hex_s = statistics.median(run["seconds"] for run in hex_runs)
     # Every relay takes the whole model, each share through its sender's link at once, and forwards it in its pool.
     bound_s = max(model["shares"][str(senders)]) / 1e6 / args.cross_mb_per_s
@@ -583,21 +780,39 @@ def _senders_config(args, trainer: Worker, parts: list[Worker], used: list[Worke
     }
 
 
-def _one_config(args, trainer: Worker, replicas: dict, model: dict, pools: int, per_pool: int) -> dict:
-    used = [replicas[pool, replica] for pool in range(pools) for replica in range(per_pool)]
-    trainer.send({"t": "route", "route": _route(args, pools, per_pool), "parts": 1, "hosts": []})
-    trainer.read()
-    cpu_before = _cpu(used)
-    hex_runs = []
-    for attempt in range(args.repeats):
-        trainer.send({"t": "hex", "version": per_pool * 100 + attempt})
-        hex_runs.append(trainer.read())
-    hex_cpu = _cpu(used) - cpu_before
-    hex_exact = True
-    for worker in used:
+def _holds(replicas: list[Worker], model: dict, version: int) -> bool:
+    """Whether every replica holds ``version`` with exactly the trainer's bytes."""
+    exact = True
+    for worker in replicas:
         worker.send({"t": "hash"})
         answer = worker.read()
-        hex_exact &= answer["sha"] == model["sha"] and answer["version"] == per_pool * 100 + args.repeats - 1
+        exact &= answer["sha"] == model["sha"] and answer["version"] == version
+    return exact
+
+
+def _set_chunk_mac(workers: list[Worker], on: bool) -> None:
+    for worker in workers:
+        worker.send({"t": "mac", "on": on})
+    for worker in workers:
+        worker.read()
+
+
+def _one_config(args, trainer: Worker, used: list[Worker], model: dict, per_pool: int) -> dict:
+    """The relay with the chunk digest on and off, a repeat of each in turn, then the ring broadcast."""
+    trainer.send({"t": "route", "route": _route(args, POOLS, per_pool), "parts": 1, "hosts": []})
+    trainer.read()
+    runs: dict[bool, list[dict]] = {True: [], False: []}
+    hex_cpu = 0.0
+    for attempt in range(args.repeats):
+        for on in (True, False):
+            _set_chunk_mac([trainer, *used], on)
+            cpu_before = _cpu(used)
+            trainer.send({"t": "hex", "version": per_pool * 100 + 2 * attempt + (not on)})
+            runs[on].append(trainer.read())
+            if on:
+                hex_cpu += _cpu(used) - cpu_before
+    hex_runs = runs[True]
+    hex_exact = _holds(used, model, per_pool * 100 + 2 * args.repeats - 1)
     naive_runs, naive_exact = [], True
     cpu_before = _cpu(used)
     for attempt in range(args.repeats):
@@ -619,13 +834,17 @@ def _one_config(args, trainer: Worker, replicas: dict, model: dict, pools: int, 
     naive = {"seconds": statistics.median(naive_runs)}
     # The median of the repeats: the machine is shared, and a neighbour's burst only ever adds time.
     hex_s = statistics.median(run["seconds"] for run in hex_runs)
+    hex_off_s = statistics.median(run["seconds"] for run in runs[False])
     bound_s = model["nbytes"] / (args.cross_mb_per_s * 1e6)
     return {
         "replicas_per_pool": per_pool,
         "replica_count": len(used),
         "naive_s": round(naive["seconds"], 3),
         "hex_s": round(hex_s, 3),
+        "hex_digest_off_s": round(hex_off_s, 3),
+        "digest_on_over_off": round(hex_s / hex_off_s, 3),
         "hex_runs_s": [round(run["seconds"], 3) for run in hex_runs],
+        "hex_digest_off_runs_s": [round(run["seconds"], 3) for run in runs[False]],
         "naive_runs_s": [round(seconds, 3) for seconds in naive_runs],
         "hex_phases_s": hex_runs[-1]["phases"],
         "bound_s": round(bound_s, 3),
@@ -634,13 +853,13 @@ def _one_config(args, trainer: Worker, replicas: dict, model: dict, pools: int, 
         "hex_gb_per_s": round(model["nbytes"] / hex_s / 1e9, 4),
         "naive_gb_per_s": round(model["nbytes"] / naive["seconds"] / 1e9, 4),
         "bit_exact": bool(hex_exact and naive_exact),
-        # CPU seconds a replica spends per update (mean over replicas and repeats): on a machine with fewer
-        # cores than replicas, this is what stretches the update beyond the link bound.
+        # CPU seconds a replica spends per update, digest on (mean over replicas and repeats): on a machine with
+        # fewer cores than replicas, this is what stretches the update beyond the link bound.
         "replica_cpu_s": {
             "hex": round(hex_cpu / len(used) / args.repeats, 4),
             "naive": round(naive_cpu / len(used) / args.repeats, 4),
         },
-        "hex_failed_replicas": sum(len(run["failed"]) for run in hex_runs),
+        "hex_failed_replicas": sum(len(run["failed"]) for run in [*hex_runs, *runs[False]]),
     }
 
 
@@ -651,43 +870,67 @@ def _cpu(workers: list[Worker]) -> float:
     return sum(worker.read()["cpu_s"] for worker in workers)
 
 
-def _summarise(args, model: dict, runs: list[dict], sender_runs: list[dict]) -> dict:
-    headline = next((run for run in runs if run["replicas_per_pool"] == 3), runs[-1])
-    ratios = [run["hex_over_bound"] for run in runs]
+def _summarise(args, digest: dict, runs: list[dict], sender_runs: list[dict]) -> dict:
+    done = [run for run in runs if "error" not in run]
+    headline = next((run for run in done if run["replicas_per_pool"] == 3), done[-1] if done else {})
+    ratios = [run["hex_over_bound"] for run in done]
+    transport = digest["transport"]
+    model_bytes = _model_bytes(args.hidden, args.layers, args.vocab)
     return {
         "links": "linux netns + veth + bridge + tbf (real kernel TCP, real gloo)",
-        "pools": 2,
+        "pools": POOLS,
         "cross_gb_per_s": args.cross_mb_per_s / 1e3,
         "intra_gb_per_s": args.intra_mb_per_s / 1e3,
         "model": {
             "arch": "Qwen2ForCausalLM (random init, bf16)",
-            "params": model["params"],
-            "bytes": model["nbytes"],
+            "params": model_bytes // 2,
+            "bytes": model_bytes,
         },
         "bucket_mb": args.bucket_mb,
         "chunk_kb": args.chunk_kb,
-        **{key: headline[key] for key in ("replica_count", "naive_s", "hex_s", "bound_s", "bit_exact")},
-        "gb_per_s": headline["hex_gb_per_s"],
+        "digest": {
+            "algorithm": transport["algorithm"],
+            "gb_per_core": transport["pool_gb_per_core"],
+            "threads": transport["threads"],
+            "cores_for_12.5_gb_per_s": transport["cores_for"]["100Gb/s"],
+            "cores_for_50_gb_per_s": transport["cores_for"]["400Gb/s"],
+            "candidates_gb_per_core": {name: a["gb_per_core"] for name, a in digest["algorithms"].items()},
+        },
+        **{key: headline.get(key) for key in ("replica_count", "naive_s", "hex_s", "bound_s", "bit_exact")},
+        "gb_per_s": headline.get("hex_gb_per_s"),
         "by_replicas": {
-            str(run["replicas_per_pool"]): {key: run[key] for key in ("hex_s", "naive_s", "bound_s")}
+            str(run["replicas_per_pool"]): {key: run.get(key) for key in _BY_REPLICAS if key in run}
             for run in runs
         },
         "by_senders": {
-            str(run["senders"]): {
-                key: run[key]
-                for key in ("hex_s", "bound_s", "hex_over_bound", "replicas_per_pool", "bit_exact")
-            }
+            str(run["senders"]): {key: run.get(key) for key in _BY_SENDERS if key in run}
             for run in sender_runs
         },
         "targets": {
-            "hex_within_1.2x_bound_at_1_to_6_per_pool": all(
-                run["hex_over_bound"] <= 1.2 for run in runs if run["replicas_per_pool"] <= 6
+            "hex_within_1.2x_bound_at_1_to_6_per_pool": bool(done)
+            and all(
+                "error" not in run and run["hex_over_bound"] <= 1.2
+                for run in runs
+                if run["replicas_per_pool"] <= 6
             ),
-            "ratio_to_bound_spread": round(max(ratios) - min(ratios), 3),
+            "ratio_to_bound_spread": round(max(ratios) - min(ratios), 3) if ratios else None,
         },
+        "failed_configurations": [run["error"] for run in [*runs, *sender_runs] if "error" in run],
         "runs": runs,
         "sender_runs": sender_runs,
     }
+
+
+_BY_REPLICAS = (
+    "hex_s",
+    "hex_digest_off_s",
+    "digest_on_over_off",
+    "naive_s",
+    "bound_s",
+    "hex_over_bound",
+    "error",
+)
+_BY_SENDERS = ("hex_s", "bound_s", "hex_over_bound", "replicas_per_pool", "bit_exact", "error")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -695,7 +938,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--json", type=Path, help="write the result here (also printed)")
-    parser.add_argument("--replicas", type=lambda s: [int(x) for x in s.split(",")], default=[1, 3, 6, 10])
+    parser.add_argument(
+        "--replicas",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 3, 6],
+        help="replicas per pool, one configuration each (10 needs about 20 GiB free)",
+    )
     parser.add_argument(
         "--senders",
         type=lambda s: [int(x) for x in s.split(",") if x],
@@ -713,10 +961,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeats", type=int, default=3, help="transfers of each kind per configuration (median)"
     )
-    parser.add_argument("--max-seconds", type=int, default=900, help="hard limit for the whole run")
+    parser.add_argument(
+        "--digest-repeats", type=int, default=3, help="passes of benchmarks/digest.py (median)"
+    )
+    parser.add_argument("--digest-mb", type=int, default=256, help="the bucket benchmarks/digest.py hashes")
+    parser.add_argument("--max-seconds", type=int, default=1200, help="hard limit for the whole run")
     parser.add_argument("--worker", choices=["trainer", "replica", "part"], help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--part", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--stage-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker == "trainer":
         trainer_worker(args)
@@ -727,27 +980,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker == "part":
         part_worker(args)
         return 0
+    _reclaim_staged()
+    refusal = _check_memory(args)
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 1
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
         print("needs root and iproute2 (ip, tc) for network namespaces; nothing was run", file=sys.stderr)
         return 1
 
-    def out_of_time(signum, frame):
-        raise TimeoutError(f"benchmark stopped by signal {signum} (limit {args.max_seconds} s)")
+    def stopped(signum, frame):
+        raise TimeoutError(f"benchmark stopped by {signal.Signals(signum).name} (limit {args.max_seconds} s)")
 
-    signal.signal(signal.SIGALRM, out_of_time)
-    signal.signal(signal.SIGTERM, out_of_time)
+    for signum in (signal.SIGALRM, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stopped)
     signal.alarm(args.max_seconds)
-    with tempfile.TemporaryDirectory(prefix="hex-transport-") as workdir:
-        try:
-            result = _run(args, Path(workdir))
-        except BaseException:
-            for log in sorted(Path(workdir).glob("*.log")):
-                tail = log.read_text()[-2000:]
-                if tail.strip():
-                    print(f"--- {log.name}\n{tail}", file=sys.stderr)
-            raise
-        finally:
-            signal.alarm(0)
+    workdir = Path(tempfile.mkdtemp(prefix="hex-transport-logs-"))
+    staged = Path(tempfile.mkdtemp(prefix=f"{SHM_PREFIX}{os.getpid()}-", dir=SHM))
+    try:
+        result = _run(args, workdir, staged)
+    except BaseException:
+        print(f"benchmark failed; the workers' logs are kept in {workdir}", file=sys.stderr)
+        raise
+    finally:
+        signal.alarm(0)
+        shutil.rmtree(staged, ignore_errors=True)
+    if result["failed_configurations"]:
+        print(f"some configurations failed; the workers' logs are kept in {workdir}", file=sys.stderr)
+    else:
+        shutil.rmtree(workdir)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
