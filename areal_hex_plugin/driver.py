@@ -110,6 +110,7 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
     from areal.dataset import get_custom_dataset
     from areal.utils.hf_utils import load_hf_tokenizer
 
+    from areal_hex_plugin.areal.run_guard import RunGuard, RunStopped
     from areal_hex_plugin.areal.trainer import PLAN_FILE, HexPPOTrainer
     from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, TRAIN_ROLE
     from areal_hex_plugin.progress import working
@@ -130,24 +131,39 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
         f"areal-hex: upstream AReaL is starting {len(slots[TRAIN_ROLE])} training workers and "
         f"{len(slots[ROLLOUT_ROLE])} rollout servers ({config.scheduler.type})"
     )
-    with working(starting):
-        trainer = HexPPOTrainer(
-            config, train_dataset, valid_dataset, session=session, make_scheduler=make_scheduler
-        )
-    with trainer:
-        try:
-            trainer.train(
-                workflow=config.hex.workflow,
-                workflow_kwargs=workflow_kwargs(config),
-                eval_workflow=config.hex.workflow if valid_dataset is not None else None,
-                eval_workflow_kwargs=workflow_kwargs(config, temperature=0.6),
+    # An elastic run goes on without a rollout worker; any other worker's end ends the run.
+    guard = RunGuard(spared_roles=(ROLLOUT_ROLE, "eval-rollout") if config.hex.elastic.enabled else ())
+    guard.install()
+    guard.watch()
+    try:
+        with working(starting):
+            trainer = HexPPOTrainer(
+                config, train_dataset, valid_dataset, session=session, make_scheduler=make_scheduler
             )
-        except Exception as error:
-            lost = lost_training_hosts(trainer)  # asked before the trainer closes its workers
-            if not lost:
+        with trainer:
+            try:
+                trainer.train(
+                    workflow=config.hex.workflow,
+                    workflow_kwargs=workflow_kwargs(config),
+                    eval_workflow=config.hex.workflow if valid_dataset is not None else None,
+                    eval_workflow_kwargs=workflow_kwargs(config, temperature=0.6),
+                )
+                guard.ending(0)
+            except RunStopped as stopped:
+                guard.ending(stopped.exit_code)
                 raise
-            plan_file = trainer.hex_log_path(PLAN_FILE)
-            cause = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+            except Exception as error:
+                guard.ending(2)
+                lost = lost_training_hosts(trainer)  # asked before the trainer closes its workers
+                if not lost:
+                    raise
+                guard.ending(EXIT_LOST)
+                plan_file = trainer.hex_log_path(PLAN_FILE)
+                cause = (
+                    str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+                )
+    finally:
+        guard.close()  # no process of the run outlives it
     if lost:
         raise TrainingLost(
             "training",
@@ -166,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_LOST
     except HexError as exc:
+        code = getattr(exc, "exit_code", 2)  # RunStopped: 128 + the signal
         print(f"error: {_pasteable(exc, argv).message}", file=sys.stderr)
-        return 2
+        return code
 
 
 def _pasteable(exc: HexError, argv: list[str]) -> HexError:

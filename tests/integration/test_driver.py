@@ -195,8 +195,12 @@ def test_a_recover_config_that_cannot_resume_is_refused_before_anything_starts(
     recipe = REPO / "recipes/ci/tiny.yaml"  # recover.mode on, no optimizer state saved
     assert main(_argv(recipe, tmp_path, "hex.dry_run=true", "recover.no_load_optim=false")) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith("areal-hex: ") and len(err) == 3, err  # the run began; then one message: error, fix
-    assert err[1].startswith("error: recover.no_load_optim: is false while recover.no_save_optim is true"), err
+    assert err[0].startswith("areal-hex: ") and len(err) == 3, (
+        err
+    )  # the run began; then one message: error, fix
+    assert err[1].startswith("error: recover.no_load_optim: is false while recover.no_save_optim is true"), (
+        err
+    )
     assert "set recover.no_load_optim=true" in err[2]
     assert (
         main(_argv(recipe, tmp_path, "hex.dry_run=true", "recover.mode=off", "recover.no_load_optim=false"))

@@ -1,0 +1,178 @@
+"""The driver's guard over its run's processes: a worker that dies ends the run, SIGTERM ends it cleanly, and no
+process of the run outlives the driver.
+
+Upstream's scheduler starts each worker as a child of the driver (a shell running ``areal.infra.rpc.rpc_server``),
+and each worker starts its own (the SGLang servers). :class:`RunGuard`:
+
+- lists the driver's descendants every ``interval_s`` on a thread of its own and remembers each one; a worker
+  (``rpc_server``) that is gone while the run goes on raises :class:`WorkerDied` in the main thread, so the run
+  ends within about ``interval_s`` (a rollout worker is left to the elastic run when ``hex.elastic`` is on);
+- turns SIGTERM and SIGINT into :class:`RunStopped` in the main thread, so the trainer closes its workers;
+- once the run ends, gives the trainer ``grace_s`` to close, then kills every process of the run it saw and ends
+  the driver (a teardown that hangs on a dead worker); after a close it kills whatever is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+from areal_hex_plugin.errors import HexError
+
+WORKER = "areal.infra.rpc.rpc_server"
+INTERVAL_S = 1.0
+GRACE_S = 45.0  # for the trainer to close its workers once the run ends
+KILL_WAIT_S = 3.0  # between SIGTERM and SIGKILL for what is left
+_WORKER_DIED = signal.SIGUSR2
+
+
+class WorkerDied(HexError):
+    """A worker of the run is gone while the run goes on."""
+
+
+class RunStopped(HexError):
+    """The driver was asked to stop (SIGTERM, SIGINT)."""
+
+    def __init__(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        super().__init__("run", f"stopped by {name}; its workers were stopped with it", "start it again")
+        self.exit_code = 128 + signum
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A process of the run as first seen: its command line and, for a worker, its role."""
+
+    pid: int
+    created: float
+    cmdline: str
+    role: str | None
+
+    def alive(self) -> bool:
+        try:
+            proc = psutil.Process(self.pid)
+            return proc.create_time() == self.created and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+
+def _role(cmdline: list[str]) -> str | None:
+    if not any(WORKER in part for part in cmdline) or "--role" not in cmdline:
+        return None
+    at = cmdline.index("--role") + 1
+    return cmdline[at] if at < len(cmdline) else None
+
+
+class RunGuard:
+    """Watches the driver's run; :meth:`install` in the main thread, then :meth:`watch`, :meth:`ending` and
+    :meth:`close`."""
+
+    def __init__(self, spared_roles: tuple[str, ...] = (), interval_s: float = INTERVAL_S) -> None:
+        self.spared_roles = spared_roles  # role prefixes whose workers may go (the elastic run's rollout)
+        self.interval_s = interval_s
+        self.seen: dict[tuple[int, float], Seen] = {}
+        self.died: Seen | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._main = threading.main_thread().ident
+        self._timer: threading.Timer | None = None
+
+    def install(self) -> None:
+        """Turn SIGTERM and SIGINT into :class:`RunStopped`, and a worker's death into :class:`WorkerDied`."""
+
+        def stopped(signum, frame):
+            raise RunStopped(signum)
+
+        def died(signum, frame):
+            seen = self.died
+            raise WorkerDied(
+                f"worker {seen.role}",
+                f"process {seen.pid} ({seen.role}) is gone while the run goes on",
+                "read its log under the run's log folder (<role>.log); the run cannot go on without it",
+            )
+
+        signal.signal(signal.SIGTERM, stopped)
+        signal.signal(signal.SIGINT, stopped)
+        signal.signal(_WORKER_DIED, died)
+
+    def watch(self) -> None:
+        """Start the watching thread."""
+        self._thread = threading.Thread(target=self._watch, name="hex-run-guard", daemon=True)
+        self._thread.start()
+
+    def stop_watching(self) -> None:
+        """The run ends (its workers now go on purpose): no worker's end is a death any more."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.interval_s + 5)
+
+    def ending(self, code: int) -> None:
+        """The run ends with exit ``code``: if closing it takes longer than :data:`GRACE_S`, kill everything and
+        exit with ``code``."""
+        self.stop_watching()
+        self._last_resort(code)
+
+    def _last_resort(self, code: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+        def kill() -> None:
+            print(f"error: run: it did not end within {GRACE_S:.0f} s; killing its processes", flush=True)
+            self.kill_all()
+            os._exit(code)
+
+        self._timer = threading.Timer(GRACE_S, kill)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def close(self) -> None:
+        """After the trainer closed: kill whatever process of the run is left."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self.stop_watching()
+        self.kill_all()
+
+    def kill_all(self) -> None:
+        """SIGTERM every process of the run still alive (and its children), SIGKILL what is left after a moment."""
+        self._scan()
+        left = [seen for seen in self.seen.values() if seen.alive()]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for seen in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(seen.pid, sig)
+            deadline = time.monotonic() + KILL_WAIT_S
+            while left and time.monotonic() < deadline:
+                time.sleep(0.1)
+                left = [seen for seen in left if seen.alive()]
+
+    def _scan(self) -> None:
+        try:
+            children = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return
+        for proc in children:
+            try:
+                key = (proc.pid, proc.create_time())
+                if key not in self.seen:
+                    cmdline = proc.cmdline()
+                    self.seen[key] = Seen(proc.pid, key[1], " ".join(cmdline), _role(cmdline))
+            except psutil.Error:
+                continue
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._scan()
+            for seen in list(self.seen.values()):
+                if seen.role is None or seen.role.startswith(self.spared_roles):
+                    continue
+                if not seen.alive() and not self._stop.is_set():
+                    self.died = seen
+                    self._last_resort(2)  # should upstream's code swallow the exception
+                    signal.pthread_kill(self._main, _WORKER_DIED)
+                    return
