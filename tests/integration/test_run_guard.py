@@ -1,0 +1,74 @@
+"""The run guard on real processes: a worker's death reaches the main thread, a spared role's does not, and
+nothing the guard saw outlives it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from areal_hex_plugin.areal.run_guard import RunGuard, RunStopped, WorkerDied
+
+
+def _worker(role: str) -> subprocess.Popen:
+    """A process whose command line reads as upstream's worker of ``role``, with a child of its own."""
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+    code += " time.sleep(600)"
+    return subprocess.Popen([sys.executable, "-c", code, "areal.infra.rpc.rpc_server", "--role", role])
+
+
+@pytest.fixture
+def guard():
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
+    made = RunGuard(spared_roles=("rollout",), interval_s=0.1)
+    made.install()
+    yield made
+    made.close()
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def _wait_for_exception(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_dead_worker_ends_the_run_and_a_spared_one_does_not(guard) -> None:
+    actor, rollout = _worker("actor"), _worker("rollout")
+    guard.watch()
+    time.sleep(1.0)  # seen, with their children
+    rollout.kill()
+    rollout.wait()
+    _wait_for_exception(1.0)  # no exception: a rollout worker is spared
+    actor.kill()
+    actor.wait()
+    with pytest.raises(WorkerDied, match=r"process \d+ \(actor\) is gone"):
+        _wait_for_exception(5.0)
+    assert guard.died.role == "actor"
+
+
+def test_nothing_the_guard_saw_outlives_it(guard) -> None:
+    workers = [_worker("actor"), _worker("rollout")]
+    guard.watch()
+    time.sleep(1.0)
+    seen = [s.pid for s in guard.seen.values()]
+    assert len(seen) == 4  # each worker and its child
+    guard.ending(0)
+    guard.close()
+    for worker in workers:
+        worker.wait(timeout=10)
+    assert not [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
+def test_sigterm_becomes_run_stopped_with_its_exit_code(guard) -> None:
+    with pytest.raises(RunStopped) as stopped:
+        os.kill(os.getpid(), signal.SIGTERM)
+        _wait_for_exception(5.0)
+    assert stopped.value.exit_code == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM" in stopped.value.message
