@@ -110,7 +110,7 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
     from areal.dataset import get_custom_dataset
     from areal.utils.hf_utils import load_hf_tokenizer
 
-    from areal_hex_plugin.areal.run_guard import RunGuard, RunStopped
+    from areal_hex_plugin.areal.run_guard import RunGuard, RunStopped, closed
     from areal_hex_plugin.areal.trainer import PLAN_FILE, HexPPOTrainer
     from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, TRAIN_ROLE
     from areal_hex_plugin.progress import working
@@ -140,7 +140,7 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
             trainer = HexPPOTrainer(
                 config, train_dataset, valid_dataset, session=session, make_scheduler=make_scheduler
             )
-        with trainer:
+        with closed(trainer):
             try:
                 trainer.train(
                     workflow=config.hex.workflow,

@@ -8,8 +8,9 @@ and each worker starts its own (the SGLang servers). :class:`RunGuard`:
   (``rpc_server``) that is gone while the run goes on raises :class:`WorkerDied` in the main thread, so the run
   ends within about ``interval_s`` (a rollout worker is left to the elastic run when ``hex.elastic`` is on);
 - turns SIGTERM and SIGINT into :class:`RunStopped` in the main thread, so the trainer closes its workers;
-- once the run ends, gives the trainer ``grace_s`` to close, then kills every process of the run it saw and ends
-  the driver (a teardown that hangs on a dead worker); after a close it kills whatever is left.
+- once the run ends, gives the trainer :data:`GRACE_S` to close, then kills every process of the run it saw and
+  ends the driver (a teardown that hangs on a dead worker); after a close it kills whatever is left. The run's
+  processes are the workers and theirs, not the driver's own helpers (wandb's service).
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psutil
@@ -43,6 +47,24 @@ class RunStopped(HexError):
         name = signal.Signals(signum).name
         super().__init__("run", f"stopped by {name}; its workers were stopped with it", "start it again")
         self.exit_code = 128 + signum
+
+
+@contextmanager
+def closed(trainer) -> Iterator:
+    """``trainer``, closed at the end of the block; a close that fails after the block failed (upstream's teardown
+    calling a dead worker) is reported in one line, not raised over the block's error."""
+    try:
+        yield trainer
+    except BaseException:
+        try:
+            trainer.close()
+        except Exception as error:
+            first = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+            print(
+                f"areal-hex: closing the run's workers after it failed: {first}", file=sys.stderr, flush=True
+            )
+        raise
+    trainer.close()
 
 
 @dataclass(frozen=True)
@@ -152,18 +174,27 @@ class RunGuard:
                 left = [seen for seen in left if seen.alive()]
 
     def _scan(self) -> None:
+        """Remember the run's worker processes and theirs: the driver's children that start an upstream worker
+        and their descendants (not the driver's own helpers, such as wandb's service)."""
         try:
-            children = psutil.Process().children(recursive=True)
+            children = psutil.Process().children()
         except psutil.Error:
             return
-        for proc in children:
+        for child in children:
             try:
-                key = (proc.pid, proc.create_time())
-                if key not in self.seen:
-                    cmdline = proc.cmdline()
-                    self.seen[key] = Seen(proc.pid, key[1], " ".join(cmdline), _role(cmdline))
+                if WORKER not in " ".join(child.cmdline()):
+                    continue
+                tree = [child, *child.children(recursive=True)]
             except psutil.Error:
                 continue
+            for proc in tree:
+                try:
+                    key = (proc.pid, proc.create_time())
+                    if key not in self.seen:
+                        cmdline = proc.cmdline()
+                        self.seen[key] = Seen(proc.pid, key[1], " ".join(cmdline), _role(cmdline))
+                except psutil.Error:
+                    continue
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval_s):

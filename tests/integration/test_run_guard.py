@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from areal_hex_plugin.areal.run_guard import RunGuard, RunStopped, WorkerDied
+from areal_hex_plugin.areal.run_guard import RunGuard, RunStopped, WorkerDied, closed
 
 
 def _worker(role: str) -> subprocess.Popen:
@@ -53,17 +53,50 @@ def test_a_dead_worker_ends_the_run_and_a_spared_one_does_not(guard) -> None:
     assert guard.died.role == "actor"
 
 
-def test_nothing_the_guard_saw_outlives_it(guard) -> None:
+def test_nothing_the_guard_saw_outlives_it_but_the_drivers_own_helpers_do(guard) -> None:
     workers = [_worker("actor"), _worker("rollout")]
-    guard.watch()
-    time.sleep(1.0)
-    seen = [s.pid for s in guard.seen.values()]
-    assert len(seen) == 4  # each worker and its child
-    guard.ending(0)
-    guard.close()
-    for worker in workers:
-        worker.wait(timeout=10)
-    assert not [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # as wandb's service
+    try:
+        guard.watch()
+        time.sleep(1.0)
+        seen = [s.pid for s in guard.seen.values()]
+        assert len(seen) == 4 and helper.pid not in seen  # each worker and its child
+        guard.ending(0)
+        guard.close()
+        for worker in workers:
+            worker.wait(timeout=10)
+        assert not [
+            pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+        ]
+        assert helper.poll() is None
+    finally:
+        helper.kill()
+        helper.wait()
+
+
+class _Trainer:
+    def __init__(self, fails: bool) -> None:
+        self.fails, self.closed = fails, 0
+
+    def close(self) -> None:
+        self.closed += 1
+        if self.fails:
+            raise ConnectionError("Cannot connect to host 192.0.2.2:18666\nmore")
+
+
+def test_a_close_that_fails_after_the_run_failed_does_not_hide_why_it_failed(capsys) -> None:
+    trainer = _Trainer(fails=True)
+    with pytest.raises(WorkerDied), closed(trainer):
+        raise WorkerDied("worker actor", "process 1 (actor) is gone", "read its log")
+    assert trainer.closed == 1
+    assert capsys.readouterr().err == (
+        "areal-hex: closing the run's workers after it failed: Cannot connect to host 192.0.2.2:18666\n"
+    )
+    with pytest.raises(ConnectionError), closed(_Trainer(fails=True)):
+        pass  # the run went well: a close that fails is the error
+    with closed(ok := _Trainer(fails=False)):
+        pass
+    assert ok.closed == 1
 
 
 def test_sigterm_becomes_run_stopped_with_its_exit_code(guard) -> None:
