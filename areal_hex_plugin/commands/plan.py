@@ -56,7 +56,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         nargs=2,
         metavar=("slurm|ray|skypilot", "OUT"),
         help="write a job that runs the driver with this plan: an sbatch script, a Ray Jobs submission (JSON) "
-        "or a SkyPilot task (YAML); the plan goes beside it as <OUT stem>.plan.json",
+        "or a SkyPilot job group (YAML); the plan goes beside it as <OUT stem>.plan.json",
+    )
+    parser.add_argument(
+        "--job-python",
+        metavar="PATH",
+        help="the python the exported slurm or ray job runs the driver with (its ray beside it); default: this one",
+    )
+    parser.add_argument(
+        "--accelerator-map",
+        action="append",
+        default=[],
+        metavar="TYPE=NAME",
+        help="the name the export's scheduler knows a GPU type by (SkyPilot accelerator, Slurm GRES type); "
+        "repeatable",
     )
     parser.set_defaults(run=run)
 
@@ -77,13 +90,13 @@ def run(args: argparse.Namespace) -> int:
         from areal_hex_plugin.errors import HexError
 
         raise HexError("--steps", f"must be between 1 and 10,000,000, got {args.steps}", "give a step count")
-    from areal_hex_plugin.commands.export import check_export
+    from areal_hex_plugin.commands.export import job_options
 
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         check_writable(path, flag)  # before solving, not after
     out = console(args.json, args.plot)
     recipe = load_recipe_from_args(args)
-    check_export(args.export, recipe)
+    options = job_options(args.export, args.job_python, args.accelerator_map, recipe)
     if args.exhaustive:
         check_exhaustive_depth(recipe)
     request = PlanRequest(
@@ -110,11 +123,11 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"frontier plotted to {plot_frontier(plan, args.plot)}", file=out)
     if args.export:
-        _export(args, plan, recipe, out)
+        _export(args, plan, recipe, options, out)
     return 0
 
 
-def _export(args: argparse.Namespace, plan, recipe, out) -> None:
+def _export(args: argparse.Namespace, plan, recipe, options, out) -> None:
     """``--export``: the job, with the overrides and the objective flags the plan was made with."""
     from areal_hex_plugin.commands.export import export
 
@@ -124,12 +137,12 @@ def _export(args: argparse.Namespace, plan, recipe, out) -> None:
     if args.target_tokens_per_s is not None:
         overrides.append(f"hex.objective.target_tokens_per_s={args.target_tokens_per_s:g}")
     kind, where = args.export
-    job, plan_path = export(kind, where, plan, recipe, args.recipe, overrides)
+    job, plan_path = export(kind, where, plan, recipe, args.recipe, overrides, options)
     submit = {
         "slurm": f"sbatch {job}",
         "ray": f"python -c 'import json, ray.job_submission as j; "
         f'j.JobSubmissionClient().submit_job(**json.load(open("{job}")))\'',
-        "skypilot": f"sky launch {job} --secret AREAL_HEX_TRANSPORT_TOKEN",
+        "skypilot": f"sky jobs launch {job} --secret AREAL_HEX_TRANSPORT_TOKEN",
     }[kind]
     print(f"{kind} job written to {job} (plan {plan_path}); submit it with: {submit}", file=out)
 
