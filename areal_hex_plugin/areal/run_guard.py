@@ -5,8 +5,9 @@ Upstream's scheduler starts each worker as a child of the driver (a shell runnin
 and each worker starts its own (the SGLang servers). :class:`RunGuard`:
 
 - lists the driver's descendants every ``interval_s`` on a thread of its own and remembers each one; a worker
-  (``rpc_server``) that is gone while the run goes on raises :class:`WorkerDied` in the main thread, so the run
-  ends within about ``interval_s`` (a rollout worker is left to the elastic run when ``hex.elastic`` is on);
+  (``rpc_server``, or the shell upstream started it in and holds as its handle) that is gone while the run goes
+  on raises :class:`WorkerDied` in the main thread, so the run ends within about ``interval_s`` (a rollout
+  worker is left to the elastic run when ``hex.elastic`` is on);
 - turns SIGTERM and SIGINT into :class:`RunStopped` in the main thread, so the trainer closes its workers;
 - once the run ends, gives the trainer :data:`GRACE_S` to close, then kills every process of the run it saw and
   ends the driver (a teardown that hangs on a dead worker); after a close it kills whatever is left. The run's
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -84,11 +86,10 @@ class Seen:
             return False
 
 
-def _role(cmdline: list[str]) -> str | None:
-    if not any(WORKER in part for part in cmdline) or "--role" not in cmdline:
-        return None
-    at = cmdline.index("--role") + 1
-    return cmdline[at] if at < len(cmdline) else None
+def _role(cmdline: str) -> str | None:
+    """The role of an upstream worker's process (the shell the scheduler started, or the worker in it)."""
+    found = re.search(r"--role (\S+)", cmdline) if WORKER in cmdline else None
+    return found.group(1) if found else None
 
 
 class RunGuard:
@@ -191,8 +192,8 @@ class RunGuard:
                 try:
                     key = (proc.pid, proc.create_time())
                     if key not in self.seen:
-                        cmdline = proc.cmdline()
-                        self.seen[key] = Seen(proc.pid, key[1], " ".join(cmdline), _role(cmdline))
+                        cmdline = " ".join(proc.cmdline())
+                        self.seen[key] = Seen(proc.pid, key[1], cmdline, _role(cmdline))
                 except psutil.Error:
                     continue
 

@@ -33,10 +33,12 @@ def _generated(folder: Path) -> bool:
 
 
 def _process(mark: str, *words: str) -> int | None:
-    """The pid of the run's process whose command line holds every one of ``words``."""
+    """The pid of the run's Python process whose command line holds every one of ``words`` (not the shell that
+    upstream's scheduler starts a worker in)."""
     for entry in processes_with(mark):
-        if all(word in entry for word in words):
-            return int(entry.split()[0])
+        pid, cmdline = entry.split(" ", 1)
+        if all(word in cmdline for word in words) and not cmdline.startswith("/bin/bash"):
+            return int(pid)
     return None
 
 

@@ -61,6 +61,7 @@ def test_nothing_the_guard_saw_outlives_it_but_the_drivers_own_helpers_do(guard)
         time.sleep(1.0)
         seen = [s.pid for s in guard.seen.values()]
         assert len(seen) == 4 and helper.pid not in seen  # each worker and its child
+        assert sorted(str(s.role) for s in guard.seen.values()) == ["None", "None", "actor", "rollout"]
         guard.ending(0)
         guard.close()
         for worker in workers:
