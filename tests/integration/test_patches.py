@@ -94,6 +94,7 @@ def _said(tag: str, stdout: str) -> list[str]:
     return line.split()[1:]
 
 
+@pytest.mark.slow
 def test_upstreams_grpo_config_takes_the_plugins_hex_section(tmp_path: Path) -> None:
     # Before patches/0005: ConfigKeyError: Key 'hex' not in 'GRPOConfig', whatever else was applied.
     check_patches.apply_all(tmp_path)
