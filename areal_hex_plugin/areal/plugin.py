@@ -15,6 +15,9 @@ It fills the tables below, each item only if missing, once per process (a module
   with it. With ``patches/0003`` the relay also goes into upstream's weight-transport registry as ``hex_relay``
   (``transport/registry.py``, built by ``areal/transport_setup.py``), so upstream's own trainer and FSDP actor run it with
   ``actor.weight_update_mode: hex_relay``.
+- The ``hex:`` config section (``HexConfig``): with ``patches/0005`` it goes into upstream's config-section registry
+  (``areal.api.plugins.register_config_section``), so upstream's ``load_expr_config(argv, GRPOConfig)`` loads a
+  recipe's ``hex:`` and the Hex schedulers find it in the ``exp_config`` upstream builds them with.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def register() -> None:
             table.setdefault(key, path)
     _register_upstream_schedulers()
     _register_upstream_transport()
+    _register_upstream_config_section()
 
 
 def _register_upstream_schedulers() -> None:
@@ -91,6 +95,20 @@ def _register_upstream_transport() -> None:
         weight_transport.get_weight_transport(NAME)
     except ValueError:  # not registered yet
         weight_transport.register_weight_transport(NAME, load(HEX_WEIGHT_TRANSPORT)())
+
+
+def _register_upstream_config_section() -> None:
+    """``hex:`` into upstream's config-section registry, where the installed AReaL has one (``patches/0005``)."""
+    import importlib.util
+
+    if importlib.util.find_spec("areal.api.plugins") is None:
+        return
+    from areal.api import plugins
+
+    if hasattr(plugins, "register_config_section"):
+        from areal_hex_plugin.specs.config import HexConfig
+
+        plugins.register_config_section("hex", HexConfig)
 
 
 def _build(path: str, **kwargs: Any) -> Any:

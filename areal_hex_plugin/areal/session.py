@@ -74,11 +74,12 @@ def session_for(config, who: str) -> HexSession:
     (relative paths read from the folder of the recipe upstream's loader read), its plan (``hex.plan_path``, or
     solved now) and the plan's rewrite of ``config``. ``who`` names the caller in the error for a config without
     a ``hex:`` section."""
-    if config is None or not hasattr(config, "hex"):
+    if getattr(config, "hex", None) is None:
         raise HexError(
             "scheduler",
             f"{who} needs the experiment config with its hex: section (exp_config=...), or a placement",
-            "load the recipe with load_expr_config(argv, HexGRPOConfig) and pass exp_config=config",
+            "load the recipe with load_expr_config(argv, HexGRPOConfig) and pass exp_config=config (or apply "
+            "patches/0005, with which upstream's GRPOConfig takes hex:)",
         )
     found = _open.get(id(config))
     if found is not None and found.config is config:

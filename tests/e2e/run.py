@@ -151,16 +151,16 @@ def run_driver(
     extra: tuple[str, ...] = (),
     recipe: Path = RECIPE,
     cwd: Path = REPO,
+    program: tuple[str, ...] = ("-m", "areal_hex_plugin.driver"),
 ) -> Run:
-    """Make the assets in ``folder`` and run the driver on ``recipe`` there for ``steps`` steps, from ``cwd``; a
-    run past ``timeout_s`` is killed whole."""
+    """Make the assets in ``folder`` and run the driver (or another ``program`` that takes ``--config``) on
+    ``recipe`` there for ``steps`` steps, from ``cwd``; a run past ``timeout_s`` is killed whole."""
     write_assets(folder)
     for name in ("name_resolve", "home", "wandb"):
         (folder / name).mkdir(exist_ok=True)
     cmd = [
         sys.executable,
-        "-m",
-        "areal_hex_plugin.driver",
+        *program,
         "--config",
         str(recipe),
         *overrides(folder, scheduler, steps),

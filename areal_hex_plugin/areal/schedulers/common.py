@@ -1,4 +1,5 @@
-"""What the three Hex schedulers share: per-worker scheduling specs carrying each slot's env."""
+"""What the three Hex schedulers share: per-worker scheduling specs carrying each slot's env, and the rollout engine
+their servers run."""
 
 from __future__ import annotations
 
@@ -9,6 +10,18 @@ from areal.api.scheduler_api import Job
 from areal.infra.scheduler.exceptions import WorkerCreationError
 
 from areal_hex_plugin.areal.worker_slots import Placement, WorkerSlot
+
+
+class PlannedRollout:
+    """The rollout engine class for servers laid out by the plan: with ``patches/0006`` upstream's own trainer asks
+    its scheduler for it (``HexPPOTrainer`` chooses it itself)."""
+
+    def rollout_engine_cls(self, backend: str) -> type | None:
+        from areal_hex_plugin.areal.plugin import ROLLOUT_ENGINES, load, register
+
+        register()
+        path = ROLLOUT_ENGINES.get(backend)
+        return load(path) if path else None
 
 
 def specs_for_slots(

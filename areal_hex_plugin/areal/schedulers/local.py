@@ -9,12 +9,12 @@ from areal.api.scheduler_api import Job
 from areal.infra.scheduler.exceptions import GPUAllocationError
 from areal.infra.scheduler.local import LocalScheduler
 
-from areal_hex_plugin.areal.schedulers.common import announced_session, planned_job
+from areal_hex_plugin.areal.schedulers.common import PlannedRollout, announced_session, planned_job
 from areal_hex_plugin.areal.session import HexSession
 from areal_hex_plugin.areal.worker_slots import SHARE_GPUS_ENV, Placement, check_local_gpus, node_local
 
 
-class HexLocalScheduler(LocalScheduler):
+class HexLocalScheduler(PlannedRollout, LocalScheduler):
     """Starts each planned worker on exactly the GPU ids its slot names (one node; see ``placement.node_local``).
 
     Roles the plan does not place (``data``, colocated ``ref``/``eval-rollout``) keep upstream's behaviour.

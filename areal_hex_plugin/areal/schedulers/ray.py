@@ -21,7 +21,7 @@ from areal.infra.utils.ray_placement_group import (
     SeparatedRayPlacementStrategy,
 )
 
-from areal_hex_plugin.areal.schedulers.common import announced_session, planned_job
+from areal_hex_plugin.areal.schedulers.common import PlannedRollout, announced_session, planned_job
 from areal_hex_plugin.areal.session import HexSession
 from areal_hex_plugin.areal.worker_slots import Placement, check_plan_fits_inventory
 from areal_hex_plugin.errors import HexError
@@ -101,7 +101,7 @@ def pool_resources_from_nodes(plan: HexPlan, nodes: list[dict]) -> dict[str, str
     return out
 
 
-class HexRayScheduler(RayScheduler):
+class HexRayScheduler(PlannedRollout, RayScheduler):
     """Puts each planned role's workers only on nodes of their pools; other roles keep upstream's behaviour.
     ``HexRayScheduler(exp_config=config)`` takes the run's session for ``config`` (:func:`session_for`)."""
 

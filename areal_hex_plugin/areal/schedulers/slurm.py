@@ -19,7 +19,7 @@ from areal.api.scheduler_api import Job
 from areal.infra.scheduler.slurm import SlurmScheduler
 from areal.infra.utils.proc import build_streaming_log_cmd
 
-from areal_hex_plugin.areal.schedulers.common import announced_session, planned_job
+from areal_hex_plugin.areal.schedulers.common import PlannedRollout, announced_session, planned_job
 from areal_hex_plugin.areal.session import HexSession
 from areal_hex_plugin.areal.worker_slots import Placement, WorkerSlot, check_plan_fits_inventory
 from areal_hex_plugin.errors import HexError
@@ -116,7 +116,7 @@ def _components(slots: tuple[WorkerSlot, ...]) -> list[_Component]:
     return components
 
 
-class HexSlurmScheduler(SlurmScheduler):
+class HexSlurmScheduler(PlannedRollout, SlurmScheduler):
     """Submits each planned role as a heterogeneous job whose components sit on the planned pools and hosts.
     ``HexSlurmScheduler(exp_config=config)`` takes the run's session for ``config`` (:func:`session_for`)."""
 
