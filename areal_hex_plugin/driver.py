@@ -131,8 +131,7 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
         f"areal-hex: upstream AReaL is starting {len(slots[TRAIN_ROLE])} training workers and "
         f"{len(slots[ROLLOUT_ROLE])} rollout servers ({config.scheduler.type})"
     )
-    # An elastic run goes on without a rollout worker; any other worker's end ends the run.
-    guard = RunGuard(spared_roles=(ROLLOUT_ROLE, "eval-rollout") if config.hex.elastic.enabled else ())
+    guard = RunGuard()
     guard.install()
     guard.watch()
     try:

@@ -6,8 +6,8 @@ and each worker starts its own (the SGLang servers). :class:`RunGuard`:
 
 - lists the driver's descendants every ``interval_s`` on a thread of its own and remembers each one; a worker
   (``rpc_server``, or the shell upstream started it in and holds as its handle) that is gone while the run goes
-  on raises :class:`WorkerDied` in the main thread, so the run ends within about ``interval_s`` (a rollout
-  worker is left to the elastic run when ``hex.elastic`` is on);
+  on raises :class:`WorkerDied` in the main thread, so the run ends within about ``interval_s`` (an elastic run
+  copes with a lost rollout server, not with a lost worker: its server would go on, out of upstream's reach);
 - turns SIGTERM and SIGINT into :class:`RunStopped` in the main thread, so the trainer closes its workers;
 - once the run ends, gives the trainer :data:`GRACE_S` to close, then kills every process of the run it saw and
   ends the driver (a teardown that hangs on a dead worker); after a close it kills whatever is left. The run's
@@ -96,8 +96,7 @@ class RunGuard:
     """Watches the driver's run; :meth:`install` in the main thread, then :meth:`watch`, :meth:`ending` and
     :meth:`close`."""
 
-    def __init__(self, spared_roles: tuple[str, ...] = (), interval_s: float = INTERVAL_S) -> None:
-        self.spared_roles = spared_roles  # role prefixes whose workers may go (the elastic run's rollout)
+    def __init__(self, interval_s: float = INTERVAL_S) -> None:
         self.interval_s = interval_s
         self.seen: dict[tuple[int, float], Seen] = {}
         self.died: Seen | None = None
@@ -201,9 +200,7 @@ class RunGuard:
         while not self._stop.wait(self.interval_s):
             self._scan()
             for seen in list(self.seen.values()):
-                if seen.role is None or seen.role.startswith(self.spared_roles):
-                    continue
-                if not seen.alive() and not self._stop.is_set():
+                if seen.role is not None and not seen.alive() and not self._stop.is_set():
                     self.died = seen
                     self._last_resort(2)  # should upstream's code swallow the exception
                     signal.pthread_kill(self._main, _WORKER_DIED)

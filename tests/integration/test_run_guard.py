@@ -25,7 +25,7 @@ def _worker(role: str) -> subprocess.Popen:
 @pytest.fixture
 def guard():
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
-    made = RunGuard(spared_roles=("rollout",), interval_s=0.1)
+    made = RunGuard(interval_s=0.1)
     made.install()
     yield made
     made.close()
@@ -39,18 +39,20 @@ def _wait_for_exception(seconds: float) -> None:
         time.sleep(0.05)
 
 
-def test_a_dead_worker_ends_the_run_and_a_spared_one_does_not(guard) -> None:
+def test_a_dead_worker_ends_the_run_and_a_dead_child_of_one_does_not(guard) -> None:
     actor, rollout = _worker("actor"), _worker("rollout")
     guard.watch()
     time.sleep(1.0)  # seen, with their children
+    (server,) = psutil.Process(rollout.pid).children()  # as a rollout worker's SGLang server
+    server.kill()
+    _wait_for_exception(1.0)  # no exception: a lost server is the elastic run's to handle
     rollout.kill()
     rollout.wait()
-    _wait_for_exception(1.0)  # no exception: a rollout worker is spared
+    with pytest.raises(WorkerDied, match=r"process \d+ \(rollout\) is gone"):
+        _wait_for_exception(5.0)
+    assert guard.died.role == "rollout"
     actor.kill()
     actor.wait()
-    with pytest.raises(WorkerDied, match=r"process \d+ \(actor\) is gone"):
-        _wait_for_exception(5.0)
-    assert guard.died.role == "actor"
 
 
 def test_nothing_the_guard_saw_outlives_it_but_the_drivers_own_helpers_do(guard) -> None:
