@@ -455,11 +455,13 @@ class ReceiverNode:
 
     def _serve_control(self, channel: Channel, heartbeat_s: float) -> None:
         silence_s = SILENT_HEARTBEATS * heartbeat_s
+        channel.settimeout(silence_s)  # a report the sender takes nothing of for that long ends the channel
+        # Beating from the start: waiting for the open channel's bound may take longer than this channel's.
+        heartbeat, budget = Heartbeat(channel, heartbeat_s), FrameBudget()
         if not self._take_control(channel, silence_s):
+            heartbeat.stop()
             channel.send(make(Kind.ERROR, id=0, error="another control channel is open on this replica"))
             return
-        channel.settimeout(silence_s)  # a report the sender takes nothing of for that long ends the channel
-        heartbeat, budget = Heartbeat(channel, heartbeat_s), FrameBudget()
         pending: deque[Message] = deque()
         try:
             while True:

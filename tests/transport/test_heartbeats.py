@@ -122,3 +122,25 @@ def test_a_quiet_trainer_keeps_its_control_channel_past_the_silence_bound(tmp_pa
             assert sender._pools["h20"].controls[replica.endpoint] is control and not control.lost
         finally:
             sender.close()
+
+
+def test_a_trainer_waiting_for_the_old_channels_bound_is_kept_alive_by_the_node(tmp_path):
+    """The open control channel beats every second (so the node waits 3 s for its silence) and goes silent; a new
+    trainer that beats every 0.5 s (it gives up on a node silent for 1.5 s) connects meanwhile. The node beats on
+    the waiting channel too, so the new trainer takes over once the old channel's bound is over, and commits."""
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        (replica,) = fleet.start([1])
+        old = attacks.TokenHolder(replica.endpoint, TOKEN, heartbeat_ms=1000)  # silent from now on
+        try:
+            opened = time.monotonic()
+            sender = _sender(replica.endpoint)
+            try:
+                report = sender.send_version(1, [list(state_of(1).items())])
+            finally:
+                sender.close()
+            took = time.monotonic() - opened
+        finally:
+            old.close()
+        assert report.committed == [str(replica.endpoint)], report.failed
+        assert 3.0 * 0.9 <= took <= 3.0 + SLACK_S, f"took over after {took:.1f} s"
+        assert replica.committed()["version"] == 1
