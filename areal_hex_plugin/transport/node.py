@@ -332,6 +332,7 @@ class ReceiverNode:
         control, self._control = self._control, None
         if control is not None:
             control.close()
+        self._await_commit()  # its session's stage and the keeper it starts are removed and joined below
         with self._lock:
             self._end_session()
             self._drop_kept()
@@ -433,11 +434,7 @@ class ReceiverNode:
     def _report(self, message: Message) -> None:
         control = self._control
         if control is not None:
-            try:
-                control.send(message)
-            except OSError:  # e.g. the trainer took nothing for 3 heartbeats: the channel ends
-                logger.info("control channel lost while reporting %s", message.kind.value)
-                control.close()
+            _send_on(control, message)
 
     def _take_control(self, channel: Channel, silence_s: float) -> bool:
         """One control channel at a time: a new one waits until the open one is closed, by its sender or for its
@@ -496,9 +493,10 @@ class ReceiverNode:
             logger.warning("control channel from %s broke the protocol: %s", channel.peer_host, error)
             self._report(make(Kind.ERROR, id=0, error=str(error)[:2000]))
         finally:
-            self._await_commit()
+            # Closed first: a new control channel may take over (and ask for the status) while a load runs on.
             heartbeat.stop()
             channel.close()
+            self._await_commit()
             with self._lock:
                 if self._control is channel:
                     self._control = None
@@ -516,14 +514,15 @@ class ReceiverNode:
                 reply = self._handle(message)
             finally:
                 self._loading = -1
-            if self._control is channel:
-                self._report(_with_id(reply, message))
+            _send_on(channel, _with_id(reply, message))
 
         self._committing = threading.Thread(target=commit, name="hex-commit", daemon=True)
         self._committing.start()
 
     def _await_commit(self) -> None:
-        committing, self._committing = self._committing, None
+        """Wait until the commit loading now, asked on whichever control channel, is done (each channel waits for
+        it before its next request but status and abort, and before it ends its session)."""
+        committing = self._committing
         if committing is not None:
             committing.join()
 
@@ -1016,6 +1015,16 @@ def _check_parts(
                 return f"tensor {entry.name} arrives in two buckets"
             names.add(entry.name)
     return ""
+
+
+def _send_on(control: Channel, message: Message) -> None:
+    """Send ``message`` on a control channel; one that fails (e.g. its trainer took nothing for 3 heartbeats, or
+    it was closed meanwhile) is closed."""
+    try:
+        control.send(message)
+    except OSError:
+        logger.info("control channel lost while sending %s", message.kind.value)
+        control.close()
 
 
 def _with_id(reply: Message, request: Message) -> Message:
