@@ -28,6 +28,7 @@ BOUND_S = 3 * HEARTBEAT_S
 # What a loaded 2-core machine may add to the bound (scheduling, a handshake, a version of 8 KiB).
 SLACK_S = 5.0
 LOAD_S = 6.0
+LONG_LOAD_S = 10.0
 
 
 def _sender(*endpoints, **config) -> RelaySender:
@@ -220,3 +221,31 @@ def test_a_node_keeps_beating_while_it_loads(tmp_path):
             sender.close()
         assert report.committed == [str(replica.endpoint)] and report.outcomes == {}, report.failed
         assert replica.committed()["version"] == 1
+
+
+def test_a_trainer_silent_behind_a_long_load_is_cut_off_within_three_heartbeats(tmp_path):
+    """The load takes 10 s, past the commit's deadline: the trainer reports it in doubt; then a trainer asks for
+    the next version (which waits for the load) and goes silent. The node still hears that channel while the
+    request waits: it closes it after three heartbeats, so a restarted trainer takes over before the load ends,
+    and commits."""
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        (replica,) = fleet.start([1], setup=_loads_slowly(tmp_path / "loads.txt", LONG_LOAD_S))
+        first = _sender(replica.endpoint, commit_timeout_s=0.5, timeout_s=20.0)
+        try:
+            report = first.send_version(1, [list(state_of(1).items())])
+        finally:
+            first.close()
+        assert "still loading version 1" in report.outcomes[str(replica.endpoint)], report.outcomes
+        silent = attacks.TokenHolder(replica.endpoint, TOKEN, heartbeat_ms=int(HEARTBEAT_S * 1000))
+        try:
+            prepare = {"session": "b" * 16, "update": "0" * 64, "version": 2, "upstream": [""], "parts": 1}
+            silent.send({"kind": "prepare", "id": 1, **prepare})  # and nothing more, not even a heartbeat
+            sender = _sender(replica.endpoint, timeout_s=20.0)
+            try:
+                report = sender.send_version(2, [list(state_of(2).items())])
+            finally:
+                sender.close()
+        finally:
+            silent.close()
+        assert report.committed == [str(replica.endpoint)], report.failed
+        assert replica.committed()["version"] == 2
