@@ -94,8 +94,10 @@ from areal_hex_plugin.transport.wire import (
 logger = logging.getLogger("HexTransportNode")
 
 _REQUESTS = {Kind.PREPARE, Kind.CONNECT, Kind.END, Kind.COMMIT, Kind.ABORT, Kind.STATUS}
-# Requests read ahead behind a commit (what the sender may send after it: an abort, a status).
+# Requests read ahead behind a commit (what the sender may send after it: an abort, a status), or behind a
+# request that waits for a load; how often a request waiting for a load looks at its channel.
 _READ_AHEAD = 8
+_HEARING_S = 0.05
 _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
@@ -332,6 +334,7 @@ class ReceiverNode:
         control, self._control = self._control, None
         if control is not None:
             control.close()
+        self._await_commit()  # its session's stage and the keeper it starts are removed and joined below
         with self._lock:
             self._end_session()
             self._drop_kept()
@@ -433,11 +436,7 @@ class ReceiverNode:
     def _report(self, message: Message) -> None:
         control = self._control
         if control is not None:
-            try:
-                control.send(message)
-            except OSError:  # e.g. the trainer took nothing for 3 heartbeats: the channel ends
-                logger.info("control channel lost while reporting %s", message.kind.value)
-                control.close()
+            _send_on(control, message)
 
     def _take_control(self, channel: Channel, silence_s: float) -> bool:
         """One control channel at a time: a new one waits until the open one is closed, by its sender or for its
@@ -455,11 +454,13 @@ class ReceiverNode:
 
     def _serve_control(self, channel: Channel, heartbeat_s: float) -> None:
         silence_s = SILENT_HEARTBEATS * heartbeat_s
+        channel.settimeout(silence_s)  # a report the sender takes nothing of for that long ends the channel
+        # Beating from the start: waiting for the open channel's bound may take longer than this channel's.
+        heartbeat, budget = Heartbeat(channel, heartbeat_s), FrameBudget()
         if not self._take_control(channel, silence_s):
+            heartbeat.stop()
             channel.send(make(Kind.ERROR, id=0, error="another control channel is open on this replica"))
             return
-        channel.settimeout(silence_s)  # a report the sender takes nothing of for that long ends the channel
-        heartbeat, budget = Heartbeat(channel, heartbeat_s), FrameBudget()
         pending: deque[Message] = deque()
         try:
             while True:
@@ -467,7 +468,7 @@ class ReceiverNode:
                 if message is None:
                     continue
                 if message.kind not in (Kind.STATUS, Kind.ABORT):
-                    self._await_commit()
+                    self._await_commit_hearing(channel, silence_s, budget, pending)
                 if message.kind == Kind.COMMIT:
                     while channel.readable():  # what the sender sent after it (an abort) already arrived
                         if len(pending) == _READ_AHEAD:
@@ -478,25 +479,26 @@ class ReceiverNode:
                         reply = make(
                             Kind.ERROR, id=0, error="commit withdrawn by the sender (deadline passed)"
                         )
-                        self._report(_with_id(reply, message))
+                        _answer(channel, reply, message)
                         continue
                     self._start_commit(message, channel)
                 elif message.kind == Kind.ABORT and self._loading >= 0:
                     reply = make(
                         Kind.ERROR, id=0, error=f"version {self._loading} is loading: too late to withdraw"
                     )
-                    self._report(_with_id(reply, message))
+                    _answer(channel, reply, message)
                 else:
-                    self._report(_with_id(self._handle(message), message))
+                    _answer(channel, self._handle(message), message)
         except CutOff as error:
             logger.warning("closing the control channel from %s: %s", channel.peer_host, error)
         except ProtocolError as error:
             logger.warning("control channel from %s broke the protocol: %s", channel.peer_host, error)
-            self._report(make(Kind.ERROR, id=0, error=str(error)[:2000]))
+            _send_on(channel, make(Kind.ERROR, id=0, error=str(error)[:2000]))
         finally:
-            self._await_commit()
+            # Closed first: a new control channel may take over (and ask for the status) while a load runs on.
             heartbeat.stop()
             channel.close()
+            self._await_commit()
             with self._lock:
                 if self._control is channel:
                     self._control = None
@@ -514,14 +516,38 @@ class ReceiverNode:
                 reply = self._handle(message)
             finally:
                 self._loading = -1
-            if self._control is channel:
-                self._report(_with_id(reply, message))
+            _answer(channel, reply, message)
 
         self._committing = threading.Thread(target=commit, name="hex-commit", daemon=True)
         self._committing.start()
 
+    def _await_commit_hearing(
+        self, channel: Channel, silence_s: float, budget: FrameBudget, pending: deque[Message]
+    ) -> None:
+        """Wait for the commit loading now (before a request that needs it done) while still hearing ``channel``:
+        a status is answered at once, other requests queue behind the waiting one (at most ``_READ_AHEAD``), and
+        the channel is cut off when silent for ``silence_s``, as when nothing waits."""
+        committing, heard = self._committing, time.monotonic()
+        while committing is not None and committing.is_alive():
+            if not channel.readable():
+                if time.monotonic() - heard > silence_s:
+                    raise _silent(silence_s)
+                committing.join(_HEARING_S)
+                continue
+            message, heard = self._next_frame(channel, silence_s, budget), time.monotonic()
+            if message is None:
+                continue
+            if message.kind == Kind.STATUS:
+                _answer(channel, self._handle(message), message)
+            elif len(pending) == _READ_AHEAD:
+                raise CutOff(f"over its cap of {_READ_AHEAD} requests behind a load")
+            else:
+                pending.append(message)
+
     def _await_commit(self) -> None:
-        committing, self._committing = self._committing, None
+        """Wait until the commit loading now, asked on whichever control channel, is done (a channel that ends
+        waits for it before it ends its session, and so does stop())."""
+        committing = self._committing
         if committing is not None:
             committing.join()
 
@@ -533,7 +559,7 @@ class ReceiverNode:
         try:
             message = channel.recv_within(_REQUESTS | {Kind.HEARTBEAT}, silence_s)
         except TimeoutError:
-            raise CutOff(f"silent for {silence_s:g} s (3 heartbeats)") from None
+            raise _silent(silence_s) from None
         budget.spend()
         return None if message.kind == Kind.HEARTBEAT else message
 
@@ -1014,6 +1040,25 @@ def _check_parts(
                 return f"tensor {entry.name} arrives in two buckets"
             names.add(entry.name)
     return ""
+
+
+def _silent(silence_s: float) -> CutOff:
+    return CutOff(f"silent for {silence_s:g} s ({SILENT_HEARTBEATS} heartbeats)")
+
+
+def _answer(control: Channel, reply: Message, request: Message) -> None:
+    """Answer ``request`` on the control channel it came on (never on one that took over since)."""
+    _send_on(control, _with_id(reply, request))
+
+
+def _send_on(control: Channel, message: Message) -> None:
+    """Send ``message`` on a control channel; one that fails (e.g. its trainer took nothing for 3 heartbeats, or
+    it was closed meanwhile) is closed."""
+    try:
+        control.send(message)
+    except OSError:
+        logger.info("control channel lost while sending %s", message.kind.value)
+        control.close()
 
 
 def _with_id(reply: Message, request: Message) -> Message:

@@ -34,7 +34,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -144,8 +144,10 @@ class _Control:
     """The sender's control channel to one node; replies queue up, events go to the shared queue.
 
     Only what the sender may be waiting for is kept: a reply to a request still unanswered, an event the sender
-    ``expects`` (its pool's current session, a bucket copy that was sent), each once. Everything else is dropped
-    and counted against a :class:`FrameBudget`; a node over it, or silent for three heartbeats, is cut off."""
+    expects (its pool's current session, a bucket copy that was sent), each once, and of the events its ``judge``
+    proves false (an acknowledgement of a copy never sent) the first of each session, as the proof that routes the
+    node out. Everything else is dropped and counted against a :class:`FrameBudget`; a node over it, or silent for
+    three heartbeats, is cut off."""
 
     def __init__(
         self,
@@ -154,7 +156,7 @@ class _Control:
         token: bytes,
         config: SenderConfig,
         events: queue.Queue,
-        expects: Callable[[Message], bool],
+        judge: Callable[[Message], str | None],
     ) -> None:
         self.endpoint, self.pool, self.timeout_s = endpoint, pool, config.timeout_s
         self.channel = connect(endpoint.host, endpoint.port, token, config.timeout_s)
@@ -177,7 +179,7 @@ class _Control:
             ""  # the replica's server as its node names it (what to check when a commit is in doubt)
         )
         self._last_id = 0
-        self._events, self._expects = events, expects
+        self._events, self._judge = events, judge
         self._asked: set[int] = set()  # requests not answered yet
         self._asked_lock = threading.Lock()
         self._session, self._seen = "", set[tuple[Any, ...]]()  # the events kept, of that session
@@ -208,15 +210,17 @@ class _Control:
     def _keep(self, message: Message) -> bool:
         """Queue ``message`` if the sender may be waiting for it; False (dropped) otherwise."""
         if message.kind in _EVENTS:
-            if not self._expects(message):
+            lie = self._judge(message)
+            if lie is None:
                 return False
             if message["session"] != self._session:
                 self._session, self._seen = message["session"], set()
-            seen = (message.kind, message.fields.get("index"), message.fields.get("copy"))
+            seen = ("lie",) if lie else _event_key(message)  # one proof a session is enough to route it out
             if seen in self._seen:
                 return False
             self._seen.add(seen)
-            self._events.put((self.pool, self.endpoint, message))
+            # Judged as it arrives: a copy sent later does not make an earlier report of it true.
+            self._events.put((self.pool, self.endpoint, _false_report(lie) if lie else message))
             return True
         request = message.fields.get("id")
         with self._asked_lock:
@@ -293,6 +297,16 @@ LINK_LOSS_GRACE_S = 0.5
 def _lost(error: str) -> Message:
     """A local stand-in for an answer that never came (id -1 matches every request)."""
     return Message(Kind.ERROR, {"error": error, "id": -1, "lost": True})
+
+
+def _event_key(event: Message) -> tuple[Any, ...]:
+    """What makes an event from a node new: its kind and, for an acknowledgement, the bucket copy."""
+    return event.kind, event.fields.get("index"), event.fields.get("copy")
+
+
+def _false_report(lie: str) -> Message:
+    """A local stand-in for an event the sender proved false as it arrived (``lie`` says how)."""
+    return Message(Kind.ERROR, {"error": lie, "false": True})
 
 
 def _error(reply: Message) -> str:
@@ -633,13 +647,24 @@ class RelaySender:
             time.sleep(0.1)
 
     def _reopen(self, state: _PoolState, control: _Control) -> _Control:
+        """A new control channel to a replica whose own was lost (within the status grace)."""
         control.close()
-        timeout_s = min(self.config.timeout_s, 5.0)
-        state.controls[control.endpoint] = fresh = _Control(
-            control.endpoint, state.route.name, self.token, timeout_s, self._events
-        )
+        fresh = self._open_control(state, control.endpoint, min(self.config.timeout_s, 5.0))
         fresh.server = control.server
         return fresh
+
+    def _open_control(self, state: _PoolState, endpoint: Endpoint, timeout_s: float) -> _Control:
+        """A control channel to ``endpoint`` of ``state``'s pool (blocking calls bounded by ``timeout_s``), kept
+        in the pool's controls."""
+        state.controls[endpoint] = control = _Control(
+            endpoint,
+            state.route.name,
+            self.token,
+            replace(self.config, timeout_s=timeout_s),
+            self._events,
+            lambda message: self._judge(state, message),
+        )
+        return control
 
     def _outcome(self, reply: Message, control: _Control, digest: str) -> str:
         """What a replica whose commit was in doubt serves, as its status shows it, never a guess."""
@@ -683,16 +708,19 @@ class RelaySender:
 
     # -- internals ----------------------------------------------------------------------------------------
 
-    def _expects(self, state: _PoolState, event: Message) -> bool:
-        """Whether a replica of ``state``'s pool may have reason to send ``event``: one of the pool's current session
-        while a version is on its way, and an acknowledgement only of a bucket copy sent into it (this part's
-        buckets as copied; another part's as its first copy or one a repair asked for)."""
+    def _judge(self, state: _PoolState, event: Message) -> str | None:
+        """What ``event`` from a replica of ``state``'s pool is: None when the replica has no reason to send it (not
+        of the pool's current session while a version is on its way), '' when it may, or what proves it false: an
+        acknowledgement of a bucket copy never sent into the pool (this part's buckets as copied; another part's
+        as its first copy or one a repair asked for)."""
         if not self._sending or event["session"] != state.session:
-            return False
+            return None
         if event.kind != Kind.ACK:
-            return True
-        own = event["index"] % self._parts == 0
-        return event["copy"] <= state.copies.get(event["index"], -1 if own else 0)
+            return ""
+        index, copy = event["index"], event["copy"]
+        if copy <= state.copies.get(index, -1 if index % self._parts == 0 else 0):
+            return ""
+        return f"{'ACKed' if event['ok'] else 'NACKed'} copy {copy} of bucket {index}, which was never sent"
 
     def _live_controls(self, state: _PoolState) -> list[_Control]:
         return [state.controls[e] for e in state.alive if e in state.controls]
@@ -757,14 +785,7 @@ class RelaySender:
                 state.controls.pop(endpoint).close()
             if endpoint not in state.controls:
                 try:
-                    state.controls[endpoint] = _Control(
-                        endpoint,
-                        state.route.name,
-                        self.token,
-                        self.config,
-                        self._events,
-                        lambda message, state=state: self._expects(state, message),
-                    )
+                    self._open_control(state, endpoint, self.config.timeout_s)
                 except TransportError as error:
                     return endpoint, str(error)
         rounds = [
@@ -903,6 +924,9 @@ class RelaySender:
                 # A link between two replicas (the relay's own link from here is this process's to judge).
                 self._repair_link(state, endpoint, f"its link from upstream broke: {message['error']}")
                 last_progress = time.monotonic()
+            elif message.fields.get("false"):
+                self._exclude(state, endpoint, message["error"])
+                last_progress = time.monotonic()
             elif message.fields.get("lost"):
                 self._reroute(state, endpoint, message["error"])
                 last_progress = time.monotonic()
@@ -943,9 +967,8 @@ class RelaySender:
     def _false_nack(self, state: _PoolState, endpoint: Endpoint, message: Message) -> str:
         """What proves this NACK false ('' when nothing does)."""
         index, copy = message["index"], message["copy"]
-        latest = state.copies.get(index, -1 if index in self._buckets else 0)
         expected = self._expected(index)
-        if expected is None or copy > latest:
+        if expected is None:  # a copy above those sent never reaches here (see _judge)
             return f"NACKed copy {copy} of bucket {index}, which was never sent"
         digest, nbytes = expected
         if message["received"] != nbytes:

@@ -47,10 +47,12 @@ class TokenHolder:
         self.channel.send_frame(message)
 
     def ask(self, message: dict) -> dict:
-        """Send and return the answer as a dict (``t``: its kind); ``{"t": "closed"}`` when the node hung up."""
+        """Send and return the answer as a dict (``t``: its kind; the node's heartbeats are skipped);
+        ``{"t": "closed"}`` when the node hung up."""
         try:
             self.send({"id": 1, **message})
-            answer = self.channel.recv()
+            while (answer := self.channel.recv()).kind == Kind.HEARTBEAT:
+                pass
             return {"t": answer.kind.value, **answer.fields}
         except (OSError, ConnectionError, RuntimeError) as error:
             return {"t": "closed", "error": str(error)}

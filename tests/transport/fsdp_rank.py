@@ -63,17 +63,19 @@ def run_rank(rank: int, world: int, port: int, model_dir: str, server: str, rout
 
 
 def _corrupt_every_chunk() -> None:
-    """This process's data links flip the first byte of every chunk they send (after its digest was taken)."""
+    """This process's data links, of every kind (gloo's bytes go on the connection itself), flip the first byte of
+    every chunk they send (after its digest was taken)."""
     from areal_hex_plugin.transport import links
 
-    send = links.TorchLink.send
+    for link in (links.SocketLink, links.TorchLink):
+        send = link.send
 
-    def corrupted(self, chunk):
-        bad = chunk.clone()
-        bad[0] ^= 0xFF
-        send(self, bad)
+        def corrupted(self, chunk, send=send):
+            bad = chunk.clone()
+            bad[0] ^= 0xFF
+            send(self, bad)
 
-    links.TorchLink.send = corrupted
+        link.send = corrupted
 
 
 def run_rank_expecting_failure(

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode
+from areal_hex_plugin.transport.protocol import Kind, make
 from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
 from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
 from areal_hex_plugin.transport.sinks import MemorySink
@@ -30,6 +31,8 @@ FLOOD_S = 8.0
 CUT_WITHIN_S = 4.0
 KEPT_BOUND = 64
 RSS_BOUND_MB = 24.0
+# A STATE reply's data path fields: nothing loading, nothing queued.
+_IDLE_PATH = {"loading": -1, "unread": 0, "backlog": 0, "unsent": 0}
 
 
 def _records(logger_name: str, monkeypatch) -> list[logging.LogRecord]:
@@ -50,8 +53,9 @@ def _rss_mb() -> float:
 
 def _flooding_replica_main(stage: str, ready, flood, result) -> None:
     """A compromised replica: a real node that, once told, floods its control channel (to the trainer) with
-    well-formed ACKs for the last session it was in and STATE replies to requests never made, for FLOOD_S or
-    until the trainer hangs up; puts (frames sent, seconds until the send failed or None)."""
+    well-formed ACKs for the last session it was in and STATE replies to requests never made (each made, so
+    checked, against the protocol's schema), for FLOOD_S or until the trainer hangs up; puts (frames sent, seconds
+    until the send failed or None)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     node = ReceiverNode(MemorySink(), ReceiverConfig(timeout_s=5.0, stage_dir=stage), token=TOKEN)
     sessions: list[str] = []
@@ -68,11 +72,11 @@ def _flooding_replica_main(stage: str, ready, flood, result) -> None:
     try:
         while time.monotonic() - began < FLOOD_S:
             if sent % 2:
-                channel.send_frame({"kind": "state", "id": sent, "version": 1, "digest": ""})
+                channel.send(make(Kind.STATE, id=sent, version=1, digest="", **_IDLE_PATH))
             else:
                 index, copy = (sent // 2) % 65536, (sent // 2) // 65536 % 4
-                ack = {"kind": "ack", "session": sessions[-1], "index": index, "copy": copy, "ok": True}
-                channel.send_frame({**ack, "error": ""})
+                ack = {"session": sessions[-1], "index": index, "copy": copy, "ok": True, "error": ""}
+                channel.send(make(Kind.ACK, **ack, received=0, digest=""))
             sent += 1
     except OSError:
         result.put((sent, time.monotonic() - began))

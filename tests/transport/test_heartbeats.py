@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,8 @@ HEARTBEAT_S = 0.5
 BOUND_S = 3 * HEARTBEAT_S
 # What a loaded 2-core machine may add to the bound (scheduling, a handshake, a version of 8 KiB).
 SLACK_S = 5.0
+LOAD_S = 6.0
+LONG_LOAD_S = 10.0
 
 
 def _sender(*endpoints, **config) -> RelaySender:
@@ -45,6 +48,39 @@ def _records(logger_name: str, monkeypatch) -> list[logging.LogRecord]:
     monkeypatch.setattr(logger, "handlers", [handler])
     monkeypatch.setattr(logger, "level", logging.INFO)
     return records
+
+
+def _loads_slowly(marks: Path, seconds: float):
+    """The server takes ``seconds`` to load; it notes in ``marks`` when each load begins and ends (wall clock)."""
+
+    def setup(node: ReceiverNode) -> None:
+        load = node.sink.load
+
+        def slow(version, staged) -> None:
+            with marks.open("a") as out:
+                out.write(f"began {version} {time.time()}\n")
+            time.sleep(seconds)
+            load(version, staged)
+            with marks.open("a") as out:
+                out.write(f"loaded {version} {time.time()}\n")
+
+        node.sink.load = slow
+
+    return setup
+
+
+def _marked(marks: Path, event: str, version: int, within_s: float) -> float:
+    """When the replica noted ``event`` of ``version`` (waiting up to ``within_s`` for it)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        lines = marks.read_text().splitlines() if marks.exists() else []
+        for line in lines:
+            name, noted, at = line.split()
+            if (name, int(noted)) == (event, version):
+                return float(at)
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"the replica did not note {event} {version} within {within_s:g} s")
+        time.sleep(0.05)
 
 
 def test_a_restarted_trainer_takes_over_from_a_stopped_one_within_three_heartbeats(tmp_path):
@@ -122,3 +158,94 @@ def test_a_quiet_trainer_keeps_its_control_channel_past_the_silence_bound(tmp_pa
             assert sender._pools["h20"].controls[replica.endpoint] is control and not control.lost
         finally:
             sender.close()
+
+
+def test_a_trainer_waiting_for_the_old_channels_bound_is_kept_alive_by_the_node(tmp_path):
+    """The open control channel beats every second (so the node waits 3 s for its silence) and goes silent; a new
+    trainer that beats every 0.5 s (it gives up on a node silent for 1.5 s) connects meanwhile. The node beats on
+    the waiting channel too, so the new trainer takes over once the old channel's bound is over, and commits."""
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        (replica,) = fleet.start([1])
+        old = attacks.TokenHolder(replica.endpoint, TOKEN, heartbeat_ms=1000)  # silent from now on
+        try:
+            opened = time.monotonic()
+            sender = _sender(replica.endpoint)
+            try:
+                report = sender.send_version(1, [list(state_of(1).items())])
+            finally:
+                sender.close()
+            took = time.monotonic() - opened
+        finally:
+            old.close()
+        assert report.committed == [str(replica.endpoint)], report.failed
+        assert 3.0 * 0.9 <= took <= 3.0 + SLACK_S, f"took over after {took:.1f} s"
+        assert replica.committed()["version"] == 1
+
+
+def test_a_trainer_lost_during_a_long_load_is_taken_over_once_silent_and_the_load_finishes_first(tmp_path):
+    """The trainer's host goes silent while the replica loads its version for 6 s: the node closes that control
+    channel after three heartbeats, not after the load, so a restarted trainer takes over; the node prepares the
+    new trainer's version only once the load is done (never beside it), and the version commits."""
+    marks = tmp_path / "loads.txt"
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        (replica,) = fleet.start([1], setup=_loads_slowly(marks, LOAD_S))
+        config = {"heartbeat_s": HEARTBEAT_S, "timeout_s": 10.0, "commit_timeout_s": 60.0}
+        with TrainerProcess([replica.endpoint], **config) as lost:
+            lost.ask(1)
+            _marked(marks, "began", 1, within_s=30.0)
+            os.kill(lost.pid, signal.SIGSTOP)  # its host is gone while the replica loads its version
+            sender = _sender(replica.endpoint, timeout_s=LOAD_S + SLACK_S)
+            try:
+                asked_at = time.time()
+                report = sender.send_version(2, [list(state_of(2).items())])
+            finally:
+                sender.close()
+        assert report.committed == [str(replica.endpoint)], report.failed
+        assert asked_at + report.phases["prepared"] >= _marked(marks, "loaded", 1, within_s=0.0)
+        assert replica.committed()["version"] == 2
+
+
+def test_a_node_keeps_beating_while_it_loads(tmp_path):
+    """A load twice as long as the silence bound: the node beats meanwhile, so the trainer keeps the control
+    channel and hears the commit's answer itself (no commit in doubt)."""
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        (replica,) = fleet.start([1], setup=_loads_slowly(tmp_path / "loads.txt", 2 * BOUND_S))
+        sender = _sender(replica.endpoint, commit_timeout_s=30.0)
+        try:
+            sender.begin(1)
+            sender.send_bucket(list(state_of(1).items()))
+            control = sender._pools["h20"].controls[replica.endpoint]
+            report = sender.finish()
+            assert sender._pools["h20"].controls[replica.endpoint] is control and not control.lost
+        finally:
+            sender.close()
+        assert report.committed == [str(replica.endpoint)] and report.outcomes == {}, report.failed
+        assert replica.committed()["version"] == 1
+
+
+def test_a_trainer_silent_behind_a_long_load_is_cut_off_within_three_heartbeats(tmp_path):
+    """The load takes 10 s, past the commit's deadline: the trainer reports it in doubt; then a trainer asks for
+    the next version (which waits for the load) and goes silent. The node still hears that channel while the
+    request waits: it closes it after three heartbeats, so a restarted trainer takes over before the load ends,
+    and commits."""
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        (replica,) = fleet.start([1], setup=_loads_slowly(tmp_path / "loads.txt", LONG_LOAD_S))
+        first = _sender(replica.endpoint, commit_timeout_s=0.5, timeout_s=20.0)
+        try:
+            report = first.send_version(1, [list(state_of(1).items())])
+        finally:
+            first.close()
+        assert "still loading version 1" in report.outcomes[str(replica.endpoint)], report.outcomes
+        silent = attacks.TokenHolder(replica.endpoint, TOKEN, heartbeat_ms=int(HEARTBEAT_S * 1000))
+        try:
+            prepare = {"session": "b" * 16, "update": "0" * 64, "version": 2, "upstream": [""], "parts": 1}
+            silent.send({"kind": "prepare", "id": 1, **prepare})  # and nothing more, not even a heartbeat
+            sender = _sender(replica.endpoint, timeout_s=20.0)
+            try:
+                report = sender.send_version(2, [list(state_of(2).items())])
+            finally:
+                sender.close()
+        finally:
+            silent.close()
+        assert report.committed == [str(replica.endpoint)], report.failed
+        assert replica.committed()["version"] == 2

@@ -52,8 +52,12 @@ class TrainerProcess:
 
     def send(self, version: int, timeout_s: float = 60.0) -> list[str]:
         """The replicas that committed ``version``."""
-        self._asks.put(version)
+        self.ask(version)
         return self._answers.get(timeout=timeout_s)
+
+    def ask(self, version: int) -> None:
+        """Start sending ``version`` (without waiting for its report)."""
+        self._asks.put(version)
 
     def __enter__(self) -> TrainerProcess:
         return self
