@@ -110,7 +110,7 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
     from areal.dataset import get_custom_dataset
     from areal.utils.hf_utils import load_hf_tokenizer
 
-    from areal_hex_plugin.areal.run_guard import RunGuard, RunStopped, closed
+    from areal_hex_plugin.areal.run_guard import RunGuard, RunStopped, WorkerDied, closed
     from areal_hex_plugin.areal.trainer import PLAN_FILE, HexPPOTrainer
     from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, TRAIN_ROLE
     from areal_hex_plugin.progress import working
@@ -149,31 +149,38 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
                 )
                 guard.ending(0)
             except RunStopped as stopped:
-                guard.ending(stopped.exit_code)
+                guard.ending(stopped.exit_code, stopped.error)
                 raise
-            except Exception as error:
-                guard.ending(2)
-                lost = lost_training_hosts(trainer)  # asked before the trainer closes its workers
-                if not lost:
-                    raise
-                guard.ending(EXIT_LOST)
-                plan_file = trainer.hex_log_path(PLAN_FILE)
+            except (Exception, WorkerDied) as error:
                 cause = (
                     str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
                 )
+                failure = (
+                    error.error
+                    if isinstance(error, WorkerDied)
+                    else HexError("run", cause, "read the log above")
+                )
+                guard.ending(2, failure)
+                lost = lost_training_hosts(trainer)  # asked before the trainer closes its workers
+                if not lost:
+                    raise
+                lost_error = TrainingLost(
+                    "training",
+                    f"lost {', '.join(lost)} (its training rank stopped answering: {cause}); the run cannot go on "
+                    "with its training layout",
+                    resume_fix(recipe, overrides, config, lost, trainer.hex_log_path(PLAN_FILE)),
+                )
+                guard.ending(EXIT_LOST, lost_error)
     finally:
         guard.close()  # no process of the run outlives it
     if lost:
-        raise TrainingLost(
-            "training",
-            f"lost {', '.join(lost)} (its training rank stopped answering: {cause}); the run cannot go on with "
-            "its training layout",
-            resume_fix(recipe, overrides, config, lost, plan_file),
-        )
+        raise lost_error
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    from areal_hex_plugin.areal.run_guard import RunEnded
+
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return run(argv)
@@ -181,9 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_LOST
     except HexError as exc:
-        code = getattr(exc, "exit_code", 2)  # RunStopped: 128 + the signal
         print(f"error: {_pasteable(exc, argv).message}", file=sys.stderr)
-        return code
+        return 2
+    except RunEnded as ended:  # a worker died, or the driver was stopped
+        print(f"error: {_pasteable(ended.error, argv).message}", file=sys.stderr)
+        return ended.exit_code
 
 
 def _pasteable(exc: HexError, argv: list[str]) -> HexError:

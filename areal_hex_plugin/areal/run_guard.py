@@ -9,9 +9,13 @@ and each worker starts its own (the SGLang servers). :class:`RunGuard`:
   on raises :class:`WorkerDied` in the main thread, so the run ends within about ``interval_s`` (an elastic run
   copes with a lost rollout server, not with a lost worker: its server would go on, out of upstream's reach);
 - turns SIGTERM and SIGINT into :class:`RunStopped` in the main thread, so the trainer closes its workers;
-- once the run ends, gives the trainer :data:`GRACE_S` to close, then kills every process of the run it saw and
-  ends the driver (a teardown that hangs on a dead worker); after a close it kills whatever is left. The run's
-  processes are the workers and theirs, not the driver's own helpers (wandb's service).
+- once the run ends, gives the trainer a grace period to close (:data:`GRACE_S`, shorter after a failure), then
+  says why the run ended, kills every process of the run it saw and ends the driver (a teardown that hangs on a
+  dead worker); after a close it kills whatever is left. The run's processes are the workers and theirs, not the
+  driver's own helpers (wandb's service).
+
+Both exceptions derive from :class:`RunEnded`, a ``BaseException`` as ``KeyboardInterrupt`` is, so an
+``except Exception`` of upstream's that the signal lands in lets it through.
 """
 
 from __future__ import annotations
@@ -33,22 +37,38 @@ from areal_hex_plugin.errors import HexError
 
 WORKER = "areal.infra.rpc.rpc_server"
 INTERVAL_S = 1.0
-GRACE_S = 45.0  # for the trainer to close its workers once the run ends
+GRACE_S = {"done": 300.0, "failed": 30.0}  # for the trainer to close its workers once the run ends
 KILL_WAIT_S = 3.0  # between SIGTERM and SIGKILL for what is left
 _WORKER_DIED = signal.SIGUSR2
 
 
-class WorkerDied(HexError):
+class RunEnded(BaseException):  # noqa: N818 (an interruption, as KeyboardInterrupt is)
+    """The run ends now: ``error`` says why, ``exit_code`` is the driver's."""
+
+    def __init__(self, error: HexError, exit_code: int) -> None:
+        super().__init__(error.message)
+        self.error, self.exit_code = error, exit_code
+
+
+class WorkerDied(RunEnded):
     """A worker of the run is gone while the run goes on."""
 
+    def __init__(self, seen: Seen) -> None:
+        error = HexError(
+            f"worker {seen.role}",
+            f"process {seen.pid} ({seen.role}) is gone while the run goes on",
+            "read its log under the run's log folder (<role>.log); the run cannot go on without it",
+        )
+        super().__init__(error, 2)
 
-class RunStopped(HexError):
+
+class RunStopped(RunEnded):
     """The driver was asked to stop (SIGTERM, SIGINT)."""
 
     def __init__(self, signum: int) -> None:
         name = signal.Signals(signum).name
-        super().__init__("run", f"stopped by {name}; its workers were stopped with it", "start it again")
-        self.exit_code = 128 + signum
+        error = HexError("run", f"stopped by {name}; its workers were stopped with it", "start it again")
+        super().__init__(error, 128 + signum)
 
 
 @contextmanager
@@ -112,12 +132,7 @@ class RunGuard:
             raise RunStopped(signum)
 
         def died(signum, frame):
-            seen = self.died
-            raise WorkerDied(
-                f"worker {seen.role}",
-                f"process {seen.pid} ({seen.role}) is gone while the run goes on",
-                "read its log under the run's log folder (<role>.log); the run cannot go on without it",
-            )
+            raise WorkerDied(self.died)
 
         signal.signal(signal.SIGTERM, stopped)
         signal.signal(signal.SIGINT, stopped)
@@ -134,22 +149,26 @@ class RunGuard:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.interval_s + 5)
 
-    def ending(self, code: int) -> None:
-        """The run ends with exit ``code``: if closing it takes longer than :data:`GRACE_S`, kill everything and
-        exit with ``code``."""
+    def ending(self, code: int, error: HexError | None = None) -> None:
+        """The run ends with exit ``code`` (``error``: it failed, saying why): if closing it takes longer than its
+        grace period, say why it ended, kill every process of the run and exit with ``code``."""
         self.stop_watching()
-        self._last_resort(code)
+        self._last_resort(code, error)
 
-    def _last_resort(self, code: int) -> None:
+    def _last_resort(self, code: int, error: HexError | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        grace_s = GRACE_S["failed" if error else "done"]
 
         def kill() -> None:
-            print(f"error: run: it did not end within {GRACE_S:.0f} s; killing its processes", flush=True)
+            note = f"areal-hex: the run's workers did not close within {grace_s:.0f} s; killing them"
+            print(note, file=sys.stderr, flush=True)
+            if error is not None:
+                print(f"error: {error.message}", file=sys.stderr, flush=True)
             self.kill_all()
             os._exit(code)
 
-        self._timer = threading.Timer(GRACE_S, kill)
+        self._timer = threading.Timer(grace_s, kill)
         self._timer.daemon = True
         self._timer.start()
 
@@ -202,6 +221,7 @@ class RunGuard:
             for seen in list(self.seen.values()):
                 if seen.role is not None and not seen.alive() and not self._stop.is_set():
                     self.died = seen
-                    self._last_resort(2)  # should upstream's code swallow the exception
+                    died = WorkerDied(seen)
+                    self._last_resort(died.exit_code, died.error)  # should the main thread not end the run
                     signal.pthread_kill(self._main, _WORKER_DIED)
                     return

@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from areal_hex_plugin.areal.run_guard import RunGuard, RunStopped, WorkerDied, closed
+from areal_hex_plugin.areal.run_guard import RunGuard, RunStopped, Seen, WorkerDied, closed
 
 
 def _worker(role: str) -> subprocess.Popen:
@@ -33,6 +33,18 @@ def guard():
         signal.signal(sig, handler)
 
 
+def _until(condition, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _seen_all(guard: RunGuard, count: int) -> None:
+    """Until the guard has seen ``count`` processes (the workers and their children started)."""
+    _until(lambda: len(guard.seen) == count)
+
+
 def _wait_for_exception(seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -42,7 +54,7 @@ def _wait_for_exception(seconds: float) -> None:
 def test_a_dead_worker_ends_the_run_and_a_dead_child_of_one_does_not(guard) -> None:
     actor, rollout = _worker("actor"), _worker("rollout")
     guard.watch()
-    time.sleep(1.0)  # seen, with their children
+    _seen_all(guard, 4)  # each worker and its child
     (server,) = psutil.Process(rollout.pid).children()  # as a rollout worker's SGLang server
     server.kill()
     _wait_for_exception(1.0)  # no exception: a lost server is the elastic run's to handle
@@ -60,7 +72,7 @@ def test_nothing_the_guard_saw_outlives_it_but_the_drivers_own_helpers_do(guard)
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # as wandb's service
     try:
         guard.watch()
-        time.sleep(1.0)
+        _seen_all(guard, 4)
         seen = [s.pid for s in guard.seen.values()]
         assert len(seen) == 4 and helper.pid not in seen  # each worker and its child
         assert sorted(str(s.role) for s in guard.seen.values()) == ["None", "None", "actor", "rollout"]
@@ -90,7 +102,7 @@ class _Trainer:
 def test_a_close_that_fails_after_the_run_failed_does_not_hide_why_it_failed(capsys) -> None:
     trainer = _Trainer(fails=True)
     with pytest.raises(WorkerDied), closed(trainer):
-        raise WorkerDied("worker actor", "process 1 (actor) is gone", "read its log")
+        raise WorkerDied(Seen(1, 0.0, "python -m areal.infra.rpc.rpc_server --role actor", "actor"))
     assert trainer.closed == 1
     assert capsys.readouterr().err == (
         "areal-hex: closing the run's workers after it failed: Cannot connect to host 192.0.2.2:18666\n"
@@ -107,4 +119,5 @@ def test_sigterm_becomes_run_stopped_with_its_exit_code(guard) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         _wait_for_exception(5.0)
     assert stopped.value.exit_code == 128 + signal.SIGTERM
-    assert "stopped by SIGTERM" in stopped.value.message
+    assert "stopped by SIGTERM" in stopped.value.error.message
+    assert not isinstance(stopped.value, Exception)  # through upstream's `except Exception` handlers
