@@ -1,4 +1,4 @@
-"""Every ``areal-hex`` example in README.md, CONTRIBUTING.md, the recipes' headers and ``--help`` runs.
+"""Every ``areal-hex`` example in README.md, docs/*.md, CONTRIBUTING.md, the recipes' headers and ``--help`` runs.
 
 Synopses (``areal-hex plan RECIPE [--json OUT] ...``) run twice: with no optional part, and with every optional
 part (the first of each ``a | b``); ``reproduce`` only the second way. Placeholders get concrete values; commands that need hardware this machine
@@ -21,7 +21,7 @@ from areal_hex_plugin.schemas import NAMES, load_schema
 from tests.conftest import RECIPES, REPO
 from tests.costmodel.helpers import TRUTH, recipe, synthetic_measurements
 
-DOCS = ("README.md", "CONTRIBUTING.md")
+DOCS = ("README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")), "CONTRIBUTING.md")
 # What each placeholder becomes; {tmp} is the test's working folder (recipes/ is linked into it).
 PLACEHOLDERS = {
     "RECIPE": "recipes/paper/7b.yaml",

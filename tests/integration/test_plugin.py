@@ -190,7 +190,7 @@ def test_patched_upstream_trainer_builds_hex_schedulers_by_name_and_class_path(t
 
 
 def test_readme_user_script_names_what_exists() -> None:
-    """The README's upstream-style script parses, and everything it imports is there (it runs for real on a
+    """docs/running.md's upstream-style script parses, and everything it imports is there (it runs for real on a
     cluster; here the imports and the trainer's keywords)."""
     import ast
     import importlib
@@ -199,8 +199,8 @@ def test_readme_user_script_names_what_exists() -> None:
 
     from areal_hex_plugin.areal.trainer import HexPPOTrainer
 
-    readme = (REPO / "README.md").read_text()
-    script = re.search(r"### Your own script.*?```python\n(.*?)```", readme, flags=re.S).group(1)
+    readme = (REPO / "docs/running.md").read_text()
+    script = re.search(r"## Your own script.*?```python\n(.*?)```", readme, flags=re.S).group(1)
     tree = ast.parse(script)
     imported = [(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names]
     assert ("areal_hex_plugin.areal.plugin", "register") in imported
