@@ -9,6 +9,7 @@ placement and exits without starting anything. Bad input exits 2 with one messag
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from areal_hex_plugin.errors import HexError
@@ -134,6 +135,7 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
     guard = RunGuard()
     guard.install()
     guard.watch()
+    trainer = None
     try:
         with working(starting):
             trainer = HexPPOTrainer(
@@ -172,10 +174,23 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
                 )
                 guard.ending(EXIT_LOST, lost_error)
     finally:
+        forget_workers(trainer)
         guard.close()  # no process of the run outlives it
     if lost:
         raise lost_error
     return 0
+
+
+def forget_workers(trainer) -> None:
+    """Have upstream's scheduler let go of every worker now: a close that failed part-way leaves some listed, and
+    its ``__del__`` would delete them at interpreter exit, starting threads that can no longer start (a hang)."""
+    scheduler = getattr(trainer, "scheduler", None)
+    if scheduler is None:
+        return
+    try:
+        scheduler.delete_workers()
+    except Exception as error:  # their processes go with the run guard's close
+        print(f"areal-hex: letting go of the run's workers: {error}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,5 +223,11 @@ def _pasteable(exc: HexError, argv: list[str]) -> HexError:
     return exc
 
 
+EXIT_S = 60  # at most this long from main's end to the process's: upstream's teardown can hang at exit
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(EXIT_S)  # the kernel ends the process if interpreter exit hangs; no thread can start then
+    sys.exit(code)
