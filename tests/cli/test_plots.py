@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import math
 
 import matplotlib.image
 import pytest
@@ -46,8 +48,32 @@ def test_the_pareto_plot_has_units_the_budget_line_and_each_points_gpu_mix():
     assert f"budget ${plan.objective.budget_per_hour:,.2f}/h" in labels
     budget = next(line for line in ax.get_lines() if line.get_label().startswith("budget"))
     assert list(budget.get_xdata()) == [plan.objective.budget_per_hour] * 2
-    for name, b in plan.baselines.items():
-        assert f"{name}: {_gpus(b.gpus)}" in labels  # each baseline's GPU mix
+    for name, b in plan.baselines.items():  # each baseline's GPU mix
+        assert any(label.startswith(f"{name}: {_gpus(b.gpus)}") for label in labels)
+
+
+def test_baselines_equal_to_the_chosen_plan_are_rings_around_its_star_and_say_so():
+    plan = plan_recipe(load_recipe(PAPER_7B))
+    chosen = (plan.predicted.cost_per_hour, plan.predicted.tokens_per_s)
+    same = [
+        n for n, b in plan.baselines.items() if (b.cost_per_hour, b.tokens_per_s) == pytest.approx(chosen)
+    ]
+    assert len(same) == 2  # the 7B plan is 24 H800-PCIe: homogeneous-H800-PCIe and uniform are the same plan
+    ax = frontier_figure(plan).axes[0]
+    at_chosen = [c for c in ax.collections if tuple(c.get_offsets()[0]) == pytest.approx(chosen)]
+    assert [c.get_label().split(":")[0] for c in at_chosen] == ["chosen", *same]  # the star, then the rings
+    # Each marker drawn over the point is wider than those under it (sizes are pt^2: compare widths, in points),
+    # and hollow, so the star and every ring stay visible.
+    widths = [math.sqrt(c.get_sizes()[0]) for c in at_chosen]
+    assert all(outer - inner >= 5 for inner, outer in itertools.pairwise(widths)), widths
+    assert all(len(c.get_facecolors()) == 0 for c in at_chosen[1:])
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    for name in same:
+        assert f"{name}: {_gpus(plan.baselines[name].gpus)} (= chosen)" in labels
+    others = set(plan.baselines) - set(same)
+    assert others and not any(
+        label.endswith("(= chosen)") for label in labels if label.split(":")[0] in others
+    )
 
 
 def _drawn_states(result, window: tuple[float, float]) -> set[str]:
