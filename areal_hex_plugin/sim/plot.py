@@ -50,9 +50,20 @@ def _draw_pool(ax: Any, rows: dict[str, list[Segment]], window: tuple[float, flo
             ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=COLORS[state])
         drawn.update(by_state)
     ax.set_yticks(range(len(names)), names, fontsize=8)
-    ax.invert_yaxis()
+    ax.set_ylim(len(names) - 0.5, -0.5)  # the first row on top, no empty band above or below
     ax.set_xlim(start, end)
     return drawn
+
+
+def _pool_title(pool: str, rows: dict[str, list[Segment]]) -> str:
+    if len(rows) <= MAX_ROWS:
+        return f"pool {pool}"
+    return f"pool {pool} (first {MAX_ROWS} of {len(rows)} rows; simulate --trace has all)"
+
+
+def pool_order(timeline: dict[str, dict[str, list[Segment]]]) -> list[str]:
+    """The trainer's pool on top, then the others by name."""
+    return sorted(timeline, key=lambda pool: ("trainer" not in timeline[pool], pool))
 
 
 def _mark_steps(axes: list[Any], result: SimResult, first: int) -> None:
@@ -80,7 +91,7 @@ def timelines_figure(result: SimResult, title: str = "") -> Any:
     from matplotlib.patches import Patch
 
     start, end, what = _window(result, WINDOW_STEPS)
-    pools = sorted(result.timeline)
+    pools = pool_order(result.timeline)
     heights = [len(_shown_rows(result.timeline[p])) for p in pools]
     fig, axes = plt.subplots(
         len(pools),
@@ -94,11 +105,7 @@ def timelines_figure(result: SimResult, title: str = "") -> Any:
     drawn: set[str] = set()
     for ax, pool in zip(axes, pools, strict=True):
         drawn |= _draw_pool(ax, result.timeline[pool], (start, end))
-        total = len(result.timeline[pool])
-        more = f" (first {MAX_ROWS} of {total} rows; simulate --trace has all)" if total > MAX_ROWS else ""
-        ax.set_title(f"pool {pool}", loc="left", fontsize=9)
-        if more:
-            ax.set_title(more, loc="right", fontsize=8)
+        ax.set_title(_pool_title(pool, result.timeline[pool]), loc="left", fontsize=9)
     _mark_steps(axes, result, len(result.steps) - len(result.steps[-WINDOW_STEPS:]) + 1)
     axes[-1].set_xlabel("simulated time (s)")
     fig.suptitle(f"{title}: {what}" if title else what)

@@ -16,7 +16,7 @@ from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.planner.report import _gpus, frontier_figure
 from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec
-from areal_hex_plugin.sim.plot import COLORS, WINDOW_STEPS, _window, timelines_figure
+from areal_hex_plugin.sim.plot import COLORS, WINDOW_STEPS, _window, pool_order, timelines_figure
 from areal_hex_plugin.sim.result import row_order
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
@@ -93,8 +93,9 @@ def test_one_figure_has_every_pools_timeline_step_boundaries_and_only_the_states
     start, end, what = _window(result, WINDOW_STEPS)
     assert what == f"steps {8 - WINDOW_STEPS + 1}-8 of 8"
     fig = timelines_figure(result, "Qwen3-4B")
-    # One axes per pool, each with every replica (and the trainer) of that pool as a row.
-    pools = sorted(result.timeline)
+    # One axes per pool, the trainer's on top, each with every replica (and the trainer) of that pool as a row.
+    pools = pool_order(result.timeline)
+    assert "trainer" in result.timeline[pools[0]] and sorted(pools) == sorted(result.timeline)
     assert [ax.get_title(loc="left") for ax in fig.axes] == [f"pool {pool}" for pool in pools]
     for ax, pool in zip(fig.axes, pools, strict=True):
         rows = result.timeline[pool]
