@@ -13,7 +13,7 @@ import shlex
 import sys
 
 from areal_hex_plugin import __version__
-from areal_hex_plugin.commands.common import NOTES
+from areal_hex_plugin.commands.common import NOTES, refuse_several_recipes
 from areal_hex_plugin.errors import HexError
 
 COMMANDS = (
@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     NOTES.clear()
     try:
+        if getattr(args, "recipe", None) and hasattr(args, "overrides"):
+            refuse_several_recipes(args.command, args.recipe, args.overrides)
         code = args.run(args)
         sys.stdout.flush()  # the notes follow the output, also when both go to one terminal
         for note in NOTES:

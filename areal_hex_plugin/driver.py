@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import sys
 
+from areal_hex_plugin.commands.common import refuse_several_recipes
 from areal_hex_plugin.errors import HexError
 
 
@@ -30,6 +31,7 @@ def split_argv(argv: list[str]) -> tuple[str, list[str]]:
         raise HexError(
             "--config", "is missing", "run: python -m areal_hex_plugin.driver --config RECIPE.yaml"
         )
+    refuse_several_recipes("--config", path, rest)
     return path, rest
 
 

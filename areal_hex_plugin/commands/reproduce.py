@@ -50,6 +50,6 @@ def run(args: argparse.Namespace) -> int:
 
         folder = Path(args.plots).expanduser()
         for name, result in runs.items():
-            paths = plot_timelines(result.result, folder / f"{name}.png", title=name)
-            print(f"{name}: timelines in {', '.join(p.name for p in paths)}", file=con)
+            path = plot_timelines(result.result, folder / f"{name}.png", title=name)
+            print(f"{name}: timelines in {path.name}", file=con)
     return 0

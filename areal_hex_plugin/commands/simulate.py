@@ -37,7 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", metavar="OUT", help="write the simulation results as JSON; - for stdout")
     parser.add_argument(
-        "--plot", metavar="OUT.png", help="draw a timeline per pool over the last steps (OUT-<pool>.png)"
+        "--plot",
+        metavar="OUT.png",
+        help="draw every pool's timeline over the last steps in one figure, step boundaries marked; - for stdout",
     )
     parser.add_argument(
         "--trace",
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         )
     check_writable(args.json, "--json")
     check_writable(args.trace, "--trace")
-    out = console(args.json, args.trace)
+    check_writable(args.plot, "--plot")
+    out = console(args.json, args.trace, args.plot)
     recipe = load_recipe_from_args(args)
     samples = args.steps * recipe.workload.rl.samples_per_step
     if samples > MAX_SAMPLES:
@@ -117,6 +120,5 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from areal_hex_plugin.sim.plot import plot_timelines
 
-        for path in plot_timelines(shown, args.plot, title=recipe.workload.model.name):
-            print(f"timeline plotted to {path}", file=out)
+        print(f"timeline plotted to {plot_timelines(shown, args.plot, recipe.workload.model.name)}", file=out)
     return 0

@@ -287,6 +287,22 @@ def _gpus(*parts: dict[str, int]) -> str:
     return " + ".join(f"{n} {t}" for t, n in sorted(total.items()))
 
 
+STAR_SIZE = 220  # the chosen plan's marker area (pt^2)
+BASELINE_SIZE = 90
+RING_GAP_PT = 7  # a baseline at a point already marked is this much wider than the widest marker there
+
+
+def _same_point(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(a, b, strict=True))
+
+
+def _ring_size(at: tuple[float, float], drawn: list[tuple[tuple[float, float], float]]) -> float:
+    """A hollow baseline marker's area at ``at``: wider than every marker already drawn there (the chosen plan's
+    star, an equal baseline), so each shows as a ring around the ones under it."""
+    under = [math.sqrt(size) for point, size in drawn if _same_point(point, at)]
+    return (max(under) + RING_GAP_PT) ** 2 if under else BASELINE_SIZE
+
+
 def frontier_figure(plan: HexPlan):
     """Cost vs tokens/s: the Pareto frontier with each point's GPU mix, the budget or target line, the chosen plan
     and the baselines (a matplotlib figure)."""
@@ -330,21 +346,28 @@ def frontier_figure(plan: HexPlan):
             color="darkorange",
             label=f"target {obj.target_tokens_per_s:,.0f} tokens/s",
         )
-    chosen = _gpus(plan.train.gpus, plan.rollout.gpus)
-    ax.scatter(p.cost_per_hour, p.tokens_per_s, marker="*", s=220, color="crimson", zorder=3,
-               label=f"chosen: {chosen}")  # fmt: skip
-    # Hollow baseline markers drawn over the chosen plan stay visible where they coincide.
+    chosen = (p.cost_per_hour, p.tokens_per_s)
+    ax.scatter(*chosen, marker="*", s=STAR_SIZE, color="crimson", zorder=3,
+               label=f"chosen: {_gpus(plan.train.gpus, plan.rollout.gpus)}")  # fmt: skip
+    drawn = [(chosen, STAR_SIZE)]
     for i, (name, b) in enumerate(plan.baselines.items()):
         if b.tokens_per_s > 0:
-            ax.scatter(b.cost_per_hour, b.tokens_per_s, marker="s", s=90, facecolors="none", edgecolors=f"C{i}",
-                       zorder=3, label=f"{name}: {_gpus(b.gpus)}")  # fmt: skip
+            at = (b.cost_per_hour, b.tokens_per_s)
+            size = _ring_size(at, drawn)
+            drawn.append((at, size))
+            same = " (= chosen)" if _same_point(at, chosen) else ""
+            ax.scatter(*at, marker="s", s=size, facecolors="none", edgecolors=f"C{i}", linewidths=1.5,
+                       zorder=3, label=f"{name}: {_gpus(b.gpus)}{same}")  # fmt: skip
     ax.set_xlabel("cost (US$ per hour)")
     ax.set_ylabel("predicted throughput (tokens/s)")
     ax.xaxis.set_major_formatter(StrMethodFormatter("${x:,.0f}"))
     ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.set_title(f"{plan.model}: cost vs throughput, {_objective(plan)}", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7.5, loc="lower right")
+    legend = ax.legend(fontsize=7.5, loc="lower right")
+    for handle, text in zip(legend.legend_handles, legend.get_texts(), strict=True):
+        if text.get_text().split(":")[0] in plan.baselines:
+            handle.set_sizes([BASELINE_SIZE])  # the rings' own sizes would crowd the legend
     fig.tight_layout()
     return fig
 

@@ -21,7 +21,11 @@ from areal_hex_plugin.schemas import NAMES, load_schema
 from tests.conftest import RECIPES, REPO
 from tests.costmodel.helpers import TRUTH, recipe, synthetic_measurements
 
-DOCS = ("README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")), "CONTRIBUTING.md")
+DOCS = (
+    "README.md",
+    *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")),
+    "CONTRIBUTING.md",
+)
 # What each placeholder becomes; {tmp} is the test's working folder (recipes/ is linked into it).
 PLACEHOLDERS = {
     "RECIPE": "recipes/paper/7b.yaml",

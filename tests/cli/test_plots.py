@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import math
 
+import matplotlib.image
 import pytest
 
 from areal_hex_plugin.cli import main
@@ -13,7 +16,8 @@ from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.planner.report import _gpus, frontier_figure
 from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec
-from areal_hex_plugin.sim.plot import WINDOW_STEPS, _window, timeline_figure
+from areal_hex_plugin.sim.plot import COLORS, WINDOW_STEPS, _window, pool_order, timelines_figure
+from areal_hex_plugin.sim.result import row_order
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
 
@@ -44,26 +48,84 @@ def test_the_pareto_plot_has_units_the_budget_line_and_each_points_gpu_mix():
     assert f"budget ${plan.objective.budget_per_hour:,.2f}/h" in labels
     budget = next(line for line in ax.get_lines() if line.get_label().startswith("budget"))
     assert list(budget.get_xdata()) == [plan.objective.budget_per_hour] * 2
-    for name, b in plan.baselines.items():
-        assert f"{name}: {_gpus(b.gpus)}" in labels  # each baseline's GPU mix
+    for name, b in plan.baselines.items():  # each baseline's GPU mix
+        assert any(label.startswith(f"{name}: {_gpus(b.gpus)}") for label in labels)
 
 
-def test_the_timeline_draws_every_replica_over_the_last_steps_with_the_title_clear_of_the_legend(run):
+def test_baselines_equal_to_the_chosen_plan_are_rings_around_its_star_and_say_so():
+    plan = plan_recipe(load_recipe(PAPER_7B))
+    chosen = (plan.predicted.cost_per_hour, plan.predicted.tokens_per_s)
+    same = [
+        n for n, b in plan.baselines.items() if (b.cost_per_hour, b.tokens_per_s) == pytest.approx(chosen)
+    ]
+    assert len(same) == 2  # the 7B plan is 24 H800-PCIe: homogeneous-H800-PCIe and uniform are the same plan
+    ax = frontier_figure(plan).axes[0]
+    at_chosen = [c for c in ax.collections if tuple(c.get_offsets()[0]) == pytest.approx(chosen)]
+    assert [c.get_label().split(":")[0] for c in at_chosen] == ["chosen", *same]  # the star, then the rings
+    # Each marker drawn over the point is wider than those under it (sizes are pt^2: compare widths, in points),
+    # and hollow, so the star and every ring stay visible.
+    widths = [math.sqrt(c.get_sizes()[0]) for c in at_chosen]
+    assert all(outer - inner >= 5 for inner, outer in itertools.pairwise(widths)), widths
+    assert all(len(c.get_facecolors()) == 0 for c in at_chosen[1:])
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    for name in same:
+        assert f"{name}: {_gpus(plan.baselines[name].gpus)} (= chosen)" in labels
+    others = set(plan.baselines) - set(same)
+    assert others and not any(
+        label.endswith("(= chosen)") for label in labels if label.split(":")[0] in others
+    )
+
+
+def _drawn_states(result, window: tuple[float, float]) -> set[str]:
+    """The states of every segment that overlaps the window, read from the simulation itself."""
+    start, end = window
+    return {
+        s.state
+        for rows in result.timeline.values()
+        for segments in rows.values()
+        for s in segments
+        if s.end_s > start and s.start_s < end
+    }
+
+
+def test_one_figure_has_every_pools_timeline_step_boundaries_and_only_the_states_drawn(run):
     plan, result = run
-    pool = next(g.pool for g in plan.rollout.replicas)
-    rows = result.timeline[pool]
-    replicas = sum(g.count for g in plan.rollout.replicas if g.pool == pool)
-    assert len([n for n in rows if n != "trainer"]) == replicas
     start, end, what = _window(result, WINDOW_STEPS)
-    fig = timeline_figure(rows, f"pool {pool}, {what}", (start, end))
-    ax = fig.axes[0]
-    assert len(ax.get_yticks()) == len(rows) and ax.get_xlim() == (start, end)
     assert what == f"steps {8 - WINDOW_STEPS + 1}-8 of 8"
+    fig = timelines_figure(result, "Qwen3-4B")
+    # One axes per pool, the trainer's on top, each with every replica (and the trainer) of that pool as a row.
+    pools = pool_order(result.timeline)
+    assert "trainer" in result.timeline[pools[0]] and sorted(pools) == sorted(result.timeline)
+    assert [ax.get_title(loc="left") for ax in fig.axes] == [f"pool {pool}" for pool in pools]
+    for ax, pool in zip(fig.axes, pools, strict=True):
+        rows = result.timeline[pool]
+        assert [t.get_text() for t in ax.get_yticklabels()] == sorted(rows, key=row_order)
+        assert ax.get_xlim() == (start, end)
+    replicas = sum(g.count for g in plan.rollout.replicas)
+    assert sum(len([n for n in rows if n != "trainer"]) for rows in result.timeline.values()) == replicas
+    # A dashed line at each boundary between the steps drawn, on every pool's axes, each step named above.
+    boundaries = [s.end_s for s in result.steps[-WINDOW_STEPS:-1]]
+    for ax in fig.axes:
+        assert sorted(line.get_xdata()[0] for line in ax.get_lines()) == pytest.approx(boundaries)
+    assert [t for t in _texts(fig) if t.startswith("step ")] == [f"step {k}" for k in range(6, 9)]
+    # The legend names the states that occur in the window, no other.
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert len(fig.legends) == 1 and sorted(labels) == sorted(_drawn_states(result, (start, end)))
+    assert set(labels) < set(COLORS)  # not the list of every state: this run has no stall
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
-    title, legend = ax.title.get_window_extent(renderer), fig.legends[0].get_window_extent(renderer)
+    title, legend = fig._suptitle.get_window_extent(renderer), fig.legends[0].get_window_extent(renderer)
     assert not title.overlaps(legend)
-    assert not legend.overlaps(ax.xaxis.label.get_window_extent(renderer))
+    assert not legend.overlaps(fig.axes[-1].xaxis.label.get_window_extent(renderer))
+
+
+def test_simulate_plot_writes_one_png(tmp_path, capsys):
+    out = tmp_path / "t.png"
+    assert main(["simulate", str(MIX), "--steps", "4", "--plot", str(out)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["t.png"]
+    image = matplotlib.image.imread(out)  # a PNG that reads back, as tall as two pools' rows need
+    assert image.shape[0] > image.shape[1] / 4
+    assert f"timeline plotted to {out}" in capsys.readouterr().out
 
 
 def test_simulate_trace_has_every_replica_and_every_step(tmp_path, capsys):

@@ -74,13 +74,9 @@ def test_reproduce_writes_the_paper_tables_and_json(tmp_path, capsys):
         assert all(v > 0 for v in data["per_dollar"][model].values())
     assert set(data["scheduler_time_s"]) == {"24", "32", "40", "56"}
     assert "Equal budget" in capsys.readouterr().out
-    for key, row in data["plans"].items():
-        drawn = list(plots.glob(f"{key}-*.png"))
-        # One timeline per pool the plan uses: a type's pool of whole machines and, rented by the GPU, the
-        # "-part" pool of the remainder (pools are named after their GPU type in the paper recipes).
-        pools = {p.name.removeprefix(f"{key}-").removesuffix(".png").removesuffix("-part") for p in drawn}
-        assert pools == {{"H800-PCIe": "h800", "H20": "h20"}[t] for t in row["gpus"]}, key
-        assert all(p.stat().st_size > 0 for p in drawn)
+    # One figure per simulated plan, every pool's timeline in it.
+    assert sorted(p.name for p in plots.iterdir()) == sorted(f"{key}.png" for key in data["plans"])
+    assert all(p.stat().st_size > 0 for p in plots.iterdir())
 
 
 def test_reproduce_refuses_a_folder_without_the_paper_recipes(tmp_path, capsys):

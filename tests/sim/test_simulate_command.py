@@ -67,8 +67,7 @@ def test_simulate_with_a_saved_plan_writes_json_and_timelines(planned, tmp_path,
     assert data["steps"] == 6 and data["tokens_per_s"] > 0
     assert set(data["breakdown_s"]) == {"rollout_wait", "train", "sync", "rollout_idle"}
     assert sum(data["staleness_histogram"].values()) == 6 * plan_samples(planned[0])
-    pools = {m.pool for m in plan.machines if m.role != "idle"}
-    assert sorted(p.name for p in tmp_path.glob("t-*.png")) == sorted(f"t-{pool}.png" for pool in pools)
+    assert [p.name for p in tmp_path.glob("t*.png")] == ["t.png"]  # every pool's timeline in one figure
     assert "simulated" in capsys.readouterr().out
 
 
