@@ -99,6 +99,22 @@ def _trickles_downstream(node: ReceiverNode) -> None:
     node_module._Forwarder._forward = trickle
 
 
+def _claims_its_forward_to(downstream: str):
+    """A middle that forwards every bucket whole, then reports that its forward to ``downstream`` (its real
+    downstream) failed."""
+
+    def setup(node: ReceiverNode) -> None:
+        receive = node._receive_bucket
+
+        def lying(session, header, channel, link) -> None:
+            receive(session, header, channel, link)
+            node._report(make(Kind.FORWARD_FAILED, session=session.id, peer=downstream, error="made up"))
+
+        node._receive_bucket = lying
+
+    return setup
+
+
 # -- tests ---------------------------------------------------------------------------------------------------
 
 
@@ -155,3 +171,21 @@ def test_a_middle_that_trickles_downstream_is_routed_out_not_its_tail(tmp_path):
         assert sorted(report.committed) == sorted([str(relay.endpoint), str(tail.endpoint)]), report.failed
         assert "stalled" in report.failed[str(middle.endpoint)]
         assert _holds(relay, _state(4, tensors=2), 1) and _holds(tail, _state(4, tensors=2), 1)
+
+
+def test_a_middle_that_claims_its_forward_failed_while_its_tail_gets_everything_is_routed_out(tmp_path):
+    """The middle forwards every bucket, then says the forward to its tail failed: the tail's own
+    acknowledgements (each with the digest of the right bytes, which only came through the middle) refute it.
+    The liar is routed out and excluded; the tail, which never said its link broke, commits."""
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        relay, tail = fleet.start([1, 1])
+        (middle,) = fleet.start([1], setup=_claims_its_forward_to(str(tail.endpoint)))
+        sender = _sender(relay, middle, tail)
+        try:
+            report = sender.send_version(1, _one_per_bucket(_state(5)))
+        finally:
+            sender.close()
+        assert sorted(report.committed) == sorted([str(relay.endpoint), str(tail.endpoint)]), report.failed
+        assert "excluded" in report.failed[str(middle.endpoint)], report.failed
+        assert _holds(relay, _state(5), 1) and _holds(tail, _state(5), 1)
+        assert middle.committed()["version"] == -1
