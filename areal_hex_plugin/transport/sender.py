@@ -1048,9 +1048,7 @@ class RelaySender:
             state.deferred.append((endpoint, message))
             return
         if copy >= self.config.max_resends:
-            # The first replica of the chain without a good copy sits behind the bad link.
-            suspect = next(e for e in state.alive if e not in state.acked.get(index, set()))
-            self._reroute(state, f"bucket {index} arrived corrupted {copy + 1} times", suspect)
+            self._blame_corruption(state, index, copy)
             return
         assert self._report is not None
         self._report.resent_buckets += 1
@@ -1062,6 +1060,22 @@ class RelaySender:
         else:  # its part's sender sends the next copy in the repair round
             state.copies[index] = copy + 1
             self._repairs.setdefault(state.route.name, _Repair()).resend[index] = copy + 1
+
+    def _blame_corruption(self, state: _PoolState, index: int, copy: int) -> None:
+        """Bucket ``index`` arrived corrupted ``copy + 1`` times behind the link into the first replica without a
+        good copy. Fed by this sender, that replica is routed out; fed by a replica that acknowledged the bucket
+        whole, the link is disputed: the upstream may have forwarded other bytes than it holds, or the downstream
+        may report bytes it never got, and a digest of what arrived proves neither (both ends hold the key)."""
+        suspect = next(e for e in state.alive if e not in state.acked.get(index, set()))
+        reason = f"bucket {index} arrived corrupted {copy + 1} times"
+        position = state.alive.index(suspect)
+        if position == 0:
+            self._reroute(state, reason, suspect)
+            return
+        upstream = state.alive[position - 1]
+        self._dispute(
+            state, upstream, suspect, f"{reason} at {suspect}, from {upstream}, which holds it whole"
+        )
 
     def _repair_link(self, state: _PoolState, endpoint: Endpoint, reason: str) -> None:
         """A link into ``endpoint`` broke while the replica itself still answers: a repair round (the pool's

@@ -115,6 +115,19 @@ def _claims_its_forward_to(downstream: str):
     return setup
 
 
+def _corrupts_downstream(node: ReceiverNode) -> None:
+    """Receives (and acknowledges) every bucket whole, forwards each chunk with its first byte flipped."""
+    forward = node_module._Forwarder._forward
+
+    def corrupt(self, kind, payload) -> None:
+        if kind == "chunk":
+            payload = payload.reshape(-1).view(torch.uint8).clone()
+            payload[0] ^= 0xFF
+        forward(self, kind, payload)
+
+    node_module._Forwarder._forward = corrupt
+
+
 # -- tests ---------------------------------------------------------------------------------------------------
 
 
@@ -189,3 +202,24 @@ def test_a_middle_that_claims_its_forward_failed_while_its_tail_gets_everything_
         assert "excluded" in report.failed[str(middle.endpoint)], report.failed
         assert _holds(relay, _state(5), 1) and _holds(tail, _state(5), 1)
         assert middle.committed()["version"] == -1
+
+
+def test_a_middle_that_corrupts_what_it_forwards_does_not_get_its_tail_routed_out(tmp_path):
+    """The middle acknowledges every bucket (it holds the right bytes) and forwards them corrupted; the tail's
+    NACKs are honest. Who corrupted the bytes on that link is not provable, so its ends are separated (the tail
+    is fed by the sender, the middle feeds nobody): every replica commits the right bytes, this version and the
+    next, which keeps the separated order."""
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        (relay,) = fleet.start([1])
+        (middle,) = fleet.start([1], setup=_corrupts_downstream)
+        (tail,) = fleet.start([1])
+        everyone = sorted(str(r.endpoint) for r in (relay, middle, tail))
+        sender = _sender(relay, middle, tail)
+        try:
+            first = sender.send_version(1, _one_per_bucket(_state(6)))
+            second = sender.send_version(2, _one_per_bucket(_state(7)))
+        finally:
+            sender.close()
+        assert sorted(first.committed) == everyone, first.failed
+        assert sorted(second.committed) == everyone and second.resent_buckets == 0, second.failed
+        assert all(_holds(replica, _state(7), 2) for replica in (relay, middle, tail))
