@@ -21,10 +21,15 @@ about the reporter's real downstream is a claim the downstream's own view decide
 round; its acknowledging every bucket (each with the digest of the right bytes, which only the reporter forwarded
 to it) proves the claim false; a stall with the claim open disputes the link. A pool that stops making progress is
 asked, on both ends of the link into its first replica that lacks buckets, who holds the bytes: an upstream that
-holds bytes to forward while its socket and its downstream wait is the one routed out.
+holds bytes to forward while its socket and its downstream wait is the one routed out, a downstream that leaves
+bytes unread is; an upstream's figures that would clear it (nothing held, or a downstream that does not take its
+bytes while that downstream has none unread) are its own word against the downstream's, so the link is disputed.
 
-A link whose ends disagree, or that breaks ``max_resends`` times, with no evidence the sender can check against
-either end, is disputed rather than blamed on its downstream (which an upstream can always frame): its ends are
+An end is routed out only on evidence it cannot have been framed by: its own figures or reports against itself,
+a claim refuted by what the sender checks (its digests, what it sent), or a link from this sender. A link whose
+ends disagree, that breaks ``max_resends`` times, or that delivers a bucket corrupted ``max_resends`` times from an
+upstream that acknowledged it whole (both ends hold the content key, so a downstream can make up the digest of
+what arrived as easily as an upstream can forward other bytes than it holds) is disputed instead: its ends are
 separated, the downstream moved to the front of the chain (fed by this sender, which is trusted) and the upstream
 to the back (it feeds nobody), for this version and the later ones. A replica disputed with a second peer is the
 common end and is excluded; a pair disputed again after separation (a chain of two) cannot be decided by any
@@ -1152,43 +1157,61 @@ class RelaySender:
                 self._blame_stall(state, laggard)
 
     def _blame_stall(self, state: _PoolState, laggard: Endpoint) -> None:
-        """Route out whoever stalls the first replica that lacks buckets: its upstream when both ends of the link
-        between them say so (the upstream holds bytes to forward while its socket has none queued and the laggard
-        none unread: on the tcp backend the bytes go on those sockets); the link's ends disputed when the
-        upstream said its forward failed and the laggard did not; else the laggard itself."""
+        """Route out whoever stalls the first replica that lacks buckets, by what both ends of the link into it
+        show (on the tcp backend the bytes go on those sockets): the laggard when it leaves bytes unread, or is
+        fed by this sender, or nccl gives no figures; the upstream when it holds bytes to forward while its socket
+        has none queued; an end that gives no status. Any other stall disputes the link: the upstream says it
+        forwarded everything, or that its forward failed, or that the laggard does not take its bytes, while the
+        laggard says nothing waits for it; the upstream's figures are its own word, so they cannot clear it."""
+        silent = f"no progress within {self.config.timeout_s:.0f} s"
         position = state.alive.index(laggard)
-        upstream = state.alive[position - 1] if position > 0 else None
-        if upstream is not None and state.claims.get(laggard) == upstream:
+        if position == 0 or self.config.backend != "tcp":  # the relay's upstream is this sender
+            self._reroute(state, silent, laggard)
+            return
+        upstream = state.alive[position - 1]
+        figures = self._data_paths(state, (upstream, laggard))
+        mute = [end for end, shown in figures.items() if shown is None]
+        if mute:
+            self._reroute(state, f"{silent}, and no status of its data path", *mute)
+            return
+        sending, receiving = figures[upstream], figures[laggard]
+        assert sending is not None and receiving is not None
+        if receiving["unread"] > 0:
+            self._reroute(
+                state, f"{silent}, with {receiving['unread']} bytes from {upstream} unread", laggard
+            )
+        elif sending["backlog"] > 0 and sending["unsent"] == 0:
+            self._reroute(
+                state,
+                f"stalled its link to {laggard}: it held {sending['backlog']} bytes to forward while its socket "
+                f"had none queued and {laggard} none unread, for {self.config.timeout_s:.0f} s",
+                upstream,
+            )
+        elif state.claims.get(laggard) == upstream:
             self._dispute(
                 state,
                 upstream,
                 laggard,
-                f"{upstream} said its forward to {laggard} failed, which did not say so and stalled",
+                f"{upstream} said its forward to {laggard} failed, which did not say so",
             )
-            return
-        out, reason = self._stall(state, laggard)
-        self._reroute(state, reason, out)
+        else:
+            self._dispute(
+                state,
+                upstream,
+                laggard,
+                f"no progress into {laggard} within {self.config.timeout_s:.0f} s: {upstream} says it holds "
+                f"{sending['backlog']} bytes to forward and {sending['unsent']} in its socket, {laggard} has none "
+                f"unread",
+            )
 
-    def _stall(self, state: _PoolState, laggard: Endpoint) -> tuple[Endpoint, str]:
-        """Who stalls ``laggard``, and why (see :meth:`_blame_stall`)."""
-        silent = (laggard, f"no progress within {self.config.timeout_s:.0f} s")
-        position = state.alive.index(laggard)
-        if position == 0 or self.config.backend != "tcp":  # the relay's upstream is this sender
-            return silent
-        upstream = state.alive[position - 1]
-        ends = [state.controls.get(upstream), state.controls.get(laggard)]
-        if None in ends:
-            return silent
-        asked = [(control, control.send(Kind.STATUS)) for control in ends if control is not None]
-        sending, receiving = (control.reply(request_id) for control, request_id in asked)
-        if sending.kind != Kind.STATE or receiving.kind != Kind.STATE:
-            return silent
-        if sending["backlog"] > 0 and sending["unsent"] == 0 and receiving["unread"] == 0:
-            return upstream, (
-                f"stalled its link to {laggard}: it held {sending['backlog']} bytes to forward while its socket "
-                f"had none queued and {laggard} none unread, for {self.config.timeout_s:.0f} s"
-            )
-        return silent
+    def _data_paths(self, state: _PoolState, ends: tuple[Endpoint, ...]) -> dict[Endpoint, Message | None]:
+        """Each replica's STATE (its data path's figures), asked at once; None for one that gives none."""
+        asked = {end: state.controls.get(end) for end in ends}
+        pending = {end: (control, control.send(Kind.STATUS)) for end, control in asked.items() if control}
+        replies = {end: control.reply(request_id) for end, (control, request_id) in pending.items()}
+        return {
+            end: replies[end] if end in replies and replies[end].kind == Kind.STATE else None for end in ends
+        }
 
     def _verify(self, digest: str, summaries: list[PartSummary]) -> None:
         parts = [[len(s.buckets), s.nbytes, self._part_digest(s)] for s in summaries]

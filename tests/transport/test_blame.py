@@ -128,6 +128,13 @@ def _corrupts_downstream(node: ReceiverNode) -> None:
     node_module._Forwarder._forward = corrupt
 
 
+def _trickles_and_hides_it(node: ReceiverNode) -> None:
+    """Trickles downstream as :func:`_trickles_downstream`, and its status says it holds nothing to forward."""
+    _trickles_downstream(node)
+    data_path = node._data_path
+    node._data_path = lambda: {**data_path(), "backlog": 0}
+
+
 # -- tests ---------------------------------------------------------------------------------------------------
 
 
@@ -223,3 +230,21 @@ def test_a_middle_that_corrupts_what_it_forwards_does_not_get_its_tail_routed_ou
         assert sorted(first.committed) == everyone, first.failed
         assert sorted(second.committed) == everyone and second.resent_buckets == 0, second.failed
         assert all(_holds(replica, _state(7), 2) for replica in (relay, middle, tail))
+
+
+def test_a_trickling_middle_that_hides_its_backlog_does_not_get_its_tail_routed_out(tmp_path):
+    """The middle trickles downstream and says it holds nothing to forward; the tail has nothing unread. The two
+    ends disagree on where the bytes are and neither can be proven wrong, so the link's ends are separated: the
+    tail is not dropped for "no progress", and every replica commits."""
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        (relay,) = fleet.start([1])
+        (middle,) = fleet.start([1], setup=_trickles_and_hides_it)
+        (tail,) = fleet.start([1])
+        sender = _sender(relay, middle, tail, timeout_s=3.0)
+        try:
+            report = sender.send_version(1, _one_per_bucket(_state(8, tensors=2)))
+        finally:
+            sender.close()
+        everyone = sorted(str(r.endpoint) for r in (relay, middle, tail))
+        assert sorted(report.committed) == everyone, report.failed
+        assert all(_holds(replica, _state(8, tensors=2), 1) for replica in (relay, middle, tail))
