@@ -16,9 +16,24 @@ Blame needs proof: a replica reports only what it can observe, and a report the 
 the reporter out and excludes it for the rest of this sender's life (its later versions), never the replica it
 names. A FORWARD_FAILED must name the reporter's own downstream (a tail has none); a NACK must be for a copy that
 reached the reporter (the sender handed it to the relay whole, or the reporter's upstream reported on it), carry the
-copy's size as the bytes received and a digest of what arrived that differs from the sender's. A pool that stops
-making progress is asked, on both ends of the link into its first replica that lacks buckets, who holds the bytes:
-an upstream that holds bytes to forward while its socket and its downstream wait is the one routed out.
+copy's size as the bytes received and a digest of what arrived that differs from the sender's. A FORWARD_FAILED
+about the reporter's real downstream is a claim the downstream's own view decides: its UPSTREAM_LOST starts a repair
+round; its acknowledging every bucket (each with the digest of the right bytes, which only the reporter forwarded
+to it) proves the claim false; a stall with the claim open disputes the link. A pool that stops making progress is
+asked, on both ends of the link into its first replica that lacks buckets, who holds the bytes: an upstream that
+holds bytes to forward while its socket and its downstream wait is the one routed out, a downstream that leaves
+bytes unread is; an upstream's figures that would clear it (nothing held, or a downstream that does not take its
+bytes while that downstream has none unread) are its own word against the downstream's, so the link is disputed.
+
+An end is routed out only on evidence it cannot have been framed by: its own figures or reports against itself,
+a claim refuted by what the sender checks (its digests, what it sent), or a link from this sender. A link whose
+ends disagree, that breaks ``max_resends`` times, or that delivers a bucket corrupted ``max_resends`` times from an
+upstream that acknowledged it whole (both ends hold the content key, so a downstream can make up the digest of
+what arrived as easily as an upstream can forward other bytes than it holds) is disputed instead: its ends are
+separated, the downstream moved to the front of the chain (fed by this sender, which is trusted) and the upstream
+to the back (it feeds nobody), for this version and the later ones. A replica disputed with a second peer is the
+common end and is excluded; a pair disputed again after separation (a chain of two) cannot be decided by any
+evidence here, so both ends are routed out, never only the one named.
 
 The commit has one deadline for all replicas, asked at once. A replica that has not answered by then is in doubt:
 it is sent an ``abort`` (a node that finds an abort queued behind a commit withdraws the commit) and asked for its
@@ -396,6 +411,9 @@ class _Repair:
 @dataclass
 class _PoolState:
     route: PoolRoute
+    # The chain's order for every version (the route's, until the ends of a disputed link are separated), and
+    # this version's replicas in it.
+    order: list[Endpoint]
     alive: list[Endpoint]
     controls: dict[Endpoint, _Control] = field(default_factory=dict)
     push: _PoolPush | None = None
@@ -406,6 +424,8 @@ class _PoolState:
     # Who reported on each (bucket, copy), and NACKs waiting until their copy has reached the reporter.
     reports: dict[tuple[int, int], set[Endpoint]] = field(default_factory=dict)
     deferred: list[tuple[Endpoint, Message]] = field(default_factory=list)
+    # Replicas whose upstream said its forward to them failed, by that upstream: judged by what they show.
+    claims: dict[Endpoint, Endpoint] = field(default_factory=dict)
 
 
 class RelaySender:
@@ -437,10 +457,14 @@ class RelaySender:
                 f"send a version in 1 to {MAX_PARTS} parts from 1 to {MAX_HOSTS} hosts",
             )
         self._events: queue.Queue[tuple[str, Endpoint, dict[str, Any]]] = queue.Queue()
-        self._pools = {pool.name: _PoolState(pool, list(pool.replicas)) for pool in route.pools}
+        self._pools = {
+            pool.name: _PoolState(pool, list(pool.replicas), list(pool.replicas)) for pool in route.pools
+        }
         self._failed: dict[str, str] = {}
         # Replicas caught reporting falsely: left out of every later version of this sender (replica -> why).
         self._excluded: dict[Endpoint, str] = {}
+        # The peers each replica was at either end of a disputed link with (this sender's life).
+        self._disputes: dict[Endpoint, set[Endpoint]] = {}
         self._buckets: dict[int, Bucket] = {}  # this part's, by version-wide index
         self._remote: list[PartSummary] = []
         # What other parts must send again, per pool: every bucket (a new session) or some copies.
@@ -476,7 +500,7 @@ class RelaySender:
         for state in self._pools.values():
             # Replicas that failed an earlier version are tried again (a recovered one gets this version whole),
             # except those caught lying.
-            state.alive = [e for e in state.route.replicas if e not in self._excluded]
+            state.alive = [e for e in state.order if e not in self._excluded]
             if not state.alive:
                 self.abort()
                 raise TransportError(
@@ -528,7 +552,7 @@ class RelaySender:
                 for pool, error in summary.failed.items():
                     state = self._pools[pool]
                     reason = f"data link from the sender of part {summary.part} to relay broke ({error})"
-                    self._reroute(state, state.alive[0], reason)
+                    self._reroute(state, reason, state.alive[0])
             self._await_buckets()
         except BaseException:
             self.abort()
@@ -768,7 +792,7 @@ class RelaySender:
                 self._stop_push(state)
             keep_link = False
             state.session, state.acked, state.copies = secrets.token_hex(8), {}, {}
-            state.reports, state.deferred = {}, []
+            state.reports, state.deferred, state.claims = {}, [], {}
             failed = self._prepare_chain(state)
             if failed is None:
                 return
@@ -928,7 +952,7 @@ class RelaySender:
                 self._exclude(state, endpoint, message["error"])
                 last_progress = time.monotonic()
             elif message.fields.get("lost"):
-                self._reroute(state, endpoint, message["error"])
+                self._reroute(state, message["error"], endpoint)
                 last_progress = time.monotonic()
 
     def _on_forward_failed(self, state: _PoolState, endpoint: Endpoint, message: Message) -> None:
@@ -945,13 +969,20 @@ class RelaySender:
                 endpoint,
                 f"reported its forward to {message['peer']} failed; its downstream is {downstream}",
             )
-        else:
-            self._repair_link(state, downstream, f"link from {endpoint} broke: {message['error']}")
+        else:  # the downstream's own report (UPSTREAM_LOST, acknowledgements) or its stall decides
+            logger.warning(
+                "pool %s: %s says its forward to %s failed (%s)",
+                state.route.name,
+                endpoint,
+                downstream,
+                message["error"],
+            )
+            state.claims[downstream] = endpoint
 
     def _exclude(self, state: _PoolState, endpoint: Endpoint, lie: str) -> None:
         """Route out a replica caught reporting falsely, and leave it out of this sender's later versions."""
         self._excluded[endpoint] = lie
-        self._reroute(state, endpoint, f"{lie}; excluded from this sender's versions")
+        self._reroute(state, f"{lie}; excluded from this sender's versions", endpoint)
 
     def _expected(self, index: int) -> tuple[str, int] | None:
         """The digest and size of bucket ``index`` as its sender made it (None: no such bucket)."""
@@ -998,9 +1029,16 @@ class RelaySender:
         state.reports.setdefault((index, copy), set()).add(endpoint)
         if message["ok"]:
             state.acked.setdefault(index, set()).add(endpoint)
+            claimer = state.claims.get(endpoint)
+            if claimer is not None and self._holds_all(state, endpoint):
+                self._exclude(
+                    state,
+                    claimer,
+                    f"reported its forward to {endpoint} failed, yet {endpoint} received every bucket through it",
+                )
             return
         if message["error"]:  # the replica cannot take the bucket at all (e.g. its stage directory is full)
-            self._reroute(state, endpoint, message["error"])
+            self._reroute(state, message["error"], endpoint)
             return
         lie = self._false_nack(state, endpoint, message)
         if lie:
@@ -1015,9 +1053,7 @@ class RelaySender:
             state.deferred.append((endpoint, message))
             return
         if copy >= self.config.max_resends:
-            # The first replica of the chain without a good copy sits behind the bad link.
-            suspect = next(e for e in state.alive if e not in state.acked.get(index, set()))
-            self._reroute(state, suspect, f"bucket {index} arrived corrupted {copy + 1} times")
+            self._blame_corruption(state, index, copy)
             return
         assert self._report is not None
         self._report.resent_buckets += 1
@@ -1030,26 +1066,43 @@ class RelaySender:
             state.copies[index] = copy + 1
             self._repairs.setdefault(state.route.name, _Repair()).resend[index] = copy + 1
 
+    def _blame_corruption(self, state: _PoolState, index: int, copy: int) -> None:
+        """Bucket ``index`` arrived corrupted ``copy + 1`` times behind the link into the first replica without a
+        good copy. Fed by this sender, that replica is routed out; fed by a replica that acknowledged the bucket
+        whole, the link is disputed: the upstream may have forwarded other bytes than it holds, or the downstream
+        may report bytes it never got, and a digest of what arrived proves neither (both ends hold the key)."""
+        suspect = next(e for e in state.alive if e not in state.acked.get(index, set()))
+        reason = f"bucket {index} arrived corrupted {copy + 1} times"
+        position = state.alive.index(suspect)
+        if position == 0:
+            self._reroute(state, reason, suspect)
+            return
+        upstream = state.alive[position - 1]
+        self._dispute(
+            state, upstream, suspect, f"{reason} at {suspect}, from {upstream}, which holds it whole"
+        )
+
     def _repair_link(self, state: _PoolState, endpoint: Endpoint, reason: str) -> None:
         """A link into ``endpoint`` broke while the replica itself still answers: a repair round (the pool's
         chain again, in a new session, every bucket sent again) keeps it in the version; a replica whose links
         break ``max_resends`` times in one version is re-routed around."""
         repairs = self._link_repairs[endpoint] = self._link_repairs.get(endpoint, 0) + 1
         if repairs > self.config.max_resends:
-            self._reroute(state, endpoint, f"{reason} ({repairs - 1} repair rounds before)")
+            upstream = state.alive[state.alive.index(endpoint) - 1]
+            self._dispute(state, upstream, endpoint, f"{reason} ({repairs - 1} repair rounds before)")
             return
         logger.warning(
             "pool %s: replica %s: %s; repair round %d", state.route.name, endpoint, reason, repairs
         )
-        self._reroute(state, None, reason)
+        self._reroute(state, reason)
 
-    def _reroute(self, state: _PoolState, endpoint: Endpoint | None, reason: str) -> None:
-        """Abort the pool's session, drop ``endpoint`` (None: nobody, a repair round), then prepare a new one and
-        send every bucket into it."""
+    def _reroute(self, state: _PoolState, reason: str, *out: Endpoint) -> None:
+        """Abort the pool's session, drop the replicas ``out`` (none: a repair round), then prepare a new session
+        and send every bucket into it."""
         for control in self._live_controls(state):
-            if control.endpoint != endpoint:
+            if control.endpoint not in out:
                 control.request(Kind.ABORT, session=state.session)
-        if endpoint is not None:
+        for endpoint in out:
             self._mark_failed(state, endpoint, reason)
         self._prepare(state)
         assert self._report is not None
@@ -1059,35 +1112,106 @@ class RelaySender:
         if self._parts > 1:  # the other parts send every bucket again, into the new session
             self._repairs[state.route.name] = _Repair(all=True)
 
+    def _dispute(self, state: _PoolState, upstream: Endpoint, downstream: Endpoint, reason: str) -> None:
+        """The link ``upstream`` -> ``downstream`` failed in a way no evidence the sender can check pins on one
+        end. A replica that was in such a dispute with another peer before is the common end: excluded. A pair
+        already separated once is routed out both. Otherwise the ends are separated: the downstream goes to the
+        front of the chain (fed by this sender, which is trusted), the upstream to the back (it feeds nobody), for
+        this version and the later ones."""
+        earlier = {end: self._disputes.setdefault(end, set()) for end in (upstream, downstream)}
+        repeated = downstream in earlier[upstream]
+        common = [end for end, peers in earlier.items() if peers - {upstream, downstream}]
+        earlier[upstream].add(downstream)
+        earlier[downstream].add(upstream)
+        if common:
+            lie = f"{reason}; in a dispute with another peer before, so the common end"
+            for end in common:
+                self._excluded[end] = lie
+            self._reroute(state, f"{lie}; excluded from this sender's versions", *common)
+        elif repeated:
+            self._reroute(
+                state,
+                f"{reason}; again after its ends were separated, and no evidence says which end",
+                upstream,
+                downstream,
+            )
+        else:
+            logger.warning(
+                "pool %s: %s; nothing shows which end is at fault, so %s now comes first and %s last",
+                state.route.name,
+                reason,
+                downstream,
+                upstream,
+            )
+            state.order = [downstream, *(e for e in state.order if e not in (upstream, downstream)), upstream]
+            state.alive = [e for e in state.order if e in state.alive]
+            self._reroute(state, reason)
+
+    def _holds_all(self, state: _PoolState, endpoint: Endpoint) -> bool:
+        return all(endpoint in state.acked.get(index, set()) for index in self._awaited(state))
+
     def _fail_laggard(self) -> None:
         for state in self._pools.values():
-            for endpoint in list(state.alive):
-                if not all(endpoint in state.acked.get(index, set()) for index in self._awaited(state)):
-                    self._reroute(state, *self._stall(state, endpoint))
-                    break
+            laggard = next((e for e in state.alive if not self._holds_all(state, e)), None)
+            if laggard is not None:
+                self._blame_stall(state, laggard)
 
-    def _stall(self, state: _PoolState, laggard: Endpoint) -> tuple[Endpoint, str]:
-        """Who stalls the first replica that lacks buckets, and why: its upstream when both ends of the link
-        between them say so (the upstream holds bytes to forward while its socket has none queued and the laggard
-        none unread: on the tcp backend the bytes go on those sockets), else the laggard itself."""
-        silent = (laggard, f"no progress within {self.config.timeout_s:.0f} s")
+    def _blame_stall(self, state: _PoolState, laggard: Endpoint) -> None:
+        """Route out whoever stalls the first replica that lacks buckets, by what both ends of the link into it
+        show (on the tcp backend the bytes go on those sockets): the laggard when it leaves bytes unread, or is
+        fed by this sender, or nccl gives no figures; the upstream when it holds bytes to forward while its socket
+        has none queued; an end that gives no status. Any other stall disputes the link: the upstream says it
+        forwarded everything, or that its forward failed, or that the laggard does not take its bytes, while the
+        laggard says nothing waits for it; the upstream's figures are its own word, so they cannot clear it."""
+        silent = f"no progress within {self.config.timeout_s:.0f} s"
         position = state.alive.index(laggard)
         if position == 0 or self.config.backend != "tcp":  # the relay's upstream is this sender
-            return silent
+            self._reroute(state, silent, laggard)
+            return
         upstream = state.alive[position - 1]
-        ends = [state.controls.get(upstream), state.controls.get(laggard)]
-        if None in ends:
-            return silent
-        asked = [(control, control.send(Kind.STATUS)) for control in ends if control is not None]
-        sending, receiving = (control.reply(request_id) for control, request_id in asked)
-        if sending.kind != Kind.STATE or receiving.kind != Kind.STATE:
-            return silent
-        if sending["backlog"] > 0 and sending["unsent"] == 0 and receiving["unread"] == 0:
-            return upstream, (
-                f"stalled its link to {laggard}: it held {sending['backlog']} bytes to forward while its socket "
-                f"had none queued and {laggard} none unread, for {self.config.timeout_s:.0f} s"
+        figures = self._data_paths(state, (upstream, laggard))
+        mute = [end for end, shown in figures.items() if shown is None]
+        if mute:
+            self._reroute(state, f"{silent}, and no status of its data path", *mute)
+            return
+        sending, receiving = figures[upstream], figures[laggard]
+        assert sending is not None and receiving is not None
+        if receiving["unread"] > 0:
+            self._reroute(
+                state, f"{silent}, with {receiving['unread']} bytes from {upstream} unread", laggard
             )
-        return silent
+        elif sending["backlog"] > 0 and sending["unsent"] == 0:
+            self._reroute(
+                state,
+                f"stalled its link to {laggard}: it held {sending['backlog']} bytes to forward while its socket "
+                f"had none queued and {laggard} none unread, for {self.config.timeout_s:.0f} s",
+                upstream,
+            )
+        elif state.claims.get(laggard) == upstream:
+            self._dispute(
+                state,
+                upstream,
+                laggard,
+                f"{upstream} said its forward to {laggard} failed, which did not say so",
+            )
+        else:
+            self._dispute(
+                state,
+                upstream,
+                laggard,
+                f"no progress into {laggard} within {self.config.timeout_s:.0f} s: {upstream} says it holds "
+                f"{sending['backlog']} bytes to forward and {sending['unsent']} in its socket, {laggard} has none "
+                f"unread",
+            )
+
+    def _data_paths(self, state: _PoolState, ends: tuple[Endpoint, ...]) -> dict[Endpoint, Message | None]:
+        """Each replica's STATE (its data path's figures), asked at once; None for one that gives none."""
+        asked = {end: state.controls.get(end) for end in ends}
+        pending = {end: (control, control.send(Kind.STATUS)) for end, control in asked.items() if control}
+        replies = {end: control.reply(request_id) for end, (control, request_id) in pending.items()}
+        return {
+            end: replies[end] if end in replies and replies[end].kind == Kind.STATE else None for end in ends
+        }
 
     def _verify(self, digest: str, summaries: list[PartSummary]) -> None:
         parts = [[len(s.buckets), s.nbytes, self._part_digest(s)] for s in summaries]

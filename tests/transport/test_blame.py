@@ -99,6 +99,42 @@ def _trickles_downstream(node: ReceiverNode) -> None:
     node_module._Forwarder._forward = trickle
 
 
+def _claims_its_forward_to(downstream: str):
+    """A middle that forwards every bucket whole, then reports that its forward to ``downstream`` (its real
+    downstream) failed."""
+
+    def setup(node: ReceiverNode) -> None:
+        receive = node._receive_bucket
+
+        def lying(session, header, channel, link) -> None:
+            receive(session, header, channel, link)
+            node._report(make(Kind.FORWARD_FAILED, session=session.id, peer=downstream, error="made up"))
+
+        node._receive_bucket = lying
+
+    return setup
+
+
+def _corrupts_downstream(node: ReceiverNode) -> None:
+    """Receives (and acknowledges) every bucket whole, forwards each chunk with its first byte flipped."""
+    forward = node_module._Forwarder._forward
+
+    def corrupt(self, kind, payload) -> None:
+        if kind == "chunk":
+            payload = payload.reshape(-1).view(torch.uint8).clone()
+            payload[0] ^= 0xFF
+        forward(self, kind, payload)
+
+    node_module._Forwarder._forward = corrupt
+
+
+def _trickles_and_hides_it(node: ReceiverNode) -> None:
+    """Trickles downstream as :func:`_trickles_downstream`, and its status says it holds nothing to forward."""
+    _trickles_downstream(node)
+    data_path = node._data_path
+    node._data_path = lambda: {**data_path(), "backlog": 0}
+
+
 # -- tests ---------------------------------------------------------------------------------------------------
 
 
@@ -155,3 +191,60 @@ def test_a_middle_that_trickles_downstream_is_routed_out_not_its_tail(tmp_path):
         assert sorted(report.committed) == sorted([str(relay.endpoint), str(tail.endpoint)]), report.failed
         assert "stalled" in report.failed[str(middle.endpoint)]
         assert _holds(relay, _state(4, tensors=2), 1) and _holds(tail, _state(4, tensors=2), 1)
+
+
+def test_a_middle_that_claims_its_forward_failed_while_its_tail_gets_everything_is_routed_out(tmp_path):
+    """The middle forwards every bucket, then says the forward to its tail failed: the tail's own
+    acknowledgements (each with the digest of the right bytes, which only came through the middle) refute it.
+    The liar is routed out and excluded; the tail, which never said its link broke, commits."""
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        relay, tail = fleet.start([1, 1])
+        (middle,) = fleet.start([1], setup=_claims_its_forward_to(str(tail.endpoint)))
+        sender = _sender(relay, middle, tail)
+        try:
+            report = sender.send_version(1, _one_per_bucket(_state(5)))
+        finally:
+            sender.close()
+        assert sorted(report.committed) == sorted([str(relay.endpoint), str(tail.endpoint)]), report.failed
+        assert "excluded" in report.failed[str(middle.endpoint)], report.failed
+        assert _holds(relay, _state(5), 1) and _holds(tail, _state(5), 1)
+        assert middle.committed()["version"] == -1
+
+
+def test_a_middle_that_corrupts_what_it_forwards_does_not_get_its_tail_routed_out(tmp_path):
+    """The middle acknowledges every bucket (it holds the right bytes) and forwards them corrupted; the tail's
+    NACKs are honest. Who corrupted the bytes on that link is not provable, so its ends are separated (the tail
+    is fed by the sender, the middle feeds nobody): every replica commits the right bytes, this version and the
+    next, which keeps the separated order."""
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        (relay,) = fleet.start([1])
+        (middle,) = fleet.start([1], setup=_corrupts_downstream)
+        (tail,) = fleet.start([1])
+        everyone = sorted(str(r.endpoint) for r in (relay, middle, tail))
+        sender = _sender(relay, middle, tail)
+        try:
+            first = sender.send_version(1, _one_per_bucket(_state(6)))
+            second = sender.send_version(2, _one_per_bucket(_state(7)))
+        finally:
+            sender.close()
+        assert sorted(first.committed) == everyone, first.failed
+        assert sorted(second.committed) == everyone and second.resent_buckets == 0, second.failed
+        assert all(_holds(replica, _state(7), 2) for replica in (relay, middle, tail))
+
+
+def test_a_trickling_middle_that_hides_its_backlog_does_not_get_its_tail_routed_out(tmp_path):
+    """The middle trickles downstream and says it holds nothing to forward; the tail has nothing unread. The two
+    ends disagree on where the bytes are and neither can be proven wrong, so the link's ends are separated: the
+    tail is not dropped for "no progress", and every replica commits."""
+    with ReplicaFleet(tmp_path, timeout_s=5.0) as fleet:
+        (relay,) = fleet.start([1])
+        (middle,) = fleet.start([1], setup=_trickles_and_hides_it)
+        (tail,) = fleet.start([1])
+        sender = _sender(relay, middle, tail, timeout_s=3.0)
+        try:
+            report = sender.send_version(1, _one_per_bucket(_state(8, tensors=2)))
+        finally:
+            sender.close()
+        everyone = sorted(str(r.endpoint) for r in (relay, middle, tail))
+        assert sorted(report.committed) == everyone, report.failed
+        assert all(_holds(replica, _state(8, tensors=2), 1) for replica in (relay, middle, tail))
