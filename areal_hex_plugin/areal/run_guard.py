@@ -27,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ import psutil
 from areal_hex_plugin.errors import HexError
 
 WORKER = "areal.infra.rpc.rpc_server"
+RUN_ENV = "AREAL_HEX_RUN"  # the run's mark in the environment of every process it starts
 INTERVAL_S = 1.0
 GRACE_S = {"done": 300.0, "failed": 30.0}  # for the trainer to close its workers once the run ends
 KILL_WAIT_S = 3.0  # between SIGTERM and SIGKILL for what is left
@@ -118,6 +120,9 @@ class RunGuard:
 
     def __init__(self, interval_s: float = INTERVAL_S) -> None:
         self.interval_s = interval_s
+        # Every process the run starts from now on inherits this mark, also one that leaves the driver's tree.
+        self.mark = uuid.uuid4().hex
+        os.environ[RUN_ENV] = self.mark
         self.seen: dict[tuple[int, float], Seen] = {}
         self.died: Seen | None = None
         self._stop = threading.Event()
@@ -180,8 +185,11 @@ class RunGuard:
         self.kill_all()
 
     def kill_all(self) -> None:
-        """SIGTERM every process of the run still alive (and its children), SIGKILL what is left after a moment."""
+        """SIGTERM every process of the run still alive, SIGKILL what is left after a moment: each one it saw, and
+        each one carrying the run's mark that is not the driver or one of its own helpers (a worker's child that
+        a dead worker left to init)."""
         self._scan()
+        self._scan_marked()
         left = [seen for seen in self.seen.values() if seen.alive()]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for seen in left:
@@ -191,6 +199,26 @@ class RunGuard:
             while left and time.monotonic() < deadline:
                 time.sleep(0.1)
                 left = [seen for seen in left if seen.alive()]
+
+    def _scan_marked(self) -> None:
+        me = psutil.Process()
+        try:
+            helpers = {me.pid}
+            for child in me.children():
+                if WORKER not in " ".join(child.cmdline()):
+                    helpers |= {child.pid, *(p.pid for p in child.children(recursive=True))}
+        except psutil.Error:
+            return
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid in helpers or proc.environ().get(RUN_ENV) != self.mark:
+                    continue
+                key = (proc.pid, proc.create_time())
+                if key not in self.seen:
+                    cmdline = " ".join(proc.cmdline())
+                    self.seen[key] = Seen(proc.pid, key[1], cmdline, _role(cmdline))
+            except psutil.Error:
+                continue
 
     def _scan(self) -> None:
         """Remember the run's worker processes and theirs: the driver's children that start an upstream worker

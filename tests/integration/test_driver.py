@@ -146,7 +146,9 @@ def test_dry_run_refuses_a_plan_that_does_not_fit_the_recipe(edit, field, tmp_pa
     assert main(_argv(recipe, tmp_path, "hex.dry_run=true", f"hex.plan_path={tmp_path / 'bad.json'}")) == 2
     captured = capsys.readouterr()
     began, err = captured.err.split("\n", 1)  # the line the run begins with, then one message
-    assert began.startswith("areal-hex: ") and err.startswith(f"error: {field}") and "fix:" in err, captured.err
+    assert began.startswith("areal-hex: ") and err.startswith(f"error: {field}") and "fix:" in err, (
+        captured.err
+    )
     assert "# Placement" not in captured.out
 
 

@@ -33,6 +33,13 @@ def guard():
         signal.signal(sig, handler)
 
 
+def _marked(proc: psutil.Process, mark: str) -> bool:
+    try:
+        return proc.environ().get("AREAL_HEX_RUN") == mark and proc.pid != os.getpid()
+    except psutil.Error:
+        return False
+
+
 def _until(condition, seconds: float = 20.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -76,10 +83,17 @@ def test_nothing_the_guard_saw_outlives_it_but_the_drivers_own_helpers_do(guard)
         seen = [s.pid for s in guard.seen.values()]
         assert len(seen) == 4 and helper.pid not in seen  # each worker and its child
         assert sorted(str(s.role) for s in guard.seen.values()) == ["None", "None", "actor", "rollout"]
+        # A worker's child that leaves the tree (its parent gone) is still the run's: it carries the run's mark.
+        orphan = subprocess.Popen(
+            [sys.executable, "-c", "import os, time; os.fork() or time.sleep(600)"], env={**os.environ}
+        )
+        orphan.wait()  # the forked child sleeps on, its parent gone: init's now
         guard.ending(0)
         guard.close()
         for worker in workers:
             worker.wait(timeout=10)
+        marked = [p for p in psutil.process_iter() if _marked(p, guard.mark) and p.pid != helper.pid]
+        assert marked == [], [(p.cmdline(), p.ppid(), p.status()) for p in marked]
         assert not [
             pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
         ]
