@@ -5,8 +5,8 @@ Upstream's scheduler starts each worker as a child of the driver (a shell runnin
 and each worker starts its own (the SGLang servers). :class:`RunGuard`:
 
 - lists the driver's descendants every ``interval_s`` on a thread of its own and remembers each one; a worker
-  (``rpc_server``, or the shell upstream started it in and holds as its handle) that is gone while the run goes
-  on raises :class:`WorkerDied` in the main thread, so the run ends within about ``interval_s`` (an elastic run
+  upstream's scheduler started (``rpc_server``, or the shell it runs in, upstream's handle of it) that is gone
+  while the run goes on raises :class:`WorkerDied` in the main thread, so the run ends within about ``interval_s`` (an elastic run
   copes with a lost rollout server, not with a lost worker: its server would go on, out of upstream's reach);
 - turns SIGTERM and SIGINT into :class:`RunStopped` in the main thread, so the trainer closes its workers;
 - once the run ends, gives the trainer a grace period to close (:data:`GRACE_S`, shorter after a failure), then
@@ -222,7 +222,9 @@ class RunGuard:
 
     def _scan(self) -> None:
         """Remember the run's worker processes and theirs: the driver's children that start an upstream worker
-        and their descendants (not the driver's own helpers, such as wandb's service)."""
+        and their descendants (not the driver's own helpers, such as wandb's service). Only the workers upstream's
+        scheduler started (its shell, and the worker in it) are watched; a worker that a worker forks for itself
+        (upstream's colocated eval-rollout) is its parent's to manage."""
         try:
             children = psutil.Process().children()
         except psutil.Error:
@@ -231,6 +233,7 @@ class RunGuard:
             try:
                 if WORKER not in " ".join(child.cmdline()):
                     continue
+                started = {child.pid, *(p.pid for p in child.children())}
                 tree = [child, *child.children(recursive=True)]
             except psutil.Error:
                 continue
@@ -239,7 +242,8 @@ class RunGuard:
                     key = (proc.pid, proc.create_time())
                     if key not in self.seen:
                         cmdline = " ".join(proc.cmdline())
-                        self.seen[key] = Seen(proc.pid, key[1], cmdline, _role(cmdline))
+                        role = _role(cmdline) if proc.pid in started else None
+                        self.seen[key] = Seen(proc.pid, key[1], cmdline, role)
                 except psutil.Error:
                     continue
 

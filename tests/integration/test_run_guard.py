@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from areal_hex_plugin.areal.run_guard import RunGuard, RunStopped, Seen, WorkerDied, closed
+from areal_hex_plugin.areal.run_guard import WORKER, RunGuard, RunStopped, Seen, WorkerDied, closed
 
 
 def _worker(role: str) -> subprocess.Popen:
@@ -58,13 +58,29 @@ def _wait_for_exception(seconds: float) -> None:
         time.sleep(0.05)
 
 
+def _forked_worker(role: str) -> subprocess.Popen:
+    """A shell-like process that runs upstream's worker of ``role``, which forks a worker of its own (as upstream's
+    colocated eval-rollout is forked) two levels down."""
+    inner = "import time; time.sleep(600)"
+    fork = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {inner!r}, '{WORKER}', '--role', 'eval-rollout']); time.sleep(600)"
+    worker = (
+        f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {fork!r}]); time.sleep(600)"
+    )
+    return subprocess.Popen([sys.executable, "-c", worker, WORKER, "--role", role])
+
+
 def test_a_dead_worker_ends_the_run_and_a_dead_child_of_one_does_not(guard) -> None:
-    actor, rollout = _worker("actor"), _worker("rollout")
+    actor, rollout = _worker("actor"), _forked_worker("rollout")
     guard.watch()
-    _seen_all(guard, 4)  # each worker and its child
+    _seen_all(guard, 5)  # the actor and its child; the rollout worker, its child and the worker that forked
+    forked = next(s for s in guard.seen.values() if s.cmdline.endswith("--role eval-rollout"))
+    assert forked.role is None  # its parent's to manage
+    os.kill(forked.pid, signal.SIGKILL)
     (server,) = psutil.Process(rollout.pid).children()  # as a rollout worker's SGLang server
     server.kill()
-    _wait_for_exception(1.0)  # no exception: a lost server is the elastic run's to handle
+    _wait_for_exception(
+        1.0
+    )  # no exception: a lost server is the elastic run's to handle, a forked worker too
     rollout.kill()
     rollout.wait()
     with pytest.raises(WorkerDied, match=r"process \d+ \(rollout\) is gone"):
