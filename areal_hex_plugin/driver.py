@@ -136,13 +136,15 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
     )
     guard = RunGuard()
     guard.install()
-    guard.watch()
     trainer = None
     try:
         with working(starting):
             trainer = HexPPOTrainer(
                 config, train_dataset, valid_dataset, session=session, make_scheduler=make_scheduler
             )
+        # Watched once started: upstream replaces a worker that fails to start (a port taken) on its own, and
+        # raises for one it cannot start.
+        guard.watch()
         with closed(trainer):
             try:
                 trainer.train(

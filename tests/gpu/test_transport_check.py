@@ -43,9 +43,10 @@ def test_cpu_run_is_bit_exact_and_imports_only_torch_and_the_transport(tmp_path:
     assert result["ok"] is True and result["gpus"] == 0
     entry = result["gloo_2_senders"]
     assert entry["bit_exact"] is True and entry["senders"] == 2 and entry["receivers"] == 3
-    # The check's process and its receivers (spawned with the same -X flag) import beyond torch only the plugin.
+    # The check's process and its receivers (spawned with the same -X flag) import beyond torch only the plugin
+    # and its chunk MAC (blake3).
     extra = _imported(check.stderr) - _imported(torch_only) - set(sys.stdlib_module_names)
-    assert extra == {"areal_hex_plugin"}, extra
+    assert extra == {"areal_hex_plugin", "blake3"}, extra
 
 
 def test_without_cuda_it_says_it_cannot_run(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ def test_shared_devices_fold_planned_gpus_onto_the_real_ones() -> None:
 
 
 def test_local_gpu_check_counts_unless_shared() -> None:
-    from areal_hex_plugin.areal.launch import check_local_gpus
+    from areal_hex_plugin.areal.worker_slots import check_local_gpus
     from areal_hex_plugin.inventory import Machine
 
     live = [Machine("box", "NVIDIA H100 80GB HBM3", 1), Machine("box2", "NVIDIA L40S", 1)]

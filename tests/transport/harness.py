@@ -4,11 +4,13 @@ that plays a slow or corrupting cross-pool link."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
 import os
 import resource
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -255,3 +257,20 @@ class Proxy:
     def close(self) -> None:
         self._closed.set()
         self._listener.close()
+
+
+def transport_records(logger_name: str, monkeypatch, level: int = logging.WARNING) -> list[logging.LogRecord]:
+    """What the transport's logger ``logger_name`` logs from now on at ``level`` and above: each transport module's
+    logger of that name is swapped for one outside logging's registry, which upstream's logging set-up (dictConfig,
+    disabling every logger it knows) cannot silence mid-test."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(level)
+    handler.emit = records.append
+    logger = logging.Logger(logger_name, level)
+    logger.addHandler(handler)
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__name__", "")
+        own = getattr(module, "logger", None)
+        if name.startswith("areal_hex_plugin.transport") and getattr(own, "name", None) == logger_name:
+            monkeypatch.setattr(module, "logger", logger)
+    return records

@@ -20,7 +20,7 @@ from areal_hex_plugin.transport.route import Endpoint, PoolRoute, Route
 from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
 from areal_hex_plugin.transport.sinks import MemorySink
 from tests.transport import attacks
-from tests.transport.harness import TOKEN, ReplicaFleet, _status_kb
+from tests.transport.harness import TOKEN, ReplicaFleet, _status_kb, transport_records
 from tests.transport.trainers import state_of
 
 pytestmark = pytest.mark.integration
@@ -36,15 +36,7 @@ _IDLE_PATH = {"loading": -1, "unread": 0, "backlog": 0, "unsent": 0}
 
 
 def _records(logger_name: str, monkeypatch) -> list[logging.LogRecord]:
-    """The warnings ``logger_name`` emits from now on (read at the logger: upstream's getLogger replaces the root
-    that pytest's capture hangs on)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append
-    logger = logging.getLogger(logger_name)
-    monkeypatch.setattr(logger, "disabled", False)
-    monkeypatch.setattr(logger, "handlers", [handler])
-    return records
+    return transport_records(logger_name, monkeypatch, logging.WARNING)
 
 
 def _rss_mb() -> float:

@@ -18,7 +18,7 @@ from areal_hex_plugin.transport.route import PoolRoute, Route
 from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
 from areal_hex_plugin.transport.sinks import MemorySink
 from tests.transport import attacks
-from tests.transport.harness import TOKEN, ReplicaFleet
+from tests.transport.harness import TOKEN, ReplicaFleet, transport_records
 from tests.transport.trainers import TrainerProcess, state_of
 
 pytestmark = pytest.mark.integration
@@ -38,16 +38,7 @@ def _sender(*endpoints, **config) -> RelaySender:
 
 
 def _records(logger_name: str, monkeypatch) -> list[logging.LogRecord]:
-    """The warnings ``logger_name`` emits from now on (read at the logger: upstream's getLogger replaces the root
-    that pytest's capture hangs on)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append
-    logger = logging.getLogger(logger_name)
-    monkeypatch.setattr(logger, "disabled", False)
-    monkeypatch.setattr(logger, "handlers", [handler])
-    monkeypatch.setattr(logger, "level", logging.INFO)
-    return records
+    return transport_records(logger_name, monkeypatch, logging.INFO)
 
 
 def _loads_slowly(marks: Path, seconds: float):
