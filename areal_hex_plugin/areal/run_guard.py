@@ -144,7 +144,8 @@ class RunGuard:
         signal.signal(_WORKER_DIED, died)
 
     def watch(self) -> None:
-        """Start the watching thread."""
+        """Start the watching thread, having seen the run's workers as they are now."""
+        self._scan()
         self._thread = threading.Thread(target=self._watch, name="hex-run-guard", daemon=True)
         self._thread.start()
 
