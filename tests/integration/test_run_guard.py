@@ -23,8 +23,9 @@ def _worker(role: str) -> subprocess.Popen:
 
 
 @pytest.fixture
-def guard():
+def guard(monkeypatch):
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
+    monkeypatch.delenv("AREAL_HEX_RUN", raising=False)  # the guard's mark goes with the test
     made = RunGuard(interval_s=0.1)
     made.install()
     yield made
