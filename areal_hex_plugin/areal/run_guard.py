@@ -212,12 +212,8 @@ class RunGuard:
             return
         for proc in psutil.process_iter():
             try:
-                if proc.pid in helpers or proc.environ().get(RUN_ENV) != self.mark:
-                    continue
-                key = (proc.pid, proc.create_time())
-                if key not in self.seen:
-                    cmdline = " ".join(proc.cmdline())
-                    self.seen[key] = Seen(proc.pid, key[1], cmdline, _role(cmdline))
+                if proc.pid not in helpers and proc.environ().get(RUN_ENV) == self.mark:
+                    self._remember(proc, watched=False)
             except psutil.Error:
                 continue
 
@@ -240,13 +236,16 @@ class RunGuard:
                 continue
             for proc in tree:
                 try:
-                    key = (proc.pid, proc.create_time())
-                    if key not in self.seen:
-                        cmdline = " ".join(proc.cmdline())
-                        role = _role(cmdline) if proc.pid in started else None
-                        self.seen[key] = Seen(proc.pid, key[1], cmdline, role)
+                    self._remember(proc, watched=proc.pid in started)
                 except psutil.Error:
                     continue
+
+    def _remember(self, proc: psutil.Process, watched: bool) -> None:
+        """Note ``proc`` as a process of the run (``watched``: with its worker role, if it is a worker)."""
+        key = (proc.pid, proc.create_time())
+        if key not in self.seen:
+            cmdline = " ".join(proc.cmdline())
+            self.seen[key] = Seen(proc.pid, key[1], cmdline, _role(cmdline) if watched else None)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval_s):
