@@ -2,7 +2,7 @@
 
 ``areal-hex join`` appends one request a line (``{"pool", "host", "requested_at"}``; a request's number is its
 line, from 0) after checking it against the plan the run keeps beside its config; the run's elastic watcher
-(``areal/elastic.py``) reads the new lines, starts the machine's rollout servers and records the outcome in the
+(``areal/elastic/``) reads the new lines, starts the machine's rollout servers and records the outcome in the
 plan's ``changes`` with ``join request N`` in its reason (``gained`` once a server serves, ``lost`` when the join
 failed). Pure: no areal import.
 """

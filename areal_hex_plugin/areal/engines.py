@@ -76,7 +76,7 @@ class HexSGLangBackend(SGLangBackend):
 
 class HexRolloutController(RolloutController):
     """Starts each planned server with its own layout and flags, routes rollouts by the plan's shares instead of
-    round-robin, and counts completions per pool. With ``hex_elastic`` (``areal/elastic.py``, attached by the
+    round-robin, and counts completions per pool. With ``hex_elastic`` (``areal/elastic/``, attached by the
     trainer) it resubmits the samples of a lost server, skips lost servers in control calls and relaunches them."""
 
     hex_elastic = None  # ElasticRollout, once attached

@@ -7,7 +7,7 @@ fastest per GPU there, else the cost model's: ``planner/replan.gained_shape``, a
 places it), as many as its GPUs hold. :func:`join_machine` starts them (a worker per server under a scheduler role
 of their own, upstream's engine, its server with the slot's flags) and hands back what the elastic watcher
 attaches: the controller's workers, routing (share 0) and the relay's pools. The watcher then keeps each server out
-of the routing until it holds the trainer's next committed version (``areal/elastic.py``).
+of the routing until it holds the trainer's next committed version (``areal/elastic/``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Joined:
 
     @property
     def shapes(self) -> list[ServerShape]:
-        # At their in-flight caps, as the planned servers are scored (areal/elastic.py), so a joined server of a
+        # At their in-flight caps, as the planned servers are scored (areal/elastic/), so a joined server of a
         # planned shape gets that shape's share.
         return [ServerShape(s.pool, s.tp, s.pp, s.concurrency or None) for s in self.slots]
 

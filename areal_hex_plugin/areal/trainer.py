@@ -77,7 +77,7 @@ class HexPPOTrainer(PPOTrainer):
         """The running plan, with the changes made during the run."""
         return self.hex_session.plan
 
-    # -- elastic rollout (areal/elastic.py) ----------------------------------------------------------------
+    # -- elastic rollout (areal/elastic/) ----------------------------------------------------------------
 
     def hex_record_change(self, change: PlanChange) -> None:
         """Append a change to the running plan and rewrite ``hex_plan.json`` beside upstream's config."""

@@ -4,7 +4,7 @@ A faults file is YAML: a list ``faults`` of timed events, each with ``at_s`` (se
 and one of ``lost: HOST``, ``back: HOST`` (a lost rollout machine returns), ``gained: POOL`` (one more machine of
 a pool that generates, in the layout of the pool's first replica group) or ``length_scale: K`` (the output lengths
 drawn from then on are the recipe's times K, capped at ``max_new_tokens``). Each is played as the live run plays
-it (``areal/elastic.py``, ``planner/reshare.py``):
+it (``areal/elastic/``, ``planner/reshare.py``):
 
 - **lost rollout machine**: its replicas stop at once; ``hex.elastic``'s detection deadline later they leave the
   routing, every sample in flight or queued on them goes to the survivors (counted once per loss as resubmitted),

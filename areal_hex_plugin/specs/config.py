@@ -305,7 +305,7 @@ def check_relay_sender(
 @dataclass
 class ElasticConfig:
     """How a run copes with rollout servers that come and go and with output lengths that drift
-    (``areal/elastic.py``). A lost server is noticed within ``failures_to_down * (health_interval_s +
+    (``areal/elastic/``). A lost server is noticed within ``failures_to_down * (health_interval_s +
     health_timeout_s)`` seconds (sooner when one of its requests fails)."""
 
     enabled: bool = spec(

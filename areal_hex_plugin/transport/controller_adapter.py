@@ -51,7 +51,7 @@ class HexPPOActorController(PPOActorController):
     hex_settings: TransportSettings | None = None
     hex_last_report: dict[str, Any] | None = None
     hex_ranks: dict[str, int] = {}  # each receiver of the route (endpoint text) -> its rollout rank
-    # Set by the elastic watcher (areal/elastic.py): of the rollout ranks a version failed to commit on, how many
+    # Set by the elastic watcher (areal/elastic/): of the rollout ranks a version failed to commit on, how many
     # are lost servers. Those leave the version's commit set instead of failing it.
     hex_lost_among: Callable[[list[int]], int] | None = None
 

@@ -1,4 +1,4 @@
-"""``areal/elastic.py`` on its own: real HTTP servers (the transport tests' SGLang stand-in), the real router,
+"""``areal/elastic/`` on its own: real HTTP servers (the transport tests' SGLang stand-in), the real router,
 cost model and upstream's StalenessManager; the controller's calls are the functions it is given."""
 
 from __future__ import annotations
