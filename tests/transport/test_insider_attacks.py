@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
 from areal_hex_plugin.transport.sinks import MemorySink
 from areal_hex_plugin.transport.wire import TransportError
 from tests.transport import attacks
-from tests.transport.harness import TOKEN, Proxy, ReplicaFleet
+from tests.transport.harness import TOKEN, Proxy, ReplicaFleet, transport_records
 
 pytestmark = pytest.mark.integration
 
@@ -87,17 +88,18 @@ def _run(script: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
 # -- 1. a relay cannot change what its downstream commits ---------------------------------------------------
 
 
-def _post_end_refusals(monkeypatch) -> threading.Event:
-    """Set when a node refuses a bucket that came after its session's end (read at the node's own logger, as in
-    ``test_a_failed_version_removal_is_reported_and_retried``)."""
-    from areal_hex_plugin.transport.node import logger
+def _post_end_refusals(monkeypatch) -> Callable[[float], bool]:
+    """Waits (up to its argument, in seconds) for a node to refuse a bucket that came after its session's end."""
+    records = transport_records("HexTransportNode", monkeypatch, logging.INFO)
 
-    refused = threading.Event()
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: "after the end of session" in record.getMessage() and refused.set()
-    monkeypatch.setattr(logger, "disabled", False)
-    monkeypatch.setattr(logger, "level", logging.INFO)
-    monkeypatch.setattr(logger, "handlers", [handler])
+    def refused(timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not any("after the end of session" in record.getMessage() for record in records):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     return refused
 
 
@@ -133,7 +135,7 @@ def test_a_relay_cannot_change_what_its_tail_commits_after_the_end(node, monkeyp
                 4096,
                 cut=attack == "drop",
             )
-        assert refused.wait(10), "the tail took a bucket after the end"
+        assert refused(10), "the tail took a bucket after the end"
         sender.commit()
         report = sender.last_report
     finally:
@@ -519,15 +521,9 @@ def test_a_node_stopped_after_gloo_links_exits_cleanly():
 
 
 def test_a_failed_version_removal_is_reported_and_retried(tmp_path, monkeypatch):
-    from areal_hex_plugin.transport.stage import StagedVersion, logger
+    from areal_hex_plugin.transport.stage import StagedVersion
 
-    # Read the node's log at its own logger: upstream's getLogger replaces logging's root and manager on every call,
-    # so whether a record reaches pytest's capture (on the original root) depends on which test ran first.
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.ERROR)
-    handler.emit = records.append
-    monkeypatch.setattr(logger, "disabled", False)
-    monkeypatch.setattr(logger, "handlers", [handler])
+    records = transport_records("HexStage", monkeypatch, logging.ERROR)
     staged = StagedVersion(tmp_path, 3)
     (staged.directory / "bucket-00000-00.safetensors").write_bytes(b"x" * 64)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -16,12 +16,10 @@ import torch
 from safetensors.torch import load_file
 
 from areal_hex_plugin.transport.node import ReceiverConfig, ReceiverNode
-from areal_hex_plugin.transport.node import logger as node_logger
 from areal_hex_plugin.transport.route import PoolRoute, Route
 from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
 from areal_hex_plugin.transport.sinks import MemorySink
-from areal_hex_plugin.transport.stage import logger as stage_logger
-from tests.transport.harness import TOKEN
+from tests.transport.harness import TOKEN, transport_records
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
 
@@ -60,14 +58,10 @@ def _wait_for(condition, what: str, within_s: float = 30.0) -> None:
 
 @pytest.fixture
 def records(monkeypatch):
-    """The stage's and node's warnings, and every exception that ends a thread."""
+    """The stage's and node's warnings (a list of records each), and every exception that ends a thread."""
     seen: dict[str, list] = {"log": [], "died": []}
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: seen["log"].append(record.getMessage())
-    # The modules' own loggers: upstream's getLogger replaces logging's manager (see test_insider_attacks).
-    for logger in (node_logger, stage_logger):
-        monkeypatch.setattr(logger, "handlers", [handler])
-        monkeypatch.setattr(logger, "disabled", False)
+    for name in ("HexTransportNode", "HexStage"):
+        seen["log"].append(transport_records(name, monkeypatch, logging.WARNING))
     monkeypatch.setattr(threading, "excepthook", lambda args: seen["died"].append(args.exc_value))
     return seen
 
@@ -97,7 +91,10 @@ def test_a_spill_without_inodes_keeps_the_loaded_version_and_the_next_commit_goe
             sender.commit()
             assert sender.last_report.committed == [str(endpoint)]
             _wait_for(
-                lambda: any("cannot move version v1" in m for m in records["log"]), "the spill's outcome"
+                lambda: any(
+                    "cannot move version v1" in r.getMessage() for log in records["log"] for r in log
+                ),
+                "the spill's outcome",
             )
 
             loaded = node.stage_root / "v1"  # the path the server loaded, and would roll back to
@@ -110,10 +107,14 @@ def test_a_spill_without_inodes_keeps_the_loaded_version_and_the_next_commit_goe
             report = sender.send_version(2, [list(_weights(2).items())])
             assert report.committed == [str(endpoint)] and node.version == 2
             listing = [".owner", "spare", "v2"]
+            # v2 is a directory (staged) before it becomes a link (spilled) under the same listing
             _wait_for(
-                lambda: sorted(p.name for p in node.stage_root.iterdir()) == listing, "version 2 spilled"
+                lambda: (
+                    sorted(p.name for p in node.stage_root.iterdir()) == listing
+                    and (node.stage_root / "v2").is_symlink()
+                ),
+                "version 2 spilled",
             )
-            assert (node.stage_root / "v2").is_symlink()
             assert _holds(node.stage_root / "v2", 2)  # read through the link, from the rollback dir
             assert records["died"] == []
         finally:
