@@ -128,7 +128,7 @@ class HexRolloutController(RolloutController):
         ranks = [
             rank for rank in range(len(workers)) if elastic.reachable(rank)
         ]  # a lost server answers nothing
-        return await asyncio.gather(
+        answers = await asyncio.gather(
             *(
                 self.scheduler.async_call_engine(
                     *args,
@@ -138,8 +138,17 @@ class HexRolloutController(RolloutController):
                     **kwargs,
                 )
                 for rank in ranks
-            )
+            ),
+            return_exceptions=True,
         )
+        # A server that died since the watcher's last round fails the call: confirmed lost, it is left out and
+        # the call holds on the others (a pause that failed on training rank 0 left the other ranks at a barrier).
+        for rank, answer in zip(ranks, answers, strict=True):
+            if isinstance(answer, BaseException) and not await asyncio.to_thread(
+                elastic.confirm_failure, rank
+            ):
+                raise answer
+        return [answer for answer in answers if not isinstance(answer, BaseException)]
 
     def hex_relaunch(self, rank: int) -> str:
         """Start server ``rank`` again on its worker, with its layout and flags; its new ``host:port``."""

@@ -61,10 +61,7 @@ def send_version(engine, side: RelayTrainSide, meta) -> None:
     if engine.config.use_lora:
         raise NotImplementedError("hex.transport=relay sends full weights; LoRA needs hex.transport=upstream")
     side.hex_begin(meta.version if meta.version is not None else engine.get_version() + 1)
-    main_rank = dist.get_rank() == 0
-    if main_rank:
-        engine.rollout_engine.pause_generation()
-    dist.barrier(group=engine.cpu_group)
+    side.hex_on_rank0(engine.rollout_engine.pause_generation, "pause generation")
     mine, owners = side.hex_part_index(), Owners(side.hex_parts())
     limit = meta.weight_chunked_mem_mb << 20
     bucket, size = [], 0
@@ -82,8 +79,7 @@ def send_version(engine, side: RelayTrainSide, meta) -> None:
     if bucket:
         side.hex_send(bucket)
     dist.barrier(group=engine.cpu_group)
-    if main_rank:
-        engine.rollout_engine.continue_generation()
+    side.hex_on_rank0(engine.rollout_engine.continue_generation, "resume generation")
     current_platform.synchronize()
     side.hex_finish()
 

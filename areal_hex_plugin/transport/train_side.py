@@ -15,6 +15,7 @@ Which ranks send and which part each sends is the engine's: FSDP ranks each own 
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -128,6 +129,24 @@ class RelayTrainSide:
                 self._hex_close_part_sender()
                 self._hex_part_sender = PartSender(assignment, part)
             self._hex_part = self._hex_part_sender
+
+    def hex_on_rank0(self, call: Callable[[], None], what: str) -> None:
+        """Rank 0 makes ``call`` (the rollout's pause or resume) for every rank. A failure there raises on every
+        rank, the begun version abandoned (behind a barrier, the other ranks would wait for a rank 0 that had
+        left: the run hung)."""
+        failure = None
+        if dist.get_rank() == 0:
+            try:
+                call()
+            except Exception as error:  # noqa: BLE001 - raised on every rank after the broadcast
+                failure = error
+        try:
+            _from_rank0(self.cpu_group, failure, None, f"rank 0 could not {what}")
+        except Exception:
+            self.hex_abort()
+            self._hex_close_part_sender()
+            self._hex_part = None
+            raise
 
     def hex_send(self, named_tensors) -> None:
         """A bucket of this rank's part (packing copies it to host memory, so the caller may reuse its buffers)."""

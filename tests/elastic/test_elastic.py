@@ -352,3 +352,65 @@ def test_a_server_lost_during_an_update_leaves_its_commit_set(rig, servers):
     servers[1].close()
     actor._check(report)  # it does not any more: lost, out of the commit set
     assert elastic.counts["lost"] == 1 and elastic.states[1] != UP and actor.hex_last_report is report
+
+
+class _HttpWorkers:
+    """Upstream's scheduler as the controller uses it for a control call: each worker's engine makes the call on
+    its server over HTTP (as upstream's RemoteSGLangEngine does), an unanswered call raising."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        self.addresses = addresses
+
+    async def async_call_engine(self, worker_id: str, method: str, engine_name: str, **kwargs):
+        import requests
+
+        path = {"pause_generation": "/pause_generation", "continue_generation": "/continue_generation"}[
+            method
+        ]
+        answer = await asyncio.to_thread(
+            requests.post, f"http://{self.addresses[int(worker_id)]}{path}", timeout=2
+        )
+        answer.raise_for_status()
+
+
+def _controller(elastic, addresses: list[str]):
+    from types import SimpleNamespace
+
+    from areal_hex_plugin.areal.engines import HexRolloutController
+
+    controller = HexRolloutController.__new__(HexRolloutController)
+    controller.hex_elastic = elastic
+    controller.scheduler = _HttpWorkers(addresses)
+    controller.workers = [SimpleNamespace(id=str(rank)) for rank in range(len(addresses))]
+    return controller
+
+
+def test_a_control_call_goes_on_without_a_server_lost_before_its_watcher_saw_it(rig, servers):
+    """The small server dies between two health rounds, just before the trainer pauses generation for an update:
+    its pause fails, the server is confirmed lost there and then, and the pause holds on the others (a failed
+    pause on training rank 0 left the other ranks waiting at their barrier: the run hung)."""
+    elastic = rig[0]
+    controller = _controller(elastic, [s.address for s in servers])
+    servers[1].close()
+    assert elastic.states == [UP, UP]  # not yet seen by the watcher
+    asyncio.run(
+        controller._generic_collective_rpc_async(
+            "pause_generation", controller.workers, lambda rank: f"e{rank}"
+        )
+    )
+    assert servers[0].events == ["pause"]
+    assert elastic.states[1] != UP and elastic.counts["lost"] == 1  # lost (or relaunched: joining)
+
+
+def test_a_control_call_that_fails_on_a_live_server_fails(rig, servers):
+    """A failure on a server that still answers its health probe is not a loss: the call raises."""
+    elastic = rig[0]
+    controller = _controller(elastic, [s.address for s in servers])
+    servers[1].app.view_functions["pause"] = lambda: ("injected", 500)
+    with pytest.raises(Exception, match="500"):
+        asyncio.run(
+            controller._generic_collective_rpc_async(
+                "pause_generation", controller.workers, lambda r: f"e{r}"
+            )
+        )
+    assert elastic.states == [UP, UP] and elastic.counts["lost"] == 0

@@ -134,6 +134,25 @@ def test_every_rank_fails_together_when_rank_0_cannot_begin(tmp_path, monkeypatc
     assert "pause" not in server.events  # upstream's update never started
 
 
+def test_every_rank_fails_together_when_rank_0_cannot_pause_generation(tmp_path, monkeypatch):
+    """Rank 0 pauses the rollout for every rank; a pause that fails there fails the update on every rank (the
+    others waited at a barrier for rank 0, which had left: the run hung)."""
+    monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN.decode())
+    _save_model(tmp_path / "model")
+    server, engine, endpoint = replica(tmp_path, tp_size=1)
+    server.app.view_functions["pause"] = lambda: ("the server is gone (injected)", 500)
+    route = Route([PoolRoute("h20", [endpoint], 1.5, 5.0)]).to_dict()
+    out = tmp_path / "outcome"
+    try:
+        args = (str(tmp_path / "model"), server.address, route, str(out))
+        assert _run_ranks(run_rank_expecting_failure, *args, timeout_s=120) == [0, 0]
+    finally:
+        _close(server, engine)
+    outcomes = [(tmp_path / f"outcome.{rank}").read_text() for rank in range(2)]
+    assert outcomes[0] != "no error" and "rank 0 could not pause generation" in outcomes[1], outcomes
+    assert engine.get_version() == 0 and not any(event.startswith("load") for event in server.events)
+
+
 def test_a_corrupt_part_from_one_rank_is_never_committed(tmp_path, monkeypatch):
     monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN.decode())
     _save_model(tmp_path / "model")
