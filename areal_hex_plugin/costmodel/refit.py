@@ -6,7 +6,8 @@ The live run calls it from a thread beside the trainer; every call is pure (no s
     window = MeasurementWindow(warmup=WARMUP_STEPS, steps=WINDOW_STEPS)
     # every training step, from the run's own figures:
     window.add(StepSample(servers=(ServerSample("h800", tp=2, pp=1, running=96, tokens_per_s=2_400.0), ...),
-                          train_s=155.6, sync_s=2.1))  # sync_s None on a step without a weight update
+                          train_s=155.6, sync_s=2.1,  # None on a step without a weight update
+                          pool_sync_s=(("h800", 2.1),)))  # where known: each receiving pool's view of it
     # every N steps (in the thread):
     fit = refit(cm, layout, window.measured(), run="trial-1", prior=recipe.calibration)
     # cm: the model the run believes now (the recipe's, or with the last refit's calibration)
@@ -29,8 +30,8 @@ over ``PRIOR_SPREAD``), so a few noisy steps move a factor a little, not to its 
 1. per GPU type that generates: ``hbm_fraction`` and ``infer_mfu`` to its servers' tokens/s at their running
    requests (``decode_overhead_s`` held, as ``fit_profile`` holds it);
 2. ``train_mfu`` of the training types (one multiplier on all of them) to the step's training seconds;
-3. ``update_gb_per_s`` and ``update_fixed_s`` of the types the update involves (one multiplier each) to the
-   update's seconds.
+3. ``update_gb_per_s`` and ``update_fixed_s`` of each type the update involves (a multiplier pair per type, fitted
+   one type after another, twice round) to the update's seconds, per receiving pool where the run times them.
 """
 
 from __future__ import annotations
@@ -79,11 +80,14 @@ class ServerSample:
 
 @dataclass(frozen=True)
 class StepSample:
-    """What one training step measured; ``sync_s`` None on a step without a weight update."""
+    """What one training step measured; ``sync_s`` None on a step without a weight update. ``pool_sync_s``, where
+    the run times it: each receiving pool's own update (from the trainer's send to its servers' resume), which
+    tells apart the types a whole update's time mixes (its fixed cost is the slowest type's)."""
 
     servers: tuple[ServerSample, ...] = ()
     train_s: float | None = None
     sync_s: float | None = None
+    pool_sync_s: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ class Measured:
 
     servers: dict[tuple[str, int, int], tuple[float, float]]
     train_s: float | None
-    sync_s: float | None
+    sync_s: dict[str, float]  # per receiving pool, "" the whole update
     steps: int
     first_step: int  # the window's first step (counted from 1)
 
@@ -126,14 +130,18 @@ class MeasurementWindow:
                 if _usable(s.tokens_per_s) and s.running >= 1:
                     servers.setdefault(s.shape, []).append(s)
         train = [s.train_s for s in self.samples if _usable(s.train_s)]
-        sync = [s.sync_s for s in self.samples if _usable(s.sync_s)]
+        sync: dict[str, list[float]] = {}
+        for step in self.samples:
+            for pool, seconds in (("", step.sync_s), *step.pool_sync_s):
+                if _usable(seconds):
+                    sync.setdefault(pool, []).append(seconds)
         return Measured(
             servers={
                 k: (statistics.median(s.running for s in v), statistics.median(s.tokens_per_s for s in v))
                 for k, v in sorted(servers.items())
             },
             train_s=statistics.median(train) if train else None,
-            sync_s=statistics.median(sync) if sync else None,
+            sync_s={pool: statistics.median(v) for pool, v in sorted(sync.items())},
             steps=len(self.samples),
             first_step=self.seen - len(self.samples) + 1,
         )
@@ -152,16 +160,32 @@ class RunLayout:
     def train_s(self, cm: CostModel) -> float:
         return cm.train(self.train).step_time_s
 
-    def sync_s(self, cm: CostModel) -> float:
-        return cm.weight_sync(cm.senders(self.train), self.replicas, self.strategy, self.colocated).seconds
+    def sync_s(self, cm: CostModel, pool: str = "", senders: dict[str, float] | None = None) -> float:
+        """One update's seconds (to ``pool``'s servers only, where named)."""
+        replicas = [(s, n) for s, n in self.replicas if not pool or s[0].pool == pool]
+        colocated = [p for p in self.colocated if not pool or p == pool]
+        senders = senders or cm.senders(self.train)
+        return cm.weight_sync(senders, replicas, self.strategy, colocated).seconds
 
 
 def server_tokens_per_s(cm: CostModel, shape: tuple[str, int, int], running: float) -> float:
-    """The model's decode tokens/s of one server of ``shape`` with ``running`` sequences in flight (as the
-    simulator's step table reads it)."""
+    """The model's decode tokens/s of one server of ``shape`` with ``running`` sequences in flight, the step
+    time linear between whole counts (as the simulator's step table reads it): a median of running requests
+    may fall between two."""
     pool, tp, pp = shape
-    est = cm.rollout(tuple(RolloutStage(pool, tp) for _ in range(pp)), max_sequences=max(1, round(running)))
-    return est.concurrency / est.step_time_s if est.feasible else 0.0
+    stages = tuple(RolloutStage(pool, tp) for _ in range(pp))
+    low = max(1, math.floor(running))
+    points = []
+    for n in sorted({low, max(low, math.ceil(running))}):
+        est = cm.rollout(stages, max_sequences=n)
+        if not est.feasible:
+            return 0.0
+        points.append((est.concurrency, est.step_time_s))
+    (n0, s0), (n1, s1) = points[0], points[-1]
+    if n1 == n0:
+        return n0 / s0
+    n = min(max(running, n0), n1)
+    return n / (s0 + (s1 - s0) * (n - n0) / (n1 - n0))
 
 
 @dataclass(frozen=True)
@@ -274,30 +298,44 @@ def refit(
         points.append({"what": "train_s", "gpu_type": ", ".join(train_types), "measured": measured.train_s,
                        "before": before, "model": layout.train_s(cm.with_calibration(cal))})  # fmt: skip
 
-    # 3. Weight update: one multiplier on each update factor of the types it involves.
+    # 3. Weight update: a multiplier on each type's update factors, one type after another (twice round).
     sync_types = sorted(
         {*train_types, *(pool_type[s.pool] for stages, _ in layout.replicas for s in stages)}
         | {pool_type[p] for p in layout.colocated}
     )
-    if _usable(measured.sync_s) and layout.train:
+    if measured.sync_s and layout.train:
+        senders = cm.senders(layout.train)
         fitted = cal
+        scales = {t: (1.0, 1.0) for t in sync_types}
 
-        def sync_loss(rate: float, fixed: float) -> float:
-            trial = cm.with_calibration(
-                _scaled(fitted, prior, sync_types, {"update_gb_per_s": rate, "update_fixed_s": fixed})
-            )
-            return _loss([(layout.sync_s(trial), measured.sync_s)], [rate, fixed])
+        def with_scales(scales: dict[str, tuple[float, float]]) -> Calibration:
+            out = fitted
+            for t, pair in scales.items():
+                out = _scaled(out, prior, [t], dict(zip(UPDATE, pair, strict=True)))
+            return out
 
-        bounds = tuple(_scale_bounds(prior, sync_types, f) for f in UPDATE)
-        rate, fixed = grid_search(sync_loss, bounds, **GRID)
-        before = layout.sync_s(cm.with_calibration(cal))
-        cal = _scaled(cal, prior, sync_types, {"update_gb_per_s": rate, "update_fixed_s": fixed})
+        def model(trial: Calibration) -> list[float]:
+            trial_cm = cm.with_calibration(trial)
+            return [layout.sync_s(trial_cm, pool, senders) for pool in measured.sync_s]
+
+        for t in [*sync_types, *sync_types]:
+
+            def sync_loss(rate: float, fixed: float, t=t, scales=scales) -> float:
+                trial = {**scales, t: (rate, fixed)}
+                pairs = zip(model(with_scales(trial)), measured.sync_s.values(), strict=True)
+                return _loss(pairs, [k for pair in trial.values() for k in pair])
+
+            bounds = tuple(_scale_bounds(prior, [t], f) for f in UPDATE)
+            scales = {**scales, t: grid_search(sync_loss, bounds, **GRID)}
+        before = model(cal)
+        cal = with_scales(scales)
         for t in sync_types:
             eff = cal.for_gpu(t)
             cal = cal.with_factors(t, {f: getattr(eff, f) for f in UPDATE}, f"{where}, weight update seconds")
         refit_types.update(sync_types)
-        points.append({"what": "sync_s", "gpu_type": ", ".join(sync_types), "measured": measured.sync_s,
-                       "before": before, "model": layout.sync_s(cm.with_calibration(cal))})  # fmt: skip
+        for (pool, seconds), b, a in zip(measured.sync_s.items(), before, model(cal), strict=True):
+            points.append({"what": "sync_s", "pool": pool or "all", "measured": seconds, "before": b,
+                           "model": a})  # fmt: skip
 
     types = tuple(sorted(refit_types))
     return Refit(cal, cal.as_dict(list(types)), points, types)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -134,3 +135,23 @@ def test_a_refit_takes_well_under_a_cpu_second(run):
     started = time.process_time()
     refit(cm, layout, measured, "t1")
     assert time.process_time() - started < 1.0
+
+
+def test_each_pools_update_tells_which_types_update_cost_is_off():
+    # Both CPU types believe a 1.5 s fixed cost per update; CPU-SMALL's is really 2.2 s. The whole update pays
+    # the slowest type's fixed cost, so it cannot say which; each receiving pool's own update can.
+    recipe = load_recipe(REPO / "recipes" / "ci" / "tiny.yaml", [])
+    plan = plan_recipe(recipe)
+    layout = plan_layout(plan, recipe.hex.transport)
+    truth = recipe.calibration.with_factors("CPU-SMALL", {"update_fixed_s": 2.2}, "truth")
+    true_cm = CostModel(recipe.cluster, recipe.workload, truth)
+    pools = sorted({stages[0].pool for stages, _ in layout.replicas})
+    assert len(pools) == 2
+    window = MeasurementWindow()
+    for _ in range(6):
+        step = _step(true_cm, plan, layout)
+        window.add(replace(step, pool_sync_s=tuple((p, layout.sync_s(true_cm, p)) for p in pools)))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    fit = refit(cm, layout, window.measured(), "t1")
+    assert fit.factors["CPU-SMALL"]["update_fixed_s"] == pytest.approx(2.2, rel=0.05)
+    assert fit.factors["CPU-BIG"]["update_fixed_s"] == pytest.approx(1.5, rel=0.05)
