@@ -8,7 +8,7 @@ The live run calls it from a thread beside the trainer; every call is pure (no s
     window.add(StepSample(servers=(ServerSample("h800", tp=2, pp=1, running=96, tokens_per_s=2_400.0), ...),
                           train_s=155.6, sync_s=2.1,  # None on a step without a weight update
                           pool_sync_s=(("h800", 2.1),)))  # where known: each receiving pool's view of it
-    # every N steps (in the thread):
+    # every N steps: the medians in the trainer's thread, the fit in another
     fit = refit(cm, layout, window.measured(), run="trial-1", prior=recipe.calibration)
     # cm: the model the run believes now (the recipe's, or with the last refit's calibration)
     fit.calibration    # cm's with the refit factors, each sourced "refit from run trial-1: steps a-b, ..."
@@ -110,20 +110,26 @@ class MeasurementWindow:
 
     def __init__(self, warmup: int = WARMUP_STEPS, steps: int = WINDOW_STEPS) -> None:
         self.warmup = warmup
-        self.seen = 0
-        self.samples: deque[StepSample] = deque(maxlen=steps)
+        self.step = 0  # steps added so far
+        self.layout_start = 0  # the step the current layout started after
+        self.kept: deque[tuple[int, StepSample]] = deque(maxlen=steps)
 
     def add(self, sample: StepSample) -> None:
-        self.seen += 1
-        if self.seen > self.warmup:
-            self.samples.append(sample)
+        self.step += 1
+        if self.step - self.layout_start > self.warmup:
+            self.kept.append((self.step, sample))
 
     def restart(self) -> None:
         """A new layout: its steps warm up again and the old layout's are dropped."""
-        self.seen = 0
-        self.samples.clear()
+        self.layout_start = self.step
+        self.kept.clear()
+
+    @property
+    def samples(self) -> list[StepSample]:
+        return [sample for _, sample in self.kept]
 
     def measured(self) -> Measured:
+        """The medians (a frozen snapshot: take it in the thread that adds, fit in another)."""
         servers: dict[tuple[str, int, int], list[ServerSample]] = {}
         for step in self.samples:
             for s in step.servers:
@@ -142,8 +148,8 @@ class MeasurementWindow:
             },
             train_s=statistics.median(train) if train else None,
             sync_s={pool: statistics.median(v) for pool, v in sorted(sync.items())},
-            steps=len(self.samples),
-            first_step=self.seen - len(self.samples) + 1,
+            steps=len(self.kept),
+            first_step=self.kept[0][0] if self.kept else self.step + 1,
         )
 
 
