@@ -16,9 +16,9 @@ The live run calls it from a thread beside the trainer; every call is pure (no s
     write_json(path, fit.profile())  # a hex.calibration.profile (hex_profile.json), read back by read_profile
 
 :class:`RunLayout` is what ran (the training stages, the weight update's replicas); ``planner/refit_replan.py``
-builds it from the running plan (``plan_layout``) and decides whether the refit model re-plans (``decide``). Measurements are per step and per
-server: its decode tokens/s at its running requests (SGLang's ``gen_throughput`` and ``num_running_reqs``), the
-train step's seconds and a weight update's seconds. The window drops the first ``warmup`` steps and keeps the
+builds it from the running plan (``plan_layout``) and decides whether the refit model re-plans (``decide``).
+Measurements are per step and per server: its decode tokens/s at its running requests (SGLang's
+``gen_throughput`` and ``num_running_reqs``), the train step's seconds and a weight update's seconds. The window drops the first ``warmup`` steps and keeps the
 last ``steps``; the fit reads the medians (per server shape: running requests and tokens/s; the train step; the
 steps with an update).
 

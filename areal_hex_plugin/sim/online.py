@@ -28,6 +28,7 @@ from areal_hex_plugin.costmodel import CostModel
 from areal_hex_plugin.costmodel.calibration import Calibration, read_profile, read_profile_sources
 from areal_hex_plugin.costmodel.refit import MeasurementWindow, ServerSample, StepSample, refit
 from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.planner.refit_replan import THRESHOLD, decide, plan_layout
 from areal_hex_plugin.sim.engine import _Loop, simulate
 from areal_hex_plugin.sim.inputs import sim_spec
@@ -162,8 +163,6 @@ def simulate_truth(
     """``plan`` (made with the recipe's factors) run on ``truth`` with the online loop (see the module doc)."""
     true_recipe = replace(recipe, calibration=truth)
     believed = simulate(sim_spec(true_recipe, plan), steps, seed).steps
-    from areal_hex_plugin.planner import plan_recipe
-
     best = simulate(sim_spec(true_recipe, plan_recipe(true_recipe)), steps, seed).steps
     cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
     window = MeasurementWindow()
@@ -174,7 +173,8 @@ def simulate_truth(
     notes: list[list[str]] = []
     refits: list[dict[str, Any]] = []
     while len(done) + len(loop.steps) < steps:
-        loop.run(min(steps, (len(done) + len(loop.steps)) // every * every + every) - len(done), warmup=0)
+        boundary = min(steps, ((len(done) + len(loop.steps)) // every + 1) * every)
+        loop.run(boundary - len(done), warmup=0)  # the loop goes on from where it stopped
         step = len(done) + len(loop.steps)
         notes += [[] for _ in range(step - len(notes))]
         measured = window.measured()
