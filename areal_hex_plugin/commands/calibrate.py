@@ -83,10 +83,7 @@ def run(args: argparse.Namespace) -> int:
             out["points"] = fit.points
             out["cluster_gpus"] = fit.gpus
             out["check"] = baseline_phases(recipes, calibration, data, fit.gpus)
-    out["gpu_types"] = {
-        t: {k: float(f"{v:.4g}") for k, v in calibration.as_dict([t])[t].items()} for t in types
-    }
-    out["sources"] = calibration.sources_dict(types)
+    out.update(calibration.profile(types))
     for t in types:
         print(f"{t}:", file=con)
         for key, value in out["gpu_types"][t].items():

@@ -35,6 +35,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="replay timed machine losses, returns and length drift (a YAML faults file, see "
         "recipes/faults/); prints the per-step timeline beside the same run without them",
     )
+    parser.add_argument(
+        "--truth",
+        metavar="PROFILE",
+        help="run the machines on this profile's factors (as they are) while the planner starts from the "
+        "recipe's (as believed), refitting and re-planning online; prints tokens/s per step beside the believed "
+        "and the true-factor plans, when the refit converged and the gap recovered",
+    )
+    parser.add_argument(
+        "--refit-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --truth: steps between refits and re-plan decisions (default 5)",
+    )
     parser.add_argument("--json", metavar="OUT", help="write the simulation results as JSON; - for stdout")
     parser.add_argument(
         "--plot",
@@ -65,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
             f"must be in [1, {MAX_STEPS:,}], got {args.steps}",
             "simulate 30 steps, as the paper does",
         )
+    _check_truth(args)
     check_writable(args.json, "--json")
     check_writable(args.trace, "--trace")
     check_writable(args.plot, "--plot")
@@ -84,6 +99,13 @@ def run(args: argparse.Namespace) -> int:
         if args.no_kv_recompute:
             spec = dataclasses.replace(spec, kv_recompute=False)
         timeline = bool(args.plot or args.trace)
+        truth = None
+        if args.truth:
+            from areal_hex_plugin.sim.online import EVERY, read_truth, simulate_truth
+
+            truth = simulate_truth(
+                recipe, plan, read_truth(args.truth, recipe), args.steps, args.seed, args.refit_every or EVERY
+            )
         if args.faults:
             from areal_hex_plugin.sim.faults import simulate_faults
 
@@ -98,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
         from areal_hex_plugin.sim.faults import describe_faults
 
         print(f"\n{describe_faults(faults, out)}", file=out)
+    if truth:
+        from areal_hex_plugin.sim.online import describe_truth
+
+        print(f"\n{describe_truth(truth, args.truth, out)}", file=out)
     if args.json:
         data = {
             "schema_version": SCHEMA_VERSION,
@@ -111,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
         data["plan_gap"] = {"relative": gap.relative, "reason": gap.reason} if gap else None
         if faults:
             data["faults"] = faults.to_dict()
+        if truth:
+            data["truth"] = {"file": args.truth, **truth.to_dict()}
         print(f"\nresults written to {write_json(args.json, data)}", file=out)
     if args.trace:
         from areal_hex_plugin.sim.trace import chrome_trace
@@ -122,3 +150,18 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"timeline plotted to {plot_timelines(shown, args.plot, recipe.workload.model.name)}", file=out)
     return 0
+
+
+def _check_truth(args: argparse.Namespace) -> None:
+    """--truth plays its own runs: refuse what it cannot be combined with."""
+    if args.refit_every is not None and not args.truth:
+        raise HexError("--refit-every", "needs --truth", "add --truth PROFILE")
+    if not args.truth:
+        return
+    if args.refit_every is not None and not 1 <= args.refit_every <= args.steps:
+        raise HexError(
+            "--refit-every", f"must be in [1, --steps={args.steps}], got {args.refit_every}", "e.g. 5"
+        )
+    for flag in ("faults", "plot", "trace"):
+        if getattr(args, flag):
+            raise HexError("--truth", f"cannot be combined with --{flag}", f"drop --{flag} or --truth")

@@ -163,6 +163,12 @@ class Calibration:
         """Where each factor in effect for ``gpu_types`` came from, for reports."""
         return {name: {k: self.source(name, k) for k in FACTORS} for name in gpu_types}
 
+    def profile(self, gpu_types: list[str]) -> dict:
+        """The factors in effect for ``gpu_types`` (4 significant digits) and their sources, as a profile JSON
+        (``hex.calibration.profile``, read back by :func:`read_profile`)."""
+        factors = {t: {k: float(f"{v:.4g}") for k, v in self.as_dict([t])[t].items()} for t in gpu_types}
+        return {"format": PROFILE_FORMAT, "gpu_types": factors, "sources": self.sources_dict(gpu_types)}
+
 
 def _load_profile(path: str | Path, field_path: str) -> dict:
     file = Path(path).expanduser()

@@ -321,10 +321,10 @@ def _replan_all(recipe, old: HexPlan, lost: set[str], gained: dict[str, list[str
     pools = [p for p in pools if p.machines]
     reduced = replace(recipe, cluster=replace(recipe.cluster, pools=tuple(pools)))
     plan = plan_recipe(reduced)
-    return _keep_roles(old, plan)
+    return keep_roles(old, plan)
 
 
-def _keep_roles(old: HexPlan, new: HexPlan) -> HexPlan:
+def keep_roles(old: HexPlan, new: HexPlan) -> HexPlan:
     """``new`` with its machines' roles and GPUs moved onto hosts so that as many machines as possible keep the
     role (and, for the same role, the layout) they had in ``old``; machines of a pool are interchangeable."""
     before = {m.host: m for m in old.machines}
@@ -386,7 +386,7 @@ def replan_for_lengths(recipe, current: HexPlan, workload) -> LengthSuggestion:
     from areal_hex_plugin.planner import plan_recipe
 
     measured = replace(recipe, workload=workload)
-    new = _keep_roles(current, plan_recipe(measured))
+    new = keep_roles(current, plan_recipe(measured))
     cm = CostModel(measured.cluster, workload, measured.calibration)
     groups = tuple((_config(cm, g), g.count) for g in current.rollout.replicas)
     held = held_runtime(

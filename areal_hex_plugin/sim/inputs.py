@@ -13,10 +13,10 @@ prefill rate (``RolloutEstimate.prefill_s_per_token``), the same figure the plan
 
 from __future__ import annotations
 
-from areal_hex_plugin.costmodel import CostModel, RolloutStage, TrainStage
-from areal_hex_plugin.costmodel.weightsync import strategy_for
+from areal_hex_plugin.costmodel import CostModel, RolloutStage
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.planner.refit_replan import plan_layout
 from areal_hex_plugin.saved_plan import plan_estimates
 from areal_hex_plugin.sim.spec import LaneSpec, SimSpec
 
@@ -32,13 +32,8 @@ def sim_spec(recipe, plan: HexPlan) -> SimSpec:
             "re-plan the recipe: areal-hex plan RECIPE --json PLAN.json",
         )
     estimates, train = plan_estimates(cm, plan)
+    layout = plan_layout(plan, recipe.hex.transport)
     lanes = []
-    replicas = []
-    # Replica groups on a machine split with training get their weights over its GPU links (as planned).
-    beside_training = {
-        a.group for m in plan.machines if m.role == "split" for a in m.gpus if a.role == "rollout"
-    }
-    colocated = tuple(sorted({plan.rollout.replicas[g].pool for g in beside_training}))
     for i, (group, full) in enumerate(zip(plan.rollout.replicas, estimates, strict=True)):
         stages = tuple(RolloutStage(pool=group.pool, tp=group.tp) for _ in range(group.pp))
         lanes.append(
@@ -52,15 +47,9 @@ def sim_spec(recipe, plan: HexPlan) -> SimSpec:
                 prefill_tokens_per_s=1 / full.prefill_s_per_token,
             )
         )
-        if i not in beside_training:
-            replicas.append((stages, group.count))
-    train_stages = tuple(
-        TrainStage(pool=s.pool, dp=s.dp, tp=s.tp, hybrid=s.hybrid) for s in plan.train.stages
-    )
     train_gpus: dict[str, int] = {}
-    for s in train_stages:
+    for s in layout.train:
         train_gpus[s.pool] = train_gpus.get(s.pool, 0) + s.n_gpus
-    strategy = strategy_for(recipe.hex.transport)
     rl = workload.rl
     return SimSpec(
         lanes=tuple(lanes),
@@ -73,7 +62,7 @@ def sim_spec(recipe, plan: HexPlan) -> SimSpec:
         # Upstream's RolloutController falls back to the consumer batch size when the limit is unset.
         max_concurrent_rollouts=plan.staleness.max_concurrent_rollouts or rl.consumer_batch_size,
         train_s=train.step_time_s,
-        sync_s=cm.weight_sync(cm.senders(train_stages), replicas, strategy, colocated).seconds,
+        sync_s=layout.sync_s(cm),
         train_gpus=train_gpus,
         reward_s_per_sample=workload.reward_cpu_s_per_sample,
         reward_workers=workload.reward_cpus,

@@ -1,0 +1,347 @@
+"""Online refit: the factors of the GPU types a run uses, fitted to what the run measures, the recipe's calibration
+(the shipped profile) as the prior.
+
+The live run calls it from a thread beside the trainer; every call is pure (no shared state, nothing written):
+
+    window = MeasurementWindow(warmup=WARMUP_STEPS, steps=WINDOW_STEPS)
+    # every training step, from the run's own figures:
+    window.add(StepSample(servers=(ServerSample("h800", tp=2, pp=1, running=96, tokens_per_s=2_400.0), ...),
+                          train_s=155.6, sync_s=2.1,  # None on a step without a weight update
+                          pool_sync_s=(("h800", 2.1),)))  # where known: each receiving pool's view of it
+    # every N steps: the medians in the trainer's thread, the fit in another
+    fit = refit(cm, layout, window.measured(), run="trial-1", prior=recipe.calibration)
+    # cm: the model the run believes now (the recipe's, or with the last refit's calibration)
+    fit.calibration    # cm's with the refit factors, each sourced "refit from run trial-1: steps a-b, ..."
+    fit.points         # each measured median beside the model before and after the refit
+    write_json(path, fit.profile())  # a hex.calibration.profile (hex_profile.json), read back by read_profile
+
+:class:`RunLayout` is what ran (the training stages, the weight update's replicas); ``planner/refit_replan.py``
+builds it from the running plan (``plan_layout``) and decides whether the refit model re-plans (``decide``).
+Measurements are per step and per server: its decode tokens/s at its running requests (SGLang's
+``gen_throughput`` and ``num_running_reqs``), the train step's seconds and a weight update's seconds. The window drops the first ``warmup`` steps and keeps the
+last ``steps``; the fit reads the medians (per server shape: running requests and tokens/s; the train step; the
+steps with an update).
+
+The fit is ``calibrate``'s (``costmodel/fit.py``: :func:`grid_search` in log error, inside every factor's
+physical range), in the same order as :func:`fit.fit_profile`, each group regularised toward the prior (a maximum
+a posteriori fit: the measurements' log error over ``MEASURED_SPREAD``, each factor's log distance from the prior
+over ``PRIOR_SPREAD``), so a few noisy steps move a factor a little, not to its range end:
+
+1. per GPU type that generates: ``hbm_fraction`` and ``infer_mfu`` to its servers' tokens/s at their running
+   requests (``decode_overhead_s`` held, as ``fit_profile`` holds it);
+2. ``train_mfu`` of the training types (one multiplier on all of them) to the step's training seconds;
+3. ``update_gb_per_s`` and ``update_fixed_s`` of each type the update involves (a multiplier pair per type, fitted
+   one type after another, twice round) to the update's seconds, per receiving pool where the run times them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from areal_hex_plugin.costmodel.calibration import RANGES, Calibration
+from areal_hex_plugin.costmodel.fit import grid_search
+from areal_hex_plugin.costmodel.model import CostModel
+from areal_hex_plugin.costmodel.rollout import RolloutStage
+from areal_hex_plugin.costmodel.train import TrainStage
+
+# Steps left out at the start of a run (or after a change of layout): the pipeline fills, the caches warm.
+WARMUP_STEPS = 2
+# Steps the medians are taken over.
+WINDOW_STEPS = 10
+# A step's median is known to about 5% (log error); a factor is believed within about 50% of the prior's value.
+MEASURED_SPREAD = 0.05
+PRIOR_SPREAD = math.log(1.5)
+GRID = {"points": 12, "refine": 4}
+
+ROLLOUT = ("hbm_fraction", "infer_mfu")
+UPDATE = ("update_gb_per_s", "update_fixed_s")
+
+
+@dataclass(frozen=True)
+class ServerSample:
+    """One rollout server at one step: its shape, running requests and decode tokens/s."""
+
+    pool: str
+    tp: int
+    pp: int
+    running: float
+    tokens_per_s: float
+
+    @property
+    def shape(self) -> tuple[str, int, int]:
+        return self.pool, self.tp, self.pp
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """What one training step measured; ``sync_s`` None on a step without a weight update. ``pool_sync_s``, where
+    the run times it: each receiving pool's own update (from the trainer's send to its servers' resume), which
+    tells apart the types a whole update's time mixes (its fixed cost is the slowest type's)."""
+
+    servers: tuple[ServerSample, ...] = ()
+    train_s: float | None = None
+    sync_s: float | None = None
+    pool_sync_s: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Medians over a window of steps: per server shape (pool, tp, pp), running requests and tokens/s."""
+
+    servers: dict[tuple[str, int, int], tuple[float, float]]
+    train_s: float | None
+    sync_s: dict[str, float]  # per receiving pool, "" the whole update
+    steps: int
+    first_step: int  # the window's first step (counted from 1)
+
+
+def _usable(x: float | None) -> bool:
+    return x is not None and math.isfinite(x) and x > 0
+
+
+class MeasurementWindow:
+    """The last ``steps`` steps after the first ``warmup``; :meth:`measured` gives their medians."""
+
+    def __init__(self, warmup: int = WARMUP_STEPS, steps: int = WINDOW_STEPS) -> None:
+        self.warmup = warmup
+        self.step = 0  # steps added so far
+        self.layout_start = 0  # the step the current layout started after
+        self.kept: deque[tuple[int, StepSample]] = deque(maxlen=steps)
+
+    def add(self, sample: StepSample) -> None:
+        self.step += 1
+        if self.step - self.layout_start > self.warmup:
+            self.kept.append((self.step, sample))
+
+    def restart(self) -> None:
+        """A new layout: its steps warm up again and the old layout's are dropped."""
+        self.layout_start = self.step
+        self.kept.clear()
+
+    @property
+    def samples(self) -> list[StepSample]:
+        return [sample for _, sample in self.kept]
+
+    def measured(self) -> Measured:
+        """The medians (a frozen snapshot: take it in the thread that adds, fit in another)."""
+        servers: dict[tuple[str, int, int], list[ServerSample]] = {}
+        for step in self.samples:
+            for s in step.servers:
+                if _usable(s.tokens_per_s) and s.running >= 1:
+                    servers.setdefault(s.shape, []).append(s)
+        train = [s.train_s for s in self.samples if _usable(s.train_s)]
+        sync: dict[str, list[float]] = {}
+        for step in self.samples:
+            for pool, seconds in (("", step.sync_s), *step.pool_sync_s):
+                if _usable(seconds):
+                    sync.setdefault(pool, []).append(seconds)
+        return Measured(
+            servers={
+                k: (statistics.median(s.running for s in v), statistics.median(s.tokens_per_s for s in v))
+                for k, v in sorted(servers.items())
+            },
+            train_s=statistics.median(train) if train else None,
+            sync_s={pool: statistics.median(v) for pool, v in sorted(sync.items())},
+            steps=len(self.kept),
+            first_step=self.kept[0][0] if self.kept else self.step + 1,
+        )
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """What ran: the training stages, and the weight update's receivers (replicas off the training machines and
+    the pools whose replicas share a machine with training), its strategy."""
+
+    train: tuple[TrainStage, ...]
+    replicas: tuple[tuple[tuple[RolloutStage, ...], int], ...]
+    strategy: str
+    colocated: tuple[str, ...] = ()
+
+    def train_s(self, cm: CostModel) -> float:
+        return cm.train(self.train).step_time_s
+
+    def sync_s(self, cm: CostModel, pool: str = "", senders: dict[str, float] | None = None) -> float:
+        """One update's seconds (to ``pool``'s servers only, where named)."""
+        replicas = [(s, n) for s, n in self.replicas if not pool or s[0].pool == pool]
+        colocated = [p for p in self.colocated if not pool or p == pool]
+        senders = senders or cm.senders(self.train)
+        return cm.weight_sync(senders, replicas, self.strategy, colocated).seconds
+
+
+def server_tokens_per_s(cm: CostModel, shape: tuple[str, int, int], running: float) -> float:
+    """The model's decode tokens/s of one server of ``shape`` with ``running`` sequences in flight, the step
+    time linear between whole counts (as the simulator's step table reads it): a median of running requests
+    may fall between two."""
+    pool, tp, pp = shape
+    stages = tuple(RolloutStage(pool, tp) for _ in range(pp))
+    low = max(1, math.floor(running))
+    points = []
+    for n in sorted({low, max(low, math.ceil(running))}):
+        est = cm.rollout(stages, max_sequences=n)
+        if not est.feasible:
+            return 0.0
+        points.append((est.concurrency, est.step_time_s))
+    (n0, s0), (n1, s1) = points[0], points[-1]
+    if n1 == n0:
+        return n0 / s0
+    n = min(max(running, n0), n1)
+    return n / (s0 + (s1 - s0) * (n - n0) / (n1 - n0))
+
+
+@dataclass(frozen=True)
+class Refit:
+    calibration: Calibration
+    factors: dict[str, dict[str, float]]  # per GPU type refit: the factors in effect
+    points: list[dict[str, Any]]  # each median measured beside the model before and after the refit
+    gpu_types: tuple[str, ...]
+
+    @property
+    def rms_log_error(self) -> float:
+        """Root-mean-square of ln(refit model / measured) over the points (0.1 is about 10%)."""
+        errors = [math.log(p["model"] / p["measured"]) ** 2 for p in self.points]
+        return math.sqrt(sum(errors) / len(errors)) if errors else 0.0
+
+    def profile(self) -> dict[str, Any]:
+        """The refit as a profile JSON (``hex.calibration.profile``): factors, sources, and the residuals."""
+        return {**self.calibration.profile(list(self.gpu_types)), "points": self.points}
+
+
+def _loss(pairs: Iterable[tuple[float, float]], moves: Iterable[float]) -> float:
+    """MAP loss: measured log errors over MEASURED_SPREAD, log moves from the prior over PRIOR_SPREAD."""
+    fit = sum((math.log(m / x) / MEASURED_SPREAD) ** 2 if m > 0 else 1e9 for m, x in pairs)
+    return fit + sum((math.log(k) / PRIOR_SPREAD) ** 2 for k in moves)
+
+
+def _scale_bounds(prior: Calibration, types: Sequence[str], factor: str) -> tuple[float, float]:
+    """Multipliers of ``factor`` that keep every type's value inside its physical range."""
+    values = [getattr(prior.for_gpu(t), factor) for t in types]
+    r = RANGES[factor]
+    return max(r.low / v for v in values), min(r.high / v for v in values)
+
+
+def _inside(factor: str, value: float) -> float:
+    """``value`` within ``factor``'s range (the grid search may step a rounding error past an end)."""
+    return min(max(value, RANGES[factor].low), RANGES[factor].high)
+
+
+def _scaled(
+    cal: Calibration, prior: Calibration, types: Sequence[str], scales: dict[str, float]
+) -> Calibration:
+    """``cal`` with ``types``' factors the prior's times ``scales`` (factor -> multiplier)."""
+    for t in types:
+        eff = prior.for_gpu(t)
+        cal = cal.with_factors(t, {f: _inside(f, getattr(eff, f) * k) for f, k in scales.items()})
+    return cal
+
+
+def refit(
+    cm: CostModel, layout: RunLayout, measured: Measured, run: str, prior: Calibration | None = None
+) -> Refit:
+    """The factors of the GPU types in ``layout`` fitted to ``measured`` (see the module doc). ``cm``'s
+    calibration is the model the run believes now (every factor not fitted keeps its value: a type the layout
+    no longer measures keeps an earlier refit); ``prior`` (default: the same) is what the fit is regularised
+    toward, the shipped profile in a live run."""
+    cal = cm.calibration
+    prior = prior or cal
+    where = f"refit from run {run}: steps {measured.first_step}-{measured.first_step + measured.steps - 1}"
+    points: list[dict[str, Any]] = []
+    pool_type = {p.name: p.gpu_type for p in cm.cluster.pools}
+    refit_types: set[str] = set()
+
+    # 1. Rollout, per GPU type.
+    by_type: dict[str, list[tuple[tuple[str, int, int], float, float]]] = {}
+    for shape, (running, rate) in measured.servers.items():
+        by_type.setdefault(pool_type[shape[0]], []).append((shape, running, rate))
+    for gpu_type, servers in sorted(by_type.items()):
+        base = prior.for_gpu(gpu_type)
+
+        def model(hbm: float, mfu: float, gpu_type=gpu_type, servers=servers, cal=cal) -> list[float]:
+            trial = cm.with_calibration(cal.with_factors(gpu_type, {"hbm_fraction": hbm, "infer_mfu": mfu}))
+            return [server_tokens_per_s(trial, shape, running) for shape, running, _ in servers]
+
+        def loss(hbm: float, mfu: float, base=base, servers=servers, model=model) -> float:
+            pairs = zip(model(hbm, mfu), (rate for _, _, rate in servers), strict=True)
+            return _loss(pairs, (hbm / base.hbm_fraction, mfu / base.infer_mfu))
+
+        bounds = tuple((RANGES[f].low, RANGES[f].high) for f in ROLLOUT)
+        hbm, mfu = (_inside(f, v) for f, v in zip(ROLLOUT, grid_search(loss, bounds, **GRID), strict=True))
+        now = cal.for_gpu(gpu_type)
+        before = model(now.hbm_fraction, now.infer_mfu)
+        after = model(hbm, mfu)
+        shapes = ", ".join(f"{p} tp{tp}pp{pp}" for (p, tp, pp), _, _ in servers)
+        cal = cal.with_factors(
+            gpu_type, {"hbm_fraction": hbm, "infer_mfu": mfu}, f"{where}, decode tokens/s of {shapes}"
+        )
+        refit_types.add(gpu_type)
+        for (shape, running, rate), b, a in zip(servers, before, after, strict=True):
+            points.append({"what": "rollout_tokens_per_s", "gpu_type": gpu_type,
+                           "server": f"{shape[0]} tp{shape[1]}pp{shape[2]}", "running": running,
+                           "measured": rate, "before": b, "model": a})  # fmt: skip
+
+    # 2. Training: one multiplier on the training types' train_mfu.
+    train_types = sorted({pool_type[s.pool] for s in layout.train})
+    if _usable(measured.train_s) and train_types:
+        fitted = cal
+
+        @cache
+        def train_loss(k: float) -> float:
+            trial = cm.with_calibration(_scaled(fitted, prior, train_types, {"train_mfu": k}))
+            return _loss([(layout.train_s(trial), measured.train_s)], [k])
+
+        low, high = _scale_bounds(prior, train_types, "train_mfu")
+        k, _ = grid_search(lambda a, _: train_loss(a), ((low, high), (1.0, 1.0)), **GRID)
+        before = layout.train_s(cm.with_calibration(cal))
+        cal = _scaled(cal, prior, train_types, {"train_mfu": k})
+        for t in train_types:
+            cal = cal.with_factors(t, {"train_mfu": cal.for_gpu(t).train_mfu}, f"{where}, train step seconds")
+        refit_types.update(train_types)
+        points.append({"what": "train_s", "gpu_type": ", ".join(train_types), "measured": measured.train_s,
+                       "before": before, "model": layout.train_s(cm.with_calibration(cal))})  # fmt: skip
+
+    # 3. Weight update: a multiplier on each type's update factors, one type after another (twice round).
+    sync_types = sorted(
+        {*train_types, *(pool_type[s.pool] for stages, _ in layout.replicas for s in stages)}
+        | {pool_type[p] for p in layout.colocated}
+    )
+    if measured.sync_s and layout.train:
+        senders = cm.senders(layout.train)
+        fitted = cal
+        scales = {t: (1.0, 1.0) for t in sync_types}
+
+        def with_scales(scales: dict[str, tuple[float, float]]) -> Calibration:
+            out = fitted
+            for t, pair in scales.items():
+                out = _scaled(out, prior, [t], dict(zip(UPDATE, pair, strict=True)))
+            return out
+
+        def model(trial: Calibration) -> list[float]:
+            trial_cm = cm.with_calibration(trial)
+            return [layout.sync_s(trial_cm, pool, senders) for pool in measured.sync_s]
+
+        for t in [*sync_types, *sync_types]:
+
+            def sync_loss(rate: float, fixed: float, t=t, scales=scales) -> float:
+                trial = {**scales, t: (rate, fixed)}
+                pairs = zip(model(with_scales(trial)), measured.sync_s.values(), strict=True)
+                return _loss(pairs, [k for pair in trial.values() for k in pair])
+
+            bounds = tuple(_scale_bounds(prior, [t], f) for f in UPDATE)
+            scales = {**scales, t: grid_search(sync_loss, bounds, **GRID)}
+        before = model(cal)
+        cal = with_scales(scales)
+        for t in sync_types:
+            eff = cal.for_gpu(t)
+            cal = cal.with_factors(t, {f: getattr(eff, f) for f in UPDATE}, f"{where}, weight update seconds")
+        refit_types.update(sync_types)
+        for (pool, seconds), b, a in zip(measured.sync_s.items(), before, model(cal), strict=True):
+            points.append({"what": "sync_s", "pool": pool or "all", "measured": seconds, "before": b,
+                           "model": a})  # fmt: skip
+
+    types = tuple(sorted(refit_types))
+    return Refit(cal, cal.as_dict(list(types)), points, types)

@@ -1,0 +1,157 @@
+"""The online refit (costmodel/refit.py): measurements made by a known "true" model are fitted back, the prior
+holds what they cannot show, warm-up and a few wild steps do not move a factor, and the refit profile is read
+back like any profile."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+import pytest
+
+from areal_hex_plugin.costmodel import CostModel
+from areal_hex_plugin.costmodel.calibration import RANGES, read_profile
+from areal_hex_plugin.costmodel.refit import (
+    MeasurementWindow,
+    ServerSample,
+    StepSample,
+    refit,
+    server_tokens_per_s,
+)
+from areal_hex_plugin.planner import plan_recipe
+from areal_hex_plugin.planner.refit_replan import plan_layout
+from areal_hex_plugin.specs.recipe import load_recipe
+from tests.conftest import REPO
+
+RECIPE = REPO / "recipes" / "paper" / "1.5b.yaml"
+
+
+@pytest.fixture(scope="module")
+def run():
+    recipe = load_recipe(RECIPE, [])
+    plan = plan_recipe(recipe)
+    return recipe, plan, plan_layout(plan, recipe.hex.transport)
+
+
+def _truth(recipe, gpu_type: str, scale: float):
+    eff = recipe.calibration.for_gpu(gpu_type)
+    factors = {f: getattr(eff, f) * scale for f in ("train_mfu", "hbm_fraction", "update_gb_per_s")}
+    return recipe.calibration.with_factors(gpu_type, factors, "truth")
+
+
+def _step(cm: CostModel, plan, layout, running: int = 48, slow: float = 1.0) -> StepSample:
+    """One step as ``cm`` runs it (every figure ``slow`` times slower)."""
+    servers = tuple(
+        ServerSample(
+            g.pool, g.tp, g.pp, running, server_tokens_per_s(cm, (g.pool, g.tp, g.pp), running) / slow
+        )
+        for g in plan.rollout.replicas
+        for _ in range(g.count)
+    )
+    return StepSample(servers, layout.train_s(cm) * slow, layout.sync_s(cm) * slow)
+
+
+def _window(cm, plan, layout, steps: int = 10) -> MeasurementWindow:
+    window = MeasurementWindow()
+    for _ in range(steps):
+        window.add(_step(cm, plan, layout))
+    return window
+
+
+def test_the_refit_finds_the_true_factors_the_measurements_show(run):
+    recipe, plan, layout = run
+    trained = recipe.cluster.pool(plan.train.stages[0].pool).gpu_type
+    truth = _truth(recipe, trained, 0.7)
+    true_cm = CostModel(recipe.cluster, recipe.workload, truth)
+    prior = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    fit = refit(prior, layout, _window(true_cm, plan, layout).measured(), "t1")
+    assert fit.calibration.for_gpu(trained).train_mfu == pytest.approx(
+        truth.for_gpu(trained).train_mfu, rel=0.02
+    )
+    # Every measured figure is reproduced, where the prior was 30% off.
+    assert fit.rms_log_error < 0.02
+    assert max(abs(p["before"] / p["measured"] - 1) for p in fit.points) > 0.2
+    assert fit.calibration.source(trained, "train_mfu").startswith("refit from run t1: steps 3-10")
+
+
+def test_measured_as_believed_nothing_moves(run):
+    recipe, plan, layout = run
+    prior = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    fit = refit(prior, layout, _window(prior, plan, layout).measured(), "t1")
+    for gpu_type in fit.gpu_types:  # measured as believed: nothing moves
+        for factor, value in fit.factors[gpu_type].items():
+            assert value == pytest.approx(getattr(recipe.calibration.for_gpu(gpu_type), factor), rel=0.02)
+
+
+def test_warm_up_and_a_few_wild_steps_do_not_throw_a_factor(run):
+    recipe, plan, layout = run
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    window = MeasurementWindow(warmup=2, steps=10)
+    for _ in range(2):  # warm-up: ten times slower, dropped
+        window.add(_step(cm, plan, layout, slow=10.0))
+    for k in range(10):  # three steps of ten wildly slow: the medians ignore them
+        window.add(_step(cm, plan, layout, slow=10.0 if k in (1, 4, 7) else 1.0))
+    fit = refit(cm, layout, window.measured(), "t1")
+    for gpu_type in fit.gpu_types:
+        for factor, value in fit.factors[gpu_type].items():
+            assert value == pytest.approx(getattr(recipe.calibration.for_gpu(gpu_type), factor), rel=0.05)
+
+
+def test_one_window_far_off_moves_factors_inside_their_ranges(run):
+    recipe, plan, layout = run
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    window = MeasurementWindow()
+    for _ in range(6):
+        window.add(_step(cm, plan, layout, slow=20.0))
+    fit = refit(cm, layout, window.measured(), "t1")
+    for gpu_type in fit.gpu_types:
+        for factor, value in fit.factors[gpu_type].items():
+            assert value in RANGES[factor]
+
+
+def test_the_refit_profile_is_a_profile_a_recipe_reads(run, tmp_path):
+    recipe, plan, layout = run
+    trained = recipe.cluster.pool(plan.train.stages[0].pool).gpu_type
+    true_cm = CostModel(recipe.cluster, recipe.workload, _truth(recipe, trained, 0.7))
+    prior = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    fit = refit(prior, layout, _window(true_cm, plan, layout).measured(), "t1")
+    path = tmp_path / "hex_profile.json"
+    path.write_text(json.dumps(fit.profile()))
+    assert read_profile(path)[trained]["train_mfu"] == pytest.approx(
+        fit.factors[trained]["train_mfu"], rel=1e-3
+    )
+    again = load_recipe(RECIPE, [f"hex.calibration.profile={path}"])
+    assert again.calibration.for_gpu(trained).train_mfu == pytest.approx(
+        fit.factors[trained]["train_mfu"], rel=1e-3
+    )
+    assert again.calibration.source(trained, "train_mfu").startswith("refit from run t1")
+
+
+def test_a_refit_takes_well_under_a_cpu_second(run):
+    recipe, plan, layout = run
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    measured = _window(cm, plan, layout).measured()
+    started = time.process_time()
+    refit(cm, layout, measured, "t1")
+    assert time.process_time() - started < 1.0
+
+
+def test_each_pools_update_tells_which_types_update_cost_is_off():
+    # Both CPU types believe a 1.5 s fixed cost per update; CPU-SMALL's is really 2.2 s. The whole update pays
+    # the slowest type's fixed cost, so it cannot say which; each receiving pool's own update can.
+    recipe = load_recipe(REPO / "recipes" / "ci" / "tiny.yaml", [])
+    plan = plan_recipe(recipe)
+    layout = plan_layout(plan, recipe.hex.transport)
+    truth = recipe.calibration.with_factors("CPU-SMALL", {"update_fixed_s": 2.2}, "truth")
+    true_cm = CostModel(recipe.cluster, recipe.workload, truth)
+    pools = sorted({stages[0].pool for stages, _ in layout.replicas})
+    assert len(pools) == 2
+    window = MeasurementWindow()
+    for _ in range(6):
+        step = _step(true_cm, plan, layout)
+        window.add(replace(step, pool_sync_s=tuple((p, layout.sync_s(true_cm, p)) for p in pools)))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    fit = refit(cm, layout, window.measured(), "t1")
+    assert fit.factors["CPU-SMALL"]["update_fixed_s"] == pytest.approx(2.2, rel=0.05)
+    assert fit.factors["CPU-BIG"]["update_fixed_s"] == pytest.approx(1.5, rel=0.05)
