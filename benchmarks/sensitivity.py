@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from report import emit  # benchmarks/report.py, beside this script
-from scheduler import (  # benchmarks/planner.py, beside this script
+from planner import (  # benchmarks/planner.py, beside this script
     BATCH_GPUS,
     BATCH_PROMPTS,
     SIZES,
