@@ -200,11 +200,12 @@ def check_transport(config) -> None:
     if not uses_relay(config):
         return
     mode = config.actor.weight_update_mode
-    if mode != "xccl":
+    if mode not in ("xccl", "hex_relay"):  # hex_relay: upstream's own actor finds the relay (patches/0003)
         raise HexError(
             "actor.weight_update_mode",
             f"is {mode!r}, but hex.transport=relay sends weights in place of upstream's xccl buckets",
-            "set actor.weight_update_mode=xccl, or hex.transport=upstream to keep upstream's own path",
+            "set actor.weight_update_mode=xccl (hex_relay with patches/0003), or hex.transport=upstream to keep "
+            "upstream's own path",
         )
     megatron = config.actor.megatron
     if megatron.bridge_type == "megatron-bridge" and megatron.use_bridge_for_update_weights:
@@ -219,27 +220,16 @@ def check_transport(config) -> None:
     load_token()
 
 
-def preflight(path: str, overrides: list[str], offline: bool = False, run: bool = False) -> HexSession:
-    """Run every check (``areal-hex check``; ``offline``: all but the live inventory) and open the run's session.
-    ``run``: for the driver, which loads the config as a real run does (:func:`load_upstream_config` with
-    ``save``), and whose dry run takes an unreachable cluster as a note (a reachable one that lacks the plan's
-    machines still fails)."""
+def check_config(config) -> list[str]:
+    """The checks of a loaded upstream config: scheduler type, plan output, workflow and reward function, recover
+    settings and transport; a line for each passed, the first failure raised. Also run for a session upstream's
+    own script opened (``schedulers/common.announced_session``), which no pre-flight saw."""
     from areal_hex_plugin.areal.launch import check_scheduler_type
-    from areal_hex_plugin.areal.plugin import register
-    from areal_hex_plugin.areal.rewrite import apply_plan
     from areal_hex_plugin.outfiles import check_writable
-    from areal_hex_plugin.saved_plan import obtain_plan
-    from areal_hex_plugin.specs.overrides import checked_overrides
-    from areal_hex_plugin.specs.recipe import load_recipe
 
-    register()
-    overrides = checked_overrides(overrides, upstream_keys)
-    recipe = load_recipe(path, overrides)  # the core reader: precise messages for a bad hex: section
-    dry_run = recipe.hex.dry_run
-    config = load_upstream_config(path, overrides, save=run and not dry_run)
-    passed = [f"upstream config: {path} loads as HexGRPOConfig ({len(overrides)} overrides)"]
     check_scheduler_type(config.scheduler.type)
     check_writable(config.hex.plan_out, "hex.plan_out")
+    passed = [f"scheduler: {config.scheduler.type}"]
     passed.append(
         _check_callable(
             config.hex.workflow, "hex.workflow", "class", "areal.workflow.openai.math_agent.MathAgent"
@@ -259,6 +249,29 @@ def preflight(path: str, overrides: list[str], offline: bool = False, run: bool 
     passed.append(
         f"transport: {config.hex.transport}" + (" (token set)" if config.hex.transport == "relay" else "")
     )
+    return passed
+
+
+def preflight(path: str, overrides: list[str], offline: bool = False, run: bool = False) -> HexSession:
+    """Run every check (``areal-hex check``; ``offline``: all but the live inventory) and open the run's session.
+    ``run``: for the driver, which loads the config as a real run does (:func:`load_upstream_config` with
+    ``save``), and whose dry run takes an unreachable cluster as a note (a reachable one that lacks the plan's
+    machines still fails)."""
+    from areal_hex_plugin.areal.plugin import register
+    from areal_hex_plugin.areal.rewrite import apply_plan
+    from areal_hex_plugin.saved_plan import obtain_plan
+    from areal_hex_plugin.specs.overrides import checked_overrides
+    from areal_hex_plugin.specs.recipe import load_recipe
+
+    register()
+    overrides = checked_overrides(overrides, upstream_keys)
+    recipe = load_recipe(path, overrides)  # the core reader: precise messages for a bad hex: section
+    dry_run = recipe.hex.dry_run
+    config = load_upstream_config(path, overrides, save=run and not dry_run)
+    passed = [
+        f"upstream config: {path} loads as HexGRPOConfig ({len(overrides)} overrides)",
+        *check_config(config),
+    ]
     plan, source = obtain_plan(recipe, config.hex.plan_path)
     rewrite = apply_plan(config, plan)  # refuses a plan these backends cannot start
     passed.append(

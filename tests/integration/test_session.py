@@ -71,3 +71,47 @@ def test_the_preflight_opens_the_session_that_schedulers_and_trainers_take(
     assert session_for(session.config, "test") is session
     assert session.recipe.calibration.for_gpu("CPU-BIG").train_mfu == MFU
     assert session.passed[-1].startswith("plan: solved at start")
+
+
+@pytest.mark.integration
+def test_a_session_upstreams_script_opens_checks_its_config_and_prints_the_pre_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Upstream's own script (patches/0004-0005) builds a Hex scheduler from ``exp_config``: no pre-flight ran, so
+    the scheduler's session checks the config as the pre-flight does and prints its lines with the plan."""
+    from areal_hex_plugin.areal.config import load_hex_config
+    from areal_hex_plugin.areal.schedulers.common import announced_session
+
+    argv = [
+        "--config",
+        str(TINY),
+        f"cluster.fileroot={tmp_path / 'exp'}",
+        "actor.weight_update_mode=hex_relay",
+    ]
+    monkeypatch.setattr("sys.argv", ["gsm8k_rl.py", *argv])
+    monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", "t" * 32)
+    config, _ = load_hex_config(argv)
+
+    session = announced_session(config, "hex_local")
+
+    printed = capsys.readouterr().out
+    for line in ("scheduler: hex_local", "hex.workflow: ", "transport: relay (token set)"):
+        assert any(line in passed for passed in session.passed), session.passed
+        assert f"ok   {line}" in printed
+    assert "# Plan" in printed and "# Placement" in printed
+
+
+@pytest.mark.integration
+def test_a_bad_config_upstreams_script_opens_is_refused_naming_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from areal_hex_plugin.areal.config import load_hex_config
+    from areal_hex_plugin.areal.schedulers.common import announced_session
+    from areal_hex_plugin.errors import HexError
+
+    argv = ["--config", str(TINY), f"cluster.fileroot={tmp_path / 'exp'}", "hex.workflow=nowhere.Workflow"]
+    monkeypatch.setattr("sys.argv", ["gsm8k_rl.py", *argv])
+    config, _ = load_hex_config(argv)
+    with pytest.raises(HexError, match="nowhere.Workflow") as refused:
+        announced_session(config, "hex_local")
+    assert refused.value.field == "hex.workflow"

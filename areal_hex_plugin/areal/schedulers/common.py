@@ -51,12 +51,15 @@ def specs_for_slots(
 
 
 def announced_session(exp_config, who: str):
-    """The run's session for a scheduler upstream builds from ``exp_config`` alone (:func:`session_for`), what it
-    decided printed once."""
+    """The run's session for a scheduler upstream builds from ``exp_config`` alone (:func:`session_for`), its
+    config checked as the pre-flight checks it (where no pre-flight ran) and what it decided printed once."""
+    from areal_hex_plugin.areal.preflight import check_config
     from areal_hex_plugin.areal.session import session_for
     from areal_hex_plugin.areal.startup import announce
 
     session = session_for(exp_config, who)
+    if not session.passed:  # opened here, for upstream's own script: no pre-flight checked its config
+        session.passed.extend(check_config(exp_config))
     announce(session)
     return session
 
