@@ -111,10 +111,11 @@ class Planner:
         self.recipe = recipe
         self.request = request
         self.cluster = recipe.cluster
-        self.workload = recipe.workload
         self.solver = recipe.solver
         self.objective = objective_of(recipe, request)
         self.caps = request.caps or recipe_caps(recipe)
+        # The runtime's actor prices every layout (the paper's space: one stage on FSDP, pipelines on Megatron).
+        self.workload = recipe.workload.on_megatron(self.caps.name == "megatron")
         self.limits = tuple(p.machines for p in self.cluster.pools)
         _check_rollout_layout(self.solver, self.cluster)
         self.eta = self.workload.rl.max_head_offpolicyness
