@@ -368,37 +368,12 @@ class Planner:
             )
         return baselines, rivals
 
-    def as_written(self) -> Evaluation:
+    def as_written(self) -> tuple[Evaluation, HexPlan]:
         """The recipe's ``actor.backend`` and ``rollout.backend`` placed as upstream places them and scored as every
-        plan is (``planner/as_written.py``); HexError names the backend that does not fit."""
+        plan is (``planner/as_written.py``), and its plan (no search, no baselines); HexError names the backend that
+        does not fit the cluster or its memory, or that the runtime cannot start."""
         actor, rollout = recipe_allocations(self.recipe)
-        return score_as_written(self.ev, actor, rollout, self.caps.split_machines)
-
-    def _as_written_row(self, baselines: dict[str, Baseline]) -> list[Evaluation]:
-        """Add the recipe's allocation as written to ``baselines`` where its backends are shapes that fit the
-        cluster and the runtime planned for is the recipe's actor (its engine prices the layout); returns it where
-        the objective's budget allows it (a rival the plan must not lose to), else nothing."""
-        actor = str((self.recipe.config.get("actor") or {}).get("backend", "")).split(":", 1)[0].strip()
-        if self.caps.name != actor:
-            return []
-        try:
-            e = self.as_written()
-        except HexError:
-            return []
-        backends = f"{self.recipe.config['actor']['backend']} + {self.recipe.config['rollout']['backend']}"
-        budget = self.objective.budget_per_hour
-        over = budget is not None and e.cost_per_hour > budget + 1e-9
-        baselines[AS_WRITTEN] = Baseline(
-            round(self.tokens_per_s(e), 3),
-            round(e.cost_per_hour, 4),
-            self._gpus_by_type(e),
-            f"{backends} as upstream places them" + (", over the budget" if over else ""),
-        )
-        return [] if over else [e]
-
-    def as_written_plan(self) -> HexPlan:
-        """The plan of the recipe's allocation as written (``plan --as-written``): no search, no baselines."""
-        e = self.as_written()
+        e = score_as_written(self.ev, actor, rollout, self.caps.split_machines)
         warnings = []
         budget, target = self.objective.budget_per_hour, self.objective.target_tokens_per_s
         if budget is not None and e.cost_per_hour > budget + 1e-9:
@@ -407,9 +382,10 @@ class Planner:
             )
         if target is not None and self.tokens_per_s(e) < target:
             warnings.append(f"as written it falls short of the target of {target:,.0f} tokens/s")
-        result = SearchResult(e, "feasible", 0)
         solve_time = time.monotonic() - self.wall_start
-        plan = self._plan(e, result, None, solve_time, {}, [], warnings, mode=AS_WRITTEN_MODE)
+        plan = self._plan(
+            e, SearchResult(e, "feasible", 0), None, solve_time, {}, [], warnings, AS_WRITTEN_MODE
+        )
         # Upstream's admission as written; no pool's role is the search's choice.
         rl = self.workload.rl
         staleness = Staleness(self.eta, rl.max_concurrent_rollouts or rl.consumer_batch_size)
@@ -422,7 +398,29 @@ class Planner:
                 f"{self.caps.describe()} cannot start it as written: {why}",
                 "change the backend strings, hex.transport or actor.weight_update_mode to a runtime that can",
             )
-        return plan
+        return e, plan
+
+    def _as_written_row(self, baselines: dict[str, Baseline]) -> list[Evaluation]:
+        """Add the recipe's allocation as written to ``baselines`` where its backends are shapes the runtime starts
+        on the cluster and the runtime planned for is the recipe's actor (whose engine prices the layout); returns
+        it where the objective's budget allows it (a rival the plan must not lose to), else nothing."""
+        actor = str((self.recipe.config.get("actor") or {}).get("backend", "")).split(":", 1)[0].strip()
+        if self.caps.name != actor:
+            return []
+        try:
+            e, _ = self.as_written()
+        except HexError:
+            return []
+        backends = f"{self.recipe.config['actor']['backend']} + {self.recipe.config['rollout']['backend']}"
+        budget = self.objective.budget_per_hour
+        over = budget is not None and e.cost_per_hour > budget + 1e-9
+        baselines[AS_WRITTEN] = Baseline(
+            round(self.tokens_per_s(e), 3),
+            round(e.cost_per_hour, 4),
+            self._gpus_by_type(e),
+            f"{backends} as upstream places them" + (", over the budget" if over else ""),
+        )
+        return [] if over else [e]
 
     def _uniform_baseline(self, best: Evaluation) -> Baseline:
         return Baseline(
@@ -641,7 +639,7 @@ def plan_as_written(recipe, request: PlanRequest | None = None) -> HexPlan:
     (``planner/as_written.py``; ``request``: its objective only, for the warnings); a shape that does not fit the
     cluster or its memory raises HexError naming it."""
     request = replace(request or PlanRequest(), caps=recipe_caps(recipe))
-    return Planner(recipe, request).as_written_plan()
+    return Planner(recipe, request).as_written()[1]
 
 
 def _solve(recipe, request: PlanRequest) -> tuple[HexPlan, Planner]:

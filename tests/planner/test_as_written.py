@@ -135,10 +135,18 @@ def test_a_partly_filled_machine_serves_rollout_beside_training_except_on_slurm(
         ("actor.backend=fsdp:d1", "actor.backend", "GB usable"),
         ("rollout.backend=sglang:d2p1t16", "rollout.backend", "packs no machine"),
         ("rollout.backend=sglang:d100p1t8", "rollout.backend", "lower d to 12 or less"),
+        # Megatron's state is whole on every dp rank: 7B on 8 x 80 GB does not fit as one stage.
+        ("actor.backend=megatron:d8", "actor.backend", "GB usable"),
+        # What the runtime cannot start: upstream's Megatron xccl path keeps servers at pp 1.
+        (
+            "actor.backend=megatron:d4t2 rollout.backend=sglang:d2p2t1 hex.transport=upstream",
+            "rollout.backend",
+            "needs train pp = rollout pp",
+        ),
     ],
 )
 def test_a_shape_that_does_not_fit_exits_2_naming_it(capsys, override, field, words):
-    assert main(["plan", PAPER_7B, "--as-written", override]) == 2
+    assert main(["plan", PAPER_7B, "--as-written", *override.split()]) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if not line.startswith("scoring ")]
     assert (
@@ -166,6 +174,12 @@ def test_the_plan_table_shows_the_allocation_as_written_beside_hex_and_the_basel
         [("H800-PCIe", 8, 2)], "7b", "hex.solver.time_limit_s=5", "actor.backend=fsdp:d64"
     )
     assert AS_WRITTEN not in plan_recipe(unfit).baselines
+    # Nor are shapes the runtime cannot start (upstream's Megatron xccl path keeps servers at pp 1).
+    xccl = recipe_with_pools(
+        [("H800-PCIe", 8, 2)], "7b", "hex.solver.time_limit_s=5", "hex.transport=upstream",
+        "actor.backend=megatron:d4t2", "rollout.backend=sglang:d2p2t1",
+    )  # fmt: skip
+    assert AS_WRITTEN not in plan_recipe(xccl).baselines
 
 
 def test_the_plan_never_loses_to_the_recipes_allocation_within_the_budget():
@@ -176,7 +190,7 @@ def test_the_plan_never_loses_to_the_recipes_allocation_within_the_budget():
         "rollout.backend=sglang:d8p1t4", "hex.solver.time_limit_s=10", "hex.solver.max_pp_stages=1",
     )  # fmt: skip
     planner = Planner(recipe, PlanRequest())
-    written = planner.as_written().tokens_per_s(planner.ev.tokens_per_step)
+    written = planner.as_written()[0].tokens_per_s(planner.ev.tokens_per_step)
     plan = planner.solve()
     assert plan.predicted.tokens_per_s == pytest.approx(written, rel=1e-6)
     assert [(s.dp, s.tp) for s in plan.train.stages] == [(4, 4), (4, 4)]
