@@ -163,7 +163,7 @@ class SolverInfo:
         help="proven relative gap to the optimum (0 when proven optimal; null when no bound is known)",
         range=between(0, 1e9),
     )
-    mode: str = "two_phase"  # two_phase | exhaustive
+    mode: str = "two_phase"  # two_phase | exhaustive | as_written (plan --as-written: no search)
     window_steps: int = spec(
         1,
         "δ(η): training steps per weight update of the rollout servers (1: every step, as upstream); costs are "

@@ -1,5 +1,6 @@
 """``areal-hex plan RECIPE``: solve the two-phase schedule for the recipe's backends (the plan the driver runs) and
-print it beside the homogeneous baselines; ``--unconstrained`` adds the paper's unconstrained plan."""
+print it beside the homogeneous baselines and the recipe's allocation as written; ``--unconstrained`` adds the
+paper's unconstrained plan; ``--as-written`` scores the recipe's ``actor.backend`` and ``rollout.backend`` alone."""
 
 from __future__ import annotations
 
@@ -47,6 +48,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also plan in the paper's unconstrained space (layouts upstream cannot start) and show the "
         "difference; the plan printed first and written by --json stays the runnable one",
     )
+    parser.add_argument(
+        "--as-written",
+        action="store_true",
+        help="no search: score the recipe's own actor.backend and rollout.backend (e.g. megatron:d4p2t1 and "
+        "sglang:d4p1t2) on its cluster, placed as upstream places them",
+    )
     parser.add_argument("--json", metavar="OUT", help="write the plan (HexPlan JSON) here; - for stdout")
     parser.add_argument(
         "--plot", metavar="OUT.png", help="draw the Pareto frontier (implies --pareto); - for stdout"
@@ -76,7 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.planner import PlanRequest, plan_recipe
-    from areal_hex_plugin.planner.report import describe_plan, plot_frontier
+    from areal_hex_plugin.planner.report import describe_plan
     from areal_hex_plugin.specs.config import ObjectiveConfig
     from areal_hex_plugin.specs.typed import meta_of, scalar
 
@@ -92,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
         raise HexError("--steps", f"must be between 1 and 10,000,000, got {args.steps}", "give a step count")
     from areal_hex_plugin.commands.export import job_options
 
+    if args.as_written:
+        _check_no_search(args)
+
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         check_writable(path, flag)  # before solving, not after
     out = console(args.json, args.plot)
@@ -106,6 +116,13 @@ def run(args: argparse.Namespace) -> int:
         pareto=args.pareto or bool(args.plot),
         sensitivity=True,
     )
+    if args.as_written:
+        from areal_hex_plugin.planner.recipe_planner import plan_as_written
+
+        with working(f"scoring {args.recipe} as written"):
+            plan = plan_as_written(recipe, request)
+        print(describe_plan(plan, out, args.steps), file=out)
+        return _write(args, plan, recipe, options, out)
     with working(f"planning {args.recipe}" + (" and its cost frontier" if request.pareto else "")):
         plan = plan_recipe(recipe, request)
     print(describe_plan(plan, out, args.steps), file=out)
@@ -118,6 +135,13 @@ def run(args: argparse.Namespace) -> int:
         with working(f"planning {args.recipe} in the paper's unconstrained space"):
             paper = plan_recipe(recipe, replace(request, caps=PAPER, sensitivity=False))
         print("\n" + describe_runtime_gap(plan, paper, recipe_caps(recipe), out), file=out)
+    return _write(args, plan, recipe, options, out)
+
+
+def _write(args: argparse.Namespace, plan, recipe, options, out) -> int:
+    """Write ``plan`` where ``--json``, ``--plot`` and ``--export`` ask for it."""
+    from areal_hex_plugin.planner.report import plot_frontier
+
     if args.json:
         print(f"\nplan written to {plan.save(args.json)}", file=out)
     if args.plot:
@@ -145,6 +169,24 @@ def _export(args: argparse.Namespace, plan, recipe, options, out) -> None:
         "skypilot": f"sky jobs launch {job} --secret AREAL_HEX_TRANSPORT_TOKEN",
     }[kind]
     print(f"{kind} job written to {job} (plan {plan_path}); submit it with: {submit}", file=out)
+
+
+def _check_no_search(args: argparse.Namespace) -> None:
+    """``--as-written`` scores one allocation: the flags that search or sweep are refused beside it."""
+    from areal_hex_plugin.errors import HexError
+
+    for flag, given in (
+        ("--exhaustive", args.exhaustive),
+        ("--pareto", args.pareto),
+        ("--plot", args.plot),
+        ("--unconstrained", args.unconstrained),
+    ):
+        if given:
+            raise HexError(
+                flag,
+                "searches plans; --as-written scores the recipe's own allocation with no search",
+                f"drop {flag} or --as-written (a plan without --as-written shows the allocation as written beside it)",
+            )
 
 
 def check_exhaustive_depth(recipe) -> None:

@@ -11,7 +11,8 @@ mean attended context: forward, backward (2x) and, with ``actor.gradient_checkpo
 inside the backward. Micro-batches hold at most ``actor.mb_spec.max_tokens_per_mb`` tokens (a longer sequence
 gets one of its own; unset, a minibatch is one micro-batch). FSDP gathers bf16 parameters
 twice and reduce-scatters fp32 gradients per micro-batch (upstream shards over one dp mesh, across machines too);
-a pipeline runs on Megatron, whose distributed optimizer reduce-scatters gradients and all-gathers parameters once
+a pipeline, and every layout of a Megatron actor (``actor.backend=megatron``, one stage too), runs on
+Megatron, whose distributed optimizer reduce-scatters gradients and all-gathers parameters once
 per optimizer step. FSDP with ``hybrid`` (the paper's space only) shards within each machine and all-reduces the
 gradient shards across machines once per optimizer step. That traffic overlaps compute, so a stage takes the
 larger of the two. Pipelines add the 1F1B bubble; their dp replicas hand activations over in parallel, one link
@@ -110,6 +111,8 @@ def _check(cluster: Cluster, workload: WorkloadSpec, stages: tuple[TrainStage, .
         machine = cluster.pool(s.pool).gpus_per_machine
         if s.hybrid and len(stages) > 1:
             return "hybrid sharding is FSDP's; a pipeline runs on Megatron"
+        if s.hybrid and workload.rl.megatron:
+            return "hybrid sharding is FSDP's; actor.backend=megatron runs on Megatron"
         if s.hybrid and (s.n_gpus % machine or s.n_gpus < 2 * machine):
             return (
                 f"hybrid sharding shards within each machine and replicates across machines: dp x tp = "
@@ -308,7 +311,7 @@ class _Step:
             tp_comm = self.tokens / s.dp * per_token / link
 
         micro, minibatches = self.micro[i], self.minibatches
-        megatron = pp > 1  # pipelines run on Megatron (FSDP has no pipeline parallelism)
+        megatron = pp > 1 or rl.megatron  # FSDP has no pipeline parallelism
         shard = (
             pool.gpus_per_machine // s.tp if s.hybrid else s.dp
         )  # ranks one copy of the state is sharded over

@@ -336,21 +336,27 @@ class Evaluator:
         ):
             if pp > ALL_DEPTHS and any(c.pp < pp for c in configs):
                 break  # shapes come by depth
-            estimate = self.cm.rollout(tuple(RolloutStage(pool=pool_name, tp=tp) for _ in range(pp)))
-            if estimate.feasible and estimate.tokens_per_s > 0:
-                configs.append(
-                    ReplicaConfig(
-                        pool_name,
-                        tp,
-                        pp,
-                        estimate.tokens_per_s,
-                        estimate.concurrency,
-                        estimate.recompute_s,
-                        longest_s=estimate.longest_s,
-                        drain_s=estimate.drain_s,
-                    )
-                )
+            config = self.replica_config(pool_name, tp, pp)
+            if isinstance(config, ReplicaConfig):
+                configs.append(config)
         return configs
+
+    def replica_config(self, pool_name: str, tp: int, pp: int) -> ReplicaConfig | str:
+        """The replica shape of ``pp`` stages of ``tp`` GPUs of a pool as the cost model estimates it, or why it
+        does not run."""
+        estimate = self.cm.rollout(tuple(RolloutStage(pool=pool_name, tp=tp) for _ in range(pp)))
+        if not estimate.feasible or estimate.tokens_per_s <= 0:
+            return estimate.reason or "it generates nothing"
+        return ReplicaConfig(
+            pool_name,
+            tp,
+            pp,
+            estimate.tokens_per_s,
+            estimate.concurrency,
+            estimate.recompute_s,
+            longest_s=estimate.longest_s,
+            drain_s=estimate.drain_s,
+        )
 
     def pool_fleet(
         self, pool_name: str, machines: int, max_recompute_s: float = math.inf, price: float = 0.0
@@ -405,6 +411,11 @@ class Evaluator:
 
     def _evaluate(self, split: Split) -> Evaluation:
         train = self.train_on(split.train_gpus(self.cluster)) if split.trains() else None
+        return self.score(split, train, self.split_fleets(split))
+
+    def score(self, split: Split, train: TrainChoice | None, fleets: list[Fleet]) -> Evaluation:
+        """The step of ``split`` with this training layout and the best of these candidate fleets, each at the
+        runtime choices (window, in-flight caps) that make its step shortest; not memoised (:meth:`evaluate` is)."""
         samples = self.workload.rl.samples_per_step
         reward_s = self.cm.reward_s(samples)
         train_s = train.step_time_s if train else math.inf
@@ -413,7 +424,7 @@ class Evaluator:
         rl = self.workload.rl
         widest = windows(rl.max_head_offpolicyness, rl.max_update_window)[-1]
         chosen: tuple[float, Fleet, Runtime, float] | None = None
-        for fleet in self.split_fleets(split):
+        for fleet in fleets:
             sync_s = 0.0
             if senders is not None:
                 replicas = [(replica_stages(c), y) for c, y in fleet.groups if not c.colocated]

@@ -20,9 +20,10 @@ from areal_hex_plugin.plan import (
     SolverInfo,
     Staleness,
 )
+from areal_hex_plugin.planner.as_written import recipe_allocations, score_as_written
 from areal_hex_plugin.planner.bound import cost_bound, throughput_bound
 from areal_hex_plugin.planner.brute import BruteForce, Enumerated, check_size
-from areal_hex_plugin.planner.caps import RuntimeCaps, recipe_caps
+from areal_hex_plugin.planner.caps import RuntimeCaps, recipe_caps, unmet
 from areal_hex_plugin.planner.cpsat import clock
 from areal_hex_plugin.planner.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.planner.explain import binding_constraint, describe_binding, describe_role, pool_roles
@@ -60,6 +61,9 @@ TARGET_STEPS = 12
 WITHIN = "cheapest_within_2pct"
 WITHIN_SHARE = 0.02
 KNEE = "knee"
+# The recipe's own allocation (planner/as_written.py): its name among the baselines, and SolverInfo.mode of its plan.
+AS_WRITTEN = "as-written"
+AS_WRITTEN_MODE = "as_written"
 
 
 @dataclass(frozen=True)
@@ -111,10 +115,11 @@ class Planner:
         self.recipe = recipe
         self.request = request
         self.cluster = recipe.cluster
-        self.workload = recipe.workload
         self.solver = recipe.solver
         self.objective = objective_of(recipe, request)
         self.caps = request.caps or recipe_caps(recipe)
+        # The runtime's actor prices every layout (the paper's space: one stage on FSDP, pipelines on Megatron).
+        self.workload = recipe.workload.on_megatron(self.caps.name == "megatron")
         self.limits = tuple(p.machines for p in self.cluster.pools)
         _check_rollout_layout(self.solver, self.cluster)
         self.eta = self.workload.rl.max_head_offpolicyness
@@ -197,17 +202,20 @@ class Planner:
         baselines, rivals = self._baselines(
             self.objective.budget_per_hour or (result.steered or best).cost_per_hour
         )
-        chosen = self._preferred([best, *rivals])
+        written = self._as_written_row(baselines)  # a rival too where the objective's budget allows it
+        chosen = self._preferred([best, *rivals, *written])
         if chosen is not best:
-            warnings.append(
-                "a single-type plan the baselines found beats the mixed search's plan "
-                f"({result.status}), so it is the plan"
+            which = (
+                "the recipe's allocation as written"
+                if any(chosen is w for w in written)
+                else "a single-type plan the baselines found"
             )
+            warnings.append(f"{which} beats the mixed search's plan ({result.status}), so it is the plan")
             best = chosen
         swept = self.request.pareto or self.objective.pick == "knee"
         if swept:
             self._sweep()
-        best = self._picked(best, rivals)
+        best = self._picked(best, [*rivals, *written])
         frontier = self._frontier(best)
         alternatives = self._alternatives(best, frontier)
         baselines["uniform"] = self._uniform_baseline(best)
@@ -359,6 +367,60 @@ class Planner:
                 round(self.tokens_per_s(e), 3), round(e.cost_per_hour, 4), self._gpus_by_type(e), note
             )
         return baselines, rivals
+
+    def as_written(self) -> tuple[Evaluation, HexPlan]:
+        """The recipe's ``actor.backend`` and ``rollout.backend`` placed as upstream places them and scored as every
+        plan is (``planner/as_written.py``), and its plan (no search, no baselines); HexError names the backend that
+        does not fit the cluster or its memory, or that the runtime cannot start."""
+        actor, rollout = recipe_allocations(self.recipe)
+        e = score_as_written(self.ev, actor, rollout, self.caps.split_machines)
+        warnings = []
+        budget, target = self.objective.budget_per_hour, self.objective.target_tokens_per_s
+        if budget is not None and e.cost_per_hour > budget + 1e-9:
+            warnings.append(
+                f"as written it costs ${e.cost_per_hour:,.2f}/h, over the budget of ${budget:,.2f}/h"
+            )
+        if target is not None and self.tokens_per_s(e) < target:
+            warnings.append(f"as written it falls short of the target of {target:,.0f} tokens/s")
+        solve_time = time.monotonic() - self.wall_start
+        plan = self._plan(
+            e, SearchResult(e, "feasible", 0), None, solve_time, {}, [], warnings, AS_WRITTEN_MODE
+        )
+        # Upstream's admission as written; no pool's role is the search's choice.
+        rl = self.workload.rl
+        staleness = Staleness(self.eta, rl.max_concurrent_rollouts or rl.consumer_batch_size)
+        plan = replace(plan, staleness=staleness, pool_roles={}, pool_role_reasons={})
+        lacking = unmet(plan, self.caps)
+        if lacking:
+            what, why = next(iter(lacking.items()))
+            raise HexError(
+                "rollout.backend" if "rollout" in what else "actor.backend",
+                f"{self.caps.describe()} cannot start it as written: {why}",
+                "change the backend strings, hex.transport or actor.weight_update_mode to a runtime that can",
+            )
+        return e, plan
+
+    def _as_written_row(self, baselines: dict[str, Baseline]) -> list[Evaluation]:
+        """Add the recipe's allocation as written to ``baselines`` where its backends are shapes the runtime starts
+        on the cluster and the runtime planned for is the recipe's actor (whose engine prices the layout); returns
+        it where the objective's budget allows it (a rival the plan must not lose to), else nothing."""
+        actor = str((self.recipe.config.get("actor") or {}).get("backend", "")).split(":", 1)[0].strip()
+        if self.caps.name != actor:
+            return []
+        try:
+            e, _ = self.as_written()
+        except HexError:
+            return []
+        backends = f"{self.recipe.config['actor']['backend']} + {self.recipe.config['rollout']['backend']}"
+        budget = self.objective.budget_per_hour
+        over = budget is not None and e.cost_per_hour > budget + 1e-9
+        baselines[AS_WRITTEN] = Baseline(
+            round(self.tokens_per_s(e), 3),
+            round(e.cost_per_hour, 4),
+            self._gpus_by_type(e),
+            f"{backends} as upstream places them" + (", over the budget" if over else ""),
+        )
+        return [] if over else [e]
 
     def _uniform_baseline(self, best: Evaluation) -> Baseline:
         return Baseline(
@@ -512,7 +574,7 @@ class Planner:
         phases = {"rollout": rollout, "train": train, "weight_sync": [*train, *rollout]}
         return phase_sources(self.cm.calibration, phases, " and ".join(sorted(decode)) or "roofline")
 
-    def _plan(self, best, result, gap, solve_time, baselines, pareto, warnings) -> HexPlan:
+    def _plan(self, best, result, gap, solve_time, baselines, pareto, warnings, mode=None) -> HexPlan:
         train, rollout, machines = place(self.cluster, best)
         rate = self.tokens_per_s(best)
         predicted = Predicted(
@@ -546,7 +608,7 @@ class Planner:
                 status=result.status,
                 iterations=result.iterations,
                 gap=gap,
-                mode="exhaustive" if self.request.exhaustive else "two_phase",
+                mode=mode or ("exhaustive" if self.request.exhaustive else "two_phase"),
                 window_steps=best.window,
                 enumerated=self.enumerated.describe() if self.brute else "",
             ),
@@ -570,6 +632,14 @@ def plan_recipe(recipe, request: PlanRequest | None = None) -> HexPlan:
     request = replace(request, caps=request.caps or recipe_caps(recipe))
     plan, planner = _solve(recipe, request)
     return planner.with_sensitivity(plan) if request.sensitivity else plan
+
+
+def plan_as_written(recipe, request: PlanRequest | None = None) -> HexPlan:
+    """The recipe's ``actor.backend`` and ``rollout.backend`` scored as written on its cluster, with no search
+    (``planner/as_written.py``; ``request``: its objective only, for the warnings); a shape that does not fit the
+    cluster or its memory raises HexError naming it."""
+    request = replace(request or PlanRequest(), caps=recipe_caps(recipe))
+    return Planner(recipe, request).as_written()[1]
 
 
 def _solve(recipe, request: PlanRequest) -> tuple[HexPlan, Planner]:

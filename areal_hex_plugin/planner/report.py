@@ -11,6 +11,7 @@ from areal_hex_plugin.outfiles import check_writable, save_png
 from areal_hex_plugin.plan import HexPlan, Sensitivity
 from areal_hex_plugin.planner.caps import RuntimeCaps, unmet
 from areal_hex_plugin.planner.inflight import drains
+from areal_hex_plugin.planner.recipe_planner import AS_WRITTEN_MODE
 from areal_hex_plugin.tables import render_table
 
 
@@ -59,7 +60,8 @@ def _ratio(chosen: float, other: float) -> str:
 def _comparison(plan: HexPlan, stream: IO[str] | None) -> str:
     """The chosen plan beside each baseline, in tokens/s and in tokens per dollar."""
     p = plan.predicted
-    rows = [["AReaL-Hex (chosen)", f"{p.cost_per_hour:,.2f}", f"{p.tokens_per_s:,.0f}", f"{p.tokens_per_dollar:,.0f}",
+    label = "as written" if plan.solver.mode == AS_WRITTEN_MODE else "AReaL-Hex (chosen)"
+    rows = [[label, f"{p.cost_per_hour:,.2f}", f"{p.tokens_per_s:,.0f}", f"{p.tokens_per_dollar:,.0f}",
              "", "", _gpus(plan.train.gpus, plan.rollout.gpus), ""]]  # fmt: skip
     for name, b in plan.baselines.items():
         per_dollar = b.tokens_per_s * 3600 / b.cost_per_hour if b.cost_per_hour else 0.0
@@ -197,6 +199,27 @@ def _step_lines(p) -> list[str]:
     ]
 
 
+def _solver_line(plan: HexPlan) -> str:
+    """How the solver fared, with the gap to a proven bound; or that the plan is the recipe's own allocation."""
+    s = plan.solver
+    if s.mode == AS_WRITTEN_MODE:
+        return (
+            "Solver: none (the recipe's actor.backend and rollout.backend scored as written, placed as upstream "
+            "places them)"
+        )
+    if s.status == "optimal":
+        gap = "optimal over the search space"
+    elif s.gap is None:
+        gap = "no bound on the distance to the optimum is known"
+    else:
+        what = "$/h" if plan.objective.kind == "target" else "tokens/s"
+        gap = (
+            f"at most {100 * s.gap:.1f}% short of optimal in {what} (proven by a relaxation within the budget: "
+            "every GPU at its type's training MFU or best rollout tokens/s per GPU)"
+        )
+    return f"Solver: {s.mode}, {s.status} after {s.iterations} iterations in {s.solve_time_s:.2f}s, {gap}"
+
+
 def describe_plan(plan: HexPlan, stream: IO[str] | None = None, steps: int | None = None) -> str:
     """The console view: chosen layout, predicted step, baselines, the alternatives on the frontier (costs for
     ``steps`` training steps), the Pareto frontier when computed, binding constraint, why each pool's role.
@@ -221,24 +244,13 @@ def describe_plan(plan: HexPlan, stream: IO[str] | None = None, steps: int | Non
             f"Pareto frontier ({len(plan.pareto)} points: no cheaper plan is faster):",
             _frontier(plan, stream),
         ]
-    out += ["", f"Binding constraint: {plan.binding}", "Why each pool got its role:"]
-    out += [f"  {pool}: {why}" for pool, why in plan.pool_roles.items()]
-    s = plan.solver
-    if s.status == "optimal":
-        gap = "optimal over the search space"
-    elif s.gap is None:
-        gap = "no bound on the distance to the optimum is known"
-    else:
-        what = "$/h" if plan.objective.kind == "target" else "tokens/s"
-        gap = (
-            f"at most {100 * s.gap:.1f}% short of optimal in {what} (proven by a relaxation within the budget: "
-            "every GPU at its type's training MFU or best rollout tokens/s per GPU)"
-        )
-    out.append(
-        f"Solver: {s.mode}, {s.status} after {s.iterations} iterations in {s.solve_time_s:.2f}s, {gap}"
-    )
-    if s.enumerated:
-        out.append(f"Exhaustive: {s.enumerated}")
+    out += ["", f"Binding constraint: {plan.binding}"]
+    if plan.pool_roles:
+        out.append("Why each pool got its role:")
+        out += [f"  {pool}: {why}" for pool, why in plan.pool_roles.items()]
+    out.append(_solver_line(plan))
+    if plan.solver.enumerated:
+        out.append(f"Exhaustive: {plan.solver.enumerated}")
     out.append(_runtime(plan))
     if plan.sensitivity:
         out += _sensitivity(plan.sensitivity)

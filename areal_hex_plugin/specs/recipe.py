@@ -189,6 +189,7 @@ def _rl_settings(up: dict[str, Any], config: dict, max_update_window: int) -> RL
         max_tokens_per_mb=up["actor.mb_spec.max_tokens_per_mb"],
         mem_fraction_static=up["sglang.mem_fraction_static"],
         max_update_window=max_update_window,
+        megatron=str((config.get("actor") or {}).get("backend", "")).split(":", 1)[0].strip() == "megatron",
     )
 
 

@@ -195,6 +195,9 @@ class RLSettings:
     # seconds fit nothing else with physical factors (upstream 1.0.4's loop overlaps part of it; their AReaL
     # version's loop is not stated).
     waits_for_longest: bool = False
+    # actor.backend is Megatron: every training layout runs on it, one stage too. Otherwise (FSDP, and the paper's
+    # space) one stage runs on FSDP and a pipeline on Megatron (FSDP has no pipeline parallelism).
+    megatron: bool = False
 
     @property
     def samples_per_step(self) -> int:
@@ -218,6 +221,10 @@ class WorkloadSpec:
     def at_eta(self, eta: int) -> WorkloadSpec:
         """This workload under the staleness bound ``eta``."""
         return replace(self, rl=replace(self.rl, max_head_offpolicyness=eta))
+
+    def on_megatron(self, megatron: bool) -> WorkloadSpec:
+        """This workload trained by a Megatron actor (every layout), or not (one stage on FSDP)."""
+        return replace(self, rl=replace(self.rl, megatron=megatron))
 
     @property
     def mean_sequence_tokens(self) -> float:

@@ -121,7 +121,10 @@ def workspace(inputs, tmp_path, monkeypatch) -> Path:
     ("where", "command"),
     [
         pytest.param(
-            *e, marks=[pytest.mark.slow] if e[1].startswith(("reproduce", "plan", "calibrate")) else []
+            *e,
+            marks=[pytest.mark.slow]
+            if e[1].startswith(("reproduce", "plan", "calibrate")) and "--as-written" not in e[1]
+            else [],
         )
         for e in EXAMPLES
     ],

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from areal_hex_plugin.costmodel import TrainStage
-from areal_hex_plugin.costmodel.memory import stage_params
+from areal_hex_plugin.costmodel.memory import GB, megatron_state_bytes, stage_params, train_state_bytes
 from areal_hex_plugin.costmodel.train import _Step, estimate_train
 from tests.costmodel.helpers import cost_model
 
@@ -131,3 +131,40 @@ def test_stage_costs_are_affine_in_the_layers_as_the_split_assumes(hybrid):
             layers = tuple(n if j == i else 1 for j in range(len(stages)))
             direct = step._stage(i, n, stage_params(cm.workload.model, layers)[i])
             assert step._cost(i, n).parts == pytest.approx(direct, rel=1e-9)
+
+
+def test_a_one_stage_megatron_layout_is_costed_as_megatron_not_fsdp():
+    """``megatron:d32p1t1`` keeps bf16 parameters and fp32 gradients whole on every rank (the distributed
+    optimizer shards only the fp32 master and Adam state) and syncs once per optimizer step, whatever its depth."""
+    fsdp, megatron = (
+        cost_model(PAPER_7B, "++hex.workload.model=Qwen2.5-32B", f"actor.backend={b}:d8")
+        for b in ("fsdp", "megatron")
+    )
+    stages = (TrainStage("h800", 32, 1),)
+    step = {
+        name: estimate_train(cm.cluster, cm.workload, cm.calibration, stages, check_memory=False)
+        for name, cm in (("fsdp", fsdp), ("megatron", megatron))
+    }
+    model = megatron.workload.model
+    params = stage_params(model, (model.layers,))[0]
+    state = {
+        "fsdp": train_state_bytes(params, model, model.layers, 32, 1),
+        "megatron": megatron_state_bytes(params, model, model.layers, 32, 1),
+    }
+    assert state["megatron"] / GB > 190  # 32B: about 6 bytes per parameter on every rank
+    assert step["megatron"].memory_gb_per_gpu[0] - step["fsdp"].memory_gb_per_gpu[0] == pytest.approx(
+        (state["megatron"] - state["fsdp"]) / GB
+    )
+    refused = megatron.train(stages)
+    assert not refused.feasible and "needs" in refused.reason and "GB usable" in refused.reason
+    # Per minibatch: FSDP gathers bf16 twice and reduce-scatters fp32 per micro-batch, and gathers once per
+    # forward-only pass; the distributed optimizer reduce-scatters fp32 and gathers bf16 once.
+    micro = _Step(fsdp.cluster, fsdp.workload, fsdp.calibration, stages).micro[0]
+    ratio = micro * (2 * 2 + 4 + 2 * fsdp.workload.rl.forward_passes) / (4 + 2)
+    assert step["fsdp"].breakdown["dp_comm"] / step["megatron"].breakdown["dp_comm"] == pytest.approx(ratio)
+
+
+def test_hybrid_sharding_is_refused_for_a_megatron_actor():
+    cm = cost_model(PAPER_7B, "actor.backend=megatron:d8")
+    est = cm.train((TrainStage("h800", 16, 1, hybrid=True),))
+    assert not est.feasible and "actor.backend=megatron runs on Megatron" in est.reason

@@ -6,10 +6,14 @@ import dataclasses
 
 import pytest
 
+from areal_hex_plugin.costmodel.memory import GB, USABLE_HBM_FRACTION, megatron_state_bytes, stage_params
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.planner import PlanRequest, plan_recipe
 from areal_hex_plugin.planner.caps import PAPER, caps_for, recipe_caps, unmet
 from areal_hex_plugin.planner.train_search import _equal_combinations, tp_degrees
+from areal_hex_plugin.specs.recipe import load_recipe
+from benchmarks.clusters import pools_override
+from tests.conftest import REPO
 from tests.planner.helpers import recipe_with_pools
 
 # A mix where the paper's plan pipelines training over both types, with the generic factors (the paper fit makes
@@ -102,3 +106,23 @@ def test_slurm_plans_one_rollout_layout_per_pool() -> None:
     ]
     mixed = dataclasses.replace(plan, rollout=dataclasses.replace(plan.rollout, replicas=two))
     assert "p0" in unmet(mixed, caps)["rollout layouts per pool"]
+
+
+def test_a_megatron_recipe_never_gets_a_one_stage_layout_whose_state_does_not_fit() -> None:
+    """32B on 256 H100s with a fast network: FSDP-style costing (56 GB per GPU) made ``megatron:d128p1t1`` the plan;
+    Megatron keeps about 6 bytes per parameter on every rank (~200 GB), so the plan must split the model."""
+    cluster = pools_override(
+        [{"gpu_type": "H100", "gpus_per_machine": 8, "machines": 32, "inter_machine_gb_per_s": 50}]
+    )
+    recipe = load_recipe(
+        REPO / "recipes" / "paper" / "14b.yaml",
+        [cluster, "hex.objective.budget_per_hour=null", "++hex.workload.model=Qwen2.5-32B",
+         "actor.backend=megatron:d8p1t1", "hex.solver.time_limit_s=10"],
+    )  # fmt: skip
+    plan = plan_recipe(recipe)
+    model, stages = recipe.workload.model, plan.train.stages
+    params = stage_params(model, tuple(s.layers for s in stages))
+    state = max(
+        megatron_state_bytes(p, model, s.layers, s.dp, s.tp) / GB for p, s in zip(params, stages, strict=True)
+    )
+    assert state <= plan.train.memory_gb_per_gpu <= USABLE_HBM_FRACTION * 80
