@@ -30,10 +30,10 @@ batch is taken, so it counts against the (eta + v + 1) batches upstream admits. 
 the rollouts in flight, every rollout that ends is replaced and a step takes its samples at the fleet's rate
 (Little's law). With less, the rollouts that end beyond the room are not replaced, and the window's last step
 waits for what its batch then lacks (``costmodel.model.tight_step_s``, :func:`serial_rollout_s`; its wait depends
-on the training time, so :meth:`InFlight.runtimes` keeps the best caps of either kind). AReaL's released runtime
-on 24 H800 (7B, one batch admitted) was planned at 455 s a step when every step waited for its longest sample;
-the simulator trained every 277 s at eta 8 and 366 s at eta 1. It is planned at 218 s and 251 s now, simulated
-at 233 s and 272 s.
+on the training time, so :meth:`InFlight.runtimes` keeps the best caps of either kind). This is the one runtime:
+the baseline fit prices the measured runs with it too (:func:`held_rollout_s`). AReaL's released runtime on 24
+H800 (7B, one batch admitted; the paper measured 419 s a step) is planned at 381 s a step at eta 1 and 329 s at
+eta 8, simulated at 406 s and 368 s.
 
 A fleet's rollout time per step is at least ``rollout_floor``: its samples at the replicas' full speed (a cap
 only slows a replica), without the integer shares, the KV rebuilds or the weight sync.
