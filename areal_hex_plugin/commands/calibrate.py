@@ -1,7 +1,7 @@
 """``areal-hex calibrate``: fit the cost model's per-GPU-type factors to measured runs, record where each came from.
 
 ``--baselines FILE`` fits to measured homogeneous AReaL runs (``recipes/paper/baselines.json``: the paper's
-phase times, weight syncs and per-GPU cost ratios; ``costmodel/fit_baselines.py``); ``--profile FILE`` (repeatable)
+phase times, weight syncs and per-GPU cost ratios; ``planner/fit_baselines.py``); ``--profile FILE`` (repeatable)
 takes the factors ``areal-hex profile`` measured, which the baseline fit then keeps. The output is a profile JSON
 (``hex.calibration.profile``) with a ``sources`` entry per factor, the fitted points, and the check: the planner's
 phases on every measured cluster next to the measurements.
@@ -50,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
         read_profile,
         read_profile_sources,
     )
-    from areal_hex_plugin.costmodel.fit_baselines import check_baselines, fit_baselines, setting_from
     from areal_hex_plugin.outfiles import check_writable, console, write_json
+    from areal_hex_plugin.planner.fit_baselines import check_baselines, fit_baselines, setting_from
     from areal_hex_plugin.progress import working
     from areal_hex_plugin.sim.baselines import baseline_phases
     from areal_hex_plugin.specs.recipe import load_recipe
@@ -82,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
             types = sorted({*types, *fit.factors})
             out["points"] = fit.points
             out["cluster_gpus"] = fit.gpus
-            out["check"] = baseline_phases(recipes, calibration, data, fit.gpus)
+            out["measured_setting"] = fit.setting.as_dict(fit.gpus, {
+                name: c.get("rollout_layout") for name, c in data["clusters"].items()})  # fmt: skip
+            out["unexplained"] = fit.unexplained
+            out["check"] = baseline_phases(recipes, calibration, data, fit.gpus, fit.setting.eta)
     out.update(calibration.profile(types))
     for t in types:
         print(f"{t}:", file=con)
@@ -96,5 +99,8 @@ def run(args: argparse.Namespace) -> int:
             error = row["model_value"] / row["measured"] - 1
             print(f"{row['model']:32}{row['cluster']:8}{row['phase']:15}{row['measured']:10.1f}"
                   f"{row['model_value']:10.1f}{error:+8.1%}", file=con)  # fmt: skip
+    for miss in out.get("unexplained", []):
+        print(f"\ncannot explain {miss['measurement']}: {miss['measured']:g} measured, {miss['model_value']:.4g} "
+              f"with every factor inside its range ({miss['needs']})", file=con)  # fmt: skip
     print(f"\ncalibration written to {write_json(args.json, out)}", file=con)
     return 0

@@ -13,8 +13,9 @@ Each factor is what the cost model cannot derive from the catalog's figures:
   (scheduling, sampling, the CUDA-graph launch, the hand-off to the tokenizer process).
 
 Every factor is a physical quantity with a physical range beside it (:data:`RANGES`): a fraction of a peak
-figure that kernels really reach, or a rate or overhead of the order real systems show. A recipe override or a
-fit outside its range is refused (``areal-hex calibrate`` names the measurement that pulls it out).
+figure that kernels really reach, or a rate or overhead of the order real systems show. A recipe override outside
+its range is refused; a fit does not leave it (``areal-hex calibrate`` keeps the best factors inside and names each
+measurement they do not explain).
 
 Later sources override earlier ones factor by factor: built-in defaults, then the profile (written by
 ``areal-hex profile`` or ``areal-hex calibrate``), then the recipe. Every factor in effect records where it came

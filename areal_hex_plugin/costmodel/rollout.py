@@ -92,7 +92,7 @@ class RolloutEstimate:
         ROOFLINE  # where the full-batch iteration's seconds come from: KERNEL_DATA or ROOFLINE
     )
     # Seconds the step's longest sample (``LengthStats.step_longest``) decodes: a step's rollout ends no earlier
-    # where it waits for it (eta 0, a window that drains, ``rl.waits_for_longest``: ``inflight.as_run``).
+    # where it waits for it (eta 0, a window that drains: ``inflight.as_run``).
     longest_s: float = 0.0
     # What a pipeline that drains before a weight update (admission stopped, nothing new to decode beside the
     # survivors; every step at eta = 0) adds to the window: the longest sample's seconds less those of the tokens

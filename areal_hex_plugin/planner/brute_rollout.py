@@ -42,7 +42,6 @@ from areal_hex_plugin.planner.inflight import (
     as_run,
     best_split,
     choose,
-    drains,
     kind,
     rollout_floor,
     runtime_of,
@@ -92,22 +91,21 @@ class Relaxed:
         self._curves: dict[ReplicaConfig, list[tuple[float, float]]] = {}
         self._tokens: dict[tuple[ReplicaConfig, float, float], float] = {}
 
-    def tokens(self, shape: ReplicaConfig, window_s: float, price: float, overlapped: bool = False) -> float:
-        """``overlapped``: the window's steps do not wait for their longest samples."""
-        key = (shape, window_s, price, overlapped)
+    def tokens(self, shape: ReplicaConfig, window_s: float, price: float) -> float:
+        """The relaxed tokens of ``shape`` within ``window_s`` at ``price`` (the window's steps overlap their
+        longest samples: ``inflight.as_run``)."""
+        key = (shape, window_s, price)
         if key not in self._tokens:
             if shape not in self._curves:
                 self._curves[shape] = [
-                    (c.tokens_per_s, c.recompute_s, c.longest_s)
+                    (c.tokens_per_s, c.recompute_s)
                     for c in (self.inflight.throttled(shape, cap) for cap in range(1, shape.concurrency + 1))
                 ]
-            mean, wait = self.mean, not overlapped
-            # The float k is rounded up by a hair, so that rounding never drops a sample it finishes; a replica
-            # finishes none before the window's longest sample ends (inflight._most).
+            mean = self.mean
+            # The float k is rounded up by a hair, so that rounding never drops a sample it finishes.
             self._tokens[key] = price + max(
-                (mean * math.floor((window_s - r) * h / mean + 1e-9) if window_s >= wait * tail + r else 0.0)
-                - price * c
-                for c, (h, r, tail) in enumerate(self._curves[shape], 1)
+                (mean * math.floor((window_s - r) * h / mean + 1e-9) if window_s >= r else 0.0) - price * c
+                for c, (h, r) in enumerate(self._curves[shape], 1)
             )
         return self._tokens[key]
 
@@ -239,10 +237,7 @@ class RolloutSide:
         have = self._sequences[rl.max_head_offpolicyness + 2 - window]
         need = rl.samples_per_step * window * self._mean
         incumbent = min(self.best.values(), key=lambda b: b[0].rollout_s)[2]
-        # A window whose steps wait for their longest samples (inflight.as_run; where it drains, for less: the
-        # bound without the wait holds).
-        waits = rl.waits_for_longest and not drains(rl.max_head_offpolicyness, window)
-        tokens = partial(self._relaxed.tokens, window_s=window_s, overlapped=not waits)
+        tokens = partial(self._relaxed.tokens, window_s=window_s)
 
         def bound(fleet: Multiset, price: float) -> float:
             return sum(tokens(c, price=price) * y for c, y in fleet) + price * have

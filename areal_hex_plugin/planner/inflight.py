@@ -30,10 +30,10 @@ batch is taken, so it counts against the (eta + v + 1) batches upstream admits. 
 the rollouts in flight, every rollout that ends is replaced and a step takes its samples at the fleet's rate
 (Little's law). With less, the rollouts that end beyond the room are not replaced, and the window's last step
 waits for what its batch then lacks (``costmodel.model.tight_step_s``, :func:`serial_rollout_s`; its wait depends
-on the training time, so :meth:`InFlight.runtimes` keeps the best caps of either kind). AReaL's released runtime
-on 24 H800 (7B, one batch admitted) was planned at 455 s a step when every step waited for its longest sample;
-the simulator trained every 277 s at eta 8 and 366 s at eta 1. It is planned at 218 s and 251 s now, simulated
-at 233 s and 272 s.
+on the training time, so :meth:`InFlight.runtimes` keeps the best caps of either kind). This is the one runtime:
+the baseline fit prices the measured runs with it too (:func:`held_rollout_s`). AReaL's released runtime on 24
+H800 (7B, one batch admitted; the paper measured 419 s a step) is planned at 381 s a step at eta 1 and 329 s at
+eta 8, simulated at 406 s and 368 s.
 
 A fleet's rollout time per step is at least ``rollout_floor``: its samples at the replicas' full speed (a cap
 only slows a replica), without the integer shares, the KV rebuilds or the weight sync.
@@ -118,25 +118,21 @@ def runtime_of(cm: CostModel, groups: Groups, window: int, rollout_s: float, adm
     else:
         batches = cm.batches_in_flight(sum(c.concurrency * y for c, y in groups))
     eta = rl.max_head_offpolicyness
-    waits = rl.waits_for_longest  # charged its longest sample in ``rollout_s`` (:func:`as_run`)
-    room = math.inf if waits else admission_room(eta, window, batches)
+    room = admission_room(eta, window, batches)
     return Runtime(window, groups, rollout_s, drains(eta, window), batches, room)
 
 
 def as_run(cm: CostModel, groups: Groups, window: int) -> Groups:
     """``groups`` as ``window``'s generation sees them, each replica's ``longest_s`` what its window's samples end
     no earlier than. Where the window drains, the work its batch in flight has left (``CostModel.batch_work_s``):
-    the longest sample outlasts it by the drain, which :func:`window_rollout` adds once. Where its steps wait for
-    their longest samples (``rl.waits_for_longest``), their seconds. Else (eta >= 1) none: a step's wait for what
-    admission could not replace during training is :func:`serial_rollout_s`'s."""
+    the longest sample outlasts it by the drain, which :func:`window_rollout` adds once. Else (eta >= 1) none: a
+    step's wait for what admission could not replace during training is :func:`serial_rollout_s`'s."""
     rl = cm.workload.rl
     if drains(rl.max_head_offpolicyness, window):
         return tuple(
             (replace(c, longest_s=min(c.longest_s, cm.batch_work_s(c.tokens_per_s, c.concurrency))), y)
             for c, y in groups
         )
-    if rl.waits_for_longest:
-        return groups
     return tuple((replace(c, longest_s=0.0), y) for c, y in groups)
 
 
@@ -157,6 +153,14 @@ def held_runtime(
     eta = rl.max_head_offpolicyness
     per_step = window_rollout(run, makespan, window, eta, cm.reward_s(rl.samples_per_step))
     return runtime_of(cm, run, window, per_step, admitted)
+
+
+def held_rollout_s(cm: CostModel, groups: Groups, window: int, admitted: int, train_s: float) -> float:
+    """The rollout seconds per step the trainer waits through with ``groups`` held at their caps, ``admitted``
+    rollouts admitted at once (``max_concurrent_rollouts``) and a weight update every ``window`` steps, beside a
+    training step of ``train_s``: upstream 1.0.4's loop as every caller prices it (the plan's own choice, a held
+    plan, the baseline fit and the measured runs of ``reproduce``)."""
+    return serial_rollout_s(held_runtime(cm, groups, window, admitted=admitted), train_s)
 
 
 def window_rollout(groups: Groups, makespan: float, window: int, eta: int, reward_s: float) -> float:

@@ -31,11 +31,7 @@ from dataclasses import dataclass, fields, replace
 from areal_hex_plugin.costmodel import Calibration, CostModel, TrainStage
 from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.plan import Elasticity, Flip, HexPlan
-from areal_hex_plugin.planner.inflight import (
-    held_runtime,
-    replica_stages,
-    serial_rollout_s,
-)
+from areal_hex_plugin.planner.inflight import held_rollout_s, replica_stages
 from areal_hex_plugin.planner.preemption import Preemption, preemption_of
 from areal_hex_plugin.planner.rollout_model import ReplicaConfig
 from areal_hex_plugin.specs.cluster import Cluster
@@ -116,8 +112,7 @@ class Held:
             )
             for (c, y), e in zip(self.groups, estimates, strict=True)
         )
-        runtime = held_runtime(cm, groups, self.window, admitted=self.admitted)
-        rollout = serial_rollout_s(runtime, train.step_time_s)
+        rollout = held_rollout_s(cm, groups, self.window, self.admitted, train.step_time_s)
         replicas = [(replica_stages(c), y) for c, y in groups if not c.colocated]
         colocated = tuple(sorted({c.pool for c, _ in groups if c.colocated}))
         sync = (

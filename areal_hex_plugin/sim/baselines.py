@@ -1,9 +1,9 @@
 """The check of a baseline fit: the planner's own plan on each measured homogeneous cluster, phase by phase.
 
-AReaL is planned the way the paper ran it (``costmodel/fit_baselines.py``'s measured setting): one GPU type,
+AReaL is planned the way the paper ran it (``planner/fit_baselines.py``'s measured setting): one GPU type,
 rented by the GPU up to the measured count, upstream's weight transport (``hex.transport: upstream``) and a weight
 update every step, upstream's admission of one batch of rollouts (``max_concurrent_rollouts`` unset) at the
-staleness bound ``MEASURED_ETA``, the run's rollout layout, and the run's own tokens per step. The measured rollout phase is the time rollout takes to
+fitted staleness bound (the profile's ``measured_setting``), the run's rollout layout, and the run's own tokens per step. The measured rollout phase is the time rollout takes to
 deliver a step's batch: on a train-bound cluster that includes waiting at the staleness bound, so it compares
 with ``max(rollout, train)``; the plan's own rollout time is kept beside it. Where a run's two phases are equal
 (the paper's H20 runs, within EQUAL_PHASES) they carry only the step, whichever phase waited, so training
@@ -17,13 +17,15 @@ import dataclasses
 from collections.abc import Mapping
 
 from areal_hex_plugin.costmodel.calibration import Calibration, build_calibration
-from areal_hex_plugin.costmodel.fit_baselines import measured_workload, setting_from
 from areal_hex_plugin.planner import plan_recipe
+from areal_hex_plugin.planner.fit_baselines import (
+    EQUAL_PHASES,
+    measured_eta,
+    measured_workload,
+    setting_from,
+)
 from areal_hex_plugin.sim.reproduce import as_areal_ran, paper_request, rented
 from areal_hex_plugin.specs.config import CalibrationConfig, GpuEfficiencyConfig
-
-# Measured phases this close are one step seen twice (one phase waited for the other).
-EQUAL_PHASES = 0.01
 
 
 def with_calibration(recipe, calibration: Calibration, gpu_types: list[str]):
@@ -34,19 +36,28 @@ def with_calibration(recipe, calibration: Calibration, gpu_types: list[str]):
     return dataclasses.replace(recipe, hex=hex_cfg, calibration=build_calibration(cfg, recipe.catalog))
 
 
-def homogeneous(recipe, gpu_type: str, gpus: int, run: Mapping, layout: list[int] | None = None):
+def homogeneous(
+    recipe, gpu_type: str, gpus: int, run: Mapping, layout: list[int] | None = None, eta: int | None = None
+):
     """``recipe`` on ``gpus`` GPUs of ``gpu_type`` alone, run as the measured ``run`` was: AReaL's runtime
-    (``reproduce.as_areal_ran``, replicas of ``layout`` [tp, pp]) and the run's own tokens per step."""
-    measured = as_areal_ran(rented(recipe, {gpu_type: gpus}), layout)
-    workload = measured_workload(setting_from(recipe), float(run["tokens_per_step"]))
+    (``reproduce.as_areal_ran``, replicas of ``layout`` [tp, pp], staleness bound ``eta``; None: the shipped
+    profile's) and the run's own tokens per step."""
+    eta = measured_eta(recipe.workload.model.name) if eta is None else eta
+    measured = as_areal_ran(rented(recipe, {gpu_type: gpus}), layout, eta)
+    workload = measured_workload(setting_from(recipe), float(run["tokens_per_step"]), eta)
     return dataclasses.replace(measured, workload=workload)
 
 
 def baseline_phases(
-    recipes: Mapping[str, object], calibration: Calibration, data: Mapping, gpus: Mapping[str, int]
+    recipes: Mapping[str, object],
+    calibration: Calibration,
+    data: Mapping,
+    gpus: Mapping[str, int],
+    eta: Mapping[str, int] | None = None,
 ) -> list[dict]:
     """Per model (``recipes`` by model name) and measured cluster of ``gpus`` GPUs (the file's count, or the fit's
-    where the file leaves it open): each phase measured next to the plan's."""
+    where the file leaves it open) at each model's measured staleness bound (``eta``; None: the shipped profile's): each
+    phase measured next to the plan's."""
     types = sorted({c["gpu_type"] for c in data["clusters"].values()})
     rows = []
     for model, recipe in recipes.items():
@@ -55,7 +66,14 @@ def baseline_phases(
         calibrated = with_calibration(recipe, calibration, types)
         for name, c in data["clusters"].items():
             run = data["models"][model][name]
-            setting = homogeneous(calibrated, c["gpu_type"], gpus[name], run, c.get("rollout_layout"))
+            setting = homogeneous(
+                calibrated,
+                c["gpu_type"],
+                gpus[name],
+                run,
+                c.get("rollout_layout"),
+                None if eta is None else eta[model],
+            )
             plan = plan_recipe(setting, paper_request(setting))  # whole machines per role, as measured
             p = plan.predicted
             both = max(p.rollout_time_s, p.train_time_s)

@@ -12,7 +12,7 @@ for 30 steps; the tokens/s reported are the simulated steady state, tokens / (we
 reward, train)) as the paper measures it, and the phases are the planner's.
 
 The cost model's factors are the paper calibration (``builtin:paper``), fitted to AReaL's *homogeneous* runs only
-(``costmodel/fit_baselines.py``); every mixed-cluster figure here is a prediction.
+(``planner/fit_baselines.py``); every mixed-cluster figure here is a prediction.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import IO
 
 from areal_hex_plugin.costmodel import CostModel
-from areal_hex_plugin.costmodel.fit_baselines import areal_runtime
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.planner import PlanRequest, plan_recipe
 from areal_hex_plugin.planner.caps import PAPER, RuntimeCaps, recipe_caps
 from areal_hex_plugin.planner.evaluate import Evaluator
+from areal_hex_plugin.planner.fit_baselines import areal_runtime, as_measured, measured_eta, setting_from
 from areal_hex_plugin.planner.inflight import choose, replica_stages, serial_rollout_s
 from areal_hex_plugin.planner.rollout_model import solve_rollout
 from areal_hex_plugin.planner.sensitivity import WORKLOAD, Held, Rules, elasticities, inputs, model
@@ -36,11 +36,12 @@ from areal_hex_plugin.planner.train_search import search_train
 from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.sim.result import SimResult
+from areal_hex_plugin.specs.files import read_json
 from areal_hex_plugin.specs.recipe import Recipe, load_recipe
 from areal_hex_plugin.specs.rental import rent
 from areal_hex_plugin.tables import render_table
 
-SCHEMA_VERSION = 3  # of the JSON document (areal_hex_plugin/schemas/reproduce.schema.json)
+SCHEMA_VERSION = 4  # of the JSON document (areal_hex_plugin/schemas/reproduce.schema.json)
 MODELS = {"1.5B": "1.5b.yaml", "7B": "7b.yaml", "14B": "14b.yaml"}
 EQUAL_BUDGET = 126.72  # 24 H800 at $5.28/h
 STEPS = 30
@@ -119,14 +120,16 @@ def best_mix(
     return max(runs, key=lambda r: r.plan.predicted.tokens_per_s)
 
 
-def as_areal_ran(recipe: Recipe, layout: list[int] | None = None) -> Recipe:
+def as_areal_ran(recipe: Recipe, layout: list[int] | None = None, eta: int | None = None) -> Recipe:
     """``recipe`` run as the paper's AReaL baselines were (the calibration's measured setting,
-    ``fit_baselines.areal_runtime``): one batch of rollouts admitted, weights every step, its staleness bound,
-    replicas of ``layout`` ([tp, pp]; None: the recipe's), upstream's weight transport."""
+    ``fit_baselines.areal_runtime``): one batch of rollouts admitted, weights every step, the staleness bound
+    ``eta`` (None: the shipped paper profile's), replicas of ``layout`` ([tp, pp]; None: the recipe's),
+    upstream's weight transport."""
     solver = dataclasses.replace(recipe.hex.solver, max_update_window=1)
     if layout:
         solver = dataclasses.replace(solver, rollout_layout=list(layout))
-    workload = dataclasses.replace(recipe.workload, rl=areal_runtime(recipe.workload.rl))
+    eta = measured_eta(recipe.workload.model.name) if eta is None else eta
+    workload = dataclasses.replace(recipe.workload, rl=areal_runtime(recipe.workload.rl, eta))
     hex_cfg = dataclasses.replace(recipe.hex, solver=solver, transport="upstream")
     return dataclasses.replace(recipe, workload=workload, hex=hex_cfg)
 
@@ -163,6 +166,7 @@ def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tupl
     """All experiments: the JSON the issue lists, and the runs by name (with timelines on request)."""
     out: dict = {
         "schema_version": SCHEMA_VERSION,
+        "as_measured": {},
         "equal_budget": {},
         "equal_throughput": {},
         "ablation": {},
@@ -174,7 +178,10 @@ def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tupl
     }
     runs: dict[str, Run] = {}
     recipes = {name: load_recipe(recipes_dir / file, []) for name, file in MODELS.items()}
+    measured = read_json(recipes_dir / "baselines.json", "baselines", "give the paper's baselines file")
     for name, recipe in recipes.items():
+        progress(f"{name}: the paper's AReaL runs as measured")
+        out["as_measured"][name] = as_measured(setting_from(recipe), recipe.calibration, measured)
         progress(f"{name}: equal budget")
         h800 = run(rented(recipe, {H800: BASELINE_GPUS[H800]}, "upstream"), EQUAL_BUDGET, timeline)
         h20 = run(rented(recipe, {H20: BASELINE_GPUS[H20]}, "upstream"), EQUAL_BUDGET, timeline)
@@ -189,6 +196,8 @@ def reproduce(recipes_dir: Path, progress=print, timeline: bool = False) -> tupl
             "hex_56_gpus_cost_per_hour": hex_run.plan.predicted.cost_per_hour,
             "h800_areal_runtime_tokens_per_s": areal.tokens_per_s,
             "hex_paper_layouts_tokens_per_s": hex_paper.tokens_per_s,
+            "h800_as_measured_tokens_per_s": out["as_measured"][name]["h800"]["tokens_per_s"],
+            "h20_as_measured_tokens_per_s": out["as_measured"][name]["h20"]["tokens_per_s"],
         }
         progress(f"{name}: equal throughput")
         small_hex = run(rented(recipe, EQUAL_THROUGHPUT_HEX), timeline=timeline)
@@ -300,19 +309,36 @@ def tables(out: dict, stream: IO[str] | None = None) -> str:
         return render_table(headers, rows, right=headers[1:], stream=stream)
 
     lines = [
-        "Equal budget ($126.72/h): tokens/s (simulated, 30 steps); AReaL's runtime: one batch admitted, weights "
-        "every step, as the paper's runs (calibration); paper layouts: pipeline stages of any dp/tp across types, "
-        "which upstream's engines do not run"
+        "The paper's AReaL runs as measured (their runtime, GPUs and split: the profile's measured setting), "
+        "priced by the runtime and factors plan uses, beside the paper's figures"
     ]
+    rows = []
+    for name, per in out["as_measured"].items():
+        for cluster, r in per.items():
+            m = r["measured"]
+            rows.append([f"{name} {cluster} ({r['gpus']} GPUs, eta {r['max_head_offpolicyness']})",
+                         *(f"{r[k]:,.1f} / {m[k]:,.1f}" for k in ("rollout_s", "train_s", "weight_sync_s")),
+                         f"{r['tokens_per_s']:,.0f} / {m['tokens_per_s']:,.0f}",
+                         f"{r['tokens_per_s'] / m['tokens_per_s'] - 1:+.0%}"])  # fmt: skip
+    headers = ["run", "rollout s (model / paper)", "train s", "weight sync s", "tokens/s", "tokens/s error"]
+    lines += [table(headers, rows), ""]
+    lines.append(
+        "Equal budget ($126.72/h): tokens/s (simulated, 30 steps). Best homogeneous: 24 H800 / 68 H20 planned in "
+        "the recipe's runtime; as measured: the paper's AReaL runs as they ran (above); AReaL's runtime on the "
+        "plan's split: 24 H800, one batch admitted, weights every step; paper layouts: pipeline stages of any "
+        "dp/tp across types, which upstream's engines do not run"
+    )
     rows = []
     for name, row in out["equal_budget"].items():
         h800, h20, hx = row["h800_tokens_per_s"], row["h20_tokens_per_s"], row["hex_tokens_per_s"]
         areal, paper = row["h800_areal_runtime_tokens_per_s"], row["hex_paper_layouts_tokens_per_s"]
-        rows.append([name, f"{h800:,.0f}", f"{areal:,.0f}", f"{h20:,.0f}", f"{hx:,.0f}",
-                     f"{row['hex_56_gpus_cost_per_hour']:.2f}", _ratio(hx, h800), _ratio(hx, h20), _ratio(hx, areal),
-                     f"{paper:,.0f}", _ratio(paper, areal)])  # fmt: skip
-    headers = ["model", "24 H800", "AReaL's runtime", "68 H20", "Hex (56)", "Hex $/h", "Hex/H800", "Hex/H20",
-               "Hex/AReaL's", "paper layouts", "paper/AReaL's"]  # fmt: skip
+        as_h800, as_h20 = row["h800_as_measured_tokens_per_s"], row["h20_as_measured_tokens_per_s"]
+        rows.append([name, f"{h800:,.0f}", f"{h20:,.0f}", f"{as_h800:,.0f}", f"{as_h20:,.0f}", f"{areal:,.0f}",
+                     f"{hx:,.0f}", f"{row['hex_56_gpus_cost_per_hour']:.2f}", _ratio(hx, max(h800, h20)),
+                     _ratio(hx, max(as_h800, as_h20)), _ratio(hx, areal), f"{paper:,.0f}"])  # fmt: skip
+    headers = ["model", "best homog. 24 H800", "best homog. 68 H20", "as measured H800", "as measured H20",
+               "AReaL's runtime", "Hex (56)", "Hex $/h", "Hex/best homog.", "Hex/as measured", "Hex/AReaL's",
+               "paper layouts"]  # fmt: skip
     lines.append(table(headers, rows))
     lines += ["", "Equal throughput: 8 H800 + 24 H20 vs 24 H800"]
     rows = []

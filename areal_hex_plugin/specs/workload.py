@@ -191,10 +191,6 @@ class RLSettings:
     # Upstream 1.0.4's TrainController deals a step's samples out evenly over the DP ranks, so dp must divide
     # them. False for the paper's measured runs, whose AReaL version and DP layout are not stated.
     even_dispatch: bool = True
-    # Each step waits for its longest sample whatever admission's room: the paper's measured runs, whose rollout
-    # seconds fit nothing else with physical factors (upstream 1.0.4's loop overlaps part of it; their AReaL
-    # version's loop is not stated).
-    waits_for_longest: bool = False
     # actor.backend is Megatron: every training layout runs on it, one stage too. Otherwise (FSDP, and the paper's
     # space) one stage runs on FSDP and a pipeline on Megatron (FSDP has no pipeline parallelism).
     megatron: bool = False

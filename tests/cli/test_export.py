@@ -23,6 +23,8 @@ from tests.conftest import REPO
 
 MIX = REPO / "recipes/mixes/a100_l40s_qwen2.5-7b.yaml"
 PAPER_7B = REPO / "recipes/paper/7b.yaml"
+# Priced out of the plan, the H20 machines leave the 7B paper plan on one pool (H800-PCIe alone).
+ONE_POOL = "hex.cluster.pools.1.price_per_gpu_hour=50"
 
 
 def _export(tmp_path: Path, kind: str, out: str, recipe: Path = MIX, *extra: str) -> tuple[Path, dict]:
@@ -91,8 +93,8 @@ def _sbatch(job: Path, stubs: dict, driver_rc: int = 0) -> tuple[int, list[dict]
 
 
 def test_a_one_pool_slurm_job_starts_ray_on_its_nodes_then_the_driver(tmp_path: Path, stubs: dict) -> None:
-    """The 7B paper plan uses one pool: a plain job (no hetjob), typed GPUs, the install's python and ray."""
-    job, plan = _export(tmp_path, "slurm", "run.sbatch", PAPER_7B, "--job-python", stubs["python"])
+    """The 7B paper plan on H800 alone uses one pool: a plain job (no hetjob), typed GPUs, the install's python and ray."""
+    job, plan = _export(tmp_path, "slurm", "run.sbatch", PAPER_7B, ONE_POOL, "--job-python", stubs["python"])
     _, calls = _sbatch(job, stubs)
     (submitted,) = [c for c in calls if c["cmd"] == "sbatch"]
     (component,) = submitted["components"]
@@ -255,12 +257,14 @@ def test_a_skypilot_job_group_runs_the_driver_on_the_head_and_every_node_ends(
 def test_a_skypilot_export_maps_gpu_types_it_cannot_name(tmp_path: Path, capsys) -> None:
     """SkyPilot's catalog has no H800-PCIe: refused with the flag that names it; with the flag, that name."""
     job = tmp_path / "task.yaml"
-    assert main(["plan", str(PAPER_7B), "--export", "skypilot", str(job)]) == 2
+    assert main(["plan", str(PAPER_7B), ONE_POOL, "--export", "skypilot", str(job)]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "--accelerator-map H800-PCIe=NAME" in err and "H800-PCIe" in err
     assert not list(tmp_path.iterdir())  # nothing written
     _, tasks = _job_group(
-        _export(tmp_path, "skypilot", "task.yaml", PAPER_7B, "--accelerator-map", "H800-PCIe=H800")[0]
+        _export(tmp_path, "skypilot", "task.yaml", PAPER_7B, ONE_POOL, "--accelerator-map", "H800-PCIe=H800")[
+            0
+        ]
     )
     assert [t["resources"]["accelerators"] for t in tasks] == ["H800:8"]
 

@@ -11,8 +11,8 @@ import pytest
 
 from areal_hex_plugin.cli import main
 from areal_hex_plugin.costmodel.calibration import PROFILE_FORMAT, read_profile, read_profile_sources
-from areal_hex_plugin.costmodel.fit_baselines import check_baselines
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.planner.fit_baselines import check_baselines
 from areal_hex_plugin.schemas import load_schema
 from tests.conftest import REPO
 

@@ -10,10 +10,8 @@ import json
 
 import pytest
 
-from areal_hex_plugin.costmodel import fit_baselines as fit_baselines_module
 from areal_hex_plugin.costmodel.calibration import BUILTIN, RANGES
-from areal_hex_plugin.costmodel.fit_baselines import fit_baselines, setting_from
-from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.planner.fit_baselines import as_measured, fit_baselines, setting_from
 from areal_hex_plugin.sim.baselines import baseline_phases
 from tests.conftest import REPO
 from tests.costmodel.helpers import recipe
@@ -53,21 +51,52 @@ def test_every_shipped_factor_lies_in_its_physical_range_and_no_step_is_fixed():
             assert value in RANGES[key], (gpu_type, key, value)
 
 
+def _explained(point: dict, unexplained: list[dict]) -> bool:
+    """Whether the fit explains ``point`` (its measurement is not among those it names unexplained)."""
+    label = f"{point['cluster']} {point['phase']} of {point['model']}"
+    table = f"{point['phase'].split('_per_gpu')[0]} tokens/s per GPU"
+    return not any(
+        u["measurement"].startswith(label)
+        or (table in u["measurement"] and point["model"] in u["measurement"])
+        for u in unexplained
+    )
+
+
 @pytest.mark.slow
-def test_baseline_phases_within_15_percent():
-    """Done-when of issues 13 and 23: the planner with the fitted factors reproduces every measured phase and the
-    paper's metric, each run in its measured setting."""
+def test_the_runs_as_measured_within_15_percent_but_the_one_the_fit_names():
+    """Issue 33: each measured run as it ran (the profile's measured setting: GPUs, staleness bound, layout,
+    split; its own tokens per step), priced by the runtime and factors plan uses: every phase and the paper's
+    metric within 15%, except the run the fit cannot explain with factors inside their ranges (14B on H800: its
+    rollout seconds would need an HBM fraction of 0.23), which it names."""
+    data = BASELINES
+    off = []
+    for name, r in _recipes().items():
+        for cluster, run in as_measured(setting_from(r), r.calibration, data).items():
+            for key in ("rollout_s", "train_s", "weight_sync_s", "tokens_per_s"):
+                if abs(run[key] / run["measured"][key] - 1) > 0.15:
+                    off.append((name, cluster, key))
+    assert off == [
+        ("DeepSeek-R1-Distill-Qwen-14B", "h800", "rollout_s"),
+        ("DeepSeek-R1-Distill-Qwen-14B", "h800", "tokens_per_s"),
+    ]
+    assert [u["measurement"] for u in SHIPPED["unexplained"]][0].startswith(
+        "h800 rollout_s of DeepSeek-R1-Distill-Qwen-14B"
+    )
+
+
+@pytest.mark.slow
+def test_the_plan_on_the_measured_clusters_gives_the_measured_metric():
+    """The planner's own plan on each measured cluster in the measured setting (its split its own choice): the
+    paper's metric and the weight sync within 15%, but for the run the fit names unexplained."""
     rows = baseline_phases(
         _recipes(), recipe("paper/7b.yaml").calibration, BASELINES, SHIPPED["cluster_gpus"]
     )
     assert len(rows) == 3 * 2 * 4
-    assert {r["phase"] for r in rows} == {"rollout_s", "train_s", "weight_sync_s", "tokens_per_s"}
     for row in rows:
-        assert row["model_value"] == pytest.approx(row["measured"], rel=0.15), row
-    # AReaL on 24 H800 is rollout-bound with two machines generating and one training, as measured.
-    h800 = [r for r in rows if r["cluster"] == "h800" and r["phase"] == "train_s"]
-    assert all(r["split"] == {"train": {"H800-PCIe": 8}, "rollout": {"H800-PCIe": 16}} for r in h800)
-    assert all(r["rollout_compute_s"] > r["model_value"] for r in h800)
+        if row["phase"] in ("tokens_per_s", "weight_sync_s") and not (
+            row["model"].endswith("14B") and row["cluster"] == "h800"
+        ):
+            assert row["model_value"] == pytest.approx(row["measured"], rel=0.15), row
 
 
 @pytest.mark.slow
@@ -76,30 +105,38 @@ def test_the_shipped_profile_is_what_the_fit_gives(fit):
         assert fit.factors[gpu_type] == pytest.approx(factors, rel=1e-3), gpu_type
     assert fit.sources == SHIPPED["sources"]
     assert fit.gpus == SHIPPED["cluster_gpus"]
+    assert fit.setting.eta == SHIPPED["measured_setting"]["max_head_offpolicyness"]
+    assert [u["measurement"] for u in fit.unexplained] == [u["measurement"] for u in SHIPPED["unexplained"]]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("eta, needed", [(1, 0.248), (2, 0.209)])
-def test_runs_planned_as_upstreams_loop_cannot_be_fitted(monkeypatch, eta, needed):
-    """The paper states neither its runs' eta nor their AReaL version. Planned as upstream 1.0.4's loop runs them
-    (one batch admitted), their steps overlap part of their longest samples at eta 1 and most at eta 2, and only a
-    decode far below any physical HBM fraction reaches the measured rollout seconds: the fit refuses, naming the
-    measurement. The runs are fitted as runs that wait for their longest sample (``WAITS_FOR_LONGEST``)."""
-    assert fit_baselines_module.WAITS_FOR_LONGEST and fit_baselines_module.MEASURED_ETA == 1
-    monkeypatch.setattr(fit_baselines_module, "WAITS_FOR_LONGEST", False)
-    monkeypatch.setattr(fit_baselines_module, "MEASURED_ETA", eta)
-    with pytest.raises(HexError, match=rf"H800-PCIe hbm_fraction would fit at {needed}.*rollout_s of"):
-        fit_baselines(BASELINES, {m: setting_from(r) for m, r in _recipes().items()}, name="baselines.json")
+def test_the_fit_names_what_no_physical_factors_explain_and_keeps_one_runtime(fit):
+    """Issue 33: the runs are fitted in upstream 1.0.4's loop, the runtime of every command, their staleness
+    bound fitted per model (eta 1 for all three: eta 0 waits for the longest sample and is 2-3x too slow, eta >= 2
+    overlaps it and is 8-46% too fast). Three measurements need a factor outside its physical range (the H20/H800
+    rollout ratios of Table 1 are flat over the models, 0.95-0.96, the model's 0.80-1.14); the fit keeps the
+    factors inside and names them, with the value they would need."""
+    assert fit.setting.eta == dict.fromkeys(_recipes(), 1)
+    named = {u["measurement"]: u for u in fit.unexplained}
+    assert list(named) == [
+        "h800 rollout_s of DeepSeek-R1-Distill-Qwen-14B (eta 1)",
+        "Table 1 rollout tokens/s per GPU, h20 over h800, of DeepSeek-R1-Distill-Qwen-7B",
+        "Table 1 rollout tokens/s per GPU, h20 over h800, of DeepSeek-R1-Distill-Qwen-1.5B",
+    ]
+    for u in named.values():
+        assert "puts hbm_fraction at" in u["needs"] and "outside its physical range" in u["needs"]
+        assert abs(u["model_value"] / u["measured"] - 1) > 0.15
 
 
 @pytest.mark.slow
 def test_the_h20_runs_and_table_1_agree_on_32_gpus(fit):
     """The paper does not state its H20 count. Table 1's per-GPU speeds (against the fitted H800) and the H20
     runs' steps agree, within 15%, on 4 machines (32 GPUs), not on the 68 the budget buys: the points the fit
-    computes now, not the ones stored in the profile."""
+    computes now, not the ones stored in the profile; but for the one the fit names unexplained."""
     assert BASELINES["clusters"]["h20"]["gpus"] is None
     assert fit.gpus == {"h800": 24, "h20": 32}
     h20 = [p for p in fit.points if p["cluster"] == "h20"]
     assert len([p for p in h20 if "(Table 1)" in p["phase"]]) == 2 * len(MODELS)
     for point in h20:
-        assert point["model_value"] == pytest.approx(point["measured"], rel=0.15), point
+        if _explained(point, fit.unexplained):
+            assert point["model_value"] == pytest.approx(point["measured"], rel=0.15), point

@@ -70,6 +70,17 @@ def test_reproduce_writes_the_paper_tables_and_json(tmp_path, capsys):
         for cluster in ("equal_budget.hex", "equal_budget.h800", "equal_budget.h20", "ablation.uniform"):
             phases = data["phases"][model][cluster]
             assert set(phases) == {"rollout_s", "train_s", "weight_sync_s"} and min(phases.values()) > 0
+        # The paper's AReaL runs as they ran, by the runtime and factors plan uses (issue 33): within 15% of the
+        # paper's figures but the one the calibration names unexplained (14B on H800: rollout 683 s vs 1,050 s).
+        for cluster, run in data["as_measured"][model].items():
+            assert {"rollout_s", "train_s", "tokens_per_s"} <= set(run)
+            for key in ("rollout_s", "train_s", "tokens_per_s"):
+                error = run[key] / run["measured"][key] - 1
+                named = model == "14B" and cluster == "h800" and key != "train_s"
+                assert (abs(error) > 0.15) == named, (model, cluster, key, error)
+        assert data["equal_budget"][model]["h800_as_measured_tokens_per_s"] == pytest.approx(
+            data["as_measured"][model]["h800"]["tokens_per_s"]
+        )
         assert set(data["per_dollar"][model]) == {"24", "32", "40", "56"}
         assert all(v > 0 for v in data["per_dollar"][model].values())
     assert set(data["scheduler_time_s"]) == {"24", "32", "40", "56"}

@@ -33,8 +33,8 @@ def paper_1_5b():
 
 def test_a_window_of_eta_plus_one_drains_before_every_update(paper_1_5b):
     """The simulator's loop, as upstream's: with delta = eta + 1 nothing is in flight when weights go out and the
-    trainer waits for the window's last rollouts; one step shorter, the next rollouts run through the update (on
-    one of the plan's two servers, where generation binds: the plan's own fleet has finished them by then)."""
+    trainer waits for the window's last rollouts; one step shorter, the next rollouts run through the update and
+    the trainer waits less (on the plan's 16 servers and on one of them, where generation binds)."""
     _, _, spec = paper_1_5b
     eta = spec.max_staleness
     one = tuple(dataclasses.replace(lane, count=1) for lane in spec.lanes)
@@ -43,11 +43,11 @@ def test_a_window_of_eta_plus_one_drains_before_every_update(paper_1_5b):
         drained = simulate(dataclasses.replace(fleet, update_interval=eta + 1), steps=30, seed=0)
         kept = simulate(dataclasses.replace(fleet, update_interval=eta - 1), steps=30, seed=0)
         assert drained.interrupted == 0
-        if planned:  # the trainer waits only where the window drains
-            assert kept.mean("rollout_wait_s") == 0 < drained.mean("rollout_wait_s")
-        else:  # 832 interrupted; waits 12.3 against 25.4 s a step
-            assert kept.interrupted > 0
-            assert drained.mean("rollout_wait_s") > 1.5 * kept.mean("rollout_wait_s")
+        assert kept.interrupted > 0
+        if planned:  # the trainer waits 24.8 s a step where the window drains, 7.0 s where it does not
+            assert drained.mean("rollout_wait_s") > 3 * kept.mean("rollout_wait_s")
+        else:  # one server generating binds every step: 679 against 660 s of wait a step
+            assert drained.mean("rollout_wait_s") > kept.mean("rollout_wait_s")
 
 
 def test_windows_with_fewer_than_two_batches_of_room_drain_and_pay_for_it(paper_1_5b):
