@@ -14,13 +14,13 @@ import argparse
 import time
 from pathlib import Path
 
-from report import emit  # benchmarks/report.py, beside this script
 from planner import (  # benchmarks/planner.py, beside this script
     BATCH_GPUS,
     BATCH_PROMPTS,
     SIZES,
     recipe_for,
 )
+from report import emit  # benchmarks/report.py, beside this script
 
 from areal_hex_plugin.planner.recipe_planner import PlanRequest, plan_recipe
 from areal_hex_plugin.specs.recipe import load_recipe
