@@ -93,6 +93,9 @@ def test_driver_registers_first(unregistered, tmp_path: Path) -> None:
     assert plugin.SCHEDULERS == plugin.HEX_SCHEDULERS
 
 
+RELAY_TOKEN = "0123456789abcdef0123456789abcdef"
+
+
 def _user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> HexGRPOConfig:
     """What a user script does: upstream's loader with HexGRPOConfig, on a machine with one GPU of each type."""
     fake = tmp_path / "bin" / "nvidia-smi"
@@ -101,6 +104,9 @@ def _user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
     monkeypatch.setenv("HEX_LOCAL_SHARE_GPUS", "1")
+    monkeypatch.setenv(
+        "AREAL_HEX_TRANSPORT_TOKEN", RELAY_TOKEN
+    )  # the recipe's relay: the scheduler checks it
     (tmp_path / "nr").mkdir()
     config, _ = load_expr_config(
         ["--config", str(RECIPE), f"cluster.fileroot={tmp_path}",
@@ -179,6 +185,7 @@ def test_patched_upstream_trainer_builds_hex_schedulers_by_name_and_class_path(t
             "WANDB_MODE": "offline",
             "PATH": f"{fake.parent}:/usr/bin:/bin",
             "HEX_LOCAL_SHARE_GPUS": "1",
+            "AREAL_HEX_TRANSPORT_TOKEN": RELAY_TOKEN,
         },  # fmt: skip
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
