@@ -221,20 +221,17 @@ def check_transport(config) -> None:
 
 
 def check_config(config) -> list[str]:
-    """The checks of a loaded upstream config: scheduler type, plan output, workflow and reward function, recover
-    settings and transport; a line for each passed, the first failure raised. Also run for a session upstream's
-    own script opened (``schedulers/common.announced_session``), which no pre-flight saw."""
-    from areal_hex_plugin.areal.launch import check_scheduler_type
+    """The checks of a loaded upstream config beside its scheduler's: plan output, workflow and reward function,
+    recover settings and transport; a line for each passed, the first failure raised. Also run for a session
+    upstream's own script opened (``schedulers/common.announced_session``), which no pre-flight saw."""
     from areal_hex_plugin.outfiles import check_writable
 
-    check_scheduler_type(config.scheduler.type)
     check_writable(config.hex.plan_out, "hex.plan_out")
-    passed = [f"scheduler: {config.scheduler.type}"]
-    passed.append(
+    passed = [
         _check_callable(
             config.hex.workflow, "hex.workflow", "class", "areal.workflow.openai.math_agent.MathAgent"
         )
-    )
+    ]
     if config.hex.reward_fn is not None:
         passed.append(
             _check_callable(
@@ -257,6 +254,7 @@ def preflight(path: str, overrides: list[str], offline: bool = False, run: bool 
     ``run``: for the driver, which loads the config as a real run does (:func:`load_upstream_config` with
     ``save``), and whose dry run takes an unreachable cluster as a note (a reachable one that lacks the plan's
     machines still fails)."""
+    from areal_hex_plugin.areal.launch import check_scheduler_type
     from areal_hex_plugin.areal.plugin import register
     from areal_hex_plugin.areal.rewrite import apply_plan
     from areal_hex_plugin.saved_plan import obtain_plan
@@ -268,8 +266,10 @@ def preflight(path: str, overrides: list[str], offline: bool = False, run: bool 
     recipe = load_recipe(path, overrides)  # the core reader: precise messages for a bad hex: section
     dry_run = recipe.hex.dry_run
     config = load_upstream_config(path, overrides, save=run and not dry_run)
+    check_scheduler_type(config.scheduler.type)
     passed = [
         f"upstream config: {path} loads as HexGRPOConfig ({len(overrides)} overrides)",
+        f"scheduler: {config.scheduler.type}",
         *check_config(config),
     ]
     plan, source = obtain_plan(recipe, config.hex.plan_path)

@@ -59,7 +59,7 @@ def announced_session(exp_config, who: str):
 
     session = session_for(exp_config, who)
     if not session.passed:  # opened here, for upstream's own script: no pre-flight checked its config
-        session.passed.extend(check_config(exp_config))
+        session.passed += [f"scheduler: {who}, built by upstream from exp_config", *check_config(exp_config)]
     announce(session)
     return session
 
