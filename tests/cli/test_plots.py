@@ -52,6 +52,10 @@ def test_the_pareto_plot_has_units_the_budget_line_and_each_points_gpu_mix():
         assert any(label.startswith(f"{name}: {_gpus(b.gpus)}") for label in labels)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 33: the one-runtime 7B plan (16 H800 + 16 H20) no longer equals two baselines; the test needs a recipe with a tie",
+)
 def test_baselines_equal_to_the_chosen_plan_are_rings_around_its_star_and_say_so():
     plan = plan_recipe(load_recipe(PAPER_7B))
     chosen = (plan.predicted.cost_per_hour, plan.predicted.tokens_per_s)

@@ -36,12 +36,13 @@ def _on(point, points) -> bool:
 
 
 def test_the_7b_paper_plan_names_the_knee_and_the_cheapest_plan_within_2_percent():
-    """The review: $116.24/h for 11,822 tokens/s chosen while the frontier has $86.64/h for 11,328."""
+    """The review: $116.24/h for 11,822 tokens/s chosen while the frontier has $86.64/h for 11,328. With the
+    one-runtime profile (issue 33) the chosen plan is itself the cheapest within 2%: never dearer than it."""
     plan = _plan("recipes/paper/7b.yaml", pareto=True)
     chosen = plan.predicted
     within, knee = plan.alternatives[WITHIN], plan.alternatives[KNEE]
-    assert within.tokens_per_s >= 0.98 * chosen.tokens_per_s and within.cost_per_hour < chosen.cost_per_hour
-    assert knee.cost_per_hour < 0.8 * chosen.cost_per_hour and knee.tokens_per_s > 0.95 * chosen.tokens_per_s
+    assert within.tokens_per_s >= 0.98 * chosen.tokens_per_s and within.cost_per_hour <= chosen.cost_per_hour
+    assert knee.cost_per_hour <= chosen.cost_per_hour and knee.tokens_per_s > 0.95 * chosen.tokens_per_s
     assert _on(within, plan.pareto) and _on(knee, plan.pareto)
     # No frontier point within the budget is cheaper than the 2% plan and within 2% of the chosen one.
     assert not any(
@@ -70,7 +71,9 @@ def test_the_knee_objective_picks_the_knee_and_the_tolerance_the_cheapest_within
     knee = _plan("recipes/paper/7b.yaml", "+hex.objective.pick=knee")
     assert knee.predicted.cost_per_hour == pytest.approx(knee.alternatives[KNEE].cost_per_hour)
     assert knee.predicted.tokens_per_s == pytest.approx(knee.alternatives[KNEE].tokens_per_s)
-    assert knee.predicted.cost_per_hour < default.predicted.cost_per_hour
+    assert (
+        knee.predicted.cost_per_hour <= default.predicted.cost_per_hour
+    )  # the 7B plan is the knee itself now
     assert _on(knee.predicted, knee.pareto)
     tolerant = _plan("recipes/paper/7b.yaml", "+hex.objective.throughput_tolerance=0.02")
     assert tolerant.predicted.cost_per_hour == pytest.approx(default.alternatives[WITHIN].cost_per_hour)
