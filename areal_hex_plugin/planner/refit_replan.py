@@ -19,7 +19,7 @@ from areal_hex_plugin.costmodel.refit import RunLayout
 from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.plan import HexPlan, PlanChange
 from areal_hex_plugin.planner.inflight import best_split, held_runtime, serial_rollout_s
-from areal_hex_plugin.planner.replan import MachineDiff, keep_roles, machine_diff
+from areal_hex_plugin.planner.replan import MachineDiff, keep_roles, machine_diff, share_key
 from areal_hex_plugin.planner.reshare import ServerShape, replica_config
 
 # Gain of the new plan over the running one (both under the refit model) above which a re-plan is suggested:
@@ -42,11 +42,6 @@ def plan_layout(plan: HexPlan, transport: str) -> RunLayout:
         strategy=strategy_for(transport),
         colocated=tuple(sorted({plan.rollout.replicas[g].pool for g in beside})),
     )
-
-
-def share_key(index: int, group) -> str:
-    """A replica group's key in :attr:`PlanChange.shares` (as ``replan`` writes it)."""
-    return f"{group.pool}/tp{group.tp}pp{group.pp}#{index}"
 
 
 @dataclass(frozen=True)

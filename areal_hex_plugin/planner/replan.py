@@ -55,6 +55,11 @@ class Replan:
         return self.plan.predicted.tokens_per_s
 
 
+def share_key(index: int, group) -> str:
+    """A replica group's key in :attr:`PlanChange.shares`."""
+    return f"{group.pool}/tp{group.tp}pp{group.pp}#{index}"
+
+
 def replan(recipe, old: HexPlan, lost: Sequence[str], gained: dict[str, list[str]]) -> Replan:
     """The plan for ``old``'s machines less ``lost`` plus ``gained`` (pool -> new hosts); see the module doc."""
     hosts = {m.host: m for m in old.machines}
@@ -73,7 +78,7 @@ def replan(recipe, old: HexPlan, lost: Sequence[str], gained: dict[str, list[str
         reason=_reason(lost_set, gained, rename, structural, bool(left or spare_gained)),
         tokens_per_s_before=old.predicted.tokens_per_s,
         tokens_per_s_after=plan.predicted.tokens_per_s,
-        shares={f"{g.pool}/tp{g.tp}pp{g.pp}#{i}": g.share for i, g in enumerate(plan.rollout.replicas)},
+        shares={share_key(i, g): g.share for i, g in enumerate(plan.rollout.replicas)},
     )
     plan = replace(plan, changes=[*old.changes, change])
     return Replan(plan, machine_diff(old, plan), structural)
