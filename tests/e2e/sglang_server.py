@@ -202,7 +202,7 @@ class SGLangCPUServer(SGLangStandIn):
         # Prompt + output of every aborted request: upstream resubmits exactly that to finish it.
         self._resumable: Counter[tuple[int, ...]] = Counter()
         self.flags = {"tp_size": tp_size, "max_running_requests": max_running_requests, **(flags or {})}
-        super().__init__(tp_size=tp_size, host=host, port=port)
+        super().__init__(tp_size=tp_size, host=host, port=port, start=False)
         self._names = set(self._lm.state_dict())
         self.model.load(0, self._lm.state_dict().items())
         for name, module in list(self._lm.named_modules()):
@@ -215,8 +215,8 @@ class SGLangCPUServer(SGLangStandIn):
                 setattr(self._lm.get_submodule(parent) if parent else self._lm, attr, sharded)
         self._log(event="start", **self.flags)
         self._log(event="load", version="default", digest=self.digest())
-        # Before any request can arrive (nobody knows the port yet): SGLang's generation endpoints, and the
-        # control endpoints that must also stop running requests.
+        # Before any request is answered (the launcher polls /health as soon as the port listens): SGLang's
+        # generation endpoints, and the control endpoints that must also stop running requests.
         self.app.view_functions.update(
             pause=self._pause, disk=self._update_from_disk, weights=self._weights_by_name
         )
@@ -230,6 +230,7 @@ class SGLangCPUServer(SGLangStandIn):
             ("/abort_request", "abort", self._abort, "POST"),
         ):
             self.app.add_url_rule(rule, name, view, methods=[method])
+        self.start()
 
     # -- state --------------------------------------------------------------------------------------------
 

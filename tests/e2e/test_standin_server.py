@@ -110,6 +110,32 @@ def test_upstream_engine_drives_the_standin(tmp_path, monkeypatch):
     assert info.process.poll() is not None  # the server is gone
 
 
+def test_a_health_poll_during_startup_waits_for_the_whole_server(tmp_path, monkeypatch):
+    """Upstream's launcher polls /health as soon as the port listens. A poll that lands while the server is
+    still loading waits, and then finds /generate there: answered early, it made Flask refuse the rest of the
+    routes and the server died (CI, 2026-12-06)."""
+    from tests.e2e.sglang_server import SGLangCPUServer
+
+    polled = []
+
+    def digest_after_a_poll(self):  # digest() runs while the server is being built
+        if not polled:
+            poll = ThreadPoolExecutor(1).submit(requests.get, f"http://{self.address}/health", timeout=60)
+            polled.append(poll)
+            time.sleep(0.5)  # long enough for a running server to answer it
+        return "digest"
+
+    monkeypatch.setattr(SGLangCPUServer, "digest", digest_after_a_poll)
+    server = SGLangCPUServer(str(write_model(tmp_path / "model", seed=0)))
+    try:
+        assert polled[0].result().status_code == 200
+        body = {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 2}}
+        answer = requests.post(f"http://{server.address}/generate", json=body, timeout=60)
+        assert answer.json()["meta_info"]["completion_tokens"] >= 1
+    finally:
+        server.close()
+
+
 def test_tp2_standin_generates_from_its_shards(tmp_path):
     """A server started with --tp-size 2 holds every split tensor as two SGLang-style shards, computes each step
     from them (its log-probs are the whole model's), takes new weights into them, and runs at most

@@ -19,7 +19,7 @@ from areal_hex_plugin.transport.sinks import TensorParallelSink, shard_dim
 
 
 class SGLangStandIn:
-    def __init__(self, tp_size: int, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, tp_size: int, host: str = "127.0.0.1", port: int = 0, start: bool = True) -> None:
         self.events: list[str] = []
         self.model = TensorParallelSink(tp_size)
         self.path: Path | None = None
@@ -32,10 +32,16 @@ class SGLangStandIn:
         app.add_url_rule("/continue_generation", "continue", self._event("continue"), methods=["POST"])
         app.add_url_rule("/update_weights_from_disk", "disk", self._update_from_disk, methods=["POST"])
         app.add_url_rule("/get_weights_by_name", "weights", self._weights_by_name, methods=["POST"])
-        self.app = app  # tests/e2e/sglang_server.py adds generation to it
+        self.app = app  # tests/e2e/sglang_server.py adds generation to it, then calls start()
+        # Listening from here on: a client that connects before start() waits for it.
         self._server = make_server(host, port, app, threaded=True)
         self.address = f"{host}:{self._server.server_port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Answer requests (Flask refuses new routes after the first one)."""
         self._thread.start()
 
     def _event(self, name: str):
