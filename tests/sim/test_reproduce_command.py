@@ -7,15 +7,19 @@ import json
 import pytest
 
 from areal_hex_plugin.cli import main
+from tests.cli.test_documented_examples import EXAMPLES, _argv, run_documented
 
 pytestmark = pytest.mark.slow
 
 
 def test_reproduce_writes_the_paper_tables_and_json(tmp_path, capsys):
-    out = tmp_path / "repro.json"
+    """The documented example (test_documented_examples leaves it to this test), and what it wrote."""
+    (documented,) = [command for _, command in EXAMPLES if command.startswith("reproduce")]
+    assert documented == "reproduce --json OUT --plots DIR"
     plots = tmp_path / "plots"
     plots.mkdir()
-    assert main(["reproduce", "--json", str(out), "--plots", str(plots)]) == 0
+    out = plots / "out.json"
+    printed = run_documented(_argv(documented, plots), f"docs: areal-hex {documented}", capsys)
     data = json.loads(out.read_text())
     for model in ("1.5B", "7B", "14B"):
         assert {"hex_tokens_per_s", "h800_tokens_per_s", "h20_tokens_per_s"} <= set(
@@ -84,10 +88,11 @@ def test_reproduce_writes_the_paper_tables_and_json(tmp_path, capsys):
         assert set(data["per_dollar"][model]) == {"24", "32", "40", "56"}
         assert all(v > 0 for v in data["per_dollar"][model].values())
     assert set(data["scheduler_time_s"]) == {"24", "32", "40", "56"}
-    assert "Equal budget" in capsys.readouterr().out
+    assert "Equal budget" in printed
     # One figure per simulated plan, every pool's timeline in it.
-    assert sorted(p.name for p in plots.iterdir()) == sorted(f"{key}.png" for key in data["plans"])
-    assert all(p.stat().st_size > 0 for p in plots.iterdir())
+    figures = list(plots.glob("*.png"))
+    assert sorted(p.name for p in figures) == sorted(f"{key}.png" for key in data["plans"])
+    assert all(p.stat().st_size > 0 for p in figures)
 
 
 def test_reproduce_refuses_a_folder_without_the_paper_recipes(tmp_path, capsys):
