@@ -1,6 +1,7 @@
-"""A run ends, and leaves nothing behind, however it ends: the same command run twice (the second resumes from the
-first's recover checkpoint), a worker killed mid-run (the driver ends non-zero within a minute), and SIGTERM to the
-driver (it stops its workers and exits 128 + 15). Each is the real driver on the CPU recipe."""
+"""A run ends, and leaves nothing behind, however it ends: a worker killed mid-run (the driver ends non-zero within a
+minute), and SIGTERM to the driver (it stops its workers and exits 128 + 15). Each is the real driver on the CPU
+recipe. (The same command run twice, the second resuming from the first's recover checkpoint, is
+test_grpo_e2e.py's local run.)"""
 
 from __future__ import annotations
 
@@ -58,19 +59,6 @@ class MidRun(threading.Thread):
                 os.kill(pid, self.sig)
                 self.at = time.monotonic()
                 return
-
-
-def test_the_same_command_twice_resumes_and_ends(tmp_path: Path) -> None:
-    env = environment(tmp_path, new_mark(), GPUS)
-    first = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S)
-    assert first.returncode == 0, first.log[-6000:]
-    again = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S)
-    assert again.returncode == 0, again.log[-6000:]
-    assert f"resumes from {tmp_path}" in again.log  # the pre-flight saw the first run's checkpoint
-    assert processes_left(env["HEX_E2E_RUN"], wait_s=30) == []
-    print(
-        f"\n[e2e twice] {json.dumps({'first_s': round(first.seconds, 1), 'again_s': round(again.seconds, 1)})}"
-    )
 
 
 @pytest.mark.parametrize(
