@@ -8,6 +8,7 @@ per dollar at the plan's $/h. The plan goes into the run config and, once, into 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from areal_hex_plugin.plan import HexPlan
@@ -65,6 +66,8 @@ class HexStatsLog:
     def __init__(self, inner, plan: HexPlan) -> None:
         self._inner = inner
         self._plan = plan
+        # Each called with a step's committed data; what it returns is logged with it (the online refit).
+        self.on_step: list[Callable[[dict], dict[str, float]]] = []
         self._last_commit = time.perf_counter()
         self._log_plan()
 
@@ -85,5 +88,6 @@ class HexStatsLog:
         now = time.perf_counter()
         step_s, self._last_commit = now - self._last_commit, now
         items = [data] if isinstance(data, dict) else list(data)
-        items[0] = {**items[0], **step_metrics(self._plan, items[0], step_s)}
+        extra = {k: v for hook in self.on_step for k, v in hook(items[0]).items()}
+        items[0] = {**items[0], **step_metrics(self._plan, items[0], step_s), **extra}
         self._inner.commit(epoch, step, global_step, items[0] if isinstance(data, dict) else items)

@@ -9,7 +9,9 @@ share routing), through ``_rollout_engine_cls`` (upstream's hook with ``patches/
 ``hex.transport: relay`` the actor is the transport's ``HexFSDPPPOActor`` or ``HexMegatronRelayActor`` and its
 controller gets the plan's rollout pools and links. Upstream's stats logger is wrapped to add ``hex/*``. Rollout
 servers lost and gained mid-run (and machines that join, ``areal-hex join``) and length drift are handled by
-:mod:`elastic` (``hex.elastic``); each change is appended to ``hex_plan.json``.
+:mod:`elastic` (``hex.elastic``); each change is appended to ``hex_plan.json``. Every
+``hex.calibration.refit_every`` steps the cost model is refit from the run's own measurements beside the trainer
+(:mod:`refit_loop`).
 Weights go to the rollout servers every ``plan.solver.window_steps`` steps (:mod:`update_window`).
 """
 
@@ -28,6 +30,7 @@ from areal_hex_plugin.areal.elastic import attach_elastic
 from areal_hex_plugin.areal.launch import scheduler_factory
 from areal_hex_plugin.areal.metrics import HexStatsLog
 from areal_hex_plugin.areal.plugin import ROLLOUT_ENGINES, TRAIN_ENGINES, load, register, swapped
+from areal_hex_plugin.areal.refit_loop import attach_refit
 from areal_hex_plugin.areal.rewrite import uses_relay
 from areal_hex_plugin.areal.session import HexSession, session_for
 from areal_hex_plugin.areal.transport_setup import reroute, transport_settings
@@ -71,6 +74,7 @@ class HexPPOTrainer(PPOTrainer):
         self.stats_logger = HexStatsLog(self.stats_logger, plan)
         self._hex_plan_lock = threading.Lock()
         self.hex_elastic = attach_elastic(self)
+        self.hex_refit = attach_refit(self)
 
     @property
     def hex_plan(self) -> HexPlan:
@@ -127,6 +131,8 @@ class HexPPOTrainer(PPOTrainer):
         return actor
 
     def close(self):
+        if getattr(self, "hex_refit", None) is not None:
+            self.hex_refit.stop()
         if getattr(self, "hex_elastic", None) is not None:
             self.hex_elastic.stop()
         # Upstream destroys the rollout before the actor: stop the receivers (and free their staged weights) first.

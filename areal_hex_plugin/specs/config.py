@@ -226,6 +226,18 @@ class CalibrationConfig:
 
     profile: str | None = spec(None, "a profile JSON written by areal-hex profile")
     gpu_types: dict[str, GpuEfficiencyConfig] = field(default_factory=dict)
+    # 5: the replay (simulate --truth) recovers the same gap refitting every 2, 5 or 10 steps; 5 bounds the wait.
+    refit_every: int = spec(
+        5,
+        "the live run refits the factors of its GPU types from its own measurements every this many steps, "
+        "writes hex_profile.json beside its plan and decides whether to re-plan (areal/refit_loop.py); 0: off",
+        between(0, 1 << 20),
+    )
+    replan_threshold: float = spec(
+        0.05,
+        "suggest a re-plan when the plan the refit model gives beats the running one by more than this fraction",
+        above(0, 10),
+    )
 
 
 ROUTING_POLICIES = ("shares", "least_outstanding")
@@ -331,6 +343,11 @@ class ElasticConfig:
     )
     drift_min_samples: int = spec(
         8, "samples a step must serve before its lengths are compared", between(1, 1 << 30)
+    )
+    auto_replan: bool = spec(
+        False,
+        "apply the online refit's rollout shares live (re-solved under the refit model); a re-plan that moves "
+        "machines between roles or layouts is only suggested",
     )
 
 

@@ -232,6 +232,14 @@ def _check_knobs(hex_cfg: HexConfig) -> None:
             f"must be [tp, pp] with both >= 1, got {layout}",
             "e.g. [2, 1], or []",
         )
+    elastic, refit_every = hex_cfg.elastic, hex_cfg.calibration.refit_every
+    if elastic.auto_replan and (not elastic.enabled or refit_every == 0):
+        off = "hex.elastic.enabled is false" if not elastic.enabled else "hex.calibration.refit_every is 0"
+        raise HexError(
+            "hex.elastic.auto_replan",
+            f"applies the online refit's shares through the elastic run, but {off}",
+            "set hex.elastic.enabled: true and hex.calibration.refit_every >= 1, or auto_replan: false",
+        )
     obj = hex_cfg.objective
     if obj.budget_per_hour is not None and obj.target_tokens_per_s is not None:
         raise HexError(

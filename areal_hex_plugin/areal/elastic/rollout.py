@@ -394,6 +394,18 @@ class ElasticRollout:
                 )
                 self._change("gained", [self.names[rank]], how, before)
 
+    def recalibrate(self, calibration, reason: str) -> bool:
+        """An online refit (``areal/refit_loop.py``, ``hex.elastic.auto_replan``): the shares are re-solved under
+        ``calibration`` from now on and, where they move, applied and recorded; whether they moved."""
+        with self._lock:
+            before = self.policy.tokens_per_s(self.live())
+            moved = self.policy.recalibrate(calibration, self.live())
+            if moved:
+                self._change("reshare", [], reason, before)
+        if moved:
+            logger.info(f"{reason}: shares now {self._share_text()}")
+        return moved
+
     # -- records -----------------------------------------------------------------------------------------
 
     def _share_text(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from areal_hex_plugin.costmodel import CostModel
 from areal_hex_plugin.planner.reshare import RESOLUTION, ServerShape, reshare
 
 
@@ -35,6 +36,20 @@ class SharePolicy:
         """Re-solve the shares over the ``live`` servers (none live: nothing changes)."""
         if any(live):
             self.apply(reshare(self.cm, self.shapes, live, window=self.window).shares)
+
+    def recalibrate(self, calibration, live: Sequence[bool], moved: float = 1e-3) -> bool:
+        """Solve shares under ``calibration`` from now on (an online refit; the lengths stay the ones the shares
+        were solved for), handed to the router when they differ from the ones the model before gives by more
+        than ``moved`` for any server (the plan's own shares, rounded to whole samples, are not a change)."""
+        was, self.cm = self.cm, CostModel(self.cm.cluster, self.cm.workload, calibration)
+        if not any(live):
+            return False
+        before = reshare(was, self.shapes, live, window=self.window).shares
+        shares = reshare(self.cm, self.shapes, live, window=self.window).shares
+        if all(abs(a - b) <= moved for a, b in zip(shares, before, strict=True)):
+            return False
+        self.apply(shares)
+        return True
 
     def add(self, shape: ServerShape) -> None:
         """A server that joins: share 0 until it serves."""

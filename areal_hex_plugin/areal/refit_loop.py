@@ -1,0 +1,343 @@
+"""The online refit beside the trainer (``hex.calibration.refit_every``): plans that learn from the run.
+
+Every training step (upstream's stats commit, on the training thread: cheap) adds what the step measured to a
+:class:`~areal_hex_plugin.costmodel.refit.MeasurementWindow`: each rollout server's decode tokens/s at its running
+requests (``areal/server_stats.py``), upstream's ``timeperf/train_step`` and, on a step that pushed weights,
+``timeperf/update_weights``. Every ``refit_every`` steps the window's medians go to a thread of their own (never a
+training step) that:
+
+1. refits the factors of the GPU types in play (``costmodel/refit.py``; the recipe's calibration the prior), logs
+   wandb ``hex/calibration/<type>/<factor>`` and each point's residual, and writes ``hex_profile.json`` beside
+   the run's plan (a ``hex.calibration.profile`` for the next run and ``areal-hex plan``). A refit that fails, or
+   whose model still misses the measurements by more than ``DIVERGED`` (rms log error), keeps the running model
+   and plan, and says why;
+2. plans the recipe again under the refit model (``planner/refit_replan.py``): ``hex/replan/*`` gives the running
+   plan's and the new plan's predicted tokens/s; where the new one wins by more than ``replan_threshold`` it is
+   written to ``hex_replan.json`` and the log prints the command that resumes on it (role and layout changes are
+   only suggested);
+3. with ``hex.elastic.auto_replan``, re-solves the rollout shares under the refit model through the elastic run's
+   re-share path, which records the change in the plan's ``changes``.
+
+Each refit's and decision's CPU seconds (of the thread that ran it) are logged as ``hex/calibration/cpu_s`` and
+``hex/replan/cpu_s``.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from areal.utils import logging
+
+from areal_hex_plugin.areal.metrics import MEASURED
+from areal_hex_plugin.costmodel.calibration import RANGES, Calibration
+from areal_hex_plugin.costmodel.refit import (
+    Measured,
+    MeasurementWindow,
+    Refit,
+    ServerSample,
+    StepSample,
+    refit,
+)
+from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.outfiles import write_json
+from areal_hex_plugin.plan import HexPlan
+from areal_hex_plugin.planner.refit_replan import Decision, decide, plan_layout
+
+logger = logging.getLogger("HexRefit")
+
+PROFILE_FILE = "hex_profile.json"
+REPLAN_FILE = "hex_replan.json"
+# A refit whose model still misses the measurements by more than a factor 2 (rms of ln(model/measured)) is not
+# trusted: the measurements say something the model cannot express (a server stalled, a wrong layout).
+DIVERGED = math.log(2)
+# A refit needs medians of at least this many steps after warm-up.
+MIN_STEPS = 2
+
+
+def _key(text: str) -> str:
+    return "_".join(str(text).split()).replace("/", "_")
+
+
+def refit_metrics(fit: Refit, cpu_s: float) -> dict[str, float]:
+    """``hex/calibration/*`` of one refit: each factor of each refit type, each point's residual
+    ln(model / measured) after the refit, their rms before and after, and its CPU seconds."""
+    out = {
+        f"hex/calibration/{_key(t)}/{f}": v for t, factors in fit.factors.items() for f, v in factors.items()
+    }
+    for p in fit.points:
+        where = p.get("server") or p.get("pool") or p.get("gpu_type", "")
+        out[f"hex/calibration/residual/{p['what']}/{_key(where)}"] = math.log(p["model"] / p["measured"])
+    before = [math.log(p["before"] / p["measured"]) ** 2 for p in fit.points if p["before"] > 0]
+    out["hex/calibration/rms_log_error"] = fit.rms_log_error
+    if before:
+        out["hex/calibration/rms_log_error_before"] = math.sqrt(sum(before) / len(before))
+    out["hex/calibration/cpu_s"] = cpu_s
+    return out
+
+
+def diverged(fit: Refit) -> str | None:
+    """Why ``fit`` is not to be trusted, or None."""
+    for t, factors in fit.factors.items():
+        for f, v in factors.items():
+            r = RANGES.get(f)
+            if not math.isfinite(v) or (r is not None and not r.low <= v <= r.high):
+                return f"{t} {f} = {v} is outside its range"
+    if not math.isfinite(fit.rms_log_error) or fit.rms_log_error > DIVERGED:
+        return f"the refit model still misses the measurements by {fit.rms_log_error:.2f} (rms log error)"
+    return None
+
+
+def resume_command(argv: Sequence[str], plan_file: str, profile_file: str) -> str:
+    """This run's own command with ``hex.plan_path`` and ``hex.calibration.profile`` set to the refit's files."""
+    dropped = ("hex.plan_path=", "hex.calibration.profile=")
+    kept = [a for a in argv if not a.lstrip("+").startswith(dropped)]
+    args = [*kept, f"hex.plan_path={plan_file}", f"hex.calibration.profile={profile_file}"]
+    return shlex.join([sys.executable, "-m", "areal_hex_plugin.driver", *args])
+
+
+class OnlineRefit:
+    """The window of a run's measurements and the refit thread (see the module doc).
+
+    ``plan()`` gives the running plan, ``servers()`` each server rank's (pool, tp, pp) and ``take_servers()`` each
+    rank's median (running, tokens/s) since the last step (``ServerPoller.take``). ``apply_shares(calibration,
+    reason)`` re-solves the live shares under a refit (the elastic run's path; it records the change) and says
+    whether they moved; None when ``auto_replan`` is off."""
+
+    def __init__(
+        self,
+        recipe,
+        plan: Callable[[], HexPlan],
+        servers: Callable[[], Sequence[tuple[str, int, int]]],
+        take_servers: Callable[[], dict[int, tuple[float, float]]],
+        *,
+        folder: str | Path,
+        run: str,
+        every: int,
+        threshold: float,
+        apply_shares: Callable[[Calibration, str], bool] | None = None,
+        argv: Sequence[str] = (),
+        window: MeasurementWindow | None = None,
+        on_stop: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.recipe = recipe
+        self._plan, self._servers, self._take_servers = plan, servers, take_servers
+        self.folder = Path(folder)
+        self.run, self.every, self.threshold = run, every, threshold
+        self._apply_shares = apply_shares
+        self._argv = list(argv)
+        self._on_stop = on_stop
+        self._warned = False
+        self.window = window or MeasurementWindow()
+        self.calibration = recipe.calibration  # what the run believes now
+        self.steps = 0
+        self.refits: list[dict[str, Any]] = []  # one record per refit tried, for the run's summary and tests
+        self._pending: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def profile_file(self) -> Path:
+        return self.folder / PROFILE_FILE
+
+    @property
+    def replan_file(self) -> Path:
+        return self.folder / REPLAN_FILE
+
+    # -- the training thread -----------------------------------------------------------------------------
+
+    def on_step(self, data: dict[str, float]) -> dict[str, float]:
+        """One training step's figures (upstream's committed ``data``) into the window; every ``every`` steps a
+        refit starts on its own thread. Returns the metrics of the refits that ended before this step."""
+        self.steps += 1
+        self.window.add(self.sample(data))
+        with self._lock:
+            out, self._pending = self._pending, {}
+        if self.steps % self.every == 0:
+            self._start()
+        return out
+
+    def sample(self, data: dict[str, float]) -> StepSample:
+        """What one step measured: the servers' medians, the train step and (a step that pushed weights) the
+        update."""
+        shapes = list(self._servers())
+        servers = tuple(
+            ServerSample(*shapes[rank], running, rate)
+            for rank, (running, rate) in self._take_servers().items()
+            if rank < len(shapes)
+        )
+        window_steps = max(1, self._plan().solver.window_steps)
+        pushed = self.steps % window_steps == 0  # the version after this step is a multiple of the window
+        sync = data.get(MEASURED["weight_sync_s"]) if pushed else None
+        return StepSample(servers, data.get(MEASURED["train_s"]), sync)
+
+    def _start(self) -> None:
+        measured = self.window.measured()
+        if measured.steps < MIN_STEPS:
+            return
+        if not measured.servers and not self._warned:
+            self._warned = True
+            logger.warning(
+                "no rollout server exposes its decode speed (SGLang: --enable-metrics, upstream's default): the "
+                "refit fits the train step and the weight update only"
+            )
+        if self._thread is not None and self._thread.is_alive():
+            logger.info(f"step {self.steps}: the last refit still runs; this one is skipped")
+            return
+        self._thread = threading.Thread(
+            target=self.refit_now, args=(measured, self.steps), name="hex-refit", daemon=True
+        )
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for a refit in flight (tests)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """The run ends: a refit in flight may finish within ``timeout``; the servers are no longer read."""
+        self.join(timeout)
+        self._on_stop()
+        cpu = [r["cpu_s"] for r in self.refits]
+        logger.info(
+            f"online refit: {len(cpu)} refits ({sum('kept' in r for r in self.refits)} kept the running model), "
+            f"at most {max(cpu, default=0.0):.2f} CPU s each"
+        )
+
+    # -- the refit thread --------------------------------------------------------------------------------
+
+    def refit_now(self, measured: Measured, step: int) -> dict[str, float]:
+        """Refit, write the profile, decide (see the module doc); the metrics, also queued for the next step."""
+        record: dict[str, Any] = {"step": step}
+        metrics = self._refit(measured, step, record)
+        self.refits.append(record)
+        with self._lock:
+            self._pending.update(metrics)
+        return metrics
+
+    def _refit(self, measured: Measured, step: int, record: dict[str, Any]) -> dict[str, float]:
+        from areal_hex_plugin.costmodel import CostModel
+
+        recipe, plan = self.recipe, self._plan()
+        started = time.thread_time()
+        try:
+            cm = CostModel(recipe.cluster, recipe.workload, self.calibration)
+            fit = refit(
+                cm, plan_layout(plan, recipe.hex.transport), measured, self.run, prior=recipe.calibration
+            )
+            why = diverged(fit)
+        except Exception as error:
+            fit, why = None, f"the refit failed ({type(error).__name__}: {error})"
+        cpu = time.thread_time() - started
+        record["cpu_s"] = cpu
+        if fit is None or why is not None:
+            record["kept"] = why
+            logger.warning(f"refit at step {step}: {why}; the running model and plan stay")
+            return {"hex/calibration/failed": 1.0, "hex/calibration/cpu_s": cpu}
+        self.calibration = fit.calibration
+        metrics = {**refit_metrics(fit, cpu), "hex/calibration/failed": 0.0}
+        record.update(factors=fit.factors, rms_log_error=fit.rms_log_error)
+        try:
+            write_json(self.profile_file, fit.profile(), PROFILE_FILE)
+        except HexError as error:  # the refit still counts for this run
+            logger.warning(f"refit at step {step}: {error}")
+        logger.info(
+            f"refit at step {step} ({cpu:.2f} CPU s, steps {measured.first_step}-"
+            f"{measured.first_step + measured.steps - 1}): residual {fit.rms_log_error:.1%}; "
+            + "; ".join(
+                f"{t}: " + ", ".join(f"{f} {v:.3g}" for f, v in fs.items()) for t, fs in fit.factors.items()
+            )
+            + f"; written to {self.profile_file}"
+        )
+        metrics.update(self._decide(fit.calibration, plan, step, record))
+        return metrics
+
+    def _decide(self, calibration: Calibration, plan: HexPlan, step: int, record: dict[str, Any]) -> dict:
+        started = time.thread_time()
+        try:
+            decision = decide(self.recipe, plan, calibration, self.threshold, step)
+        except Exception as error:
+            logger.warning(f"refit at step {step}: no re-plan decision ({type(error).__name__}: {error})")
+            return {"hex/replan/failed": 1.0}
+        cpu = time.thread_time() - started
+        record["decision"] = decision.to_dict()
+        out = {
+            "hex/replan/suggested": float(decision.suggested),
+            "hex/replan/tokens_per_s_before": decision.running_tokens_per_s,
+            "hex/replan/tokens_per_s_after": decision.tokens_per_s,
+            "hex/replan/gain": decision.gain if math.isfinite(decision.gain) else 0.0,
+            "hex/replan/machines": float(len(decision.diff)),
+            "hex/replan/cpu_s": cpu,
+        }
+        if decision.suggested:
+            self._suggest(decision)
+        if self._apply_shares is not None:
+            moved = self._apply_shares(
+                calibration, f"refit at step {step}: shares re-solved under the refit model"
+            )
+            out["hex/replan/shares_applied"] = float(moved)
+            record["shares_applied"] = moved
+        elif any(
+            abs(s - g.share) > 1e-3 for s, g in zip(decision.shares, plan.rollout.replicas, strict=True)
+        ):
+            shares = ", ".join(f"{s:.3f}" for s in decision.shares)
+            logger.info(
+                f"refit at step {step}: the refit model re-shares the replica groups to {shares}; "
+                "hex.elastic.auto_replan: true applies such changes live"
+            )
+        return out
+
+    def _suggest(self, decision: Decision) -> None:
+        """Write the new plan and print the command that resumes on it."""
+        decision.plan.save(self.replan_file)
+        moves = "; ".join(f"{d.host}: {d.before or '(new)'} -> {d.after or '(gone)'}" for d in decision.diff)
+        logger.warning(
+            f"re-plan suggested by the refit model: {decision.tokens_per_s:,.1f} tokens/s predicted against "
+            f"{decision.running_tokens_per_s:,.1f} for the running plan ({decision.gain:+.1%}, over the "
+            f"{self.threshold:.0%} threshold), moving {len(decision.diff)} machines ({moves}). Role and layout "
+            f"changes are not applied live: resume from the recover checkpoint on the new plan with\n  "
+            f"{resume_command(self._argv, str(self.replan_file), str(self.profile_file))}"
+        )
+
+
+def attach_refit(trainer) -> OnlineRefit | None:
+    """The online refit of the trainer's run (``hex.calibration.refit_every``), its servers read by a
+    :class:`ServerPoller`; None when off or not a Hex rollout controller."""
+    from areal_hex_plugin.areal.engines import HexRolloutController
+    from areal_hex_plugin.areal.server_stats import ServerPoller
+
+    config, rollout = trainer.config, trainer.rollout
+    every = config.hex.calibration.refit_every
+    if not every or not isinstance(rollout, HexRolloutController):
+        return None
+    poller = ServerPoller(
+        lambda: [f"{info.host}:{info.port}" for info in rollout.server_infos],
+        lambda rank: rollout._router().outstanding[rank],
+    )
+    elastic = trainer.hex_elastic
+    loop = OnlineRefit(
+        trainer.hex_session.recipe,
+        lambda: trainer.hex_plan,
+        lambda: [(s.pool, s.tp, s.pp) for s in rollout._slots()],
+        poller.take,
+        folder=trainer.hex_log_path(""),
+        run=f"{config.experiment_name}/{config.trial_name}",
+        every=every,
+        threshold=config.hex.calibration.replan_threshold,
+        apply_shares=elastic.recalibrate if elastic is not None and config.hex.elastic.auto_replan else None,
+        argv=sys.argv[1:],
+        on_stop=poller.stop,
+    )
+    trainer.stats_logger.on_step.append(loop.on_step)
+    poller.start()
+    logger.info(
+        f"online refit every {every} steps (the first {loop.window.warmup} dropped, medians over the last "
+        f"{loop.window.kept.maxlen}); the refit profile goes to {loop.profile_file}"
+    )
+    return loop

@@ -1,0 +1,285 @@
+"""The live run's online refit (areal/server_stats.py, areal/refit_loop.py): the servers' decode speed read over
+HTTP as SGLang serves it, the window fed per step, real refits and re-plan decisions on a thread beside the
+caller, the profile written and read back as hex.calibration.profile, and a refit that fails or diverges keeping
+the running model."""
+
+from __future__ import annotations
+
+import json
+import logging.handlers
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from areal_hex_plugin.areal import refit_loop
+from areal_hex_plugin.areal.elastic import ElasticRollout
+from areal_hex_plugin.areal.refit_loop import PROFILE_FILE, REPLAN_FILE, OnlineRefit
+from areal_hex_plugin.areal.routing import ShareRouter
+from areal_hex_plugin.areal.server_stats import ServerPoller, parse_metrics, read_server
+from areal_hex_plugin.costmodel import CostModel
+from areal_hex_plugin.costmodel.calibration import read_profile
+from areal_hex_plugin.costmodel.refit import server_tokens_per_s
+from areal_hex_plugin.planner import plan_recipe
+from areal_hex_plugin.planner.refit_replan import plan_layout
+from areal_hex_plugin.planner.reshare import ServerShape
+from areal_hex_plugin.sim.online import read_truth
+from areal_hex_plugin.specs.config import ElasticConfig
+from areal_hex_plugin.specs.recipe import load_recipe
+from tests.conftest import REPO
+
+TINY = REPO / "recipes" / "ci" / "tiny.yaml"
+TRUTH = REPO / "recipes" / "ci" / "tiny-truth.json"  # every factor of CPU-SMALL 30% worse than believed
+MIX = REPO / "recipes" / "mixes" / "h100_rtx4090_qwen3-4b.yaml"
+
+PAGE = """# HELP sglang:gen_throughput The generation throughput (token/s).
+# TYPE sglang:gen_throughput gauge
+sglang:gen_throughput{{model_name="m",tp_rank="0",dp_rank="0"}} {rate}
+sglang:gen_throughput{{model_name="m",tp_rank="1",dp_rank="0"}} {rate}
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{{model_name="m",tp_rank="0",dp_rank="0"}} {running}
+sglang:generation_tokens_total{{model_name="m"}} 7.5e+06
+"""
+
+
+class _Server:
+    """A local HTTP server answering ``/metrics`` (SGLang's Prometheus page) or ``/get_server_info`` from
+    ``pages`` (path -> body; absent: 404)."""
+
+    def __init__(self) -> None:
+        self.pages: dict[str, str] = {}
+        pages = self.pages
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                body = pages.get(self.path)
+                self.send_response(200 if body is not None else 404)
+                self.end_headers()
+                self.wfile.write((body or "").encode())
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+        self.address = f"127.0.0.1:{self.httpd.server_address[1]}"
+
+    def serve(self, running: float, rate: float) -> None:
+        self.pages["/metrics"] = PAGE.format(running=running, rate=rate)
+
+
+@pytest.fixture
+def servers():
+    made: list[_Server] = []
+
+    def make(n: int) -> list[_Server]:
+        made.extend(_Server() for _ in range(n))
+        return made[-n:]
+
+    yield make
+    for s in made:
+        s.httpd.shutdown()
+        s.httpd.server_close()
+
+
+def test_sglang_gauges_sum_over_data_parallel_ranks_and_skip_tensor_parallel_repeats() -> None:
+    page = PAGE.format(running=12, rate=800.0) + 'sglang:gen_throughput{dp_rank="1",tp_rank="0"} 200\n'
+    gauges = parse_metrics(page)
+    assert gauges["sglang:gen_throughput"] == 1000.0 and gauges["sglang:num_running_reqs"] == 12.0
+
+
+def test_a_server_is_read_from_its_metrics_else_its_server_info_else_not(servers) -> None:
+    with_metrics, with_info, bare = servers(3)
+    with_metrics.serve(running=24, rate=1500.0)
+    with_info.pages["/get_server_info"] = json.dumps({"internal_states": [{"last_gen_throughput": 640.5}]})
+    assert read_server(with_metrics.address) == (24.0, 1500.0)
+    assert read_server(with_info.address) == (None, 640.5)
+    assert read_server(bare.address) == (None, None)
+    assert read_server("127.0.0.1:9") == (None, None)  # nothing listens
+
+
+def test_the_poller_takes_each_busy_servers_medians_and_counts_in_flight_where_unexposed(servers) -> None:
+    a, b, idle = servers(3)
+    b.pages["/get_server_info"] = json.dumps({"internal_states": [{"last_gen_throughput": 300.0}]})
+    idle.serve(running=0, rate=0.0)
+    poller = ServerPoller(lambda: [a.address, b.address, idle.address], in_flight=lambda rank: 5)
+    try:
+        for running, rate in ((8, 900.0), (10, 1000.0), (12, 5000.0)):
+            a.serve(running, rate)
+            poller.poll_once()
+        assert poller.take() == {0: (10.0, 1000.0), 1: (5.0, 300.0)}  # medians; an idle server is left out
+        assert poller.take() == {}  # each reading counts once
+    finally:
+        poller.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    recipe = load_recipe(TINY, [])
+    return recipe, plan_recipe(recipe), read_truth(str(TRUTH), recipe)
+
+
+def _served(recipe, plan, truth, pool_servers) -> dict[str, float]:
+    """Each server serves at the true model's speed at its planned running requests; a step's upstream figures
+    (train and update seconds) are the true model's."""
+    cm = CostModel(recipe.cluster, recipe.workload, truth)
+    shapes = [(g.pool, g.tp, g.pp, g.concurrency) for g in plan.rollout.replicas for _ in range(g.count)]
+    for server, (pool, tp, pp, running) in zip(pool_servers, shapes, strict=True):
+        server.serve(running, server_tokens_per_s(cm, (pool, tp, pp), running))
+    layout = plan_layout(plan, recipe.hex.transport)
+    return {"timeperf/train_step": layout.train_s(cm), "timeperf/update_weights": layout.sync_s(cm)}
+
+
+def _loop(recipe, plan, folder: Path, take, every: int = 5, **kw) -> OnlineRefit:
+    shapes = [(g.pool, g.tp, g.pp) for g in plan.rollout.replicas for _ in range(g.count)]
+    return OnlineRefit(
+        recipe, lambda: plan, lambda: shapes, take, folder=folder, run="t1", every=every, threshold=0.05, **kw
+    )
+
+
+def test_the_loop_refits_what_the_servers_serve_and_writes_a_profile_the_next_run_reads(
+    tiny, servers, tmp_path: Path
+) -> None:
+    recipe, plan, truth = tiny
+    fleet = servers(sum(g.count for g in plan.rollout.replicas))
+    poller = ServerPoller(lambda: [s.address for s in fleet], in_flight=lambda rank: 0)
+    loop = _loop(recipe, plan, tmp_path, poller.take)
+    data = _served(recipe, plan, truth, fleet)
+    logged: list[dict[str, float]] = []
+    try:
+        for _ in range(10):
+            poller.poll_once()
+            logged.append(loop.on_step(data))
+            loop.join()
+    finally:
+        poller.stop()
+    assert [r["step"] for r in loop.refits] == [5, 10] and not logged[4]  # a refit's figures log a step later
+    metrics = logged[5]
+    small = metrics["hex/calibration/CPU-SMALL/hbm_fraction"]
+    believed, true = (
+        recipe.calibration.for_gpu("CPU-SMALL").hbm_fraction,
+        truth.for_gpu("CPU-SMALL").hbm_fraction,
+    )
+    assert abs(small / true - 1) < 0.05 < abs(believed / true - 1)
+    assert metrics["hex/calibration/rms_log_error"] < 0.05 < metrics["hex/calibration/rms_log_error_before"]
+    assert abs(metrics["hex/calibration/residual/rollout_tokens_per_s/small_tp2pp1"]) < 0.05
+    assert 0 < metrics["hex/calibration/cpu_s"] < 1.0 and metrics["hex/calibration/failed"] == 0.0
+    assert metrics["hex/replan/suggested"] == 0.0 and metrics["hex/replan/tokens_per_s_after"] > 0
+    assert metrics["hex/replan/cpu_s"] < 2.0
+    # The profile beside the plan is a hex.calibration.profile the next run (and areal-hex plan) reads.
+    assert read_profile(tmp_path / PROFILE_FILE)["CPU-SMALL"]["hbm_fraction"] == pytest.approx(
+        small, rel=1e-3
+    )
+    again = load_recipe(TINY, [f"hex.calibration.profile={tmp_path / PROFILE_FILE}"])
+    assert again.calibration.source("CPU-SMALL", "hbm_fraction").startswith("refit from run t1: steps 3-")
+    assert not (tmp_path / REPLAN_FILE).exists()
+
+
+def test_a_refit_that_fails_or_diverges_keeps_the_running_model(tiny, servers, tmp_path: Path) -> None:
+    recipe, plan, truth = tiny
+    fleet = servers(sum(g.count for g in plan.rollout.replicas))
+    data = _served(recipe, plan, truth, fleet)
+    for server in fleet:  # every server 1000 times slower than any factor in range allows
+        rate = float(server.pages["/metrics"].split("} ")[1].split()[0])
+        server.pages["/metrics"] = server.pages["/metrics"].replace(f"}} {rate}", f"}} {rate / 1000}")
+    poller, other = (ServerPoller(lambda: [s.address for s in fleet], in_flight=lambda rank: 0) for _ in "ab")
+    diverging = _loop(recipe, plan, tmp_path, poller.take, every=4)
+    failing = OnlineRefit(  # its servers name a pool the recipe does not have: the fit raises
+        recipe, lambda: plan, lambda: [("gone", 1, 1)] * 2, other.take, folder=tmp_path, run="t1", every=4,
+        threshold=0.05,
+    )  # fmt: skip
+    try:
+        for _ in range(4):
+            poller.poll_once()
+            other.poll_once()
+            diverging.on_step(data)
+            failing.on_step(data)
+    finally:
+        poller.stop()
+        other.stop()
+    for loop in (diverging, failing):
+        loop.join()
+        assert loop.calibration is recipe.calibration and "kept" in loop.refits[0]
+        assert loop.on_step(data)["hex/calibration/failed"] == 1.0
+    assert "misses the measurements" in diverging.refits[0]["kept"]
+    assert "the refit failed" in failing.refits[0]["kept"]
+    assert not (tmp_path / PROFILE_FILE).exists()
+
+
+def test_a_refit_that_changes_the_answer_suggests_the_plan_and_the_command(tmp_path: Path) -> None:
+    recipe = load_recipe(MIX, [])
+    plan = plan_recipe(recipe)
+    eff = recipe.calibration.for_gpu("RTX4090")
+    worse = ("hbm_fraction", "infer_mfu", "train_mfu", "update_gb_per_s")
+    truth = recipe.calibration.with_factors("RTX4090", {f: getattr(eff, f) * 0.7 for f in worse}, "truth")
+    cm = CostModel(recipe.cluster, recipe.workload, truth)
+    layout = plan_layout(plan, recipe.hex.transport)
+    groups = [(g.pool, g.tp, g.pp, g.concurrency) for g in plan.rollout.replicas for _ in range(g.count)]
+    served = {
+        i: (float(c), server_tokens_per_s(cm, (p, tp, pp), c)) for i, (p, tp, pp, c) in enumerate(groups)
+    }
+    data = {"timeperf/train_step": layout.train_s(cm), "timeperf/update_weights": layout.sync_s(cm)}
+    loop = _loop(
+        recipe, plan, tmp_path, lambda: served, argv=["--config", str(MIX), "hex.plan_path=old.json"]
+    )
+    said = logging.handlers.BufferingHandler(100)
+    refit_loop.logger.addHandler(said)  # upstream's logging reconfigures the root: the module's own logger
+    try:
+        for _ in range(5):
+            loop.on_step(data)
+        loop.join()
+    finally:
+        refit_loop.logger.removeHandler(said)
+    metrics = loop.on_step(data)
+    assert metrics["hex/replan/suggested"] == 1.0 and metrics["hex/replan/gain"] > 0.05
+    assert metrics["hex/replan/tokens_per_s_after"] > metrics["hex/replan/tokens_per_s_before"]
+    suggested = json.loads((tmp_path / REPLAN_FILE).read_text())
+    assert suggested["changes"][-1]["kind"] == "replan" and suggested["changes"][-1]["step"] == 5
+    text = "\n".join(r.getMessage() for r in said.buffer)
+    assert f"hex.plan_path={tmp_path / REPLAN_FILE}" in text and "old.json" not in text
+    assert f"hex.calibration.profile={tmp_path / PROFILE_FILE}" in text and "not applied live" in text
+
+
+@pytest.mark.parametrize("wrong", [True, False], ids=["believed-wrong", "believed-right"])
+def test_auto_replan_reshares_live_through_the_elastic_run_once_and_records_it(
+    tiny, wrong: bool, tmp_path: Path
+) -> None:
+    recipe, plan, truth = tiny
+    truth = truth if wrong else recipe.calibration
+    cm = CostModel(recipe.cluster, recipe.workload, truth)
+    groups = [g for g in plan.rollout.replicas for _ in range(g.count)]
+    served = {i: (float(g.concurrency), server_tokens_per_s(cm, (g.pool, g.tp, g.pp), g.concurrency))
+              for i, g in enumerate(groups)}  # fmt: skip
+    layout = plan_layout(plan, recipe.hex.transport)
+    data = {"timeperf/train_step": layout.train_s(cm), "timeperf/update_weights": layout.sync_s(cm)}
+    router = ShareRouter([g.share / g.count for g in groups])
+    changes: list = []
+    elastic = ElasticRollout(
+        ElasticConfig(auto_replan=True),
+        CostModel(recipe.cluster, recipe.workload, recipe.calibration),
+        [ServerShape(g.pool, g.tp, g.pp, g.concurrency) for g in groups],
+        [f"{g.pool}-0/{i}" for i, g in enumerate(groups)],
+        ["127.0.0.1:9"] * len(groups),
+        set_shares=router.set_shares,
+        in_flight=lambda rank: router.outstanding[rank],
+        staleness=lambda: None,
+        record=changes.append,
+    )
+    elastic.shares = tuple(router.shares)
+    loop = _loop(recipe, plan, tmp_path, lambda: served, apply_shares=elastic.recalibrate)
+    try:
+        for _ in range(10):
+            loop.on_step(data)
+            loop.join()
+    finally:
+        elastic.stop()
+    applied = [r.get("shares_applied") for r in loop.refits]
+    if not wrong:  # the plan's own model: nothing moves, refit after refit
+        assert applied == [False, False] and not changes
+        return
+    assert applied == [True, False]  # once, then the same model again: no flapping
+    (change,) = changes
+    assert change.kind == "reshare" and change.reason.startswith("refit at step 5")
+    small = [i for i, g in enumerate(groups) if g.pool == "small"]
+    assert sum(router.shares[i] for i in small) < plan.rollout.replicas[1].share  # slower than believed
