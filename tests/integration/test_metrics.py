@@ -52,6 +52,9 @@ def test_stats_logger_with_wandb_offline_gets_hex_metrics_and_plan(tmp_path: Pat
     try:
         log = HexStatsLog(inner, two_type_plan())
         assert wandb.run is not None and wandb.run.config["hex_plan"]["model"] == "Qwen2.5-0.5B"
+        log.on_step.append(
+            lambda data: {"hex/calibration/CPU-BIG/hbm_fraction": data["timeperf/train_step"] / 10}
+        )
         log.commit(0, 0, 0, dict(STEP))
         wandb.run.log({}, commit=True)  # flush the step upstream logged, so the run summary holds it
         summary = dict(wandb.run.summary)
@@ -59,6 +62,7 @@ def test_stats_logger_with_wandb_offline_gets_hex_metrics_and_plan(tmp_path: Pat
     finally:
         inner.close()
     assert summary["hex/measured/rollout_s"] == 7.0
+    assert summary["hex/calibration/CPU-BIG/hbm_fraction"] == 0.55  # what an on_step hook (the refit) adds
     assert summary["hex/predicted/tokens_per_s"] == 1000.0
     assert summary["hex/measured/tokens_per_s"] > 0 and "hex/pool/small/tokens_per_s" in summary
     table = json.loads(next(run_dir.glob("files/media/table/hex/plan_*.table.json")).read_text())
