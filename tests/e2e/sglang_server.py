@@ -1,7 +1,7 @@
 """The rollout server of the CPU end-to-end runs, the one stand-in in the loop (SGLang cannot run on CPU): the
 transport tests' SGLang stand-in (``tests/transport/sglang_standin.py``) plus a transformers model on CPU that
 ``/generate``s token by token (sampling parameters, per-token log-probs) with the weights it was last given, and
-answers pause, continue, abort, health, server-info and weight-version calls as SGLang does, as upstream's
+answers pause, continue, abort, health, server-info, metrics and weight-version calls as SGLang does, as upstream's
 ``SGLangBackend``/``RemoteSGLangEngine`` and the relay transport's sink call them.
 
 Tensor parallelism as far as one CPU process allows: a load slices every tensor into ``--tp-size`` shards the way
@@ -34,7 +34,7 @@ import struct
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 
 import torch
@@ -52,6 +52,8 @@ LENGTHS_FILE_ENV = "HEX_STANDIN_LENGTHS_FILE"
 # pool P (its HEX_POOL) answers none of its requests and, once N are open, claims "<file>.held" (its PID and log),
 # holding them until it is killed. One server claims it per run; one started after the claim (a relaunch) serves.
 HOLD_FILE_ENV = "HEX_STANDIN_HOLD_FILE"
+# /metrics: gen_throughput counts the tokens decoded over this many seconds.
+THROUGHPUT_S = 2.0
 
 
 def forced_length() -> int | None:
@@ -199,6 +201,8 @@ class SGLangCPUServer(SGLangStandIn):
         self._running.set()
         self._epoch = 0  # bumped by pause, abort and load: requests started before it end with "abort"
         self._slots = threading.BoundedSemaphore(max_running_requests) if max_running_requests else None
+        self._decoding = 0  # requests decoding now (SGLang's num_running_reqs)
+        self._token_times: deque[float] = deque()  # when each token of the last THROUGHPUT_S seconds was made
         # Prompt + output of every aborted request: upstream resubmits exactly that to finish it.
         self._resumable: Counter[tuple[int, ...]] = Counter()
         self.flags = {"tp_size": tp_size, "max_running_requests": max_running_requests, **(flags or {})}
@@ -226,6 +230,7 @@ class SGLangCPUServer(SGLangStandIn):
             ("/get_weight_version", "weight_version", self._get_weight_version, "GET"),
             ("/get_model_info", "model_info", self._get_model_info, "GET"),
             ("/get_server_info", "server_info", lambda: jsonify(self.flags), "GET"),
+            ("/metrics", "metrics", self._metrics, "GET"),
             ("/generate", "generate", self._generate, "POST"),
             ("/abort_request", "abort", self._abort, "POST"),
         ):
@@ -245,6 +250,17 @@ class SGLangCPUServer(SGLangStandIn):
     def _interrupt(self) -> None:
         with self._lock:
             self._epoch += 1
+
+    def _metrics(self):
+        """SGLang's Prometheus gauges (``--enable-metrics``): running requests and the decode tokens/s of the
+        last ``THROUGHPUT_S`` seconds."""
+        with self._lock:
+            now = time.monotonic()
+            while self._token_times and self._token_times[0] < now - THROUGHPUT_S:
+                self._token_times.popleft()
+            running, rate = self._decoding, len(self._token_times) / THROUGHPUT_S
+        labels = '{model_name="stand-in",tp_rank="0"}'
+        return f"sglang:num_running_reqs{labels} {running}\nsglang:gen_throughput{labels} {rate}\n"
 
     # -- control endpoints --------------------------------------------------------------------------------
 
@@ -354,10 +370,15 @@ class SGLangCPUServer(SGLangStandIn):
                     epoch, version = self._epoch, self.weight_version
                     break
         tokens, logprobs, finish = [], [], {"type": "length", "length": params.get("max_new_tokens", 16)}
+        with self._lock:
+            self._decoding += 1
         try:
             tokens, logprobs, finish = self._decode(input_ids, params, epoch, tokens, logprobs, finish)
         except _Aborted:
             finish = {"type": "abort", "message": "Abort in waiting queue" if not tokens else "aborted"}
+        finally:
+            with self._lock:
+                self._decoding -= 1
         return tokens, logprobs, finish, version
 
     def _decode(self, input_ids, params, epoch, tokens, logprobs, finish):
@@ -374,6 +395,7 @@ class SGLangCPUServer(SGLangStandIn):
                 if self._epoch != epoch:
                     raise _Aborted
                 out = self._lm(input_ids=step_ids, past_key_values=cache, use_cache=True)
+                self._token_times.append(time.monotonic())
             cache, logits = out.past_key_values, out.logits[0, -1].float()
             token, logprob = self._sample(logits, temperature, top_k, top_p)
             tokens.append(token)

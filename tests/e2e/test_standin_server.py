@@ -139,9 +139,10 @@ def test_a_health_poll_during_startup_waits_for_the_whole_server(tmp_path, monke
 def test_tp2_standin_generates_from_its_shards(tmp_path):
     """A server started with --tp-size 2 holds every split tensor as two SGLang-style shards, computes each step
     from them (its log-probs are the whole model's), takes new weights into them, and runs at most
-    --max-running-requests requests at once."""
+    --max-running-requests requests at once, reported on /metrics."""
     from transformers import AutoModelForCausalLM
 
+    from areal_hex_plugin.areal.server_stats import read_server
     from tests.e2e.sglang_server import SGLangCPUServer
 
     model_dir = write_model(tmp_path / "model", seed=0)
@@ -184,6 +185,8 @@ def test_tp2_standin_generates_from_its_shards(tmp_path):
             )
             time.sleep(1.0)
             assert not second.done()
+            running, rate = read_server(server.address)  # SGLang's /metrics, as the online refit reads it
+            assert running == 1.0 and rate > 0
             requests.post(f"{address}/abort_request", json={}, timeout=5)
             assert first.result().json()["meta_info"]["finish_reason"]["type"] == "abort"
             assert second.result().json()["meta_info"]["finish_reason"]["type"] in ("stop", "length")
