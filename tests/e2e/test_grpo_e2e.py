@@ -18,7 +18,9 @@ offline. The driver solves the plan at start, as a user's run does. Each run is 
   many versions, none beyond eta, and some step trained off-policy;
 - a non-zero gradient at every step (no weight decay: the gradient alone moves the weights), unless every sample
   of the step earned the reward (GRPO has no advantage to follow then; the learning run may get there);
-  ``hex/*`` in every logged step; no process left.
+  ``hex/*`` in every logged step; no process left;
+- the online refit's ``hex/calibration/*`` and ``hex/replan/*`` at the step after each refit, and its
+  ``hex_profile.json`` beside the plan.
 
 The hex_local run also learns (``target_reward.learning``): the mean reward of its last 4 steps reaches 0.45 from the
 initial policy's 0.25, which a policy no better than the initial one reaches with probability below 1e-6 (the
@@ -29,12 +31,15 @@ too.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("areal")
 
+from areal_hex_plugin.areal.refit_loop import PROFILE_FILE  # noqa: E402
+from areal_hex_plugin.costmodel.calibration import read_profile  # noqa: E402
 from tests.e2e.run import (  # noqa: E402
     MARK,
     RELAY_CHUNK_BYTES,
@@ -75,6 +80,8 @@ TYPE_FLAGS = {"attention_backend": "flashinfer", "mem_fraction_static": 0.8}
 STALENESS_MAX = "ppo_actor/update/version_stats/sample_staleness_theta_max"
 STALENESS_MIN = "ppo_actor/update/version_stats/sample_staleness_theta_min"
 GRAD_NORM = "ppo_actor/update/grad_norm"
+# hex.calibration.refit_every's default: a refit at steps 5, 10, ..., its figures logged with the next step.
+REFIT_EVERY = 5
 
 
 def _digest(folder: Path) -> str:
@@ -186,6 +193,7 @@ def check_run(run: Run, scheduler: str, steps: int, leftovers: bool = True) -> d
         # A step with no gradient is one whose every sample earned the reward (nothing left to learn there).
         assert row[GRAD_NORM] > 0 or row[TASK_REWARD] == 1.0, (step, row[GRAD_NORM], row[TASK_REWARD])
     assert max(high for _, high in staleness) >= 1, staleness
+    refit = check_refit(run, rows)
 
     if leftovers:
         assert processes_left(run.mark, wait_s=30) == []
@@ -202,6 +210,49 @@ def check_run(run: Run, scheduler: str, steps: int, leftovers: bool = True) -> d
         "staleness_min_max": staleness,
         "grad_norm": [round(row[GRAD_NORM], 4) for row in rows],
         "task_reward": [round(row[TASK_REWARD], 4) for row in rows],
+        "refit": refit,
+    }
+
+
+def check_refit(run: Run, rows: list[dict]) -> dict:
+    """The online refit (on by default, every REFIT_EVERY steps): each refit's factors and residuals, and its
+    re-plan decision, reach wandb at the step after it, fitted to each server's decode speed too (the stand-in's
+    /metrics); the last one is in hex_profile.json beside the plan, a profile the next run reads."""
+    refits = [k for k, row in enumerate(rows) if "hex/calibration/rms_log_error" in row]
+    # A refit ends off the training thread: its figures go with the first step committed after it.
+    assert len(refits) == len(range(REFIT_EVERY, len(rows), REFIT_EVERY)), [sorted(r) for r in rows]
+    assert all(k >= REFIT_EVERY * (i + 1) for i, k in enumerate(refits)), refits
+    if not refits:
+        return {}
+    for k in refits:
+        row = rows[k]
+        assert row["hex/calibration/failed"] == 0.0 and 0 < row["hex/calibration/cpu_s"] < 1.0, row
+        assert {
+            "hex/replan/suggested",
+            "hex/replan/tokens_per_s_before",
+            "hex/replan/tokens_per_s_after",
+        } <= set(row), sorted(row)
+        assert any(key.startswith("hex/calibration/residual/rollout_tokens_per_s/") for key in row), sorted(
+            row
+        )
+    profile = read_profile(run.trial / PROFILE_FILE)
+    assert set(profile) == {"CPU-BIG", "CPU-SMALL"}, profile
+    step_s = [row["hex/measured/step_s"] for row in rows]
+    last = rows[refits[-1]]
+    return {
+        "refits_logged_at": [k + 1 for k in refits],
+        "hbm_fraction": {t: last[f"hex/calibration/{t}/hbm_fraction"] for t in ("CPU-BIG", "CPU-SMALL")},
+        "rms_log_error_before_after": [
+            last["hex/calibration/rms_log_error_before"],
+            last["hex/calibration/rms_log_error"],
+        ],
+        "cpu_s": max(rows[k]["hex/calibration/cpu_s"] for k in refits),
+        "replan_cpu_s": max(rows[k]["hex/replan/cpu_s"] for k in refits),
+        "replan_suggested": [rows[k]["hex/replan/suggested"] for k in refits],
+        "median_step_s_before_after_first_refit": [
+            statistics.median(step_s[1 : refits[0]]),
+            statistics.median(step_s[refits[0] :]),
+        ],
     }
 
 
