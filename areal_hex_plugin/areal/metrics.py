@@ -66,8 +66,9 @@ class HexStatsLog:
     def __init__(self, inner, plan: HexPlan) -> None:
         self._inner = inner
         self._plan = plan
-        # Each called with a step's committed data; what it returns is logged with it (the online refit).
-        self.on_step: list[Callable[[dict], dict[str, float]]] = []
+        # Each called with a step's committed data and global step; what it returns is logged with it (the
+        # online refit).
+        self.on_step: list[Callable[[dict, int], dict[str, float]]] = []
         self._last_commit = time.perf_counter()
         self._log_plan()
 
@@ -88,6 +89,6 @@ class HexStatsLog:
         now = time.perf_counter()
         step_s, self._last_commit = now - self._last_commit, now
         items = [data] if isinstance(data, dict) else list(data)
-        extra = {k: v for hook in self.on_step for k, v in hook(items[0]).items()}
+        extra = {k: v for hook in self.on_step for k, v in hook(items[0], global_step).items()}
         items[0] = {**items[0], **step_metrics(self._plan, items[0], step_s), **extra}
         self._inner.commit(epoch, step, global_step, items[0] if isinstance(data, dict) else items)

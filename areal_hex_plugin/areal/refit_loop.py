@@ -10,7 +10,7 @@ training step) that:
    wandb ``hex/calibration/<type>/<factor>`` and each point's residual, and writes ``hex_profile.json`` beside
    the run's plan (a ``hex.calibration.profile`` for the next run and ``areal-hex plan``). A refit that fails, or
    whose model still misses the measurements by more than ``DIVERGED`` (rms log error), keeps the running model
-   and plan, and says why;
+   and plan, and says why (the measurement it misses most; its residuals are logged, its factors not);
 2. plans the recipe again under the refit model (``planner/refit_replan.py``): ``hex/replan/*`` gives the running
    plan's and the new plan's predicted tokens/s; where the new one wins by more than ``replan_threshold`` it is
    written to ``hex_replan.json`` and the log prints the command that resumes on it (role and layout changes are
@@ -65,12 +65,15 @@ def _key(text: str) -> str:
     return "_".join(str(text).split()).replace("/", "_")
 
 
-def refit_metrics(fit: Refit, cpu_s: float) -> dict[str, float]:
-    """``hex/calibration/*`` of one refit: each factor of each refit type, each point's residual
-    ln(model / measured) after the refit, their rms before and after, and its CPU seconds."""
-    out = {
-        f"hex/calibration/{_key(t)}/{f}": v for t, factors in fit.factors.items() for f, v in factors.items()
-    }
+def factor_metrics(fit: Refit) -> dict[str, float]:
+    """``hex/calibration/<type>/<factor>``: each factor of each refit type."""
+    return {f"hex/calibration/{_key(t)}/{f}": v for t, fs in fit.factors.items() for f, v in fs.items()}
+
+
+def residual_metrics(fit: Refit, cpu_s: float) -> dict[str, float]:
+    """How well one refit fits: each point's residual ln(model / measured) after the refit, their rms before and
+    after, and its CPU seconds."""
+    out = {}
     for p in fit.points:
         where = p.get("server") or p.get("pool") or p.get("gpu_type", "")
         out[f"hex/calibration/residual/{p['what']}/{_key(where)}"] = math.log(p["model"] / p["measured"])
@@ -83,15 +86,20 @@ def refit_metrics(fit: Refit, cpu_s: float) -> dict[str, float]:
 
 
 def diverged(fit: Refit) -> str | None:
-    """Why ``fit`` is not to be trusted, or None."""
+    """Why ``fit`` is not to be trusted (naming the measurement it misses most), or None."""
     for t, factors in fit.factors.items():
         for f, v in factors.items():
             r = RANGES.get(f)
             if not math.isfinite(v) or (r is not None and not r.low <= v <= r.high):
                 return f"{t} {f} = {v} is outside its range"
-    if not math.isfinite(fit.rms_log_error) or fit.rms_log_error > DIVERGED:
-        return f"the refit model still misses the measurements by {fit.rms_log_error:.2f} (rms log error)"
-    return None
+    if math.isfinite(fit.rms_log_error) and fit.rms_log_error <= DIVERGED:
+        return None
+    worst = max(fit.points, key=lambda p: abs(math.log(p["model"] / p["measured"])), default=None)
+    where = "" if worst is None else (
+        f"; worst {worst['what']} of {worst.get('server') or worst.get('pool') or worst.get('gpu_type')}: "
+        f"measured {worst['measured']:.4g}, the refit model {worst['model']:.4g}"
+    )  # fmt: skip
+    return f"the refit model still misses the measurements by {fit.rms_log_error:.2f} (rms log error){where}"
 
 
 def resume_command(argv: Sequence[str], plan_file: str, profile_file: str) -> str:
@@ -152,20 +160,21 @@ class OnlineRefit:
 
     # -- the training thread -----------------------------------------------------------------------------
 
-    def on_step(self, data: dict[str, float]) -> dict[str, float]:
-        """One training step's figures (upstream's committed ``data``) into the window; every ``every`` steps a
-        refit starts on its own thread. Returns the metrics of the refits that ended before this step."""
+    def on_step(self, data: dict[str, float], global_step: int | None = None) -> dict[str, float]:
+        """One training step's figures (upstream's committed ``data`` at its ``global_step``, counted from 0;
+        None: the steps this loop saw) into the window; every ``every`` steps a refit starts on its own thread.
+        Returns the metrics of the refits that ended before this step."""
         self.steps += 1
-        self.window.add(self.sample(data))
+        self.window.add(self.sample(data, self.steps - 1 if global_step is None else global_step))
         with self._lock:
             out, self._pending = self._pending, {}
         if self.steps % self.every == 0:
             self._start()
         return out
 
-    def sample(self, data: dict[str, float]) -> StepSample:
-        """What one step measured: the servers' medians, the train step and (a step that pushed weights) the
-        update."""
+    def sample(self, data: dict[str, float], global_step: int) -> StepSample:
+        """What step ``global_step`` measured: the servers' medians, the train step and (a step that pushed
+        weights) the update."""
         shapes = list(self._servers())
         servers = tuple(
             ServerSample(*shapes[rank], running, rate)
@@ -173,7 +182,7 @@ class OnlineRefit:
             if rank < len(shapes)
         )
         window_steps = max(1, self._plan().solver.window_steps)
-        pushed = self.steps % window_steps == 0  # the version after this step is a multiple of the window
+        pushed = (global_step + 1) % window_steps == 0  # the version after it is a multiple of the window
         sync = data.get(MEASURED["weight_sync_s"]) if pushed else None
         return StepSample(servers, data.get(MEASURED["train_s"]), sync)
 
@@ -239,9 +248,10 @@ class OnlineRefit:
         if fit is None or why is not None:
             record["kept"] = why
             logger.warning(f"refit at step {step}: {why}; the running model and plan stay")
-            return {"hex/calibration/failed": 1.0, "hex/calibration/cpu_s": cpu}
+            fitted = {} if fit is None else residual_metrics(fit, cpu)
+            return {**fitted, "hex/calibration/failed": 1.0, "hex/calibration/cpu_s": cpu}
         self.calibration = fit.calibration
-        metrics = {**refit_metrics(fit, cpu), "hex/calibration/failed": 0.0}
+        metrics = {**factor_metrics(fit), **residual_metrics(fit, cpu), "hex/calibration/failed": 0.0}
         record.update(factors=fit.factors, rms_log_error=fit.rms_log_error)
         try:
             write_json(self.profile_file, fit.profile(), PROFILE_FILE)

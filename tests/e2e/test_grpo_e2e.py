@@ -215,40 +215,48 @@ def check_run(run: Run, scheduler: str, steps: int, leftovers: bool = True) -> d
 
 
 def check_refit(run: Run, rows: list[dict]) -> dict:
-    """The online refit (on by default, every REFIT_EVERY steps): each refit's factors and residuals, and its
-    re-plan decision, reach wandb at the step after it, fitted to each server's decode speed too (the stand-in's
-    /metrics); the last one is in hex_profile.json beside the plan, a profile the next run reads."""
+    """The online refit (on by default, every REFIT_EVERY steps) ran beside the trainer: each refit's residuals
+    against each server's decode speed (read from the stand-in's /metrics), the train step and the update reach
+    wandb with the first step committed after it, in well under a CPU second. One the model fits (``failed`` 0)
+    also logs its factors and its re-plan decision and writes hex_profile.json beside the plan; one it cannot fit
+    keeps the running model (the stand-in decodes far slower than the recipe's catalog says: see the report)."""
     refits = [k for k, row in enumerate(rows) if "hex/calibration/rms_log_error" in row]
-    # A refit ends off the training thread: its figures go with the first step committed after it.
     assert len(refits) == len(range(REFIT_EVERY, len(rows), REFIT_EVERY)), [sorted(r) for r in rows]
     assert all(k >= REFIT_EVERY * (i + 1) for i, k in enumerate(refits)), refits
     if not refits:
         return {}
     for k in refits:
         row = rows[k]
-        assert row["hex/calibration/failed"] == 0.0 and 0 < row["hex/calibration/cpu_s"] < 1.0, row
-        assert {
-            "hex/replan/suggested",
-            "hex/replan/tokens_per_s_before",
-            "hex/replan/tokens_per_s_after",
-        } <= set(row), sorted(row)
+        assert 0 < row["hex/calibration/cpu_s"] < 1.0, row
         assert any(key.startswith("hex/calibration/residual/rollout_tokens_per_s/") for key in row), sorted(
             row
         )
-    profile = read_profile(run.trial / PROFILE_FILE)
-    assert set(profile) == {"CPU-BIG", "CPU-SMALL"}, profile
+        if row["hex/calibration/failed"] == 0.0:
+            assert {
+                "hex/replan/suggested",
+                "hex/replan/tokens_per_s_after",
+                "hex/calibration/CPU-BIG/train_mfu",
+            } <= set(row), sorted(row)
+    accepted = [k for k in refits if rows[k]["hex/calibration/failed"] == 0.0]
+    if accepted:
+        assert set(read_profile(run.trial / PROFILE_FILE)) == {"CPU-BIG", "CPU-SMALL"}
+    else:
+        assert not (run.trial / PROFILE_FILE).exists()
     step_s = [row["hex/measured/step_s"] for row in rows]
     last = rows[refits[-1]]
     return {
         "refits_logged_at": [k + 1 for k in refits],
-        "hbm_fraction": {t: last[f"hex/calibration/{t}/hbm_fraction"] for t in ("CPU-BIG", "CPU-SMALL")},
-        "rms_log_error_before_after": [
-            last["hex/calibration/rms_log_error_before"],
-            last["hex/calibration/rms_log_error"],
+        "accepted": [k + 1 for k in accepted],
+        "kept_why": [
+            line.split("refit at step", 1)[1][:300]
+            for line in run.log.splitlines()
+            if "the running model and plan stay" in line
         ],
-        "cpu_s": max(rows[k]["hex/calibration/cpu_s"] for k in refits),
-        "replan_cpu_s": max(rows[k]["hex/replan/cpu_s"] for k in refits),
-        "replan_suggested": [rows[k]["hex/replan/suggested"] for k in refits],
+        "residuals_last": {
+            k: round(v, 3) for k, v in last.items() if k.startswith("hex/calibration/residual/")
+        },
+        "rms_log_error_last": last["hex/calibration/rms_log_error"],
+        "cpu_s_max": max(rows[k]["hex/calibration/cpu_s"] for k in refits),
         "median_step_s_before_after_first_refit": [
             statistics.median(step_s[1 : refits[0]]),
             statistics.median(step_s[refits[0] :]),

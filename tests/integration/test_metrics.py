@@ -53,7 +53,7 @@ def test_stats_logger_with_wandb_offline_gets_hex_metrics_and_plan(tmp_path: Pat
         log = HexStatsLog(inner, two_type_plan())
         assert wandb.run is not None and wandb.run.config["hex_plan"]["model"] == "Qwen2.5-0.5B"
         log.on_step.append(
-            lambda data: {"hex/calibration/CPU-BIG/hbm_fraction": data["timeperf/train_step"] / 10}
+            lambda data, step: {"hex/calibration/CPU-BIG/hbm_fraction": data["timeperf/train_step"] / 10}
         )
         log.commit(0, 0, 0, dict(STEP))
         wandb.run.log({}, commit=True)  # flush the step upstream logged, so the run summary holds it

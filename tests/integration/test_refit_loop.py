@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging.handlers
+import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -155,6 +156,10 @@ def test_the_loop_refits_what_the_servers_serve_and_writes_a_profile_the_next_ru
     finally:
         poller.stop()
     assert [r["step"] for r in loop.refits] == [5, 10] and not logged[4]  # a refit's figures log a step later
+    window = plan.solver.window_steps  # an update only on the steps that push weights (global steps from 0)
+    assert window > 1 and [s.sync_s is not None for s in loop.window.samples] == [
+        (k + 1) % window == 0 for k in range(2, 10)
+    ]
     metrics = logged[5]
     small = metrics["hex/calibration/CPU-SMALL/hbm_fraction"]
     believed, true = (
@@ -198,10 +203,16 @@ def test_a_refit_that_fails_or_diverges_keeps_the_running_model(tiny, servers, t
     finally:
         poller.stop()
         other.stop()
+    logged = {}
     for loop in (diverging, failing):
         loop.join()
         assert loop.calibration is recipe.calibration and "kept" in loop.refits[0]
-        assert loop.on_step(data)["hex/calibration/failed"] == 1.0
+        logged[loop] = loop.on_step(data)
+        assert logged[loop]["hex/calibration/failed"] == 1.0
+        assert not any(k.endswith("/hbm_fraction") for k in logged[loop])  # no factor of a kept refit
+    # Why: the residuals, and the measurement it misses most.
+    assert logged[diverging]["hex/calibration/rms_log_error"] > math.log(2)
+    assert "worst rollout_tokens_per_s of " in diverging.refits[0]["kept"]
     assert "misses the measurements" in diverging.refits[0]["kept"]
     assert "the refit failed" in failing.refits[0]["kept"]
     assert not (tmp_path / PROFILE_FILE).exists()
