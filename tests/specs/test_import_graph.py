@@ -81,7 +81,7 @@ FLOORS = [
     ("areal.trainer",),
     ("areal.preflight", "areal.startup", "areal.launch", "areal.schedulers"),
     ("areal.session", "areal.elastic", "areal.join", "areal.transport_setup", "areal.metrics", "areal.update_window",
-     "areal.run_guard"),
+     "areal.run_guard", "areal.refit_loop", "areal.server_stats"),
     ("areal.rewrite", "areal.engines", "areal.routing", "areal.sglang_flags", "areal.megatron_actor",
      "areal.megatron_layout", "areal.profile_decode", "areal.profile_train"),
     ("areal.worker_slots", "areal.plugin", "areal.config", "areal"),
