@@ -163,9 +163,14 @@ class OnlineRefit:
     def on_step(self, data: dict[str, float], global_step: int | None = None) -> dict[str, float]:
         """One training step's figures (upstream's committed ``data`` at its ``global_step``, counted from 0;
         None: the steps this loop saw) into the window; every ``every`` steps a refit starts on its own thread.
-        Returns the metrics of the refits that ended before this step."""
+        Returns the metrics of the refits that ended before this step; never raises into the training step."""
         self.steps += 1
-        self.window.add(self.sample(data, self.steps - 1 if global_step is None else global_step))
+        try:
+            self.window.add(self.sample(data, self.steps - 1 if global_step is None else global_step))
+        except Exception as error:  # a measurement only: the step goes on, unmeasured
+            logger.warning(
+                f"step {self.steps} is not measured for the refit ({type(error).__name__}: {error})"
+            )
         with self._lock:
             out, self._pending = self._pending, {}
         if self.steps % self.every == 0:

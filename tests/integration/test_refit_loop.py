@@ -215,6 +215,9 @@ def test_a_refit_that_fails_or_diverges_keeps_the_running_model(tiny, servers, t
     assert logged[diverging]["hex/calibration/rms_log_error"] > math.log(2)
     assert "worst rollout_tokens_per_s of " in diverging.refits[0]["kept"]
     assert "misses the measurements" in diverging.refits[0]["kept"]
+    broken = OnlineRefit(recipe, lambda: plan, lambda: 1 / 0, lambda: {}, folder=tmp_path, run="t1", every=1,
+                         threshold=0.05)  # fmt: skip
+    assert broken.on_step(data) == {} and broken.window.step == 0  # never into the training step
     assert "the refit failed" in failing.refits[0]["kept"]
     assert not (tmp_path / PROFILE_FILE).exists()
 
