@@ -66,8 +66,10 @@ def _key(text: str) -> str:
 
 
 def factor_metrics(fit: Refit) -> dict[str, float]:
-    """``hex/calibration/<type>/<factor>``: each factor of each refit type."""
-    return {f"hex/calibration/{_key(t)}/{f}": v for t, fs in fit.factors.items() for f, v in fs.items()}
+    """``hex/calibration/<type>/<factor>``: each factor of each refit type, and each catalog figure refit in
+    place of the recipe's (``hex/calibration/<type>/hbm_tb_per_s``)."""
+    values = {t: {**fs, **fit.figures.get(t, {})} for t, fs in fit.factors.items()}
+    return {f"hex/calibration/{_key(t)}/{f}": v for t, fs in values.items() for f, v in fs.items()}
 
 
 def residual_metrics(fit: Refit, cpu_s: float) -> dict[str, float]:
@@ -257,7 +259,7 @@ class OnlineRefit:
             return {**fitted, "hex/calibration/failed": 1.0, "hex/calibration/cpu_s": cpu}
         self.calibration = fit.calibration
         metrics = {**factor_metrics(fit), **residual_metrics(fit, cpu), "hex/calibration/failed": 0.0}
-        record.update(factors=fit.factors, rms_log_error=fit.rms_log_error)
+        record.update(factors=fit.factors, figures=fit.figures, rms_log_error=fit.rms_log_error)
         try:
             write_json(self.profile_file, fit.profile(), PROFILE_FILE)
         except HexError as error:  # the refit still counts for this run
@@ -266,7 +268,8 @@ class OnlineRefit:
             f"refit at step {step} ({cpu:.2f} CPU s, steps {measured.first_step}-"
             f"{measured.first_step + measured.steps - 1}): residual {fit.rms_log_error:.1%}; "
             + "; ".join(
-                f"{t}: " + ", ".join(f"{f} {v:.3g}" for f, v in fs.items()) for t, fs in fit.factors.items()
+                f"{t}: " + ", ".join(f"{f} {v:.3g}" for f, v in {**fs, **fit.figures.get(t, {})}.items())
+                for t, fs in fit.factors.items()
             )
             + f"; written to {self.profile_file}"
         )

@@ -21,18 +21,25 @@ Later sources override earlier ones factor by factor: built-in defaults, then th
 ``areal-hex profile`` or ``areal-hex calibrate``), then the recipe. Every factor in effect records where it came
 from (:meth:`Calibration.source`): the built-in defaults are assumptions, not measurements of any type, and are
 meant to be replaced by a fit (``costmodel/fit.py``).
+
+A calibration may also carry catalog figures (:attr:`Calibration.figures`): the online refit's corrections of
+the figures a recipe declares in its own ``hex.gpu_catalog`` (a belief, unlike the shipped, sourced specs), kept
+in a profile's ``gpu_catalog`` section. They take the place of the catalog's in every model built on the
+calibration (:meth:`Calibration.on`), over the recipe's ``hex.gpu_catalog``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from areal_hex_plugin.errors import HexError
-from areal_hex_plugin.specs.catalog import GpuCatalog
-from areal_hex_plugin.specs.config import CalibrationConfig
+from areal_hex_plugin.specs import typed
+from areal_hex_plugin.specs.catalog import FIGURES, GpuCatalog
+from areal_hex_plugin.specs.cluster import Cluster
+from areal_hex_plugin.specs.config import CalibrationConfig, GpuTypeConfig
 from areal_hex_plugin.specs.files import read_json
 
 PROFILE_FORMAT = "areal-hex-profile/1"
@@ -127,11 +134,13 @@ def _factor_overrides(values: Mapping[str, object], path: str) -> dict[str, floa
 class Calibration:
     """Efficiency factors per GPU type (catalog names); unlisted types take :data:`DEFAULTS` or :data:`GENERIC`.
 
-    ``sources`` records, per (GPU type, factor), where an overriding value came from.
+    ``sources`` records, per (GPU type, factor or catalog figure), where an overriding value came from;
+    ``figures`` the catalog figures (GPU type, figure, value) that replace the catalog's (see the module doc).
     """
 
     overrides: tuple[tuple[str, Efficiency], ...] = ()
     sources: tuple[tuple[str, str, str], ...] = ()
+    figures: tuple[tuple[str, str, float], ...] = ()
 
     def for_gpu(self, gpu_type: str) -> Efficiency:
         for name, eff in self.overrides:
@@ -150,11 +159,45 @@ class Calibration:
         """A copy with some factors of ``gpu_type`` replaced (from ``source``, when given)."""
         updated = replace(self.for_gpu(gpu_type), **factors)
         rest = tuple((n, e) for n, e in self.overrides if n != gpu_type)
-        sources = self.sources
-        if source:
-            sources = tuple(s for s in sources if (s[0], s[1]) not in {(gpu_type, k) for k in factors})
-            sources = tuple(sorted((*sources, *((gpu_type, k, source) for k in factors))))
-        return Calibration(tuple(sorted((*rest, (gpu_type, updated)))), sources)
+        return replace(
+            self,
+            overrides=tuple(sorted((*rest, (gpu_type, updated)))),
+            sources=self._sourced(gpu_type, factors, source),
+        )
+
+    def _sourced(self, gpu_type: str, keys: Iterable[str], source: str) -> tuple[tuple[str, str, str], ...]:
+        """``sources`` with ``gpu_type``'s ``keys`` now from ``source`` (unchanged when it is empty)."""
+        if not source:
+            return self.sources
+        keys = set(keys)
+        kept = tuple(s for s in self.sources if s[0] != gpu_type or s[1] not in keys)
+        return tuple(sorted((*kept, *((gpu_type, k, source) for k in sorted(keys)))))
+
+    def figure(self, gpu_type: str, name: str) -> float | None:
+        """The catalog figure ``name`` this calibration gives ``gpu_type``; None: the catalog's."""
+        return next((v for t, f, v in self.figures if (t, f) == (gpu_type, name)), None)
+
+    def with_figures(self, gpu_type: str, figures: Mapping[str, float], source: str) -> Calibration:
+        """A copy in which ``gpu_type``'s catalog ``figures`` (name -> value) are these, from ``source``."""
+        kept = tuple(e for e in self.figures if e[0] != gpu_type or e[1] not in figures)
+        added = tuple((gpu_type, f, float(v)) for f, v in figures.items())
+        return replace(
+            self, figures=tuple(sorted((*kept, *added))), sources=self._sourced(gpu_type, figures, source)
+        )
+
+    def on(self, cluster: Cluster) -> Cluster:
+        """``cluster`` with this calibration's catalog figures in place of the catalog's (itself when none)."""
+        if not self.figures:
+            return cluster
+        pools = []
+        for pool in cluster.pools:
+            given = {f: v for t, f, v in self.figures if t == pool.gpu_type}
+            if given:
+                sources = tuple((f, self.source(pool.gpu_type, f)) for f in given)
+                gpu = replace(pool.gpu, **given, sources=(*pool.gpu.sources, *sources))
+                pool = replace(pool, gpu=gpu)
+            pools.append(pool)
+        return replace(cluster, pools=tuple(pools))
 
     def as_dict(self, gpu_types: list[str]) -> dict[str, dict[str, float]]:
         """The factors in effect for ``gpu_types``, for reports."""
@@ -166,9 +209,17 @@ class Calibration:
 
     def profile(self, gpu_types: list[str]) -> dict:
         """The factors in effect for ``gpu_types`` (4 significant digits) and their sources, as a profile JSON
-        (``hex.calibration.profile``, read back by :func:`read_profile`)."""
+        (``hex.calibration.profile``, read back by :func:`read_profile`); the catalog figures it carries for them
+        in ``gpu_catalog`` (read back by :func:`read_profile_figures`), their sources beside the factors'."""
         factors = {t: {k: float(f"{v:.4g}") for k, v in self.as_dict([t])[t].items()} for t in gpu_types}
-        return {"format": PROFILE_FORMAT, "gpu_types": factors, "sources": self.sources_dict(gpu_types)}
+        out = {"format": PROFILE_FORMAT, "gpu_types": factors, "sources": self.sources_dict(gpu_types)}
+        figures = [(t, f, v) for t, f, v in self.figures if t in gpu_types]
+        if figures:
+            out["gpu_catalog"] = {}
+            for t, f, v in figures:
+                out["gpu_catalog"].setdefault(t, {})[f] = float(f"{v:.4g}")
+                out["sources"][t][f] = self.source(t, f)
+        return out
 
 
 def _load_profile(path: str | Path, field_path: str) -> dict:
@@ -193,15 +244,32 @@ def read_profile(
 
 
 def read_profile_sources(path: str | Path, field_path: str = "hex.calibration.profile") -> dict[tuple, str]:
-    """(GPU type, factor) -> where the profile says the value came from (its ``sources`` section, else the
-    file itself)."""
+    """(GPU type, factor or catalog figure) -> where the profile says the value came from (its ``sources``
+    section, else the file itself)."""
     data = _load_profile(path, field_path)
     listed = data.get("sources") if isinstance(data.get("sources"), dict) else {}
+    figures = data.get("gpu_catalog") if isinstance(data.get("gpu_catalog"), dict) else {}
     out = {}
-    for name, values in data["gpu_types"].items():
-        for key in values:
+    for name, values in [*data["gpu_types"].items(), *figures.items()]:
+        for key in values if isinstance(values, dict) else ():
             given = listed.get(name, {}).get(key) if isinstance(listed.get(name), dict) else None
             out[(str(name), key)] = str(given) if given else f"profile {Path(path).name}"
+    return out
+
+
+def read_profile_figures(
+    path: str | Path, field_path: str = "hex.calibration.profile"
+) -> dict[str, dict[str, float]]:
+    """The catalog figures per GPU type in a profile's ``gpu_catalog`` section (an online refit's; none when the
+    profile has no such section), each checked as ``hex.gpu_catalog`` checks it."""
+    section = _load_profile(path, field_path).get("gpu_catalog", {})
+    where = f"{field_path} ({Path(path).name}) gpu_catalog"
+    if not isinstance(section, dict):
+        raise HexError(where, "must map GPU types to their figures", f"use the figures {', '.join(FIGURES)}")
+    out = {}
+    for name, values in section.items():
+        checked = vars(typed.build(GpuTypeConfig, values, f"{where}.{name}", strict=True))
+        out[str(name)] = {k: v for k, v in checked.items() if v is not None}
     return out
 
 
@@ -231,7 +299,12 @@ def build_calibration(
     layers: list[tuple[str, dict[str, dict[str, float]], dict[tuple, str]]] = []
     if cfg.profile:
         profile = profile_path(cfg.profile, base_dir)
-        layers.append(("hex.calibration.profile", read_profile(profile), read_profile_sources(profile)))
+        said = read_profile_sources(profile)
+        layers.append(("hex.calibration.profile", read_profile(profile), said))
+        for name, figures in read_profile_figures(profile).items():
+            canonical = catalog.get(name, f"hex.calibration.profile gpu_catalog.{name}").name
+            for key, value in figures.items():
+                calibration = calibration.with_figures(canonical, {key: value}, said[(name, key)])
     path = "hex.calibration.gpu_types"
     overrides = {n: _factor_overrides(vars(e), f"{path}.{n}") for n, e in cfg.gpu_types.items()}
     layers.append((path, overrides, {}))

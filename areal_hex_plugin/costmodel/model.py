@@ -45,9 +45,11 @@ class CostModel:
         calibration: Calibration | None = None,
         lengths: LengthStats | None = None,  # the workload's (computed when not given)
     ) -> None:
-        self.cluster = cluster
         self.workload = workload
         self.calibration = calibration or Calibration()
+        # The cluster as its catalog describes it; the model computes with the calibration's figures in place.
+        self.catalog_cluster = cluster
+        self.cluster = self.calibration.on(cluster)
         self._lengths = lengths or length_stats(
             workload.output_lengths, workload.rl.n_samples, workload.rl.samples_per_step
         )
@@ -65,7 +67,7 @@ class CostModel:
         """This model under the staleness bound ``eta``: it reads this one's estimates that eta does not change
         (a replica's estimate depends on eta only through its in-flight cap, part of its key) and keeps those it
         computes apart, so using it never changes this one."""
-        cm = CostModel(self.cluster, self.workload.at_eta(eta), self.calibration)
+        cm = CostModel(self.catalog_cluster, self.workload.at_eta(eta), self.calibration)
         cm._rollout, cm._train, cm._train_stages, cm._sync = (
             ChainMap({}, m) for m in (self._rollout, self._train, self._train_stages, self._sync)
         )
@@ -73,7 +75,7 @@ class CostModel:
 
     def with_calibration(self, calibration: Calibration) -> CostModel:
         """This cluster and workload under another calibration (the workload's length statistics reused)."""
-        return CostModel(self.cluster, self.workload, calibration, self._lengths)
+        return CostModel(self.catalog_cluster, self.workload, calibration, self._lengths)
 
     @property
     def estimates(self) -> int:

@@ -32,6 +32,14 @@ over ``PRIOR_SPREAD``), so a few noisy steps move a factor a little, not to its 
 2. ``train_mfu`` of the training types (one multiplier on all of them) to the step's training seconds;
 3. ``update_gb_per_s`` and ``update_fixed_s`` of each type the update involves (a multiplier pair per type, fitted
    one type after another, twice round) to the update's seconds, per receiving pool where the run times them.
+
+Between 1 and 2, a figure the recipe declares in its own ``hex.gpu_catalog`` (a belief, unlike the shipped,
+sourced specs) is fitted where the factor that scales it cannot explain the run inside its range
+(:func:`fit_declared`): the type's ``hbm_fraction`` at its range end and its servers still missed by more than
+``DECLARED_MISS``. Then ``hbm_tb_per_s`` (within ``DECLARED_RANGE`` times the declared figure either way,
+regularised toward the prior's as a factor is) and ``infer_mfu`` are fitted with ``hbm_fraction`` back at the
+prior's, and the figure goes into the calibration (:meth:`Calibration.with_figures`), sourced like a factor.
+A catalog that is right leaves every factor inside its range, so its figures never move.
 """
 
 from __future__ import annotations
@@ -61,6 +69,11 @@ GRID = {"points": 12, "refine": 4}
 
 ROLLOUT = ("hbm_fraction", "infer_mfu")
 UPDATE = ("update_gb_per_s", "update_fixed_s")
+# A declared catalog figure is fitted within this factor of the recipe's either way, where its type's servers
+# are still missed by more than DECLARED_MISS (rms log error) with hbm_fraction at its range end.
+DECLARED_RANGE = 10.0
+DECLARED_MISS = 2 * MEASURED_SPREAD
+DECLARED_SOURCE = "hex.gpu_catalog"  # the source of a figure a recipe declares (specs/catalog.py)
 
 
 @dataclass(frozen=True)
@@ -202,6 +215,15 @@ class Refit:
     gpu_types: tuple[str, ...]
 
     @property
+    def figures(self) -> dict[str, dict[str, float]]:
+        """Per GPU type refit: the catalog figures the calibration gives it in place of the catalog's."""
+        out: dict[str, dict[str, float]] = {}
+        for t, f, v in self.calibration.figures:
+            if t in self.gpu_types:
+                out.setdefault(t, {})[f] = v
+        return out
+
+    @property
     def rms_log_error(self) -> float:
         """Root-mean-square of ln(refit model / measured) over the points (0.1 is about 10%)."""
         errors = [math.log(p["model"] / p["measured"]) ** 2 for p in self.points]
@@ -284,6 +306,8 @@ def refit(
                            "server": f"{shape[0]} tp{shape[1]}pp{shape[2]}", "running": running,
                            "measured": rate, "before": b, "model": a})  # fmt: skip
 
+    cal = fit_declared(cm, cal, prior, by_type, points, where)
+
     # 2. Training: one multiplier on the training types' train_mfu.
     train_types = sorted({pool_type[s.pool] for s in layout.train})
     if _usable(measured.train_s) and train_types:
@@ -345,3 +369,65 @@ def refit(
 
     types = tuple(sorted(refit_types))
     return Refit(cal, cal.as_dict(list(types)), points, types)
+
+
+def _rms(points: Iterable[dict[str, Any]], key: str = "model") -> float:
+    errors = [math.log(p[key] / p["measured"]) ** 2 if p[key] > 0 else math.inf for p in points]
+    return math.sqrt(sum(errors) / len(errors)) if errors else 0.0
+
+
+def fit_declared(
+    cm: CostModel,
+    cal: Calibration,
+    prior: Calibration,
+    by_type: dict[str, list[tuple[tuple[str, int, int], float, float]]],
+    points: list[dict[str, Any]],
+    where: str,
+) -> Calibration:
+    """``cal`` with the declared ``hbm_tb_per_s`` of each type in ``by_type`` (its servers' shapes, medians of
+    running requests and tokens/s) fitted where the rollout fit cannot reach them inside ``hbm_fraction``'s range
+    (see the module doc); the type's ``points`` then give the model with the figure. A fit that misses them no
+    less is dropped."""
+    figure, r = "hbm_tb_per_s", RANGES["hbm_fraction"]
+    for gpu_type, servers in sorted(by_type.items()):
+        spec = next(p.gpu for p in cm.catalog_cluster.pools if p.gpu_type == gpu_type)
+        own = [p for p in points if p["what"] == "rollout_tokens_per_s" and p["gpu_type"] == gpu_type]
+        hbm, miss = cal.for_gpu(gpu_type).hbm_fraction, _rms(own)
+        at_end = hbm >= r.high * 0.99 or hbm <= r.low * 1.01
+        if not spec.source(figure).startswith(DECLARED_SOURCE) or not at_end or miss <= DECLARED_MISS:
+            continue
+        declared = getattr(spec, figure)
+        believed = prior.figure(gpu_type, figure) or declared
+        base = prior.for_gpu(gpu_type)
+
+        def model(
+            value: float, mfu: float, gpu_type=gpu_type, servers=servers, base=base, cal=cal
+        ) -> list[float]:
+            trial = cal.with_figures(gpu_type, {figure: value}, "trial").with_factors(
+                gpu_type, {"hbm_fraction": base.hbm_fraction, "infer_mfu": mfu}
+            )
+            trial_cm = cm.with_calibration(trial)
+            return [server_tokens_per_s(trial_cm, shape, running) for shape, running, _ in servers]
+
+        def loss(
+            value: float, mfu: float, servers=servers, model=model, believed=believed, base=base
+        ) -> float:
+            pairs = zip(model(value, mfu), (rate for _, _, rate in servers), strict=True)
+            return _loss(pairs, (value / believed, mfu / base.infer_mfu))
+
+        bounds = (
+            (declared / DECLARED_RANGE, declared * DECLARED_RANGE),
+            (RANGES["infer_mfu"].low, RANGES["infer_mfu"].high),
+        )
+        value, mfu = grid_search(loss, bounds, **GRID)
+        mfu = _inside("infer_mfu", mfu)
+        after = model(value, mfu)
+        if _rms([{**p, "model": a} for p, a in zip(own, after, strict=True)]) >= miss:
+            continue
+        shapes = ", ".join(f"{p} tp{tp}pp{pp}" for (p, tp, pp), _, _ in servers)
+        source = f"{where}, decode tokens/s of {shapes} (hbm_fraction at its range end: {figure} refit)"
+        cal = cal.with_figures(gpu_type, {figure: value}, source)
+        cal = cal.with_factors(gpu_type, {"hbm_fraction": base.hbm_fraction, "infer_mfu": mfu}, source)
+        for p, a in zip(own, after, strict=True):
+            p["model"] = a
+    return cal

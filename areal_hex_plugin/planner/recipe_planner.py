@@ -114,7 +114,7 @@ class Planner:
 
         self.recipe = recipe
         self.request = request
-        self.cluster = recipe.cluster
+        self.cluster = recipe.calibration.on(recipe.cluster)  # a refit's catalog figures in place
         self.solver = recipe.solver
         self.objective = objective_of(recipe, request)
         self.caps = request.caps or recipe_caps(recipe)
