@@ -6,10 +6,15 @@ import json
 
 import pytest
 
-from areal_hex_plugin.costmodel import Calibration
-from areal_hex_plugin.costmodel.calibration import GENERIC, read_profile
+from areal_hex_plugin.cli import main
+from areal_hex_plugin.costmodel import Calibration, CostModel, RolloutStage
+from areal_hex_plugin.costmodel.calibration import GENERIC, PROFILE_FORMAT, read_profile
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.planner import plan_recipe
+from tests.conftest import REPO
 from tests.costmodel.helpers import recipe
+
+TINY = REPO / "recipes" / "ci" / "tiny.yaml"
 
 
 @pytest.mark.parametrize(
@@ -44,3 +49,56 @@ def test_profile_file_checks(tmp_path):
 def test_unlisted_types_take_the_generic_defaults():
     assert Calibration().for_gpu("B200") == GENERIC
     assert Calibration().with_factors("B200", {"train_mfu": 0.5}).for_gpu("B200").train_mfu == 0.5
+
+
+def _with_catalog(tmp_path, section) -> str:
+    path = tmp_path / "refit.json"
+    factors = {"CPU-BIG": {"hbm_fraction": 0.8}}
+    path.write_text(json.dumps({"format": PROFILE_FORMAT, "gpu_types": factors, "gpu_catalog": section}))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("section", "words"),
+    [
+        ({"CPU-BIG": {"hbm_tb_per_s": float("nan")}}, "gpu_catalog.CPU-BIG.hbm_tb_per_s"),
+        ({"CPU-BIG": {"hbm_tb_per_s": 5000}}, "gpu_catalog.CPU-BIG.hbm_tb_per_s"),
+        ({"CPU-BIG": {"hbm_tb_per_s": -1}}, "gpu_catalog.CPU-BIG.hbm_tb_per_s"),
+        ({"CPU-BIG": {"hbm_gbs": 1}}, "gpu_catalog.CPU-BIG.hbm_gbs: unknown key"),
+        ({"CPU-BIG": 3}, "gpu_catalog.CPU-BIG: must be a mapping"),
+        ([1], "gpu_catalog: must map GPU types to their figures"),
+        ({"Z9000": {"hbm_tb_per_s": 1}}, "gpu_catalog.Z9000: unknown GPU type 'Z9000'"),
+    ],
+    ids=["nan", "out-of-range", "negative", "unknown-figure", "not-a-mapping", "not-types", "unknown-type"],
+)
+def test_a_profiles_catalog_figures_are_checked_and_plan_exits_2_with_one_message(
+    tmp_path, capsys, section, words
+):
+    profile = _with_catalog(tmp_path, section)
+    assert main(["plan", str(TINY), f"hex.calibration.profile={profile}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: hex.calibration.profile") and words in err, err
+    assert "Traceback" not in err and err.count("error:") == 1
+
+
+def test_a_profiles_catalog_figure_replaces_the_recipes_in_every_model_and_plan(tmp_path):
+    """A refit figure (``gpu_catalog``) takes the place of the recipe's ``hex.gpu_catalog`` figure: in the
+    recipe's calibration with its source, in a cost model built on it, and in the plan."""
+    declared = recipe("ci/tiny.yaml", "hex.gpu_catalog.CPU-BIG.hbm_tb_per_s=0.00002")
+    profile = _with_catalog(tmp_path, {"CPU-BIG": {"hbm_tb_per_s": 0.0001}})
+    refit = recipe(
+        "ci/tiny.yaml", "hex.gpu_catalog.CPU-BIG.hbm_tb_per_s=0.00002", f"hex.calibration.profile={profile}"
+    )
+    assert refit.calibration.figure("CPU-BIG", "hbm_tb_per_s") == 0.0001
+    assert refit.calibration.source("CPU-BIG", "hbm_tb_per_s") == "profile refit.json"
+    cm = CostModel(refit.cluster, refit.workload, refit.calibration)
+    assert cm.cluster.pool("big").gpu.hbm_tb_per_s == 0.0001
+    assert cm.catalog_cluster.pool("big").gpu.hbm_tb_per_s == 0.00002
+    stages = (RolloutStage("big", 1),)
+    assert (
+        cm.rollout(stages).step_time_s
+        < CostModel(declared.cluster, declared.workload).rollout(stages).step_time_s
+    )
+    assert cm.with_calibration(Calibration()).cluster.pool("big").gpu.hbm_tb_per_s == 0.00002
+    shares = {g.pool: g.share for g in plan_recipe(refit).rollout.replicas}
+    assert shares == {g.pool: g.share for g in plan_recipe(recipe("ci/tiny.yaml")).rollout.replicas}

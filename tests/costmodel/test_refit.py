@@ -155,3 +155,36 @@ def test_each_pools_update_tells_which_types_update_cost_is_off():
     fit = refit(cm, layout, window.measured(), "t1")
     assert fit.factors["CPU-SMALL"]["update_fixed_s"] == pytest.approx(2.2, rel=0.05)
     assert fit.factors["CPU-BIG"]["update_fixed_s"] == pytest.approx(1.5, rel=0.05)
+
+
+def test_a_shipped_sourced_figure_never_moves_however_far_the_run_is(run):
+    """A GPU type of the shipped catalog decoding 5x faster than its datasheet figures allow: its factors end
+    at their range ends, but the figures (sourced, not a recipe's belief) are not refit."""
+    recipe, plan, layout = run
+    gpu_type = recipe.cluster.pool(plan.rollout.replicas[0].pool).gpu_type
+    spec = recipe.catalog.get(gpu_type)
+    faster = {f: getattr(spec, f) * 5 for f in ("hbm_tb_per_s", "tflops_bf16")}
+    truth = recipe.calibration.with_figures(gpu_type, faster, "truth")
+    true_cm = CostModel(recipe.cluster, recipe.workload, truth)
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    fit = refit(cm, layout, _window(true_cm, plan, layout).measured(), "t1")
+    assert fit.factors[gpu_type]["hbm_fraction"] == pytest.approx(RANGES["hbm_fraction"].high, rel=0.01)
+    assert fit.figures == {} and fit.calibration.figures == ()
+
+
+@pytest.mark.parametrize("faster", [1.1, 1 / 1.1])
+def test_a_declared_figure_that_the_factors_explain_does_not_move(faster):
+    """The tiny recipe's own hex.gpu_catalog, its servers 10% off the model: the factors take it inside their
+    ranges and the declared figures stay."""
+    recipe = load_recipe(REPO / "recipes" / "ci" / "tiny.yaml", [])
+    plan = plan_recipe(recipe)
+    layout = plan_layout(plan, recipe.hex.transport)
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    window = MeasurementWindow()
+    for _ in range(6):
+        window.add(_step(cm, plan, layout, running=4, slow=1 / faster))
+    fit = refit(cm, layout, window.measured(), "t1")
+    assert fit.figures == {} and all(
+        RANGES["hbm_fraction"].low < fit.factors[t]["hbm_fraction"] < RANGES["hbm_fraction"].high
+        for t in ("CPU-BIG", "CPU-SMALL")
+    )
