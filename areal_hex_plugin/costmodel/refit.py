@@ -57,6 +57,8 @@ from areal_hex_plugin.costmodel.fit import grid_search
 from areal_hex_plugin.costmodel.model import CostModel
 from areal_hex_plugin.costmodel.rollout import RolloutStage
 from areal_hex_plugin.costmodel.train import TrainStage
+from areal_hex_plugin.specs.config import GpuTypeConfig
+from areal_hex_plugin.specs.typed import meta_of
 
 # Steps left out at the start of a run (or after a change of layout): the pipeline fills, the caches warm.
 WARMUP_STEPS = 2
@@ -74,6 +76,9 @@ UPDATE = ("update_gb_per_s", "update_fixed_s")
 DECLARED_RANGE = 10.0
 DECLARED_MISS = 2 * MEASURED_SPREAD
 DECLARED_SOURCE = "hex.gpu_catalog"  # the source of a figure a recipe declares (specs/catalog.py)
+FIGURE_HIGH = meta_of(GpuTypeConfig, "hbm_tb_per_s")[
+    "range"
+].high  # what hex.gpu_catalog accepts, so a profile reads back
 
 
 @dataclass(frozen=True)
@@ -416,7 +421,7 @@ def fit_declared(
             return _loss(pairs, (value / believed, mfu / base.infer_mfu))
 
         bounds = (
-            (declared / DECLARED_RANGE, declared * DECLARED_RANGE),
+            (declared / DECLARED_RANGE, min(declared * DECLARED_RANGE, FIGURE_HIGH)),
             (RANGES["infer_mfu"].low, RANGES["infer_mfu"].high),
         )
         value, mfu = grid_search(loss, bounds, **GRID)
