@@ -79,7 +79,9 @@ def test_a_refit_that_only_retunes_the_running_layouts_is_suggested():
     recipe = load_recipe(REPO / "recipes" / "paper" / "1.5b.yaml", [])
     plan = plan_recipe(recipe)
     eff = recipe.calibration.for_gpu("H800-PCIe")
-    faster = recipe.calibration.with_factors("H800-PCIe", {"train_mfu": eff.train_mfu * 1.3}, "refit from run t")
+    faster = recipe.calibration.with_factors(
+        "H800-PCIe", {"train_mfu": eff.train_mfu * 1.3}, "refit from run t"
+    )
     decision = decide(recipe, plan, faster, step=5)
     assert not decision.diff and decision.gain > THRESHOLD and decision.suggested
     assert any("in-flight cap" in r for r in decision.retuned)
