@@ -270,7 +270,8 @@ def refit(
             return _loss(pairs, (hbm / base.hbm_fraction, mfu / base.infer_mfu))
 
         bounds = tuple((RANGES[f].low, RANGES[f].high) for f in ROLLOUT)
-        hbm, mfu = (_inside(f, v) for f, v in zip(ROLLOUT, grid_search(loss, bounds, **GRID), strict=True))
+        fitted = grid_search(loss, bounds, **GRID, start=(base.hbm_fraction, base.infer_mfu))
+        hbm, mfu = (_inside(f, v) for f, v in zip(ROLLOUT, fitted, strict=True))
         now = cal.for_gpu(gpu_type)
         before = model(now.hbm_fraction, now.infer_mfu)
         after = model(hbm, mfu)
@@ -295,7 +296,7 @@ def refit(
             return _loss([(layout.train_s(trial), measured.train_s)], [k])
 
         low, high = _scale_bounds(prior, train_types, "train_mfu")
-        k, _ = grid_search(lambda a, _: train_loss(a), ((low, high), (1.0, 1.0)), **GRID)
+        k, _ = grid_search(lambda a, _: train_loss(a), ((low, high), (1.0, 1.0)), **GRID, start=(1.0, 1.0))
         before = layout.train_s(cm.with_calibration(cal))
         cal = _scaled(cal, prior, train_types, {"train_mfu": k})
         for t in train_types:
@@ -332,7 +333,7 @@ def refit(
                 return _loss(pairs, [k for pair in trial.values() for k in pair])
 
             bounds = tuple(_scale_bounds(prior, [t], f) for f in UPDATE)
-            scales = {**scales, t: grid_search(sync_loss, bounds, **GRID)}
+            scales = {**scales, t: grid_search(sync_loss, bounds, **GRID, start=scales[t])}
         before = model(cal)
         cal = with_scales(scales)
         for t in sync_types:
