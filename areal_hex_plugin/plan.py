@@ -60,6 +60,19 @@ class Predicted:
         help="weight sync per step (one update every solver.window_steps steps, averaged)", range=_SECONDS
     )
     reward_s: float = spec(0.0, "reward per step", _SECONDS)
+    tokens_per_s_low: float | None = spec(
+        None,
+        "low end of tokens_per_s's interval: the fit's residual spread and each assumed factor's range, "
+        "combined (planner/interval.py)",
+        _RATE,
+    )
+    tokens_per_s_high: float | None = spec(None, "high end of tokens_per_s's interval", _RATE)
+    step_time_s_low: float | None = spec(
+        None, "low end of step_time_s's interval (tokens per step / tokens_per_s_high)", _SECONDS
+    )
+    step_time_s_high: float | None = spec(
+        None, "high end of step_time_s's interval (tokens per step / tokens_per_s_low; null: unbounded)", _SECONDS
+    )
     loss_free_tokens_per_s: float | None = spec(
         None,
         "tokens per second with no machine lost (tokens_per_s is the expected rate with the losses of "
@@ -195,9 +208,19 @@ class Objective:
     kind: str = spec(help="what the plan optimised", choices=OBJECTIVES)
     budget_per_hour: float | None = spec(None, "the $/h budget", between(0, 1e9, "$/h"))
     target_tokens_per_s: float | None = spec(None, "the tokens/s target", _RATE)
-    pick: str = spec("fastest", "fastest | knee: how the plan was picked from the frontier", choices=PICKS)
+    pick: str = spec(
+        "cheapest_within_interval",
+        "cheapest_within_interval | fastest | knee: how the plan was picked from the frontier",
+        choices=PICKS,
+    )
     throughput_tolerance: float = spec(
         0.0, "the plan is the cheapest within this share of the fastest's tokens/s", between(0, 0.5)
+    )
+    tie_band: float | None = spec(
+        None,
+        "with pick=cheapest_within_interval: the share of the fastest's tokens/s the plans tied within (max of 2% "
+        "and the fit's residual spread)",
+        between(0, 1),
     )
 
 
@@ -286,7 +309,7 @@ class Flip:
 
     group: str = spec(help="the GPU type whose factor changed, or workload")
     input: str = spec(help="the factor or workload figure changed")
-    change: float = spec(help="its relative change", range=between(-1, 1))
+    change: float = spec(help="its relative change", range=between(-1, 1e6))
     value: float = spec(help="its value after the change", range=between(0, 1e12))
     train: dict[str, int] = spec(help="GPU type -> GPUs training in the plan picked instead", range=_GPUS)
     rollout: dict[str, int] = spec(help="GPU type -> GPUs generating in it", range=_GPUS)
@@ -316,6 +339,11 @@ class Sensitivity:
     )
     flips: list[Flip] = spec(
         help="the changes that flip the chosen plan", default_factory=list, max_items=1 << 16
+    )
+    interval_flips: list[Flip] = spec(
+        help="factors at an end of their interval (planner/interval.py) at which another plan would be picked",
+        default_factory=list,
+        max_items=1 << 16,
     )
 
 
@@ -347,7 +375,7 @@ class HexPlan:
     )
     alternatives: dict[str, ParetoPoint] = spec(
         help="beside the plan, on the frontier within the objective: cheapest_within_2pct (the cheapest plan "
-        "within 2% of its tokens/s) and knee (the fastest within 2% of the frontier's lowest $ per token)",
+        "within 2% of the fastest plan's tokens/s) and knee (the fastest within 2% of the frontier's lowest $ per token)",
         default_factory=dict,
     )
     warnings: list[str] = spec(help="what the planner warns about", default_factory=list)

@@ -31,6 +31,12 @@ from areal_hex_plugin.planner.inflight import (
     held_runtime,
     serial_rollout_s,
 )
+from areal_hex_plugin.planner.interval import (
+    describe_interval_flip,
+    interval_flips,
+    plan_interval,
+    tie_band,
+)
 from areal_hex_plugin.planner.machine_assignment import place
 from areal_hex_plugin.planner.preemption import preemption_of
 from areal_hex_plugin.planner.search import THROUGHPUT_TIE, SearchResult, steering_eta, two_phase
@@ -56,7 +62,7 @@ MAIN_SEARCH_SHARE = 0.6
 NEAR = 32
 # Budget bisection steps for a throughput target.
 TARGET_STEPS = 12
-# Alternatives printed beside the plan (HexPlan.alternatives): the cheapest plan within WITHIN_SHARE of its
+# Alternatives printed beside the plan (HexPlan.alternatives): the cheapest plan within WITHIN_SHARE of the fastest
 # tokens/s, and the frontier's knee.
 WITHIN = "cheapest_within_2pct"
 WITHIN_SHARE = 0.02
@@ -64,6 +70,8 @@ KNEE = "knee"
 # The recipe's own allocation (planner/as_written.py): its name among the baselines, and SolverInfo.mode of its plan.
 AS_WRITTEN = "as-written"
 AS_WRITTEN_MODE = "as_written"
+# The default pick: the budget is a ceiling (planner/interval.py).
+INTERVAL_PICK = "cheapest_within_interval"
 
 
 @dataclass(frozen=True)
@@ -92,18 +100,18 @@ def objective_of(recipe, request: PlanRequest) -> Objective:
         if value is not None and not (math.isfinite(value) and value > 0):
             raise HexError(name, f"must be a positive number, got {value:g}", "give a finite value > 0")
     pick, tolerance = recipe.hex.objective.pick, recipe.hex.objective.throughput_tolerance
-    if target is not None and (pick != "fastest" or tolerance):
-        field = "hex.objective.pick" if pick != "fastest" else "hex.objective.throughput_tolerance"
+    if target is not None and (pick == "knee" or tolerance):
+        field = "hex.objective.pick" if pick == "knee" else "hex.objective.throughput_tolerance"
         raise HexError(
             field,
             "picks a plan from the frontier within a budget or the whole inventory, not for a throughput target",
             "drop it, or give a budget instead of the target",
         )
-    if budget is not None:
-        return Objective("budget", budget_per_hour=budget, pick=pick, throughput_tolerance=tolerance)
     if target is not None:
-        return Objective("target", target_tokens_per_s=target)
-    return Objective("max_throughput", pick=pick, throughput_tolerance=tolerance)
+        return Objective("target", target_tokens_per_s=target, pick=pick)
+    band = round(tie_band(recipe.calibration, recipe.cluster.gpu_types), 4) if pick == INTERVAL_PICK else None
+    kind = "budget" if budget is not None else "max_throughput"
+    return Objective(kind, budget, pick=pick, throughput_tolerance=tolerance, tie_band=band)
 
 
 class Planner:
@@ -217,7 +225,7 @@ class Planner:
             self._sweep()
         best = self._picked(best, [*rivals, *written])
         frontier = self._frontier(best)
-        alternatives = self._alternatives(best, frontier)
+        alternatives = self._alternatives(frontier)
         baselines["uniform"] = self._uniform_baseline(best)
         gap = 0.0 if result.status == "optimal" else self._gap(best)
         if best.c_t > best.c_i:
@@ -468,7 +476,9 @@ class Planner:
         """The plan the objective picks among every plan scored within it: for a target ``best`` (the cheapest
         reaching it); else the cheapest within THROUGHPUT_TIE of the fastest and no slower than a baseline
         (``rivals``: the plan never loses to one it prints), then the cheapest within ``throughput_tolerance``
-        of that (``pick: fastest``) or the frontier's knee (``pick: knee``). Every point scored is the same at
+        of that (``pick: fastest``) or the frontier's knee (``pick: knee``); ``pick: cheapest_within_interval``:
+        the cheapest of them and the baselines within the objective's tie band (``throughput_tolerance`` where
+        wider) of the fastest (the budget is a ceiling). Every point scored is the same at
         every eta (the searches are steered at a fixed eta), so the fastest is monotone in eta. ``rate``: each
         plan's tokens/s (default: as scored)."""
         obj = self.objective
@@ -480,6 +490,10 @@ class Planner:
         rate = rate or self.tokens_per_s
         floor = max([(1 - THROUGHPUT_TIE) * max(rate(e) for e in points), *map(rate, rivals)])
         best = _cheapest_reaching(points, floor, rate)
+        if obj.pick == INTERVAL_PICK:
+            share = max(obj.tie_band or 0.0, obj.throughput_tolerance)
+            fastest = max(rate(e) for e in [*points, *rivals])
+            return _cheapest_reaching([*points, *rivals], (1 - share) * fastest, rate)
         if obj.pick == "knee":
             return knee(self._within_budget(self._frontier(best, rate)), rate)
         return _cheapest_reaching(points, (1 - obj.throughput_tolerance) * rate(best), rate)
@@ -497,13 +511,14 @@ class Planner:
                 frontier.append(e)
         return frontier
 
-    def _alternatives(self, chosen: Evaluation, frontier: list[Evaluation]) -> dict[str, Evaluation]:
-        """On the frontier within the objective: the cheapest plan within WITHIN_SHARE of ``chosen``'s tokens/s,
-        and the knee (none for a throughput target: its plan is the cheapest reaching it)."""
+    def _alternatives(self, frontier: list[Evaluation]) -> dict[str, Evaluation]:
+        """On the frontier within the objective: the cheapest plan within WITHIN_SHARE of the fastest's tokens/s
+        (with the default pick, whose band is at least as wide, never cheaper than the plan), and the knee (none
+        for a throughput target: its plan is the cheapest reaching it)."""
         if self.objective.kind == "target":
             return {}
         inside = self._within_budget(frontier)
-        floor = (1 - WITHIN_SHARE) * self.tokens_per_s(chosen)
+        floor = (1 - WITHIN_SHARE) * max(self.tokens_per_s(e) for e in inside)
         return {
             WITHIN: _cheapest_reaching(inside, floor, self.tokens_per_s),
             KNEE: knee(inside, self.tokens_per_s),
@@ -512,7 +527,7 @@ class Planner:
     def with_sensitivity(self, plan: HexPlan) -> HexPlan:
         """``plan`` (this planner's) with what its ranking hangs on, and a warning per flip
         (``planner/sensitivity.py``)."""
-        rules, chosen = Rules(strategy_for(self.recipe.hex.transport), self.ev.preemption), self.chosen
+        rules, chosen = self._rules(), self.chosen
         factors = plan_elasticities(
             self.cm,
             rules,
@@ -530,6 +545,7 @@ class Planner:
             return _cheapest_reaching(reaching, target, rate) if reaching else None
 
         found = flips(self.cm, rules, candidates, pick, chosen)
+        inside = interval_flips(self.cm, rules, candidates, pick, chosen)
         sensitivity = Sensitivity(
             step=STEP,
             factors={k: v for k, v in factors.items() if k != WORKLOAD},
@@ -537,9 +553,18 @@ class Planner:
             flip_change=FLIP_CHANGE,
             candidates=len(candidates),
             flips=found,
+            interval_flips=inside,
         )
-        warnings = [*plan.warnings, *(describe_flip(f, plan.predicted.cost_per_hour) for f in found)]
+        cost, recipe = plan.predicted.cost_per_hour, str(self.recipe.path)
+        warnings = [
+            *plan.warnings,
+            *(describe_interval_flip(f, self.cm.calibration, recipe, cost) for f in inside),
+            *(describe_flip(f, cost) for f in found),
+        ]
         return replace(plan, sensitivity=sensitivity, warnings=warnings)
+
+    def _rules(self) -> Rules:
+        return Rules(strategy_for(self.recipe.hex.transport), self.ev.preemption)
 
     def _steered_near(self, chosen: Evaluation) -> list[Evaluation]:
         """The splits the steering scored within FLIP_CHANGE of the chosen plan (at most NEAR of them, fastest
@@ -577,8 +602,15 @@ class Planner:
     def _plan(self, best, result, gap, solve_time, baselines, pareto, warnings, mode=None) -> HexPlan:
         train, rollout, machines = place(self.cluster, best)
         rate = self.tokens_per_s(best)
+        low, high = plan_interval(
+            self.cm, self._rules(), Held.of_evaluation(best, self.cm), self._gpus_by_type(best), rate
+        )
         predicted = Predicted(
             tokens_per_s=round(rate, 3),
+            tokens_per_s_low=round(low, 3),
+            tokens_per_s_high=round(high, 3),
+            step_time_s_low=round(best.step_s * rate / high, 4),
+            step_time_s_high=round(best.step_s * rate / low, 4) if low > 0 else None,
             cost_per_hour=round(best.cost_per_hour, 4),
             tokens_per_dollar=round(rate * 3600 / best.cost_per_hour, 1),
             step_time_s=round(best.step_s, 4),
@@ -647,27 +679,29 @@ def _solve(recipe, request: PlanRequest) -> tuple[HexPlan, Planner]:
     if not request.caps.one_rollout_layout or recipe.hex.solver.rollout_layout:
         planner = Planner(recipe, request)
         return planner.solve(), planner
-    best, best_planner = None, None
+    solved: list[tuple[HexPlan, Planner]] = []
     max_pp = min(recipe.solver.max_pp_stages, request.caps.max_rollout_pp or recipe.solver.max_pp_stages)
     for tp, pp in one_machine_layouts(recipe.cluster, max_pp):
         solver = replace(recipe.hex.solver, rollout_layout=[tp, pp])
         planner = Planner(replace(recipe, hex=replace(recipe.hex, solver=solver)), request)
         try:
-            plan = planner.solve()
+            solved.append((planner.solve(), planner))
         except HexError:
             continue  # no plan with every server in this layout
-        if best is None or (plan.predicted.tokens_per_s, -plan.predicted.cost_per_hour) > (
-            best.predicted.tokens_per_s,
-            -best.predicted.cost_per_hour,
-        ):
-            best, best_planner = plan, planner
-    if best is None:
+    if not solved:
         raise HexError(
             "actor.weight_update_mode",
             f"no plan with one layout for every rollout server (weights by {request.caps.weight_path}) fits",
             "use hex.transport=relay, which updates servers of different layouts, or add machines",
         )
-    return best, best_planner
+    # The fastest layout's plan (the cheapest on a tie); with the interval pick, the cheapest within its tie band.
+    obj = solved[0][0].objective
+    fastest = max(p.predicted.tokens_per_s for p, _ in solved)
+    share = max(obj.tie_band or 0.0, obj.throughput_tolerance) if obj.pick == INTERVAL_PICK else 0.0
+    inside = [x for x in solved if x[0].predicted.tokens_per_s >= (1 - share) * fastest * (1 - 1e-12)]
+    if share:
+        return min(inside, key=lambda x: (x[0].predicted.cost_per_hour, -x[0].predicted.tokens_per_s))
+    return max(inside, key=lambda x: (x[0].predicted.tokens_per_s, -x[0].predicted.cost_per_hour))
 
 
 def _cheapest_reaching(points: list[Evaluation], floor: float, rate) -> Evaluation:
