@@ -71,7 +71,9 @@ class Predicted:
         None, "low end of step_time_s's interval (tokens per step / tokens_per_s_high)", _SECONDS
     )
     step_time_s_high: float | None = spec(
-        None, "high end of step_time_s's interval (tokens per step / tokens_per_s_low; null: unbounded)", _SECONDS
+        None,
+        "high end of step_time_s's interval (tokens per step / tokens_per_s_low; null: unbounded)",
+        _SECONDS,
     )
     loss_free_tokens_per_s: float | None = spec(
         None,
@@ -445,6 +447,7 @@ def _check(plan: HexPlan, source: str) -> None:
         raise HexError(
             f"{source}.runtime", "is empty: the plan does not say which runtime it is for", _REPLAN
         )
+    _check_interval(plan.predicted, f"{source}.predicted")
     shares = sum(g.share for g in plan.rollout.replicas)
     if plan.rollout.replicas and abs(shares - 1) > _SHARES_OFF:
         raise HexError(
@@ -461,6 +464,24 @@ def _check(plan: HexPlan, source: str) -> None:
                 raise HexError(f"{where}.stage", f"no train stage {gpu.stage!r}", _REPLAN)
             if gpu.role == "rollout" and not (gpu.group is not None and gpu.group < n_groups):
                 raise HexError(f"{where}.group", f"no replica group {gpu.group!r}", _REPLAN)
+
+
+def _check_interval(p: Predicted, where: str) -> None:
+    """An interval, where a plan has one (a plan saved before intervals has none), holds its prediction: low <=
+    value <= high, both ends or neither (a step's high end may be null: unbounded)."""
+    for name, high_may_be_open in (("tokens_per_s", False), ("step_time_s", True)):
+        value, low, high = (getattr(p, f"{name}{end}") for end in ("", "_low", "_high"))
+        if low is None and high is None:
+            continue
+        if low is None or (high is None and not high_may_be_open):
+            missing = f"{name}_low" if low is None else f"{name}_high"
+            raise HexError(f"{where}.{missing}", "is missing beside the other end of the interval", _REPLAN)
+        if not low <= value * (1 + 1e-6) or (high is not None and not value <= high * (1 + 1e-6)):
+            raise HexError(
+                f"{where}.{name}_low",
+                f"the interval {low:g} to {high if high is not None else 'unbounded'} does not hold {name}={value:g}",
+                _REPLAN,
+            )
 
 
 def load_plan_for(path: str | Path, cluster: Cluster, model: ModelShape, field: str) -> HexPlan:

@@ -35,7 +35,9 @@ from areal_hex_plugin.planner.sensitivity import Held, Input, Rules, changed, fl
 TIE_FLOOR = 0.02
 # What decides each factor, for a flip's report ({recipe} and {gpu_type} filled in).
 _PROFILE = "areal-hex profile {recipe} --gpu-type {gpu_type} --json {gpu_type}.json"
-_RUNS = "time a run's {what} on {gpu_type} and fit it: areal-hex calibrate --baselines RUNS.json --json OUT.json"
+_RUNS = (
+    "time a run's {what} on {gpu_type} and fit it: areal-hex calibrate --baselines RUNS.json --json OUT.json"
+)
 MEASURE = {
     "train_mfu": _PROFILE,
     "infer_mfu": _PROFILE,
@@ -123,7 +125,11 @@ def interval_flips(
 def describe_interval_flip(flip: Flip, calibration: Calibration, recipe: str, chosen_cost: float) -> str:
     """A flip inside a factor's interval as a plan warning, with the measurement that decides it."""
     low, high = factor_interval(calibration, flip.group, flip.input) or (flip.value, flip.value)
-    kind = "assumed: its physical range" if calibration.assumed(flip.group, flip.input) else "fitted, +- residual"
+    kind = (
+        "assumed: its physical range"
+        if calibration.assumed(flip.group, flip.input)
+        else "fitted, +- residual"
+    )
     train, rollout = (
         " + ".join(f"{n} {t}" for t, n in sorted(g.items())) for g in (flip.train, flip.rollout)
     )
