@@ -167,6 +167,12 @@ class Baseline:
     cost_per_hour: float = spec(help="the baseline's $ per hour", range=_DOLLARS)
     gpus: dict[str, int] = spec(help="GPU type -> GPUs", range=_GPUS)
     note: str = ""
+    tokens_per_s_low: float | None = spec(
+        None,
+        "low end of tokens_per_s's interval, as the plan's (planner/interval.py; null: none found)",
+        _RATE,
+    )
+    tokens_per_s_high: float | None = spec(None, "high end of tokens_per_s's interval", _RATE)
 
 
 @dataclass(frozen=True)

@@ -221,25 +221,26 @@ def read_profile_sources(path: str | Path, field_path: str = "hex.calibration.pr
 
 
 def read_profile_residuals(path: str | Path, field_path: str = "hex.calibration.profile") -> dict[str, float]:
-    """GPU type -> the rms of ln(model / measured) over the points a profile's fit records: per type where
-    ``areal-hex profile`` wrote it (``fit.TYPE.rms_log_error``), else every point of an ``areal-hex calibrate``
-    file for every type it fitted (one joint fit). Types without recorded points are left out."""
+    """GPU type -> the rms of ln(model / measured) over the measurements a profile's fit records: per type where
+    ``areal-hex profile`` or a refit wrote it (``fit.TYPE.rms_log_error``), else over the ``points`` of an
+    ``areal-hex calibrate`` file, those of each point's ``gpu_type`` (every type of the file where a point names
+    none: one joint fit). The measurements the fit names as unexplained are among the points: their misses widen
+    the spread instead of changing the runtime. Types without recorded measurements are left out."""
     data = _load_profile(path, field_path)
     out: dict[str, float] = {}
     fits = data.get("fit") if isinstance(data.get("fit"), dict) else {}
     for name, fit in fits.items():
         if isinstance(fit, dict) and isinstance(fit.get("rms_log_error"), int | float):
             out[str(name)] = float(fit["rms_log_error"])
-    errors = [
-        math.log(p["model_value"] / p["measured"])
-        for p in data.get("points") or []
-        if isinstance(p, dict)
-        and all(isinstance(p.get(k), int | float) and p[k] > 0 for k in ("model_value", "measured"))
-    ]
-    if errors:
-        rms = math.sqrt(sum(e * e for e in errors) / len(errors))
-        for name in data["gpu_types"]:
-            out.setdefault(str(name), rms)
+    errors: dict[str, list[float]] = {}
+    for p in data.get("points") or []:
+        if isinstance(p, dict) and all(
+            isinstance(p.get(k), int | float) and p[k] > 0 for k in ("model_value", "measured")
+        ):
+            for name in [p["gpu_type"]] if isinstance(p.get("gpu_type"), str) else data["gpu_types"]:
+                errors.setdefault(str(name), []).append(math.log(p["model_value"] / p["measured"]))
+    for name, logs in errors.items():
+        out.setdefault(name, math.sqrt(sum(e * e for e in logs) / len(logs)))
     return out
 
 

@@ -371,9 +371,7 @@ class Planner:
                 p.n_gpus * p.price_per_gpu_hour for p in self.cluster.pools if p.gpu_type == gpu_type
             )
             note = f"whole {gpu_type} inventory (${inventory:,.2f}/h)" if inventory < budget else ""
-            baselines[name] = Baseline(
-                round(self.tokens_per_s(e), 3), round(e.cost_per_hour, 4), self._gpus_by_type(e), note
-            )
+            baselines[name] = self._baseline(e, note)
         return baselines, rivals
 
     def as_written(self) -> tuple[Evaluation, HexPlan]:
@@ -422,21 +420,35 @@ class Planner:
         backends = f"{self.recipe.config['actor']['backend']} + {self.recipe.config['rollout']['backend']}"
         budget = self.objective.budget_per_hour
         over = budget is not None and e.cost_per_hour > budget + 1e-9
-        baselines[AS_WRITTEN] = Baseline(
-            round(self.tokens_per_s(e), 3),
-            round(e.cost_per_hour, 4),
-            self._gpus_by_type(e),
-            f"{backends} as upstream places them" + (", over the budget" if over else ""),
+        baselines[AS_WRITTEN] = self._baseline(
+            e, f"{backends} as upstream places them" + (", over the budget" if over else "")
         )
         return [] if over else [e]
 
     def _uniform_baseline(self, best: Evaluation) -> Baseline:
-        return Baseline(
-            round(self._uniform(best), 3),
-            round(best.cost_per_hour, 4),
-            self._gpus_by_type(best),
-            "same machines, samples split evenly across replicas",
+        """The uniform ablation of ``best``, with its interval's relative width (the same machines and factors)."""
+        return self._baseline(
+            best, "same machines, samples split evenly across replicas", self._uniform(best)
         )
+
+    def _baseline(self, e: Evaluation, note: str, rate: float | None = None) -> Baseline:
+        """A baseline row for ``e`` at ``rate`` tokens/s (default: as scored), with its interval."""
+        scored = self.tokens_per_s(e)
+        rate = scored if rate is None else rate
+        low, high = (end * rate / scored for end in self._interval(e)) if scored > 0 else (0.0, 0.0)
+        return Baseline(
+            round(rate, 3),
+            round(e.cost_per_hour, 4),
+            self._gpus_by_type(e),
+            note,
+            round(low, 3),
+            round(high, 3),
+        )
+
+    def _interval(self, e: Evaluation) -> tuple[float, float]:
+        """(low, high) of ``e``'s tokens/s (``planner/interval.py``)."""
+        held = Held.of_evaluation(e, self.cm)
+        return plan_interval(self.cm, self._rules(), held, self._gpus_by_type(e), self.tokens_per_s(e))
 
     def _uniform(self, e: Evaluation) -> float:
         """The paper's ablation: the chosen split, but every replica gets the same number of samples."""
@@ -602,9 +614,7 @@ class Planner:
     def _plan(self, best, result, gap, solve_time, baselines, pareto, warnings, mode=None) -> HexPlan:
         train, rollout, machines = place(self.cluster, best)
         rate = self.tokens_per_s(best)
-        low, high = plan_interval(
-            self.cm, self._rules(), Held.of_evaluation(best, self.cm), self._gpus_by_type(best), rate
-        )
+        low, high = self._interval(best)
         predicted = Predicted(
             tokens_per_s=round(rate, 3),
             tokens_per_s_low=round(low, 3),

@@ -24,7 +24,7 @@ def _objective(plan: HexPlan) -> str:
         return f"the knee of the cost vs tokens/s frontier {where}"
     if obj.pick == "cheapest_within_interval":
         share = max(obj.tie_band or 0.0, obj.throughput_tolerance)
-        return f"the cheapest plan within {100 * share:.1f}% (the prediction's interval) of the most tokens/s {where}"
+        return f"the cheapest plan within {100 * share:.1f}% of the most tokens/s {where} (the tie band: the fit's residual spread, at least 2%)"
     if obj.throughput_tolerance:
         return f"the cheapest plan within {100 * obj.throughput_tolerance:g}% of the most tokens/s {where}"
     return f"max tokens/s {where}"
@@ -61,7 +61,7 @@ def _ratio(chosen: float, other: float) -> str:
 
 
 def _with_interval(p) -> str:
-    """The predicted tokens/s with its interval (planner/interval.py), where the plan has one."""
+    """A predicted or baseline tokens/s with its interval (planner/interval.py), where it has one."""
     if p.tokens_per_s_low is None or p.tokens_per_s_high is None:
         return f"{p.tokens_per_s:,.0f}"
     return f"{p.tokens_per_s:,.0f} ({p.tokens_per_s_low:,.0f}-{p.tokens_per_s_high:,.0f})"
@@ -76,7 +76,7 @@ def _comparison(plan: HexPlan, stream: IO[str] | None) -> str:
     for name, b in plan.baselines.items():
         per_dollar = b.tokens_per_s * 3600 / b.cost_per_hour if b.cost_per_hour else 0.0
         rows.append(
-            [name, f"{b.cost_per_hour:,.2f}", f"{b.tokens_per_s:,.0f}", f"{per_dollar:,.0f}",
+            [name, f"{b.cost_per_hour:,.2f}", _with_interval(b), f"{per_dollar:,.0f}",
              _ratio(p.tokens_per_s, b.tokens_per_s), _ratio(p.tokens_per_dollar, per_dollar), _gpus(b.gpus), b.note]
         )  # fmt: skip
     headers = ["plan", "$/h", "tokens/s", "tokens/$", "chosen is: tok/s", "chosen is: tok/$", "GPUs", "note"]

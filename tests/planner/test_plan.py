@@ -133,7 +133,10 @@ def test_a_plan_saved_before_intervals_loads_without_one_and_one_with_round_trip
 @pytest.mark.parametrize(
     ("edit", "field"),
     [
-        (lambda p: p.update(tokens_per_s=1200.0), "plan.predicted.tokens_per_s_low"),  # edited past its high end
+        (
+            lambda p: p.update(tokens_per_s=1200.0),
+            "plan.predicted.tokens_per_s_low",
+        ),  # edited past its high end
         (lambda p: p.update(tokens_per_s_low=None), "plan.predicted.tokens_per_s_low"),
         (lambda p: p.update(tokens_per_s_high=None), "plan.predicted.tokens_per_s_high"),
         (lambda p: p.update(step_time_s=20.0), "plan.predicted.step_time_s_low"),
