@@ -453,7 +453,9 @@ def _check(plan: HexPlan, source: str) -> None:
         raise HexError(
             f"{source}.runtime", "is empty: the plan does not say which runtime it is for", _REPLAN
         )
-    _check_interval(plan.predicted, f"{source}.predicted")
+    _check_interval(plan.predicted, f"{source}.predicted", ("tokens_per_s", "step_time_s"))
+    for name, baseline in plan.baselines.items():
+        _check_interval(baseline, f"{source}.baselines.{name}", ("tokens_per_s",))
     shares = sum(g.share for g in plan.rollout.replicas)
     if plan.rollout.replicas and abs(shares - 1) > _SHARES_OFF:
         raise HexError(
@@ -472,20 +474,24 @@ def _check(plan: HexPlan, source: str) -> None:
                 raise HexError(f"{where}.group", f"no replica group {gpu.group!r}", _REPLAN)
 
 
-def _check_interval(p: Predicted, where: str) -> None:
-    """An interval, where a plan has one (a plan saved before intervals has none), holds its prediction: low <=
-    value <= high, both ends or neither (a step's high end may be null: unbounded)."""
-    for name, high_may_be_open in (("tokens_per_s", False), ("step_time_s", True)):
-        value, low, high = (getattr(p, f"{name}{end}") for end in ("", "_low", "_high"))
+def _check_interval(block: Predicted | Baseline, where: str, names: tuple[str, ...]) -> None:
+    """An interval, where a prediction has one (a plan saved before intervals has none), holds its value: low <=
+    value <= high (to the rounding of a saved plan), both ends or neither (a step's high end may be null:
+    unbounded)."""
+    for name in names:
+        value, low, high = (getattr(block, f"{name}{end}") for end in ("", "_low", "_high"))
         if low is None and high is None:
             continue
-        if low is None or (high is None and not high_may_be_open):
+        if low is None or (high is None and name != "step_time_s"):
             missing = f"{name}_low" if low is None else f"{name}_high"
             raise HexError(f"{where}.{missing}", "is missing beside the other end of the interval", _REPLAN)
-        if not low <= value * (1 + 1e-6) or (high is not None and not value <= high * (1 + 1e-6)):
+        slack = 1e-6 * abs(value) + 1e-3
+        end = "_low" if value < low - slack else "_high" if high is not None and value > high + slack else ""
+        if end:
+            shown = f"{high:g}" if high is not None else "unbounded"
             raise HexError(
-                f"{where}.{name}_low",
-                f"the interval {low:g} to {high if high is not None else 'unbounded'} does not hold {name}={value:g}",
+                f"{where}.{name}{end}",
+                f"the interval {low:g} to {shown} does not hold {name}={value:g}",
                 _REPLAN,
             )
 

@@ -133,18 +133,23 @@ def test_a_plan_saved_before_intervals_loads_without_one_and_one_with_round_trip
 @pytest.mark.parametrize(
     ("edit", "field"),
     [
-        (
-            lambda p: p.update(tokens_per_s=1200.0),
-            "plan.predicted.tokens_per_s_low",
-        ),  # edited past its high end
+        (lambda p: p.update(tokens_per_s=1200.0), "plan.predicted.tokens_per_s_high"),
+        (lambda p: p.update(tokens_per_s=800.0), "plan.predicted.tokens_per_s_low"),
         (lambda p: p.update(tokens_per_s_low=None), "plan.predicted.tokens_per_s_low"),
         (lambda p: p.update(tokens_per_s_high=None), "plan.predicted.tokens_per_s_high"),
-        (lambda p: p.update(step_time_s=20.0), "plan.predicted.step_time_s_low"),
+        (lambda p: p.update(step_time_s=p["step_time_s_high"] * 2), "plan.predicted.step_time_s_high"),
     ],
 )
-def test_an_interval_that_does_not_hold_its_prediction_is_refused(tmp_path, edit, field):
+def test_an_interval_that_does_not_hold_its_prediction_is_refused(edit, field):
     data = _with_interval(small_plan(), 900.0, 1100.0).to_dict()
     edit(data["predicted"])
     with pytest.raises(HexError) as err:
         HexPlan.from_dict(data)
     assert err.value.field == field
+
+
+def test_a_step_interval_may_be_open_above():
+    """A factor's range end at which the plan cannot run leaves the step unbounded: its high end is null."""
+    data = _with_interval(small_plan(), 900.0, 1100.0).to_dict()
+    data["predicted"]["step_time_s_high"] = None
+    assert HexPlan.from_dict(data).predicted.step_time_s_high is None
