@@ -16,8 +16,11 @@ step over tokens/s, so its interval is the reciprocal one.
 
 The objective's tie band (``hex.objective.pick: cheapest_within_interval``, :func:`tie_band`): plans whose
 tokens/s are within max(TIE_FLOOR, r) of the fastest are not told apart by the model, r the largest residual
-spread among the cluster's types, and the cheapest of them is the plan (the budget is a ceiling). The assumed
-factors' ranges do not widen it: they move every plan on a type together, and where a factor inside its interval
+spread among the cluster's types, and the cheapest of them is the plan (the budget is a ceiling). A band has an
+edge, so the plan then steps down to any plan within TIE_FLOOR of its own tokens/s that costs over CEILING_SLACK
+less, and again from there, until none does (:func:`ceiling_pick`; each step buys the same tokens for less, and
+costs strictly fall, so it ends): no plan scored within 2% of the plan's tokens/s costs 5% less. The assumed
+factors' ranges do not widen the band: they move every plan on a type together, and where a factor inside its interval
 would pick another plan, :func:`interval_flips` reports the factor, the value and the measurement that decides it.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from areal_hex_plugin.costmodel import Calibration, CostModel
 from areal_hex_plugin.costmodel.calibration import RANGES
@@ -33,6 +37,9 @@ from areal_hex_plugin.planner.sensitivity import Held, Input, Rules, changed, fl
 
 # The tie band's floor: differences below 2% are inside any cost model's noise.
 TIE_FLOOR = 0.02
+# The plan steps down to a plan within TIE_FLOOR of its tokens/s that costs more than this share less.
+CEILING_SLACK = 0.05
+T = TypeVar("T")
 # What decides each factor, for a flip's report ({recipe} and {gpu_type} filled in).
 _PROFILE = "areal-hex profile {recipe} --gpu-type {gpu_type} --json {gpu_type}.json"
 _RUNS = (
@@ -82,6 +89,22 @@ def residual(calibration: Calibration, gpu_types: Iterable[str]) -> float:
 def tie_band(calibration: Calibration, gpu_types: Iterable[str]) -> float:
     """The share of the fastest's tokens/s within which plans tie: max(TIE_FLOOR, the residual spread)."""
     return max(TIE_FLOOR, residual(calibration, gpu_types))
+
+
+def ceiling_pick(points: list[T], rate: Callable[[T], float], cost: Callable[[T], float], band: float) -> T:
+    """The budget as a ceiling (see the module's docstring): the cheapest of ``points`` within ``band`` of the
+    fastest's tokens/s (``rate``; the fastest on a cost tie), then down while a plan within TIE_FLOOR of its
+    tokens/s costs CEILING_SLACK less."""
+
+    def cheapest(floor: float) -> T:
+        return min((e for e in points if rate(e) >= floor * (1 - 1e-12)), key=lambda e: (cost(e), -rate(e)))
+
+    chosen = cheapest((1 - band) * max(map(rate, points)))
+    while True:
+        below = cheapest((1 - TIE_FLOOR) * rate(chosen))
+        if cost(below) * (1 + CEILING_SLACK) >= cost(chosen):
+            return chosen
+        chosen = below
 
 
 def plan_interval(

@@ -32,6 +32,7 @@ from areal_hex_plugin.planner.inflight import (
     serial_rollout_s,
 )
 from areal_hex_plugin.planner.interval import (
+    ceiling_pick,
     describe_interval_flip,
     interval_flips,
     plan_interval,
@@ -503,9 +504,7 @@ class Planner:
         floor = max([(1 - THROUGHPUT_TIE) * max(rate(e) for e in points), *map(rate, rivals)])
         best = _cheapest_reaching(points, floor, rate)
         if obj.pick == INTERVAL_PICK:
-            share = max(obj.tie_band or 0.0, obj.throughput_tolerance)
-            fastest = max(rate(e) for e in [*points, *rivals])
-            return _cheapest_reaching([*points, *rivals], (1 - share) * fastest, rate)
+            return ceiling_pick([*points, *rivals], rate, _cost, _band(obj))
         if obj.pick == "knee":
             return knee(self._within_budget(self._frontier(best, rate)), rate)
         return _cheapest_reaching(points, (1 - obj.throughput_tolerance) * rate(best), rate)
@@ -704,14 +703,22 @@ def _solve(recipe, request: PlanRequest) -> tuple[HexPlan, Planner]:
             f"no plan with one layout for every rollout server (weights by {request.caps.weight_path}) fits",
             "use hex.transport=relay, which updates servers of different layouts, or add machines",
         )
-    # The fastest layout's plan (the cheapest on a tie); with the interval pick, the cheapest within its tie band.
+    # The fastest layout's plan (the cheapest on a tie); with the interval pick, the budget is a ceiling here too.
     obj = solved[0][0].objective
-    fastest = max(p.predicted.tokens_per_s for p, _ in solved)
-    share = max(obj.tie_band or 0.0, obj.throughput_tolerance) if obj.pick == INTERVAL_PICK else 0.0
-    inside = [x for x in solved if x[0].predicted.tokens_per_s >= (1 - share) * fastest * (1 - 1e-12)]
-    if share:
-        return min(inside, key=lambda x: (x[0].predicted.cost_per_hour, -x[0].predicted.tokens_per_s))
-    return max(inside, key=lambda x: (x[0].predicted.tokens_per_s, -x[0].predicted.cost_per_hour))
+    if obj.pick == INTERVAL_PICK:
+        return ceiling_pick(solved, lambda x: x[0].predicted.tokens_per_s, lambda x: x[0].predicted.cost_per_hour,
+                            _band(obj))  # fmt: skip
+    return max(solved, key=lambda x: (x[0].predicted.tokens_per_s, -x[0].predicted.cost_per_hour))
+
+
+def _band(obj: Objective) -> float:
+    """The interval pick's tie band: the objective's (the fit's residual spread, at least 2%), or
+    ``throughput_tolerance`` where wider."""
+    return max(obj.tie_band or 0.0, obj.throughput_tolerance)
+
+
+def _cost(e: Evaluation) -> float:
+    return round(e.cost_per_hour, 6)
 
 
 def _cheapest_reaching(points: list[Evaluation], floor: float, rate) -> Evaluation:
