@@ -86,6 +86,7 @@ class PlanRequest:
     pareto: bool = False
     caps: RuntimeCaps | None = None
     sensitivity: bool = False  # add HexPlan.sensitivity (planner/sensitivity.py) and warn of flips
+    pick: str | None = None  # overrides hex.objective.pick (None: the recipe's)
 
 
 def objective_of(recipe, request: PlanRequest) -> Objective:
@@ -100,7 +101,7 @@ def objective_of(recipe, request: PlanRequest) -> Objective:
     for name, value in (("--budget", budget), ("--target-tokens-per-s", target)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise HexError(name, f"must be a positive number, got {value:g}", "give a finite value > 0")
-    pick, tolerance = recipe.hex.objective.pick, recipe.hex.objective.throughput_tolerance
+    pick, tolerance = request.pick or recipe.hex.objective.pick, recipe.hex.objective.throughput_tolerance
     if target is not None and (pick == "knee" or tolerance):
         field = "hex.objective.pick" if pick == "knee" else "hex.objective.throughput_tolerance"
         raise HexError(
