@@ -151,8 +151,9 @@ class ObjectiveConfig:
     )
     pick: str = spec(
         "cheapest_within_interval",
-        "with a budget or none: cheapest_within_interval (the budget is a ceiling: the cheapest plan within the "
-        "prediction's interval of the fastest, max(2%, the fit's residual spread); planner/interval.py), "
+        "with a budget or none: cheapest_within_interval (the budget is a ceiling: the cheapest plan within "
+        "max(2%, the fit's residual spread) of the fastest, then any within 2% of its tokens/s it costs 5% above; "
+        "planner/interval.py), "
         "fastest (spend it all: the most tokens/s, the cheapest within 0.1% of it) or knee (the knee of the cost "
         "vs tokens/s frontier within the budget: the fastest plan within 2% of the lowest $ per token)",
         choices=PICKS,
