@@ -5,7 +5,9 @@ Each factor of a GPU type (``costmodel/calibration.py``) has an interval:
 * a factor still at the built-in assumption (``Calibration.assumed``): its whole physical range (``RANGES``);
   nothing measured narrows it;
 * a fitted or given factor: its value times exp(+-r), r the fit's residual spread for the type
-  (``Calibration.residual``: rms of ln(model / measured) over the measurements fitted); none where r is 0.
+  (``Calibration.residual``: rms of ln(model / measured) over the measurements its factors were fitted to, as
+  the profile records them, ``calibration.read_profile_residuals``; the measurements the fit could not explain
+  are among them and widen it); none where r is 0.
 
 A plan's interval (:func:`plan_interval`) combines, per side and in quadrature on ln(tokens/s) (independent
 sources, first order): the residual spread r (the largest of the plan's GPU types: how far the fitted model misses
@@ -17,10 +19,10 @@ step over tokens/s, so its interval is the reciprocal one.
 The objective's tie band (``hex.objective.pick: cheapest_within_interval``, :func:`tie_band`): plans whose
 tokens/s are within max(TIE_FLOOR, r) of the fastest are not told apart by the model, r the largest residual
 spread among the cluster's types, and the cheapest of them is the plan (the budget is a ceiling). A band has an
-edge, so the plan then steps down to any plan within TIE_FLOOR of its own tokens/s that costs over CEILING_SLACK
-less, and again from there, until none does (:func:`ceiling_pick`; each step buys the same tokens for less, and
-costs strictly fall, so it ends): no plan scored within 2% of the plan's tokens/s costs 5% less. The assumed
-factors' ranges do not widen the band: they move every plan on a type together, and where a factor inside its interval
+edge, so the plan then steps down to the cheapest plan within TIE_FLOOR of its own tokens/s where it costs more
+than (1 + CEILING_SLACK) times that one, and again from there until it does not (:func:`ceiling_pick`; each step
+keeps 98% of the tokens/s for under 1/1.05 of the price, and prices strictly fall, so it ends): the plan costs at
+most 5% above any plan scored within 2% of its tokens/s. The assumed factors' ranges do not widen the band: they move every plan on a type together, and where a factor inside its interval
 would pick another plan, :func:`interval_flips` reports the factor, the value and the measurement that decides it.
 """
 
@@ -37,7 +39,7 @@ from areal_hex_plugin.planner.sensitivity import Held, Input, Rules, changed, fl
 
 # The tie band's floor: differences below 2% are inside any cost model's noise.
 TIE_FLOOR = 0.02
-# The plan steps down to a plan within TIE_FLOOR of its tokens/s that costs more than this share less.
+# The plan steps down to a plan within TIE_FLOOR of its tokens/s where it costs more than (1 + this) times that.
 CEILING_SLACK = 0.05
 T = TypeVar("T")
 # What decides each factor, for a flip's report ({recipe} and {gpu_type} filled in).

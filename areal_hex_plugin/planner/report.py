@@ -24,7 +24,9 @@ def _objective(plan: HexPlan) -> str:
         return f"the knee of the cost vs tokens/s frontier {where}"
     if obj.pick == "cheapest_within_interval":
         share = max(obj.tie_band or 0.0, obj.throughput_tolerance)
-        return f"the cheapest plan within {100 * share:.1f}% (the fit's tie band) of the most tokens/s {where}"
+        return (
+            f"the cheapest plan within {100 * share:.1f}% (the fit's tie band) of the most tokens/s {where}"
+        )
     if obj.throughput_tolerance:
         return f"the cheapest plan within {100 * obj.throughput_tolerance:g}% of the most tokens/s {where}"
     return f"max tokens/s {where}"
