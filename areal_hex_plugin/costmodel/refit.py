@@ -209,7 +209,8 @@ class Refit:
 
     def profile(self) -> dict[str, Any]:
         """The refit as a profile JSON (``hex.calibration.profile``): factors, sources, and the residuals."""
-        return {**self.calibration.profile(list(self.gpu_types)), "points": self.points}
+        fit = {t: {"rms_log_error": round(self.rms_log_error, 4)} for t in self.gpu_types}
+        return {**self.calibration.profile(list(self.gpu_types)), "points": self.points, "fit": fit}
 
 
 def _loss(pairs: Iterable[tuple[float, float]], moves: Iterable[float]) -> float:

@@ -127,6 +127,8 @@ def test_the_refit_profile_is_a_profile_a_recipe_reads(run, tmp_path):
         fit.factors[trained]["train_mfu"], rel=1e-3
     )
     assert again.calibration.source(trained, "train_mfu").startswith("refit from run t1")
+    # Its residual spread bounds the plans made with it (issue 33: planner/interval.py).
+    assert again.calibration.residual(trained) == pytest.approx(fit.rms_log_error, abs=1e-4)
 
 
 def test_a_refit_takes_well_under_a_cpu_second(run):
