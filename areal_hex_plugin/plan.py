@@ -60,6 +60,21 @@ class Predicted:
         help="weight sync per step (one update every solver.window_steps steps, averaged)", range=_SECONDS
     )
     reward_s: float = spec(0.0, "reward per step", _SECONDS)
+    tokens_per_s_low: float | None = spec(
+        None,
+        "low end of tokens_per_s's interval: the fit's residual spread and each assumed factor's range, "
+        "combined (planner/interval.py)",
+        _RATE,
+    )
+    tokens_per_s_high: float | None = spec(None, "high end of tokens_per_s's interval", _RATE)
+    step_time_s_low: float | None = spec(
+        None, "low end of step_time_s's interval (tokens per step / tokens_per_s_high)", _SECONDS
+    )
+    step_time_s_high: float | None = spec(
+        None,
+        "high end of step_time_s's interval (tokens per step / tokens_per_s_low; null: unbounded)",
+        _SECONDS,
+    )
     loss_free_tokens_per_s: float | None = spec(
         None,
         "tokens per second with no machine lost (tokens_per_s is the expected rate with the losses of "
@@ -152,6 +167,12 @@ class Baseline:
     cost_per_hour: float = spec(help="the baseline's $ per hour", range=_DOLLARS)
     gpus: dict[str, int] = spec(help="GPU type -> GPUs", range=_GPUS)
     note: str = ""
+    tokens_per_s_low: float | None = spec(
+        None,
+        "low end of tokens_per_s's interval, as the plan's (planner/interval.py; null: none found)",
+        _RATE,
+    )
+    tokens_per_s_high: float | None = spec(None, "high end of tokens_per_s's interval", _RATE)
 
 
 @dataclass(frozen=True)
@@ -195,9 +216,19 @@ class Objective:
     kind: str = spec(help="what the plan optimised", choices=OBJECTIVES)
     budget_per_hour: float | None = spec(None, "the $/h budget", between(0, 1e9, "$/h"))
     target_tokens_per_s: float | None = spec(None, "the tokens/s target", _RATE)
-    pick: str = spec("fastest", "fastest | knee: how the plan was picked from the frontier", choices=PICKS)
+    pick: str = spec(
+        "cheapest_within_interval",
+        "cheapest_within_interval | fastest | knee: how the plan was picked from the frontier",
+        choices=PICKS,
+    )
     throughput_tolerance: float = spec(
         0.0, "the plan is the cheapest within this share of the fastest's tokens/s", between(0, 0.5)
+    )
+    tie_band: float | None = spec(
+        None,
+        "with pick=cheapest_within_interval: the share of the fastest's tokens/s the plans tied within (max of 2% "
+        "and the fit's residual spread)",
+        between(0, 1),
     )
 
 
@@ -286,7 +317,7 @@ class Flip:
 
     group: str = spec(help="the GPU type whose factor changed, or workload")
     input: str = spec(help="the factor or workload figure changed")
-    change: float = spec(help="its relative change", range=between(-1, 1))
+    change: float = spec(help="its relative change", range=between(-1, 1e6))
     value: float = spec(help="its value after the change", range=between(0, 1e12))
     train: dict[str, int] = spec(help="GPU type -> GPUs training in the plan picked instead", range=_GPUS)
     rollout: dict[str, int] = spec(help="GPU type -> GPUs generating in it", range=_GPUS)
@@ -316,6 +347,11 @@ class Sensitivity:
     )
     flips: list[Flip] = spec(
         help="the changes that flip the chosen plan", default_factory=list, max_items=1 << 16
+    )
+    interval_flips: list[Flip] = spec(
+        help="factors at an end of their interval (planner/interval.py) at which another plan would be picked",
+        default_factory=list,
+        max_items=1 << 16,
     )
 
 
@@ -347,7 +383,7 @@ class HexPlan:
     )
     alternatives: dict[str, ParetoPoint] = spec(
         help="beside the plan, on the frontier within the objective: cheapest_within_2pct (the cheapest plan "
-        "within 2% of its tokens/s) and knee (the fastest within 2% of the frontier's lowest $ per token)",
+        "within 2% of the fastest plan's tokens/s) and knee (the fastest within 2% of the frontier's lowest $ per token)",
         default_factory=dict,
     )
     warnings: list[str] = spec(help="what the planner warns about", default_factory=list)
@@ -417,6 +453,9 @@ def _check(plan: HexPlan, source: str) -> None:
         raise HexError(
             f"{source}.runtime", "is empty: the plan does not say which runtime it is for", _REPLAN
         )
+    _check_interval(plan.predicted, f"{source}.predicted", ("tokens_per_s", "step_time_s"))
+    for name, baseline in plan.baselines.items():
+        _check_interval(baseline, f"{source}.baselines.{name}", ("tokens_per_s",))
     shares = sum(g.share for g in plan.rollout.replicas)
     if plan.rollout.replicas and abs(shares - 1) > _SHARES_OFF:
         raise HexError(
@@ -433,6 +472,28 @@ def _check(plan: HexPlan, source: str) -> None:
                 raise HexError(f"{where}.stage", f"no train stage {gpu.stage!r}", _REPLAN)
             if gpu.role == "rollout" and not (gpu.group is not None and gpu.group < n_groups):
                 raise HexError(f"{where}.group", f"no replica group {gpu.group!r}", _REPLAN)
+
+
+def _check_interval(block: Predicted | Baseline, where: str, names: tuple[str, ...]) -> None:
+    """An interval, where a prediction has one (a plan saved before intervals has none), holds its value: low <=
+    value <= high (to the rounding of a saved plan), both ends or neither (a step's high end may be null:
+    unbounded)."""
+    for name in names:
+        value, low, high = (getattr(block, f"{name}{end}") for end in ("", "_low", "_high"))
+        if low is None and high is None:
+            continue
+        if low is None or (high is None and name != "step_time_s"):
+            missing = f"{name}_low" if low is None else f"{name}_high"
+            raise HexError(f"{where}.{missing}", "is missing beside the other end of the interval", _REPLAN)
+        slack = 1e-6 * abs(value) + 1e-3
+        end = "_low" if value < low - slack else "_high" if high is not None and value > high + slack else ""
+        if end:
+            shown = f"{high:g}" if high is not None else "unbounded"
+            raise HexError(
+                f"{where}.{name}{end}",
+                f"the interval {low:g} to {shown} does not hold {name}={value:g}",
+                _REPLAN,
+            )
 
 
 def load_plan_for(path: str | Path, cluster: Cluster, model: ModelShape, field: str) -> HexPlan:

@@ -135,12 +135,15 @@ class Calibration:
     """Efficiency factors per GPU type (catalog names); unlisted types take :data:`DEFAULTS` or :data:`GENERIC`.
 
     ``sources`` records, per (GPU type, factor or catalog figure), where an overriding value came from;
-    ``figures`` the catalog figures (GPU type, figure, value) that replace the catalog's (see the module doc).
+    ``figures`` the catalog figures (GPU type, figure, value) that replace the catalog's (see the module doc);
+    ``residuals``, per GPU type, the root-mean-square of ln(model / measured) over the measurements its factors
+    were fitted to.
     """
 
     overrides: tuple[tuple[str, Efficiency], ...] = ()
     sources: tuple[tuple[str, str, str], ...] = ()
     figures: tuple[tuple[str, str, float], ...] = ()
+    residuals: tuple[tuple[str, float], ...] = ()
 
     def for_gpu(self, gpu_type: str) -> Efficiency:
         for name, eff in self.overrides:
@@ -154,6 +157,19 @@ class Calibration:
             if (name, key) == (gpu_type, factor):
                 return where
         return GENERIC_SOURCE
+
+    def residual(self, gpu_type: str) -> float:
+        """The fit's residual spread for ``gpu_type`` (rms log error of the measurements fitted; 0: no fit)."""
+        return dict(self.residuals).get(gpu_type, 0.0)
+
+    def assumed(self, gpu_type: str, factor: str) -> bool:
+        """Whether the factor in effect for ``gpu_type`` is the built-in assumption, not fitted or given."""
+        return self.source(gpu_type, factor) == GENERIC_SOURCE
+
+    def with_residual(self, gpu_type: str, residual: float) -> Calibration:
+        """A copy recording ``residual`` as the fit's spread for ``gpu_type``."""
+        rest = tuple((n, r) for n, r in self.residuals if n != gpu_type)
+        return replace(self, residuals=tuple(sorted((*rest, (gpu_type, residual)))))
 
     def with_factors(self, gpu_type: str, factors: Mapping[str, float], source: str = "") -> Calibration:
         """A copy with some factors of ``gpu_type`` replaced (from ``source``, when given)."""
@@ -273,6 +289,30 @@ def read_profile_figures(
     return out
 
 
+def read_profile_residuals(path: str | Path, field_path: str = "hex.calibration.profile") -> dict[str, float]:
+    """GPU type -> the rms of ln(model / measured) over the measurements a profile's fit records: per type where
+    ``areal-hex profile`` or a refit wrote it (``fit.TYPE.rms_log_error``), else over the ``points`` of an
+    ``areal-hex calibrate`` file, those of each point's ``gpu_type`` (every type of the file where a point names
+    none: one joint fit). The measurements the fit names as unexplained are among the points: their misses widen
+    the spread instead of changing the runtime. Types without recorded measurements are left out."""
+    data = _load_profile(path, field_path)
+    out: dict[str, float] = {}
+    fits = data.get("fit") if isinstance(data.get("fit"), dict) else {}
+    for name, fit in fits.items():
+        if isinstance(fit, dict) and isinstance(fit.get("rms_log_error"), int | float):
+            out[str(name)] = float(fit["rms_log_error"])
+    errors: dict[str, list[float]] = {}
+    for p in data.get("points") or []:
+        if isinstance(p, dict) and all(
+            isinstance(p.get(k), int | float) and p[k] > 0 for k in ("model_value", "measured")
+        ):
+            for name in [p["gpu_type"]] if isinstance(p.get("gpu_type"), str) else data["gpu_types"]:
+                errors.setdefault(str(name), []).append(math.log(p["model_value"] / p["measured"]))
+    for name, logs in errors.items():
+        out.setdefault(name, math.sqrt(sum(e * e for e in logs) / len(logs)))
+    return out
+
+
 BUILTIN = Path(__file__).resolve().parent / "profiles"
 
 
@@ -305,6 +345,9 @@ def build_calibration(
             canonical = catalog.get(name, f"hex.calibration.profile gpu_catalog.{name}").name
             for key, value in figures.items():
                 calibration = calibration.with_figures(canonical, {key: value}, said[(name, key)])
+        for name, residual in read_profile_residuals(profile).items():
+            canonical = catalog.get(name, f"hex.calibration.profile.{name}").name
+            calibration = calibration.with_residual(canonical, residual)
     path = "hex.calibration.gpu_types"
     overrides = {n: _factor_overrides(vars(e), f"{path}.{n}") for n, e in cfg.gpu_types.items()}
     layers.append((path, overrides, {}))

@@ -128,13 +128,20 @@ def _call_cost(points: list[tuple[int, float, float]]) -> float:
 
 
 def grid_search(
-    loss, bounds: tuple[tuple[float, float], tuple[float, float]], points: int = 24, refine: int = 8
+    loss,
+    bounds: tuple[tuple[float, float], tuple[float, float]],
+    points: int = 24,
+    refine: int = 8,
+    start: tuple[float, float] | None = None,
 ) -> tuple[float, float]:
-    """The pair of factors within ``bounds`` ((low, high) of each) minimising ``loss(a, b)``: a coarse log grid,
-    then finer ones around the best point (the losses fitted here are smooth with one basin)."""
+    """The pair of factors within ``bounds`` ((low, high) of each) minimising ``loss(a, b)``: a coarse log grid
+    (and ``start``, where given), then finer ones around the best point (the losses fitted here are smooth with
+    one basin). A fit regularised toward a prior starts there: where the measurements agree with it the loss
+    has a long flat valley, and the grid's points in it land a little off the prior, not on it."""
     ratios = [(high / low) ** (1 / (points - 1)) for low, high in bounds]
     grids = [[low * r**i for i in range(points)] for (low, _), r in zip(bounds, ratios, strict=True)]
-    best = min(((a, b) for a in grids[0] for b in grids[1]), key=lambda ab: loss(*ab))
+    candidates = [(a, b) for a in grids[0] for b in grids[1]] + ([start] if start else [])
+    best = min(candidates, key=lambda ab: loss(*ab))
 
     def inside(ab: tuple[float, float]) -> bool:
         return all(

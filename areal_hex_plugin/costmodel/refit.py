@@ -236,7 +236,8 @@ class Refit:
 
     def profile(self) -> dict[str, Any]:
         """The refit as a profile JSON (``hex.calibration.profile``): factors, sources, and the residuals."""
-        return {**self.calibration.profile(list(self.gpu_types)), "points": self.points}
+        fit = {t: {"rms_log_error": round(self.rms_log_error, 4)} for t in self.gpu_types}
+        return {**self.calibration.profile(list(self.gpu_types)), "points": self.points, "fit": fit}
 
 
 def _loss(pairs: Iterable[tuple[float, float]], moves: Iterable[float]) -> float:
@@ -297,7 +298,8 @@ def refit(
             return _loss(pairs, (hbm / base.hbm_fraction, mfu / base.infer_mfu))
 
         bounds = tuple((RANGES[f].low, RANGES[f].high) for f in ROLLOUT)
-        hbm, mfu = (_inside(f, v) for f, v in zip(ROLLOUT, grid_search(loss, bounds, **GRID), strict=True))
+        fitted = grid_search(loss, bounds, **GRID, start=(base.hbm_fraction, base.infer_mfu))
+        hbm, mfu = (_inside(f, v) for f, v in zip(ROLLOUT, fitted, strict=True))
         now = cal.for_gpu(gpu_type)
         before = model(now.hbm_fraction, now.infer_mfu)
         after = model(hbm, mfu)
@@ -324,7 +326,7 @@ def refit(
             return _loss([(layout.train_s(trial), measured.train_s)], [k])
 
         low, high = _scale_bounds(prior, train_types, "train_mfu")
-        k, _ = grid_search(lambda a, _: train_loss(a), ((low, high), (1.0, 1.0)), **GRID)
+        k, _ = grid_search(lambda a, _: train_loss(a), ((low, high), (1.0, 1.0)), **GRID, start=(1.0, 1.0))
         before = layout.train_s(cm.with_calibration(cal))
         cal = _scaled(cal, prior, train_types, {"train_mfu": k})
         for t in train_types:
@@ -361,7 +363,7 @@ def refit(
                 return _loss(pairs, [k for pair in trial.values() for k in pair])
 
             bounds = tuple(_scale_bounds(prior, [t], f) for f in UPDATE)
-            scales = {**scales, t: grid_search(sync_loss, bounds, **GRID)}
+            scales = {**scales, t: grid_search(sync_loss, bounds, **GRID, start=scales[t])}
         before = model(cal)
         cal = with_scales(scales)
         for t in sync_types:
@@ -424,7 +426,7 @@ def fit_declared(
             (declared / DECLARED_RANGE, min(declared * DECLARED_RANGE, FIGURE_HIGH)),
             (RANGES["infer_mfu"].low, RANGES["infer_mfu"].high),
         )
-        value, mfu = grid_search(loss, bounds, **GRID)
+        value, mfu = grid_search(loss, bounds, **GRID, start=(believed, base.infer_mfu))
         mfu = _inside("infer_mfu", mfu)
         after = model(value, mfu)
         if _rms([{**p, "model": a} for p, a in zip(own, after, strict=True)]) >= miss:

@@ -652,6 +652,8 @@ def fit_baselines(
             points.append({"model": m, "cluster": cname, "phase": "weight_sync_s", "measured": value,
                            "model_value": model_value})  # fmt: skip
 
+    for point in points:  # whose factors each measurement fitted (the plan's interval, planner/interval.py)
+        point["gpu_type"] = clusters[point["cluster"]]["gpu_type"]
     types = sorted({c["gpu_type"] for c in clusters.values()})
     factors = {t: {k: float(f"{v:.4g}") for k, v in calibration.as_dict([t])[t].items()} for t in types}
     return BaselineFit(

@@ -31,6 +31,13 @@ from areal_hex_plugin.planner.inflight import (
     held_runtime,
     serial_rollout_s,
 )
+from areal_hex_plugin.planner.interval import (
+    ceiling_pick,
+    describe_interval_flip,
+    interval_flips,
+    plan_interval,
+    tie_band,
+)
 from areal_hex_plugin.planner.machine_assignment import place
 from areal_hex_plugin.planner.preemption import preemption_of
 from areal_hex_plugin.planner.search import THROUGHPUT_TIE, SearchResult, steering_eta, two_phase
@@ -56,7 +63,7 @@ MAIN_SEARCH_SHARE = 0.6
 NEAR = 32
 # Budget bisection steps for a throughput target.
 TARGET_STEPS = 12
-# Alternatives printed beside the plan (HexPlan.alternatives): the cheapest plan within WITHIN_SHARE of its
+# Alternatives printed beside the plan (HexPlan.alternatives): the cheapest plan within WITHIN_SHARE of the fastest
 # tokens/s, and the frontier's knee.
 WITHIN = "cheapest_within_2pct"
 WITHIN_SHARE = 0.02
@@ -64,6 +71,8 @@ KNEE = "knee"
 # The recipe's own allocation (planner/as_written.py): its name among the baselines, and SolverInfo.mode of its plan.
 AS_WRITTEN = "as-written"
 AS_WRITTEN_MODE = "as_written"
+# The default pick: the budget is a ceiling (planner/interval.py).
+INTERVAL_PICK = "cheapest_within_interval"
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,7 @@ class PlanRequest:
     pareto: bool = False
     caps: RuntimeCaps | None = None
     sensitivity: bool = False  # add HexPlan.sensitivity (planner/sensitivity.py) and warn of flips
+    pick: str | None = None  # overrides hex.objective.pick (None: the recipe's)
 
 
 def objective_of(recipe, request: PlanRequest) -> Objective:
@@ -91,19 +101,19 @@ def objective_of(recipe, request: PlanRequest) -> Objective:
     for name, value in (("--budget", budget), ("--target-tokens-per-s", target)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise HexError(name, f"must be a positive number, got {value:g}", "give a finite value > 0")
-    pick, tolerance = recipe.hex.objective.pick, recipe.hex.objective.throughput_tolerance
-    if target is not None and (pick != "fastest" or tolerance):
-        field = "hex.objective.pick" if pick != "fastest" else "hex.objective.throughput_tolerance"
+    pick, tolerance = request.pick or recipe.hex.objective.pick, recipe.hex.objective.throughput_tolerance
+    if target is not None and (pick == "knee" or tolerance):
+        field = "hex.objective.pick" if pick == "knee" else "hex.objective.throughput_tolerance"
         raise HexError(
             field,
             "picks a plan from the frontier within a budget or the whole inventory, not for a throughput target",
             "drop it, or give a budget instead of the target",
         )
-    if budget is not None:
-        return Objective("budget", budget_per_hour=budget, pick=pick, throughput_tolerance=tolerance)
     if target is not None:
-        return Objective("target", target_tokens_per_s=target)
-    return Objective("max_throughput", pick=pick, throughput_tolerance=tolerance)
+        return Objective("target", target_tokens_per_s=target, pick=pick)
+    band = round(tie_band(recipe.calibration, recipe.cluster.gpu_types), 4) if pick == INTERVAL_PICK else None
+    kind = "budget" if budget is not None else "max_throughput"
+    return Objective(kind, budget, pick=pick, throughput_tolerance=tolerance, tie_band=band)
 
 
 class Planner:
@@ -217,7 +227,7 @@ class Planner:
             self._sweep()
         best = self._picked(best, [*rivals, *written])
         frontier = self._frontier(best)
-        alternatives = self._alternatives(best, frontier)
+        alternatives = self._alternatives(frontier)
         baselines["uniform"] = self._uniform_baseline(best)
         gap = 0.0 if result.status == "optimal" else self._gap(best)
         if best.c_t > best.c_i:
@@ -363,9 +373,7 @@ class Planner:
                 p.n_gpus * p.price_per_gpu_hour for p in self.cluster.pools if p.gpu_type == gpu_type
             )
             note = f"whole {gpu_type} inventory (${inventory:,.2f}/h)" if inventory < budget else ""
-            baselines[name] = Baseline(
-                round(self.tokens_per_s(e), 3), round(e.cost_per_hour, 4), self._gpus_by_type(e), note
-            )
+            baselines[name] = self._baseline(e, note)
         return baselines, rivals
 
     def as_written(self) -> tuple[Evaluation, HexPlan]:
@@ -414,21 +422,35 @@ class Planner:
         backends = f"{self.recipe.config['actor']['backend']} + {self.recipe.config['rollout']['backend']}"
         budget = self.objective.budget_per_hour
         over = budget is not None and e.cost_per_hour > budget + 1e-9
-        baselines[AS_WRITTEN] = Baseline(
-            round(self.tokens_per_s(e), 3),
-            round(e.cost_per_hour, 4),
-            self._gpus_by_type(e),
-            f"{backends} as upstream places them" + (", over the budget" if over else ""),
+        baselines[AS_WRITTEN] = self._baseline(
+            e, f"{backends} as upstream places them" + (", over the budget" if over else "")
         )
         return [] if over else [e]
 
     def _uniform_baseline(self, best: Evaluation) -> Baseline:
-        return Baseline(
-            round(self._uniform(best), 3),
-            round(best.cost_per_hour, 4),
-            self._gpus_by_type(best),
-            "same machines, samples split evenly across replicas",
+        """The uniform ablation of ``best``, with its interval's relative width (the same machines and factors)."""
+        return self._baseline(
+            best, "same machines, samples split evenly across replicas", self._uniform(best)
         )
+
+    def _baseline(self, e: Evaluation, note: str, rate: float | None = None) -> Baseline:
+        """A baseline row for ``e`` at ``rate`` tokens/s (default: as scored), with its interval."""
+        scored = self.tokens_per_s(e)
+        rate = scored if rate is None else rate
+        low, high = (end * rate / scored for end in self._interval(e)) if scored > 0 else (0.0, 0.0)
+        return Baseline(
+            round(rate, 3),
+            round(e.cost_per_hour, 4),
+            self._gpus_by_type(e),
+            note,
+            round(low, 3),
+            round(high, 3),
+        )
+
+    def _interval(self, e: Evaluation) -> tuple[float, float]:
+        """(low, high) of ``e``'s tokens/s (``planner/interval.py``)."""
+        held = Held.of_evaluation(e, self.cm)
+        return plan_interval(self.cm, self._rules(), held, self._gpus_by_type(e), self.tokens_per_s(e))
 
     def _uniform(self, e: Evaluation) -> float:
         """The paper's ablation: the chosen split, but every replica gets the same number of samples."""
@@ -468,7 +490,9 @@ class Planner:
         """The plan the objective picks among every plan scored within it: for a target ``best`` (the cheapest
         reaching it); else the cheapest within THROUGHPUT_TIE of the fastest and no slower than a baseline
         (``rivals``: the plan never loses to one it prints), then the cheapest within ``throughput_tolerance``
-        of that (``pick: fastest``) or the frontier's knee (``pick: knee``). Every point scored is the same at
+        of that (``pick: fastest``) or the frontier's knee (``pick: knee``); ``pick: cheapest_within_interval``:
+        the cheapest of them and the baselines within the objective's tie band (``throughput_tolerance`` where
+        wider) of the fastest (the budget is a ceiling). Every point scored is the same at
         every eta (the searches are steered at a fixed eta), so the fastest is monotone in eta. ``rate``: each
         plan's tokens/s (default: as scored)."""
         obj = self.objective
@@ -480,6 +504,8 @@ class Planner:
         rate = rate or self.tokens_per_s
         floor = max([(1 - THROUGHPUT_TIE) * max(rate(e) for e in points), *map(rate, rivals)])
         best = _cheapest_reaching(points, floor, rate)
+        if obj.pick == INTERVAL_PICK:
+            return ceiling_pick([*points, *rivals], rate, _cost, _band(obj))
         if obj.pick == "knee":
             return knee(self._within_budget(self._frontier(best, rate)), rate)
         return _cheapest_reaching(points, (1 - obj.throughput_tolerance) * rate(best), rate)
@@ -497,13 +523,14 @@ class Planner:
                 frontier.append(e)
         return frontier
 
-    def _alternatives(self, chosen: Evaluation, frontier: list[Evaluation]) -> dict[str, Evaluation]:
-        """On the frontier within the objective: the cheapest plan within WITHIN_SHARE of ``chosen``'s tokens/s,
-        and the knee (none for a throughput target: its plan is the cheapest reaching it)."""
+    def _alternatives(self, frontier: list[Evaluation]) -> dict[str, Evaluation]:
+        """On the frontier within the objective: the cheapest plan within WITHIN_SHARE of the fastest's tokens/s
+        (with the default pick, whose band is at least as wide, never cheaper than the plan), and the knee (none
+        for a throughput target: its plan is the cheapest reaching it)."""
         if self.objective.kind == "target":
             return {}
         inside = self._within_budget(frontier)
-        floor = (1 - WITHIN_SHARE) * self.tokens_per_s(chosen)
+        floor = (1 - WITHIN_SHARE) * max(self.tokens_per_s(e) for e in inside)
         return {
             WITHIN: _cheapest_reaching(inside, floor, self.tokens_per_s),
             KNEE: knee(inside, self.tokens_per_s),
@@ -512,7 +539,7 @@ class Planner:
     def with_sensitivity(self, plan: HexPlan) -> HexPlan:
         """``plan`` (this planner's) with what its ranking hangs on, and a warning per flip
         (``planner/sensitivity.py``)."""
-        rules, chosen = Rules(strategy_for(self.recipe.hex.transport), self.ev.preemption), self.chosen
+        rules, chosen = self._rules(), self.chosen
         factors = plan_elasticities(
             self.cm,
             rules,
@@ -530,6 +557,7 @@ class Planner:
             return _cheapest_reaching(reaching, target, rate) if reaching else None
 
         found = flips(self.cm, rules, candidates, pick, chosen)
+        inside = interval_flips(self.cm, rules, candidates, pick, chosen)
         sensitivity = Sensitivity(
             step=STEP,
             factors={k: v for k, v in factors.items() if k != WORKLOAD},
@@ -537,9 +565,18 @@ class Planner:
             flip_change=FLIP_CHANGE,
             candidates=len(candidates),
             flips=found,
+            interval_flips=inside,
         )
-        warnings = [*plan.warnings, *(describe_flip(f, plan.predicted.cost_per_hour) for f in found)]
+        cost, recipe = plan.predicted.cost_per_hour, str(self.recipe.path)
+        warnings = [
+            *plan.warnings,
+            *(describe_interval_flip(f, self.cm.calibration, recipe, cost) for f in inside),
+            *(describe_flip(f, cost) for f in found),
+        ]
         return replace(plan, sensitivity=sensitivity, warnings=warnings)
+
+    def _rules(self) -> Rules:
+        return Rules(strategy_for(self.recipe.hex.transport), self.ev.preemption)
 
     def _steered_near(self, chosen: Evaluation) -> list[Evaluation]:
         """The splits the steering scored within FLIP_CHANGE of the chosen plan (at most NEAR of them, fastest
@@ -577,8 +614,13 @@ class Planner:
     def _plan(self, best, result, gap, solve_time, baselines, pareto, warnings, mode=None) -> HexPlan:
         train, rollout, machines = place(self.cluster, best)
         rate = self.tokens_per_s(best)
+        low, high = self._interval(best)
         predicted = Predicted(
             tokens_per_s=round(rate, 3),
+            tokens_per_s_low=round(low, 3),
+            tokens_per_s_high=round(high, 3),
+            step_time_s_low=round(best.step_s * rate / high, 4),
+            step_time_s_high=round(best.step_s * rate / low, 4) if low > 0 else None,
             cost_per_hour=round(best.cost_per_hour, 4),
             tokens_per_dollar=round(rate * 3600 / best.cost_per_hour, 1),
             step_time_s=round(best.step_s, 4),
@@ -647,27 +689,37 @@ def _solve(recipe, request: PlanRequest) -> tuple[HexPlan, Planner]:
     if not request.caps.one_rollout_layout or recipe.hex.solver.rollout_layout:
         planner = Planner(recipe, request)
         return planner.solve(), planner
-    best, best_planner = None, None
+    solved: list[tuple[HexPlan, Planner]] = []
     max_pp = min(recipe.solver.max_pp_stages, request.caps.max_rollout_pp or recipe.solver.max_pp_stages)
     for tp, pp in one_machine_layouts(recipe.cluster, max_pp):
         solver = replace(recipe.hex.solver, rollout_layout=[tp, pp])
         planner = Planner(replace(recipe, hex=replace(recipe.hex, solver=solver)), request)
         try:
-            plan = planner.solve()
+            solved.append((planner.solve(), planner))
         except HexError:
             continue  # no plan with every server in this layout
-        if best is None or (plan.predicted.tokens_per_s, -plan.predicted.cost_per_hour) > (
-            best.predicted.tokens_per_s,
-            -best.predicted.cost_per_hour,
-        ):
-            best, best_planner = plan, planner
-    if best is None:
+    if not solved:
         raise HexError(
             "actor.weight_update_mode",
             f"no plan with one layout for every rollout server (weights by {request.caps.weight_path}) fits",
             "use hex.transport=relay, which updates servers of different layouts, or add machines",
         )
-    return best, best_planner
+    # The fastest layout's plan (the cheapest on a tie); with the interval pick, the budget is a ceiling here too.
+    obj = solved[0][0].objective
+    if obj.pick == INTERVAL_PICK:
+        return ceiling_pick(solved, lambda x: x[0].predicted.tokens_per_s, lambda x: x[0].predicted.cost_per_hour,
+                            _band(obj))  # fmt: skip
+    return max(solved, key=lambda x: (x[0].predicted.tokens_per_s, -x[0].predicted.cost_per_hour))
+
+
+def _band(obj: Objective) -> float:
+    """The interval pick's tie band: the objective's (the fit's residual spread, at least 2%), or
+    ``throughput_tolerance`` where wider."""
+    return max(obj.tie_band or 0.0, obj.throughput_tolerance)
+
+
+def _cost(e: Evaluation) -> float:
+    return round(e.cost_per_hour, 6)
 
 
 def _cheapest_reaching(points: list[Evaluation], floor: float, rate) -> Evaluation:

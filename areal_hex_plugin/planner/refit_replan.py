@@ -5,7 +5,10 @@ threshold.
 The running plan is scored with its layouts held and its shares re-solved under the refit model
 (:func:`score_plan`: the planner's share rule and runtime scoring, as ``replan`` scores a fleet left after a
 loss), since shares change live at no cost; a re-plan is suggested only for what that re-share cannot reach. Both
-plans are scored the same way, so the gain compares like with like.
+plans are scored the same way, so the gain compares like with like. What it reaches may be machines that change
+role or layout (``diff``), or only the runtime settings of the running layouts (``retuned``: the update window,
+the rollouts admitted at once, the servers' in-flight caps): a refit that finds the training type faster than
+believed keeps every machine's role and layout, but the rollout side should keep more in flight to match.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from areal_hex_plugin.planner.replan import MachineDiff, keep_roles, machine_dif
 from areal_hex_plugin.planner.reshare import ServerShape, replica_config
 
 # Gain of the new plan over the running one (both under the refit model) above which a re-plan is suggested:
-# about the refit prediction's own uncertainty.
-THRESHOLD = 0.05
+# about the refit prediction's own uncertainty, chosen with `simulate --truth` (docs/elastic.md): above the
+# largest gain a refit finds where the true factors plan nothing better (0.4% on the paper recipes) plus the
+# runtime model's error between two runtimes of one layout in the simulator (2.1% on the 1.5B recipe, H20 -30%).
+THRESHOLD = 0.03
 
 
 def plan_layout(plan: HexPlan, transport: str) -> RunLayout:
@@ -89,8 +94,14 @@ class Decision:
         return self.tokens_per_s / self.running_tokens_per_s - 1 if self.running_tokens_per_s else math.inf
 
     @property
+    def retuned(self) -> tuple[str, ...]:
+        """The runtime settings the new plan changes on machines whose role and layout it keeps (see
+        :func:`runtime_changes`)."""
+        return runtime_changes(self.running, self.plan)
+
+    @property
     def suggested(self) -> bool:
-        return bool(self.diff) and self.gain > self.threshold
+        return bool(self.diff or self.retuned) and self.gain > self.threshold
 
     def reshared(self, step: int | None = None) -> HexPlan:
         """The running plan with its shares re-solved under the refit model, the change recorded."""
@@ -121,7 +132,26 @@ class Decision:
             },
             "shares_after": {share_key(i, g): g.share for i, g in enumerate(self.plan.rollout.replicas)},
             "machines": [vars(d) for d in self.diff],
+            "runtime": list(self.retuned),
         }
+
+
+def runtime_changes(running: HexPlan, new: HexPlan) -> tuple[str, ...]:
+    """What ``new`` sets otherwise than ``running`` besides roles and layouts: the update window, the rollouts
+    admitted at once, the in-flight cap of replica groups of the same shape (a server restarts with it)."""
+    out = []
+    before, after = running.solver.window_steps, new.solver.window_steps
+    if before != after:
+        out.append(f"update window {before} -> {after} steps")
+    before, after = running.staleness.max_concurrent_rollouts, new.staleness.max_concurrent_rollouts
+    if before != after:
+        out.append(f"max_concurrent_rollouts {before} -> {after}")
+    caps = {(g.pool, g.tp, g.pp): g.concurrency for g in running.rollout.replicas}
+    for g in new.rollout.replicas:
+        cap = caps.get((g.pool, g.tp, g.pp))
+        if cap is not None and cap != g.concurrency:
+            out.append(f"{g.pool} tp{g.tp}pp{g.pp} in-flight cap {cap} -> {g.concurrency}")
+    return tuple(out)
 
 
 def decide(
@@ -136,11 +166,12 @@ def decide(
     current = score_plan(cm, running, transport)
     new = keep_roles(running, plan_recipe(refit))
     scored = score_plan(cm, new, transport)
+    retuned = runtime_changes(running, new)
     change = PlanChange(
         kind="replan",
         hosts=sorted({d.host for d in machine_diff(running, new)}),
         reason=f"refit: the refit model plans {scored.tokens_per_s:,.0f} tokens/s against the running plan's "
-        f"{current.tokens_per_s:,.0f} (shares re-solved)",
+        f"{current.tokens_per_s:,.0f} (shares re-solved)" + (f"; {', '.join(retuned)}" if retuned else ""),
         step=step,
         tokens_per_s_before=round(current.tokens_per_s, 3),
         tokens_per_s_after=round(scored.tokens_per_s, 3),

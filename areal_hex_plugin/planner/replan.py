@@ -299,9 +299,18 @@ def _rescaled(recipe, old: HexPlan, rollout: float, machines: list[Machine]) -> 
     if free is not None:
         before = p.weight_sync_s + max(p.rollout_time_s, p.train_time_s)
         free = round(free * before / (p.weight_sync_s + max(rollout, p.train_time_s)), 3)
+    scale = tokens / p.tokens_per_s if p.tokens_per_s > 0 else 0.0  # the interval keeps its relative width
+
+    def scaled(value: float | None, by: float) -> float | None:
+        return None if value is None or not by else round(value * by, 6)
+
     return replace(
         p,
         tokens_per_s=round(tokens, 3),
+        tokens_per_s_low=scaled(p.tokens_per_s_low, scale),
+        tokens_per_s_high=scaled(p.tokens_per_s_high, scale),
+        step_time_s_low=scaled(p.step_time_s_low, 1 / scale if scale else 0.0),
+        step_time_s_high=scaled(p.step_time_s_high, 1 / scale if scale else 0.0),
         loss_free_tokens_per_s=free,
         cost_per_hour=round(cost, 6),
         tokens_per_dollar=round(tokens * 3600 / cost, 3) if cost else 0.0,

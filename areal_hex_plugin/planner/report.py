@@ -22,6 +22,11 @@ def _objective(plan: HexPlan) -> str:
     where = f"within ${obj.budget_per_hour:,.2f}/h" if obj.kind == "budget" else "on the whole inventory"
     if obj.pick == "knee":
         return f"the knee of the cost vs tokens/s frontier {where}"
+    if obj.pick == "cheapest_within_interval":
+        share = max(obj.tie_band or 0.0, obj.throughput_tolerance)
+        return (
+            f"the cheapest plan within {100 * share:.1f}% (the fit's tie band) of the most tokens/s {where}"
+        )
     if obj.throughput_tolerance:
         return f"the cheapest plan within {100 * obj.throughput_tolerance:g}% of the most tokens/s {where}"
     return f"max tokens/s {where}"
@@ -57,16 +62,23 @@ def _ratio(chosen: float, other: float) -> str:
     return f"{chosen / other:.2f}x" if other > 0 else "-"
 
 
+def _with_interval(p) -> str:
+    """A predicted or baseline tokens/s with its interval (planner/interval.py), where it has one."""
+    if p.tokens_per_s_low is None or p.tokens_per_s_high is None:
+        return f"{p.tokens_per_s:,.0f}"
+    return f"{p.tokens_per_s:,.0f} ({p.tokens_per_s_low:,.0f}-{p.tokens_per_s_high:,.0f})"
+
+
 def _comparison(plan: HexPlan, stream: IO[str] | None) -> str:
     """The chosen plan beside each baseline, in tokens/s and in tokens per dollar."""
     p = plan.predicted
     label = "as written" if plan.solver.mode == AS_WRITTEN_MODE else "AReaL-Hex (chosen)"
-    rows = [[label, f"{p.cost_per_hour:,.2f}", f"{p.tokens_per_s:,.0f}", f"{p.tokens_per_dollar:,.0f}",
+    rows = [[label, f"{p.cost_per_hour:,.2f}", _with_interval(p), f"{p.tokens_per_dollar:,.0f}",
              "", "", _gpus(plan.train.gpus, plan.rollout.gpus), ""]]  # fmt: skip
     for name, b in plan.baselines.items():
         per_dollar = b.tokens_per_s * 3600 / b.cost_per_hour if b.cost_per_hour else 0.0
         rows.append(
-            [name, f"{b.cost_per_hour:,.2f}", f"{b.tokens_per_s:,.0f}", f"{per_dollar:,.0f}",
+            [name, f"{b.cost_per_hour:,.2f}", _with_interval(b), f"{per_dollar:,.0f}",
              _ratio(p.tokens_per_s, b.tokens_per_s), _ratio(p.tokens_per_dollar, per_dollar), _gpus(b.gpus), b.note]
         )  # fmt: skip
     headers = ["plan", "$/h", "tokens/s", "tokens/$", "chosen is: tok/s", "chosen is: tok/$", "GPUs", "note"]
@@ -189,6 +201,9 @@ def _step_lines(p) -> list[str]:
         f"{p.reward_s:.1f}s, train {p.train_time_s:.1f}s)"
     )
     free = p.loss_free_tokens_per_s
+    if p.step_time_s_low is not None:
+        high = f"{p.step_time_s_high:.1f}s" if p.step_time_s_high is not None else "unbounded"
+        parts += f"; interval {p.step_time_s_low:.1f}s to {high} (planner/interval.py)"
     if not free or math.isclose(free, p.tokens_per_s):
         return [f"Predicted step {p.step_time_s:.1f}s = {parts}"]
     return [
@@ -235,7 +250,7 @@ def describe_plan(plan: HexPlan, stream: IO[str] | None = None, steps: int | Non
         out += [
             "",
             f"Beside it, on the cost vs tokens/s frontier of the plans scored {where} (--steps N: another run "
-            "length; +hex.objective.pick=knee or +hex.objective.throughput_tolerance=0.02 plans one of them):",
+            "length; +hex.objective.pick=knee plans the knee, +hex.objective.pick=fastest spends the budget):",
             _alternatives(plan, steps or DEFAULT_STEPS, stream),
         ]
     if plan.pareto:

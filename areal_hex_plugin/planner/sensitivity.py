@@ -261,44 +261,46 @@ def flips(
     pick: Callable[[Callable[[object], float]], object],
     chosen,
     change: float = FLIP_CHANGE,
+    moves: Iterable[tuple[Input, float]] | None = None,
 ) -> list[Flip]:
-    """Per input and direction, the plan ``pick`` (the objective's pick among ``candidates``, scored splits, by
-    a rate) takes when each candidate is re-scored held, where it differs from ``chosen`` in the GPUs of each type
-    training or generating, or in $/h."""
+    """Per move (an input and its relative change; default: each input at -+ ``change``), the plan ``pick`` (the
+    objective's pick among ``candidates``, scored splits, by a rate) takes when each candidate is re-scored held,
+    where it differs from ``chosen`` in the GPUs of each type training or generating, or in $/h."""
     cluster, workload, calibration = base.cluster, base.workload, base.calibration
     held = {e.split: Held.of_evaluation(e, base) for e in candidates}
     mine = _roles(cluster, chosen)
+    if moves is None:
+        moves = (
+            (inp, sign * change)
+            for inp in inputs(cluster.gpu_types, workload, calibration)
+            if inp.value > 0
+            for sign in (-1, 1)
+        )
     out = []
-    for inp in inputs(cluster.gpu_types, workload, calibration):
-        if inp.value <= 0:
+    for inp, move in moves:
+        moved = changed(inp, move, workload, calibration)
+        if moved is None:
             continue
-        for sign in (-1, 1):
-            moved = changed(inp, sign * change, workload, calibration)
-            if moved is None:
-                continue
-            w, c, value = moved
-            cm = model(base, w, c)
-            rates = {key: h.tokens_per_s(cm, rules) for key, h in held.items()}
-            picked = pick(lambda e, rates=rates: rates[e.split])
-            if picked is None or (_roles(cluster, picked), picked.cost_per_hour) == (
-                mine,
-                chosen.cost_per_hour,
-            ):
-                continue
-            train, rollout = _roles(cluster, picked)
-            out.append(
-                Flip(
-                    group=inp.group,
-                    input=inp.name,
-                    change=sign * change,
-                    value=value,
-                    train=train,
-                    rollout=rollout,
-                    cost_per_hour=round(picked.cost_per_hour, 4),
-                    tokens_per_s=round(rates[picked.split], 3),
-                    chosen_tokens_per_s=round(rates[chosen.split], 3),
-                )
+        w, c, value = moved
+        cm = model(base, w, c)
+        rates = {key: h.tokens_per_s(cm, rules) for key, h in held.items()}
+        picked = pick(lambda e, rates=rates: rates[e.split])
+        if picked is None or (_roles(cluster, picked), picked.cost_per_hour) == (mine, chosen.cost_per_hour):
+            continue
+        train, rollout = _roles(cluster, picked)
+        out.append(
+            Flip(
+                group=inp.group,
+                input=inp.name,
+                change=round(move, 6),
+                value=value,
+                train=train,
+                rollout=rollout,
+                cost_per_hour=round(picked.cost_per_hour, 4),
+                tokens_per_s=round(rates[picked.split], 3),
+                chosen_tokens_per_s=round(rates[chosen.split], 3),
             )
+        )
     return out
 
 

@@ -8,8 +8,9 @@ last ``WINDOW_STEPS``; the recipe's calibration the prior), then decides (``plan
 
 - the running layouts' shares re-solved under the refit model apply at once (the router's shares change);
 - where the plan the refit model gives beats the running one by more than the threshold, its role and layout
-  changes apply at the same step end as a re-plan and resume from a checkpoint taken there: the run restarts on
-  the new plan, the rollouts in flight are dropped and the pipeline fills again (no relaunch time is charged).
+  changes (or, on the same layouts, its update window, admission and in-flight caps) apply at the same step end
+  as a re-plan and resume from a checkpoint taken there: the run restarts on the new plan, the rollouts in flight
+  are dropped and the pipeline fills again (no relaunch time is charged).
 
 The same steps are also played on the believed plan without the loop and on the plan the true factors give,
 both on the true factors: the report gives per step tokens/s of all three, when the refit converged (the refit
@@ -195,8 +196,9 @@ def simulate_truth(
             offset = done[-1].end_s
             current = decision.plan
             plans.append(current)
+            retuned = "".join(f", {r}" for r in decision.retuned)
             notes[-1].append(
-                f"re-plan: {len(decision.diff)} machines change, {decision.running_tokens_per_s:,.0f} -> "
+                f"re-plan: {len(decision.diff)} machines change{retuned}, {decision.running_tokens_per_s:,.0f} -> "
                 f"{decision.tokens_per_s:,.0f} tokens/s predicted"
             )
             window.restart()

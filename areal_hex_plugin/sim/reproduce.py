@@ -96,9 +96,10 @@ def paper_request(
 ) -> PlanRequest:
     """The plan request of the paper's setting: within ``budget`` (else the whole testbed's price), every machine
     in one role (the paper splits its testbed by machines, D_T / D_I; the planner may split a machine of a small
-    inventory between the roles, which this leaves out), in the recipe's runtime (or ``caps``)."""
+    inventory between the roles, which this leaves out), in the recipe's runtime (or ``caps``), spending the budget
+    (``pick: fastest``: the paper's runs and its equal-budget comparisons spend theirs)."""
     caps = dataclasses.replace(caps or recipe_caps(recipe), split_machines=False)
-    return PlanRequest(budget_per_hour=budget or recipe.cluster.price_per_hour, caps=caps)
+    return PlanRequest(budget_per_hour=budget or recipe.cluster.price_per_hour, caps=caps, pick="fastest")
 
 
 def run(

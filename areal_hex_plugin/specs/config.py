@@ -136,7 +136,7 @@ class WorkloadConfig:
 
 
 # How a plan is picked from the cost vs tokens/s frontier (hex.objective.pick).
-PICKS = ("fastest", "knee")
+PICKS = ("cheapest_within_interval", "fastest", "knee")
 
 
 @dataclass
@@ -150,14 +150,18 @@ class ObjectiveConfig:
         None, "min $/h reaching this tokens/s", above(0, 1e10, "tokens/s")
     )
     pick: str = spec(
-        "fastest",
-        "with a budget or none: fastest (the most tokens/s, the cheapest within 0.1% of it) or knee (the knee of "
-        "the cost vs tokens/s frontier within the budget: the fastest plan within 2% of the lowest $ per token)",
+        "cheapest_within_interval",
+        "with a budget or none: cheapest_within_interval (the budget is a ceiling: the cheapest plan within "
+        "max(2%, the fit's residual spread) of the fastest, then any within 2% of its tokens/s it costs 5% above; "
+        "planner/interval.py), "
+        "fastest (spend it all: the most tokens/s, the cheapest within 0.1% of it) or knee (the knee of the cost "
+        "vs tokens/s frontier within the budget: the fastest plan within 2% of the lowest $ per token)",
         choices=PICKS,
     )
     throughput_tolerance: float = spec(
         0.0,
-        "with pick=fastest: the cheapest plan within this share of the fastest's tokens/s (0.02: within 2%)",
+        "with pick=fastest or cheapest_within_interval: the cheapest plan within this share of the fastest's "
+        "tokens/s (0.02: within 2%; with cheapest_within_interval, where wider than the interval)",
         between(0, 0.5),
     )
 
@@ -233,8 +237,10 @@ class CalibrationConfig:
         "writes hex_profile.json beside its plan and decides whether to re-plan (areal/refit_loop.py); 0: off",
         between(0, 1 << 20),
     )
+    # planner/refit_replan.py's THRESHOLD: the replay's largest gain without a real gap (0.4%) plus the model's
+    # runtime error there (2.1%).
     replan_threshold: float = spec(
-        0.05,
+        0.03,
         "suggest a re-plan when the plan the refit model gives beats the running one by more than this fraction",
         above(0, 10),
     )

@@ -107,6 +107,10 @@ def test_the_shipped_profile_is_what_the_fit_gives(fit):
     assert fit.gpus == SHIPPED["cluster_gpus"]
     assert fit.setting.eta == SHIPPED["measured_setting"]["max_head_offpolicyness"]
     assert [u["measurement"] for u in fit.unexplained] == [u["measurement"] for u in SHIPPED["unexplained"]]
+    # Each point names the type whose factors it fitted: its misses are that type's interval (planner/interval.py).
+    assert [(p["phase"], p["gpu_type"]) for p in fit.points] == [
+        (p["phase"], p["gpu_type"]) for p in SHIPPED["points"]
+    ]
 
 
 @pytest.mark.slow

@@ -49,6 +49,10 @@ def test_a_lost_rollout_machine_changes_only_rollout_shares(tiny_plan):
     ]
     assert new.predicted.cost_per_hour == pytest.approx(3 * 3.0)  # the three big GPUs left, at $3/h
     assert new.predicted.tokens_per_s < old.predicted.tokens_per_s
+    # The interval scales with the prediction, its relative width kept (issue 33, planner/interval.py).
+    o, n = old.predicted, new.predicted
+    assert n.tokens_per_s_low / n.tokens_per_s == pytest.approx(o.tokens_per_s_low / o.tokens_per_s, rel=1e-4)
+    assert n.step_time_s_high / n.step_time_s == pytest.approx(o.step_time_s_high / o.step_time_s, rel=1e-3)
     change = new.changes[-1]
     assert change.kind == "replan" and change.hosts == ["small-0"]
     assert change.tokens_per_s_before == old.predicted.tokens_per_s

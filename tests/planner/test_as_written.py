@@ -167,6 +167,12 @@ def test_the_plan_table_shows_the_allocation_as_written_beside_hex_and_the_basel
     row = plan.baselines[AS_WRITTEN]
     assert row.tokens_per_s == pytest.approx(written.predicted.tokens_per_s, rel=1e-6)
     assert row.cost_per_hour == pytest.approx(written.predicted.cost_per_hour)
+    # Its interval is the as-written plan's (issue 33, planner/interval.py).
+    w = written.predicted
+    assert (row.tokens_per_s_low, row.tokens_per_s_high) == pytest.approx(
+        (w.tokens_per_s_low, w.tokens_per_s_high)
+    )
+    assert w.tokens_per_s_low < w.tokens_per_s < w.tokens_per_s_high
     assert "fsdp:d8 + sglang:d4p1t2" in row.note and row.tokens_per_s <= plan.predicted.tokens_per_s
     assert any(line.startswith("as-written ") for line in describe_plan(plan).splitlines())
     # Backends that do not fit the cluster are no shape to show.

@@ -39,7 +39,8 @@ def _planner(pools, model, eta, budget=None):
     extra = [f"rollout.max_head_offpolicyness={eta}"]
     if budget is not None:
         extra.append(f"hex.objective.budget_per_hour={budget}")
-    return Planner(recipe_with_pools(pools, model, *extra), PlanRequest(caps=PAPER))
+    # The fastest plan: the default (issue 33: the cheapest within the tie band) may take a cheaper, slower one.
+    return Planner(recipe_with_pools(pools, model, *extra), PlanRequest(caps=PAPER, pick="fastest"))
 
 
 def _search(pools, model, eta, budget=None):

@@ -107,3 +107,49 @@ def test_unreadable_files_are_hex_errors(tmp_path):
         assert err.value.field == "plan"
     with pytest.raises(HexError):
         HexPlan.from_dict([1, 2])
+
+
+def _with_interval(plan: HexPlan, low: float, high: float) -> HexPlan:
+    import dataclasses
+
+    p = plan.predicted
+    step = p.step_time_s
+    interval = dict(
+        tokens_per_s_low=low,
+        tokens_per_s_high=high,
+        step_time_s_low=step * p.tokens_per_s / high,
+        step_time_s_high=step * p.tokens_per_s / low,
+    )
+    return dataclasses.replace(plan, predicted=dataclasses.replace(p, **interval))
+
+
+def test_a_plan_saved_before_intervals_loads_without_one_and_one_with_round_trips(tmp_path):
+    old = small_plan()
+    assert HexPlan.load(old.save(tmp_path / "old.json")).predicted.tokens_per_s_low is None
+    plan = _with_interval(old, 900.0, 1100.0)
+    assert HexPlan.load(plan.save(tmp_path / "new.json")) == plan
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda p: p.update(tokens_per_s=1200.0), "plan.predicted.tokens_per_s_high"),
+        (lambda p: p.update(tokens_per_s=800.0), "plan.predicted.tokens_per_s_low"),
+        (lambda p: p.update(tokens_per_s_low=None), "plan.predicted.tokens_per_s_low"),
+        (lambda p: p.update(tokens_per_s_high=None), "plan.predicted.tokens_per_s_high"),
+        (lambda p: p.update(step_time_s=p["step_time_s_high"] * 2), "plan.predicted.step_time_s_high"),
+    ],
+)
+def test_an_interval_that_does_not_hold_its_prediction_is_refused(edit, field):
+    data = _with_interval(small_plan(), 900.0, 1100.0).to_dict()
+    edit(data["predicted"])
+    with pytest.raises(HexError) as err:
+        HexPlan.from_dict(data)
+    assert err.value.field == field
+
+
+def test_a_step_interval_may_be_open_above():
+    """A factor's range end at which the plan cannot run leaves the step unbounded: its high end is null."""
+    data = _with_interval(small_plan(), 900.0, 1100.0).to_dict()
+    data["predicted"]["step_time_s_high"] = None
+    assert HexPlan.from_dict(data).predicted.step_time_s_high is None

@@ -87,6 +87,15 @@ REFUSED = [
     ("unknown-role", _set("machines.0.role", "both"), "plan.machines[0].role"),
     ("other-model", _set("model", "Qwen2.5-72B"), "plan.model"),
     ("train-gpus-missing", _set("train.stages.0.dp", 4), "plan.train.stages[0]"),
+    # Issue 33: a prediction's interval must hold it.
+    ("interval-below", _set("predicted.tokens_per_s_high", 1.0), "plan.predicted.tokens_per_s_high"),
+    ("interval-above", _set("predicted.step_time_s_low", 1e8), "plan.predicted.step_time_s_low"),
+    ("interval-one-end", _set("predicted.tokens_per_s_low", None), "plan.predicted.tokens_per_s_low"),
+    (
+        "baseline-interval",
+        _set("baselines.homogeneous-H20.tokens_per_s_low", 1e11),
+        "plan.baselines.homogeneous-H20.tokens_per_s_low",
+    ),
 ]
 
 

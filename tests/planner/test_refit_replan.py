@@ -71,3 +71,25 @@ def test_the_running_layouts_reshared_under_the_refit(planned):
     assert [(g.pool, g.tp, g.count) for g in reshared.rollout.replicas] == [
         (g.pool, g.tp, g.count) for g in plan.rollout.replicas
     ]
+
+
+def test_a_refit_that_only_retunes_the_running_layouts_is_suggested():
+    # The 1.5B plan's training type 30% faster than believed: every machine keeps its role and layout, but the
+    # rollout side should keep more in flight and update more often to match (the true-factor plan does).
+    recipe = load_recipe(REPO / "recipes" / "paper" / "1.5b.yaml", [])
+    plan = plan_recipe(recipe)
+    eff = recipe.calibration.for_gpu("H800-PCIe")
+    faster = recipe.calibration.with_factors(
+        "H800-PCIe", {"train_mfu": eff.train_mfu * 1.3}, "refit from run t"
+    )
+    decision = decide(recipe, plan, faster, step=5)
+    assert not decision.diff and decision.gain > THRESHOLD and decision.suggested
+    assert any("in-flight cap" in r for r in decision.retuned)
+    assert decision.to_dict()["runtime"] == list(decision.retuned)
+    assert all(r in decision.plan.changes[-1].reason for r in decision.retuned)
+
+
+def test_the_live_runs_default_threshold_is_the_replays():
+    from areal_hex_plugin.specs.config import CalibrationConfig
+
+    assert CalibrationConfig().replan_threshold == THRESHOLD

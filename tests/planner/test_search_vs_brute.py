@@ -20,7 +20,12 @@ from tests.planner.helpers import BRUTE_DEPTH, recipe_with_pools
         # Once draining windows were priced, the search missed the brute force's fleet (27,900 vs 28,196); since
         # window 1 overlaps its longest samples at eta 2 (costmodel.model.overlaps), it reaches it again.
         # With the H20 factors refitted in the one runtime (issue 33: infer_mfu 0.275, decode overhead 5 ms) the
-        # search misses the brute force again: 30,799 vs 34,349 tokens/s. Open, reported to the lead.
+        # search misses the brute force again: 30,799 vs 34,349 tokens/s, on the brute force's own split and
+        # training. Cause: the brute force's fleet (L40S tp2 x4 at 24 in flight + H20 tp2 pp4 x1 at 192) is no
+        # candidate of Evaluator.fleets. The L40S part comes only from the in-flight price program, the H20 part
+        # only from the rebuild-bound one (H20 tp2 pp4 rebuilds in 16.6 s against tp4 pp2's 27.5 s), and the two
+        # programs' pool fleets are never combined (5 x 4 bound fleets > ALL_COMBINATIONS, so the descent ranks
+        # them at full batch, where 8 x tp1 wins).
         pytest.param(
             [("L40S", 8, 2), ("H20", 4, 2)],
             marks=pytest.mark.xfail(
