@@ -231,8 +231,7 @@ class Refit:
     @property
     def rms_log_error(self) -> float:
         """Root-mean-square of ln(refit model / measured) over the points (0.1 is about 10%)."""
-        errors = [math.log(p["model"] / p["measured"]) ** 2 for p in self.points]
-        return math.sqrt(sum(errors) / len(errors)) if errors else 0.0
+        return _rms(self.points)
 
     def profile(self) -> dict[str, Any]:
         """The refit as a profile JSON (``hex.calibration.profile``): factors, sources, and the residuals."""
