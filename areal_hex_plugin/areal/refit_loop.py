@@ -3,23 +3,25 @@
 Every training step (upstream's stats commit, on the training thread: cheap) adds what the step measured to a
 :class:`~areal_hex_plugin.costmodel.refit.MeasurementWindow`: each rollout server's decode tokens/s at its running
 requests (``areal/server_stats.py``), upstream's ``timeperf/train_step`` and, on a step that pushed weights,
-``timeperf/update_weights``. Every ``refit_every`` steps the window's medians go to a thread of their own (never a
-training step) that:
+``timeperf/update_weights``. Every ``refit_every`` steps the window's medians go to the run's refit worker, a
+process of its own at lowered priority that imports only the core (``planner/refit_worker.py``: never a training
+step, nor the trainer's process and its GIL); a thread of this process waits for its answer, then:
 
-1. refits the factors of the GPU types in play (``costmodel/refit.py``; the recipe's calibration the prior), logs
-   wandb ``hex/calibration/<type>/<factor>`` and each point's residual, and writes ``hex_profile.json`` beside
-   the run's plan (a ``hex.calibration.profile`` for the next run and ``areal-hex plan``). A refit that fails, or
-   whose model still misses the measurements by more than ``DIVERGED`` (rms log error), keeps the running model
-   and plan, and says why (the measurement it misses most; its residuals are logged, its factors not);
-2. plans the recipe again under the refit model (``planner/refit_replan.py``): ``hex/replan/*`` gives the running
-   plan's and the new plan's predicted tokens/s; where the new one wins by more than ``replan_threshold`` it is
-   written to ``hex_replan.json`` and the log prints the command that resumes on it (role and layout changes are
-   only suggested);
-3. with ``hex.elastic.auto_replan``, re-solves the rollout shares under the refit model through the elastic run's
-   re-share path, which records the change in the plan's ``changes``.
+1. the refit of the factors of the GPU types in play (``costmodel/refit.py``; the recipe's calibration the prior)
+   is logged as wandb ``hex/calibration/<type>/<factor>`` and each point's residual, and written to
+   ``hex_profile.json`` beside the run's plan (a ``hex.calibration.profile`` for the next run and ``areal-hex
+   plan``). A refit that fails, whose model still misses the measurements by more than ``refit.DIVERGED`` (rms
+   log error), or whose worker dies, keeps the running model and plan, and says why (the measurement it misses
+   most; its residuals are logged, its factors not); the next refit starts a new worker;
+2. the worker's re-plan decision under the refit model (``planner/refit_replan.py``): ``hex/replan/*`` gives the
+   running plan's and the new plan's predicted tokens/s; where the new one wins by more than ``replan_threshold``
+   it is written to ``hex_replan.json`` and the log prints the command that resumes on it (role and layout
+   changes are only suggested);
+3. with ``hex.elastic.auto_replan``, the rollout shares are re-solved under the refit model here, through the
+   elastic run's re-share path (live objects), which records the change in the plan's ``changes``.
 
-Each refit's and decision's CPU seconds (of the thread that ran it) are logged as ``hex/calibration/cpu_s`` and
-``hex/replan/cpu_s``.
+Each refit's and decision's CPU seconds (the worker process's, all its threads) are logged as
+``hex/calibration/cpu_s`` and ``hex/replan/cpu_s``. The run's end stops the worker.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def resume_command(argv: Sequence[str], plan_file: str, profile_file: str) -> st
 
 
 class OnlineRefit:
-    """The window of a run's measurements and the refit thread (see the module doc).
+    """The window of a run's measurements, the refit worker and the thread that waits for it (see the module
+    doc).
 
     ``plan()`` gives the running plan, ``servers()`` each server rank's (pool, tp, pp) and ``take_servers()`` each
     rank's median (running, tokens/s) since the last step (``ServerPoller.take``). ``apply_shares(calibration,
@@ -140,7 +143,7 @@ class OnlineRefit:
 
     def on_step(self, data: dict[str, float], global_step: int | None = None) -> dict[str, float]:
         """One training step's figures (upstream's committed ``data`` at its ``global_step``, counted from 0;
-        None: the steps this loop saw) into the window; every ``every`` steps a refit starts on its own thread.
+        None: the steps this loop saw) into the window; every ``every`` steps a refit goes to the worker.
         Returns the metrics of the refits that ended before this step; never raises into the training step."""
         self.steps += 1
         try:
@@ -207,10 +210,11 @@ class OnlineRefit:
             f"at most {max(cpu, default=0.0):.2f} CPU s each"
         )
 
-    # -- the refit thread --------------------------------------------------------------------------------
+    # -- the thread that waits for the worker ------------------------------------------------------------
 
     def refit_now(self, measured: Measured, step: int) -> dict[str, float]:
-        """Refit, write the profile, decide (see the module doc); the metrics, also queued for the next step."""
+        """The worker's refit and decision, then the profile, the suggestion and the shares (see the module doc);
+        the metrics, also queued for the next step."""
         record: dict[str, Any] = {"step": step}
         metrics = self._refit(measured, step, record)
         self.refits.append(record)

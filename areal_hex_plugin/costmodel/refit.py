@@ -1,7 +1,8 @@
 """Online refit: the factors of the GPU types a run uses, fitted to what the run measures, the recipe's calibration
 (the shipped profile) as the prior.
 
-The live run calls it from a thread beside the trainer; every call is pure (no shared state, nothing written):
+The live run calls it in its refit worker process (``planner/refit_worker.py``); every call is pure (no shared
+state, nothing written):
 
     window = MeasurementWindow(warmup=WARMUP_STEPS, steps=WINDOW_STEPS)
     # every training step, from the run's own figures:

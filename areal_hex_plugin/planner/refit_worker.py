@@ -3,7 +3,7 @@ run in a long-lived worker process beside the trainer, never in the trainer's pr
 nor the GIL from a training step.
 
 The worker is a ``spawn`` process that imports only the core (costmodel, planner), runs at lowered priority
-(``os.nice(NICE)``) so the trainer's processes win the cores, and re-solves with one CP-SAT worker whatever the
+(``NICE`` above the trainer's, from its start) so the trainer's processes win the cores, and re-solves with one CP-SAT worker whatever the
 recipe's ``hex.solver.num_workers``. It runs one :class:`RefitJob` at a time (:func:`run_job`); the CPU seconds
 it reports for a refit and for a decision are its whole process's (every thread: CP-SAT's, numpy's), taken
 around each. A worker that dies (or cannot be reached) fails the job in hand with :class:`WorkerDied`; the next
@@ -111,7 +111,6 @@ def one_solver_worker(recipe: Recipe) -> Recipe:
 
 def _serve(conn) -> None:
     """The worker process: jobs in, outcomes out, until None or the trainer's end of the pipe closes."""
-    os.nice(NICE)
     while True:
         try:
             job = conn.recv()
@@ -176,6 +175,9 @@ class RefitWorker:
                 mine, theirs = context.Pipe()
                 self._process = context.Process(target=_serve, args=(theirs,), name="hex-refit", daemon=True)
                 self._process.start()
+                # Niced from here, before it imports the core (a second of CPU), not after.
+                niceness = min(19, os.getpriority(os.PRIO_PROCESS, 0) + NICE)
+                os.setpriority(os.PRIO_PROCESS, self._process.pid, niceness)
                 theirs.close()  # so a worker that dies reads as the end of the pipe
                 self._conn = mine
             return self._process, self._conn
