@@ -3,8 +3,8 @@ run in a long-lived worker process beside the trainer, never in the trainer's pr
 nor the GIL from a training step.
 
 The worker is a ``spawn`` process that imports only the core (costmodel, planner), runs at lowered priority
-(``NICE`` above the trainer's, from its start) so the trainer's processes win the cores, and re-solves with one CP-SAT worker whatever the
-recipe's ``hex.solver.num_workers``. It runs one :class:`RefitJob` at a time (:func:`run_job`); the CPU seconds
+(``NICE`` above the trainer's, from its start) so the trainer's processes win the cores, and re-solves with one
+CP-SAT worker whatever the recipe's ``hex.solver.num_workers``. It runs one :class:`RefitJob` at a time (:func:`run_job`); the CPU seconds
 it reports for a refit and for a decision are its whole process's (every thread: CP-SAT's, numpy's), taken
 around each. A worker that dies (or cannot be reached) fails the job in hand with :class:`WorkerDied`; the next
 job starts a new one.
