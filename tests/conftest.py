@@ -31,6 +31,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.path not in slow_files)
 
 
+@pytest.fixture(scope="session")
+def refit_worker():
+    """One online-refit worker process for the tests' refit loops (each loop would start its own: seconds)."""
+    from areal_hex_plugin.planner.refit_worker import RefitWorker
+
+    worker = RefitWorker()
+    yield worker
+    worker.stop()
+
+
 @pytest.fixture
 def transport_token(monkeypatch: pytest.MonkeyPatch) -> str:
     """The relay's shared secret, as a run (and its pre-flight, the dry run too) needs it."""

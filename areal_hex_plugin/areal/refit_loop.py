@@ -3,23 +3,25 @@
 Every training step (upstream's stats commit, on the training thread: cheap) adds what the step measured to a
 :class:`~areal_hex_plugin.costmodel.refit.MeasurementWindow`: each rollout server's decode tokens/s at its running
 requests (``areal/server_stats.py``), upstream's ``timeperf/train_step`` and, on a step that pushed weights,
-``timeperf/update_weights``. Every ``refit_every`` steps the window's medians go to a thread of their own (never a
-training step) that:
+``timeperf/update_weights``. Every ``refit_every`` steps the window's medians go to the run's refit worker, a
+process of its own at lowered priority that imports only the core (``planner/refit_worker.py``: never a training
+step, nor the trainer's process and its GIL); a thread of this process waits for its answer, then:
 
-1. refits the factors of the GPU types in play (``costmodel/refit.py``; the recipe's calibration the prior), logs
-   wandb ``hex/calibration/<type>/<factor>`` and each point's residual, and writes ``hex_profile.json`` beside
-   the run's plan (a ``hex.calibration.profile`` for the next run and ``areal-hex plan``). A refit that fails, or
-   whose model still misses the measurements by more than ``DIVERGED`` (rms log error), keeps the running model
-   and plan, and says why (the measurement it misses most; its residuals are logged, its factors not);
-2. plans the recipe again under the refit model (``planner/refit_replan.py``): ``hex/replan/*`` gives the running
-   plan's and the new plan's predicted tokens/s; where the new one wins by more than ``replan_threshold`` it is
-   written to ``hex_replan.json`` and the log prints the command that resumes on it (role and layout changes are
-   only suggested);
-3. with ``hex.elastic.auto_replan``, re-solves the rollout shares under the refit model through the elastic run's
-   re-share path, which records the change in the plan's ``changes``.
+1. the refit of the factors of the GPU types in play (``costmodel/refit.py``; the recipe's calibration the prior)
+   is logged as wandb ``hex/calibration/<type>/<factor>`` and each point's residual, and written to
+   ``hex_profile.json`` beside the run's plan (a ``hex.calibration.profile`` for the next run and ``areal-hex
+   plan``). A refit that fails, whose model still misses the measurements by more than ``refit.DIVERGED`` (rms
+   log error), or whose worker dies, keeps the running model and plan, and says why (the measurement it misses
+   most; its residuals are logged, its factors not); the next refit starts a new worker;
+2. the worker's re-plan decision under the refit model (``planner/refit_replan.py``): ``hex/replan/*`` gives the
+   running plan's and the new plan's predicted tokens/s; where the new one wins by more than ``replan_threshold``
+   it is written to ``hex_replan.json`` and the log prints the command that resumes on it (role and layout
+   changes are only suggested);
+3. with ``hex.elastic.auto_replan``, the rollout shares are re-solved under the refit model here, through the
+   elastic run's re-share path (live objects), which records the change in the plan's ``changes``.
 
-Each refit's and decision's CPU seconds (of the thread that ran it) are logged as ``hex/calibration/cpu_s`` and
-``hex/replan/cpu_s``.
+Each refit's and decision's CPU seconds (the worker process's, all its threads) are logged as
+``hex/calibration/cpu_s`` and ``hex/replan/cpu_s``. The run's end stops the worker.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import math
 import shlex
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,27 +37,18 @@ from typing import Any
 from areal.utils import logging
 
 from areal_hex_plugin.areal.metrics import MEASURED
-from areal_hex_plugin.costmodel.calibration import RANGES, Calibration
-from areal_hex_plugin.costmodel.refit import (
-    Measured,
-    MeasurementWindow,
-    Refit,
-    ServerSample,
-    StepSample,
-    refit,
-)
+from areal_hex_plugin.costmodel.calibration import Calibration
+from areal_hex_plugin.costmodel.refit import Measured, MeasurementWindow, Refit, ServerSample, StepSample
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.outfiles import write_json
 from areal_hex_plugin.plan import HexPlan
-from areal_hex_plugin.planner.refit_replan import Decision, decide, plan_layout
+from areal_hex_plugin.planner.refit_replan import Decision
+from areal_hex_plugin.planner.refit_worker import RefitJob, RefitOutcome, RefitWorker, WorkerDied
 
 logger = logging.getLogger("HexRefit")
 
 PROFILE_FILE = "hex_profile.json"
 REPLAN_FILE = "hex_replan.json"
-# A refit whose model still misses the measurements by more than a factor 2 (rms of ln(model/measured)) is not
-# trusted: the measurements say something the model cannot express (a server stalled, a wrong layout).
-DIVERGED = math.log(2)
 # A refit needs medians of at least this many steps after warm-up.
 MIN_STEPS = 2
 
@@ -87,23 +79,6 @@ def residual_metrics(fit: Refit, cpu_s: float) -> dict[str, float]:
     return out
 
 
-def diverged(fit: Refit) -> str | None:
-    """Why ``fit`` is not to be trusted (naming the measurement it misses most), or None."""
-    for t, factors in fit.factors.items():
-        for f, v in factors.items():
-            r = RANGES.get(f)
-            if not math.isfinite(v) or (r is not None and not r.low <= v <= r.high):
-                return f"{t} {f} = {v} is outside its range"
-    if math.isfinite(fit.rms_log_error) and fit.rms_log_error <= DIVERGED:
-        return None
-    worst = max(fit.points, key=lambda p: abs(math.log(p["model"] / p["measured"])), default=None)
-    where = "" if worst is None else (
-        f"; worst {worst['what']} of {worst.get('server') or worst.get('pool') or worst.get('gpu_type')}: "
-        f"measured {worst['measured']:.4g}, the refit model {worst['model']:.4g}"
-    )  # fmt: skip
-    return f"the refit model still misses the measurements by {fit.rms_log_error:.2f} (rms log error){where}"
-
-
 def resume_command(argv: Sequence[str], plan_file: str, profile_file: str) -> str:
     """This run's own command with ``hex.plan_path`` and ``hex.calibration.profile`` set to the refit's files."""
     dropped = ("hex.plan_path=", "hex.calibration.profile=")
@@ -113,12 +88,14 @@ def resume_command(argv: Sequence[str], plan_file: str, profile_file: str) -> st
 
 
 class OnlineRefit:
-    """The window of a run's measurements and the refit thread (see the module doc).
+    """The window of a run's measurements, the refit worker and the thread that waits for it (see the module
+    doc).
 
     ``plan()`` gives the running plan, ``servers()`` each server rank's (pool, tp, pp) and ``take_servers()`` each
     rank's median (running, tokens/s) since the last step (``ServerPoller.take``). ``apply_shares(calibration,
     reason)`` re-solves the live shares under a refit (the elastic run's path; it records the change) and says
-    whether they moved; None when ``auto_replan`` is off."""
+    whether they moved; None when ``auto_replan`` is off. ``worker`` runs each refit and decision (by default
+    one of its own)."""
 
     def __init__(
         self,
@@ -135,6 +112,7 @@ class OnlineRefit:
         argv: Sequence[str] = (),
         window: MeasurementWindow | None = None,
         on_stop: Callable[[], None] = lambda: None,
+        worker: RefitWorker | None = None,
     ) -> None:
         self.recipe = recipe
         self._plan, self._servers, self._take_servers = plan, servers, take_servers
@@ -151,6 +129,7 @@ class OnlineRefit:
         self._pending: dict[str, float] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self.worker = worker or RefitWorker()
 
     @property
     def profile_file(self) -> Path:
@@ -164,7 +143,7 @@ class OnlineRefit:
 
     def on_step(self, data: dict[str, float], global_step: int | None = None) -> dict[str, float]:
         """One training step's figures (upstream's committed ``data`` at its ``global_step``, counted from 0;
-        None: the steps this loop saw) into the window; every ``every`` steps a refit starts on its own thread.
+        None: the steps this loop saw) into the window; every ``every`` steps a refit goes to the worker.
         Returns the metrics of the refits that ended before this step; never raises into the training step."""
         self.steps += 1
         try:
@@ -176,7 +155,10 @@ class OnlineRefit:
         with self._lock:
             out, self._pending = self._pending, {}
         if self.steps % self.every == 0:
-            self._start()
+            try:
+                self._start()
+            except Exception as error:  # this refit is skipped; the step goes on
+                logger.warning(f"step {self.steps}: no refit ({type(error).__name__}: {error})")
         return out
 
     def sample(self, data: dict[str, float], global_step: int) -> StepSample:
@@ -217,19 +199,22 @@ class OnlineRefit:
             self._thread.join(timeout)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """The run ends: a refit in flight may finish within ``timeout``; the servers are no longer read."""
+        """The run ends: a refit in flight may finish within ``timeout``; the worker process ends; the servers
+        are no longer read."""
         self.join(timeout)
+        self.worker.stop()
         self._on_stop()
-        cpu = [r["cpu_s"] for r in self.refits]
+        cpu = [r["cpu_s"] for r in self.refits if "cpu_s" in r]
         logger.info(
             f"online refit: {len(cpu)} refits ({sum('kept' in r for r in self.refits)} kept the running model), "
             f"at most {max(cpu, default=0.0):.2f} CPU s each"
         )
 
-    # -- the refit thread --------------------------------------------------------------------------------
+    # -- the thread that waits for the worker ------------------------------------------------------------
 
     def refit_now(self, measured: Measured, step: int) -> dict[str, float]:
-        """Refit, write the profile, decide (see the module doc); the metrics, also queued for the next step."""
+        """The worker's refit and decision, then the profile, the suggestion and the shares (see the module doc);
+        the metrics, also queued for the next step."""
         record: dict[str, Any] = {"step": step}
         metrics = self._refit(measured, step, record)
         self.refits.append(record)
@@ -238,19 +223,17 @@ class OnlineRefit:
         return metrics
 
     def _refit(self, measured: Measured, step: int, record: dict[str, Any]) -> dict[str, float]:
-        from areal_hex_plugin.costmodel import CostModel
-
-        recipe, plan = self.recipe, self._plan()
-        started = time.thread_time()
+        plan = self._plan()
         try:
-            cm = CostModel(recipe.cluster, recipe.workload, self.calibration)
-            fit = refit(
-                cm, plan_layout(plan, recipe.hex.transport), measured, self.run, prior=recipe.calibration
+            job = RefitJob(self.recipe, self.run, self.threshold, plan, self.calibration, measured, step)
+            outcome = self.worker.run(job)
+        except Exception as error:  # the worker died, or the job could not reach it: this refit failed
+            record["kept"] = (
+                f"{error}" if isinstance(error, WorkerDied) else f"{type(error).__name__}: {error}"
             )
-            why = diverged(fit)
-        except Exception as error:
-            fit, why = None, f"the refit failed ({type(error).__name__}: {error})"
-        cpu = time.thread_time() - started
+            logger.warning(f"refit at step {step}: {record['kept']}; the running model and plan stay")
+            return {"hex/calibration/failed": 1.0}
+        fit, why, cpu = outcome.fit, outcome.why, outcome.cpu_s
         record["cpu_s"] = cpu
         if fit is None or why is not None:
             record["kept"] = why
@@ -273,17 +256,14 @@ class OnlineRefit:
             )
             + f"; written to {self.profile_file}"
         )
-        metrics.update(self._decide(fit.calibration, plan, step, record))
+        metrics.update(self._decide(outcome, plan, step, record))
         return metrics
 
-    def _decide(self, calibration: Calibration, plan: HexPlan, step: int, record: dict[str, Any]) -> dict:
-        started = time.thread_time()
-        try:
-            decision = decide(self.recipe, plan, calibration, self.threshold, step)
-        except Exception as error:
-            logger.warning(f"refit at step {step}: no re-plan decision ({type(error).__name__}: {error})")
+    def _decide(self, outcome: RefitOutcome, plan: HexPlan, step: int, record: dict[str, Any]) -> dict:
+        decision = outcome.decision
+        if decision is None:
+            logger.warning(f"refit at step {step}: no re-plan decision ({outcome.no_decision})")
             return {"hex/replan/failed": 1.0}
-        cpu = time.thread_time() - started
         record["decision"] = decision.to_dict()
         out = {
             "hex/replan/suggested": float(decision.suggested),
@@ -291,13 +271,13 @@ class OnlineRefit:
             "hex/replan/tokens_per_s_after": decision.tokens_per_s,
             "hex/replan/gain": decision.gain if math.isfinite(decision.gain) else 0.0,
             "hex/replan/machines": float(len(decision.diff)),
-            "hex/replan/cpu_s": cpu,
+            "hex/replan/cpu_s": outcome.decision_cpu_s,
         }
         if decision.suggested:
             self._suggest(decision)
         if self._apply_shares is not None:
             moved = self._apply_shares(
-                calibration, f"refit at step {step}: shares re-solved under the refit model"
+                outcome.fit.calibration, f"refit at step {step}: shares re-solved under the refit model"
             )
             out["hex/replan/shares_applied"] = float(moved)
             record["shares_applied"] = moved

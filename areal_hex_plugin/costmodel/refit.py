@@ -1,7 +1,8 @@
 """Online refit: the factors of the GPU types a run uses, fitted to what the run measures, the recipe's calibration
 (the shipped profile) as the prior.
 
-The live run calls it from a thread beside the trainer; every call is pure (no shared state, nothing written):
+The live run calls it in its refit worker process (``planner/refit_worker.py``); every call is pure (no shared
+state, nothing written):
 
     window = MeasurementWindow(warmup=WARMUP_STEPS, steps=WINDOW_STEPS)
     # every training step, from the run's own figures:
@@ -71,6 +72,9 @@ GRID = {"points": 12, "refine": 4}
 
 ROLLOUT = ("hbm_fraction", "infer_mfu")
 UPDATE = ("update_gb_per_s", "update_fixed_s")
+# A refit whose model still misses the measurements by more than a factor 2 (rms of ln(model/measured)) is not
+# trusted: the measurements say something the model cannot express (a server stalled, a wrong layout).
+DIVERGED = math.log(2)
 # A declared catalog figure is fitted within this factor of the recipe's either way, where its type's servers
 # are still missed by more than DECLARED_MISS (rms log error) with hbm_fraction at its range end.
 DECLARED_RANGE = 10.0
@@ -375,6 +379,24 @@ def refit(
 
     types = tuple(sorted(refit_types))
     return Refit(cal, cal.as_dict(list(types)), points, types)
+
+
+def diverged(fit: Refit) -> str | None:
+    """Why ``fit`` is not to be trusted (a factor out of range, or the model still missing the measurements by
+    more than ``DIVERGED``, naming the measurement it misses most), or None."""
+    for t, factors in fit.factors.items():
+        for f, v in factors.items():
+            r = RANGES.get(f)
+            if not math.isfinite(v) or (r is not None and not r.low <= v <= r.high):
+                return f"{t} {f} = {v} is outside its range"
+    if math.isfinite(fit.rms_log_error) and fit.rms_log_error <= DIVERGED:
+        return None
+    worst = max(fit.points, key=lambda p: abs(math.log(p["model"] / p["measured"])), default=None)
+    where = "" if worst is None else (
+        f"; worst {worst['what']} of {worst.get('server') or worst.get('pool') or worst.get('gpu_type')}: "
+        f"measured {worst['measured']:.4g}, the refit model {worst['model']:.4g}"
+    )  # fmt: skip
+    return f"the refit model still misses the measurements by {fit.rms_log_error:.2f} (rms log error){where}"
 
 
 def _rms(points: Iterable[dict[str, Any]], key: str = "model") -> float:

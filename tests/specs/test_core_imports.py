@@ -27,6 +27,7 @@ CORE_MODULES = [
     "areal_hex_plugin.specs.summary",
     "areal_hex_plugin.specs.workload",
     "areal_hex_plugin.costmodel",
+    "areal_hex_plugin.planner.refit_worker",  # the online refit's worker process imports only the core
 ]
 
 
