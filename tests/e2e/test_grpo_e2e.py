@@ -289,7 +289,9 @@ def test_grpo_learns_under_hex_local_and_the_same_command_again_ends_at_once(tmp
     run = run_driver(tmp_path, "hex_local", LEARN_STEPS, env, TIMEOUT_S)
     figures = check_run(run, "hex_local", LEARN_STEPS)
     figures["learning"] = check_learning(run)
-    assert "workers for role 'eval-rollout'" not in run.log  # the recipe never evaluates: no eval-rollout workers
+    assert (
+        "workers for role 'eval-rollout'" not in run.log
+    )  # the recipe never evaluates: no eval-rollout workers
     # The same command again: the pre-flight reads the first run's recover info (every step trained) and the
     # driver ends without starting a worker, leaving nothing.
     again = run_driver(tmp_path, "hex_local", LEARN_STEPS, env, TIMEOUT_S)
