@@ -349,8 +349,9 @@ def test_a_bandwidth_declared_3x_too_low_is_refit_within_25_percent_and_the_shar
     assert list(loop.refits[0]["figures"]) == ["CPU-BIG"]  # CPU-SMALL's figure is right: it stays
     # The next run (and areal-hex plan) reads the refit figure back from the profile beside the plan.
     profile = json.loads((tmp_path / PROFILE_FILE).read_text())
-    assert profile["gpu_catalog"]["CPU-BIG"]["hbm_tb_per_s"] > 2 * 1e-4 / 3
-    again = load_recipe(TINY, [f"hex.gpu_catalog.CPU-BIG.hbm_tb_per_s={1e-4 / 3}",
+    correct = load_recipe(TINY, []).catalog.get("CPU-BIG", "t").hbm_tb_per_s
+    assert profile["gpu_catalog"]["CPU-BIG"]["hbm_tb_per_s"] > 2 * correct / 3
+    again = load_recipe(TINY, [f"hex.gpu_catalog.CPU-BIG.hbm_tb_per_s={correct / 3}",
                                f"hex.calibration.profile={tmp_path / PROFILE_FILE}"])  # fmt: skip
     assert (
         again.calibration.figure("CPU-BIG", "hbm_tb_per_s")
