@@ -19,8 +19,9 @@ offline. The driver solves the plan at start, as a user's run does. Each run is 
 - a non-zero gradient at every step (no weight decay: the gradient alone moves the weights), unless every sample
   of the step earned the reward (GRPO has no advantage to follow then; the learning run may get there);
   ``hex/*`` in every logged step; no process left;
-- the online refit's ``hex/calibration/*`` and ``hex/replan/*`` at the step after each refit, and its
-  ``hex_profile.json`` beside the plan.
+- the online refit's ``hex/calibration/*`` and ``hex/replan/*`` at the step after each refit, every refit
+  fitted with each type's factors (the stand-ins decode at the true catalog's speed, ``HEX_STANDIN_TRUTH`` =
+  ``tests/e2e/truth.yaml``), and its ``hex_profile.json`` beside the plan.
 
 The hex_local run also learns (``target_reward.learning``): the mean reward of its last 4 steps reaches 0.45 from the
 initial policy's 0.25, which a policy no better than the initial one reaches with probability below 1e-6 (the
@@ -308,7 +309,8 @@ def test_grpo_under_hex_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     mark = new_mark()
     # Ray's daemons start the workers, which inherit their environment, not the driver's: the run's mark (to
     # find leftovers), the transport's shared secret (exported on every machine, as the README says), the
-    # repository (for the stand-in's and the reward's modules) and where the stand-in logs go into it.
+    # repository (for the stand-in's and the reward's modules), where the stand-in logs go into it and the true
+    # catalog that paces it.
     monkeypatch.setenv(MARK, mark)
     monkeypatch.setenv("AREAL_HEX_TRANSPORT_TOKEN", TOKEN)
     monkeypatch.setenv(LOG_DIR_ENV, str(tmp_path / "servers"))
