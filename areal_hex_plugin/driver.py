@@ -54,6 +54,9 @@ def run(argv: list[str]) -> int:
     if config.hex.dry_run:
         print(describe_start(session, dry_run=True))
         return 0
+    if session.finished:
+        print(f"areal-hex: {session.finished}", file=sys.stderr)
+        return 0
     announce(session)
     return _train(session, scheduler_factory(session), path, overrides)
 

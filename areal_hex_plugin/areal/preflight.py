@@ -160,7 +160,50 @@ def check_recover_checkpoint(config) -> str | None:
                 f"start this trial afresh (move {root} aside), or start a new trial_name from the last model "
                 "the saver wrote (actor.path=<that folder>)",
             )
-    return f"recover: resumes from {info}"
+    progress = trained_steps(config)
+    if progress is None:
+        return f"recover: resumes from {info}"
+    done, steps = progress
+    if done >= steps:
+        return f"recover: the run already trained its {steps} steps ({info}): the driver ends at once"
+    return f"recover: resumes from {info} at step {done + 1} of {steps}"
+
+
+def trained_steps(config) -> tuple[int, int] | None:
+    """(steps trained, steps the run asks for) of the trial upstream would resume (``check_if_recover``): its
+    step info's last global step, and ``total_train_epochs`` x its ``steps_per_epoch`` capped by
+    ``total_train_steps`` as upstream's training loop counts them; None when upstream would start afresh."""
+    import json
+
+    from areal.utils.recover import check_if_recover
+
+    info = recover_root(config) / "recover_info" / "step_info.json"
+    if config.recover.mode in ("off", "disabled") or not info.is_file():
+        return None
+    if not check_if_recover(config.recover, 0):
+        return None
+    try:
+        last = json.loads(info.read_text())
+        done, per_epoch = int(last["global_step"]) + 1, int(last["steps_per_epoch"])
+    except (OSError, ValueError, KeyError, TypeError):  # upstream would fail to load it: not ours to judge
+        return None
+    steps = int(config.total_train_epochs) * per_epoch
+    if config.total_train_steps is not None:
+        steps = min(steps, int(config.total_train_steps))
+    return done, steps
+
+
+def nothing_to_train(config) -> str | None:
+    """Why a run would start every worker and server only to train nothing (its trial already trained every step
+    it asks for), with the fix; None when there is a step to train."""
+    progress = trained_steps(config)
+    if progress is None or progress[0] < progress[1]:
+        return None
+    return (
+        f"the run already trained its {progress[1]} steps ({recover_root(config)}), so nothing was started; to "
+        "train on, raise total_train_steps or total_train_epochs; to train again from the start, set a new "
+        "trial_name"
+    )
 
 
 def check_live_inventory(session: HexSession) -> str:
@@ -277,9 +320,11 @@ def preflight(path: str, overrides: list[str], offline: bool = False, run: bool 
     passed.append(
         f"plan: {source}; ${plan.predicted.cost_per_hour:,.2f}/h, {plan.predicted.tokens_per_s:,.0f} tokens/s"
     )
-    session = HexSession(recipe, config, plan, source, rewrite, passed)
+    session = HexSession(recipe, config, plan, source, rewrite, passed, finished=nothing_to_train(config))
     if offline:
         session.notes.append("live inventory: not checked (--offline)")
+    elif session.finished:
+        session.notes.append("live inventory: not checked (nothing left to train)")
     else:
         try:
             passed.append(check_live_inventory(session))

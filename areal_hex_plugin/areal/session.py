@@ -36,6 +36,7 @@ class HexSession:
     notes: list[str] = field(default_factory=list)
     inventory: LiveInventory | None = None  # the live cluster, as read once (None: not read)
     announced: bool = False  # what the run decided was printed (areal/startup.py)
+    finished: str | None = None  # why the run has nothing left to train (its trial trained every step), if so
 
     @property
     def placement(self) -> Placement:

@@ -12,7 +12,8 @@ servers lost and gained mid-run (and machines that join, ``areal-hex join``) and
 :mod:`elastic` (``hex.elastic``); each change is appended to ``hex_plan.json``. Every
 ``hex.calibration.refit_every`` steps the cost model is refit from the run's own measurements beside the trainer
 (:mod:`refit_loop`).
-Weights go to the rollout servers every ``plan.solver.window_steps`` steps (:mod:`update_window`).
+Weights go to the rollout servers every ``plan.solver.window_steps`` steps (:mod:`update_window`). Where upstream
+would never evaluate (:func:`evaluates`), no eval-rollout workers are started.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import replace
 
 from areal.trainer import rl_trainer
 from areal.trainer.rl_trainer import PPOTrainer
+from areal.utils import logging
 from areal.utils.stats_logger import StatsLogger
 
 from areal_hex_plugin.areal.elastic import attach_elastic
@@ -38,6 +40,16 @@ from areal_hex_plugin.areal.update_window import push_every
 from areal_hex_plugin.plan import HexPlan, PlanChange
 
 PLAN_FILE = "hex_plan.json"
+logger = logging.getLogger("HexPPOTrainer")
+
+
+def evaluates(evaluator, has_valid_data: bool) -> bool:
+    """Whether upstream's trainer would ever evaluate: a validation set, and an ``evaluator`` config with a
+    frequency or ``eval_before_train`` (upstream's Evaluator never fires without one)."""
+    fires = evaluator.eval_before_train or any(
+        f is not None for f in (evaluator.freq_epochs, evaluator.freq_steps, evaluator.freq_secs)
+    )
+    return has_valid_data and fires
 
 
 def save_plan_beside_config(config, plan: HexPlan) -> str:
@@ -150,6 +162,13 @@ class HexPPOTrainer(PPOTrainer):
         return {"sglang": rl_trainer.RemoteSGLangEngine, "vllm": rl_trainer.RemotevLLMEngine}[backend]
 
     def _init_rollout(self, rollout_config, is_eval: bool = False, lora_path: str | None = None):
+        if is_eval and not evaluates(self.config.evaluator, self.valid_dataloader is not None):
+            # Upstream starts an eval-rollout worker beside every rollout worker whether or not it evaluates;
+            # every use of it allows None.
+            logger.info(
+                "no evaluation configured (evaluator frequencies null or no validation set): no eval-rollout workers"
+            )
+            return None
         if hasattr(PPOTrainer, "_rollout_engine_cls"):  # patches/0002: upstream asks the method above
             return super()._init_rollout(rollout_config, is_eval=is_eval, lora_path=lora_path)
         with swapped(rl_trainer, "RemoteSGLangEngine", self._rollout_engine_cls("sglang")):

@@ -331,6 +331,22 @@ def profile_path(name: str, base_dir: Path | None = None) -> Path:
     return base_dir / profile if not profile.is_absolute() and base_dir is not None else profile
 
 
+def with_profile_figures(
+    calibration: Calibration,
+    profile: str | Path,
+    catalog: GpuCatalog,
+    field_path: str = "hex.calibration.profile",
+) -> Calibration:
+    """``calibration`` with the catalog figures of ``profile``'s ``gpu_catalog`` section in place (each with the
+    source the profile gives it); GPU names resolve through ``catalog``."""
+    said = read_profile_sources(profile, field_path)
+    for name, figures in read_profile_figures(profile, field_path).items():
+        canonical = catalog.get(name, f"{field_path} gpu_catalog.{name}").name
+        for key, value in figures.items():
+            calibration = calibration.with_figures(canonical, {key: value}, said[(name, key)])
+    return calibration
+
+
 def build_calibration(
     cfg: CalibrationConfig, catalog: GpuCatalog, base_dir: Path | None = None
 ) -> Calibration:
@@ -339,12 +355,8 @@ def build_calibration(
     layers: list[tuple[str, dict[str, dict[str, float]], dict[tuple, str]]] = []
     if cfg.profile:
         profile = profile_path(cfg.profile, base_dir)
-        said = read_profile_sources(profile)
-        layers.append(("hex.calibration.profile", read_profile(profile), said))
-        for name, figures in read_profile_figures(profile).items():
-            canonical = catalog.get(name, f"hex.calibration.profile gpu_catalog.{name}").name
-            for key, value in figures.items():
-                calibration = calibration.with_figures(canonical, {key: value}, said[(name, key)])
+        layers.append(("hex.calibration.profile", read_profile(profile), read_profile_sources(profile)))
+        calibration = with_profile_figures(calibration, profile, catalog)
         for name, residual in read_profile_residuals(profile).items():
             canonical = catalog.get(name, f"hex.calibration.profile.{name}").name
             calibration = calibration.with_residual(canonical, residual)

@@ -26,7 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from areal_hex_plugin.costmodel import CostModel
-from areal_hex_plugin.costmodel.calibration import Calibration, read_profile, read_profile_sources
+from areal_hex_plugin.costmodel.calibration import (
+    Calibration,
+    read_profile,
+    read_profile_sources,
+    with_profile_figures,
+)
 from areal_hex_plugin.costmodel.refit import MeasurementWindow, ServerSample, StepSample, refit
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.planner import plan_recipe
@@ -44,10 +49,11 @@ LAST = 10
 
 
 def read_truth(path: str, recipe) -> Calibration:
-    """The recipe's calibration with the factors of the profile at ``path`` (``--truth``: checked like any
-    profile: finite, in range, known GPU types)."""
+    """The recipe's calibration with the factors and catalog figures (its ``gpu_catalog``: the machines' true
+    figures where the recipe's ``hex.gpu_catalog`` declares others) of the profile at ``path`` (``--truth``:
+    checked like any profile: finite, in range, known GPU types)."""
     sources = read_profile_sources(path, "--truth")
-    truth = recipe.calibration
+    truth = with_profile_figures(recipe.calibration, path, recipe.catalog, "--truth")
     for name, factors in read_profile(path, "--truth").items():
         canonical = recipe.catalog.get(name, f"--truth[{name}]").name
         for key, value in factors.items():

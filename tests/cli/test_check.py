@@ -168,12 +168,14 @@ def test_simulate_refuses_a_saved_plan_over_the_budget(plan_file: Path, capsys) 
     assert message.startswith(" --plan: the plan at") and "over its budget" in message
 
 
-def _recover_dump(tmp_path: Path, checkpoint_after_info: bool) -> list[str]:
+def _recover_dump(tmp_path: Path, checkpoint_after_info: bool, global_step: int = 2) -> list[str]:
     """Upstream's recover layout for the recipe's experiment under ``tmp_path`` (its own path functions), the
-    checkpoint written before its step info as upstream does, or after it (a dump the run stopped inside)."""
+    checkpoint written before its step info as upstream does, or after it (a dump the run stopped inside); the
+    last step trained ``global_step`` of 8 per epoch."""
     import os
 
-    from areal.utils.recover import RecoverHandler
+    from areal.api.io_struct import StepInfo
+    from areal.utils.recover import RecoverHandler, RecoverInfo
     from areal.utils.saver import Saver
 
     names = (
@@ -184,9 +186,9 @@ def _recover_dump(tmp_path: Path, checkpoint_after_info: bool) -> list[str]:
     )
     checkpoint = Path(Saver.get_recover_checkpoint_path("hex-recover", "t0", str(tmp_path)))
     info = Path(RecoverHandler.recover_info_path("hex-recover", "t0", str(tmp_path))) / "step_info.json"
-    info.parent.mkdir(parents=True, exist_ok=True)
     (checkpoint / "__0_0.distcp").write_bytes(b"w")
-    info.write_text('{"epoch": 0, "epoch_step": 2, "global_step": 2, "steps_per_epoch": 8}')
+    step = StepInfo(epoch=0, epoch_step=global_step, global_step=global_step, steps_per_epoch=8)
+    RecoverInfo(step, {}, {}, {}, {}, {}).dump(str(info.parent))
     os.utime(checkpoint / "__0_0.distcp", (100, 100))
     os.utime(info, (200, 200))
     if checkpoint_after_info:
@@ -199,7 +201,28 @@ def test_a_consistent_recover_checkpoint_is_what_the_run_resumes_from(
 ) -> None:
     names = _recover_dump(tmp_path, checkpoint_after_info=False)
     assert main(["check", str(RECIPE), f"hex.plan_path={plan_file}", *names, "--offline"]) == 0
-    assert "ok   recover: resumes from" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ok   recover: resumes from" in out and "at step 4 of 8" in out
+
+
+def test_a_run_that_trained_every_step_ends_at_once_starting_nothing(
+    plan_file: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The same command again after the run's last step: upstream would start every worker and server only to
+    train nothing. The driver says so and ends (no live inventory read: none is here); check says it too, and a
+    higher total_train_steps trains on."""
+    monkeypatch.delenv("HEX_LOCAL_GPUS", raising=False)
+    names = [*_recover_dump(tmp_path, checkpoint_after_info=False, global_step=7), "total_train_epochs=1"]
+    argv = [f"hex.plan_path={plan_file}", "scheduler.type=hex_local", *names]
+    assert driver_main(["--config", str(RECIPE), *argv]) == 0
+    err = capsys.readouterr().err
+    assert "already trained its 8 steps" in err and "nothing was started" in err, err
+    assert "raise total_train_steps" in err and "Traceback" not in err
+    assert main(["check", str(RECIPE), *argv, "--offline"]) == 0
+    assert "ok   recover: the run already trained its 8 steps" in capsys.readouterr().out
+    # Two more epochs asked for: the run resumes (here it then needs the live inventory, which is not here).
+    assert driver_main(["--config", str(RECIPE), *argv, "total_train_epochs=3"]) == 2
+    assert "already trained" not in capsys.readouterr().err
 
 
 def test_a_recover_checkpoint_written_after_its_step_info_is_refused(

@@ -102,5 +102,10 @@ def test_a_profiles_catalog_figure_replaces_the_recipes_in_every_model_and_plan(
         < CostModel(declared.cluster, declared.workload).rollout(stages).step_time_s
     )
     assert cm.with_calibration(Calibration()).cluster.pool("big").gpu.hbm_tb_per_s == low
-    shares = {g.pool: g.share for g in plan_recipe(refit).rollout.replicas}
+    plan = plan_recipe(refit)
+    shares = {g.pool: g.share for g in plan.rollout.replicas}
     assert shares == {g.pool: g.share for g in plan_recipe(recipe("ci/tiny.yaml")).rollout.replicas}
+    # The plan says which figure it used in place of the recipe's, and where it came from.
+    said = f"CPU-BIG hbm_tb_per_s {true:.4g} (in place of hex.gpu_catalog's) from profile refit.json"
+    assert said in plan.predicted.sources["rollout"] and said in plan.predicted.sources["train"]
+    assert "hbm_tb_per_s" not in plan_recipe(declared).predicted.sources["rollout"]

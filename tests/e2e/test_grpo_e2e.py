@@ -285,17 +285,19 @@ def _report(scheduler: str, figures: dict) -> None:
     print(f"\n[e2e] {scheduler}: {json.dumps(figures)}")
 
 
-def test_grpo_learns_under_hex_local_and_the_same_command_again_resumes(tmp_path: Path) -> None:
+def test_grpo_learns_under_hex_local_and_the_same_command_again_ends_at_once(tmp_path: Path) -> None:
     gpus = ",".join(f"{gpu_type}:{m * g}" for gpu_type, (m, g) in CPU_GPUS.items())
     env = environment(tmp_path, new_mark(), {"HEX_LOCAL_GPUS": gpus, TRUTH_ENV: str(TRUTH)})
     run = run_driver(tmp_path, "hex_local", LEARN_STEPS, env, TIMEOUT_S)
     figures = check_run(run, "hex_local", LEARN_STEPS)
     figures["learning"] = check_learning(run)
-    # The same command again resumes from the first run's recover checkpoint and ends, leaving nothing.
+    assert "workers for role 'eval-rollout'" not in run.log  # the recipe never evaluates: no eval-rollout workers
+    # The same command again: the pre-flight reads the first run's recover info (every step trained) and the
+    # driver ends without starting a worker, leaving nothing.
     again = run_driver(tmp_path, "hex_local", LEARN_STEPS, env, TIMEOUT_S)
     assert again.returncode == 0, again.log[-6000:]
-    assert f"resumes from {tmp_path}" in again.log  # the pre-flight saw the first run's checkpoint
-    assert processes_left(run.mark, wait_s=30) == []
+    assert f"already trained its {LEARN_STEPS} steps" in again.log and "nothing was started" in again.log
+    assert "upstream AReaL starts the workers" not in again.log and processes_left(run.mark, wait_s=30) == []
     figures["again_s"] = round(again.seconds, 1)
     _report("hex_local", figures)
 

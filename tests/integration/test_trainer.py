@@ -151,3 +151,32 @@ def test_recipe_relay_options_reach_the_sender_receivers_and_commit_check(tmp_pa
     # hex_start_receiver reads allowed_hosts=None as [] (any peer holding the token).
     expected = {**default.receiver, "allowed_hosts": None}
     assert {name: start[name].default for name in default.receiver} == expected
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("freq_epochs", [None, 1])
+@pytest.mark.parametrize("freq_steps", [None, 3])
+@pytest.mark.parametrize("before", [False, True])
+@pytest.mark.parametrize("has_valid_data", [False, True])
+def test_the_eval_rollout_is_started_exactly_when_upstream_would_evaluate(
+    freq_epochs, freq_steps, before, has_valid_data
+) -> None:
+    """``evaluates`` (whether HexPPOTrainer starts upstream's eval-rollout workers) against upstream's own
+    Evaluator over two epochs of steps: the workers start where, and only where, some step evaluates."""
+    from areal.api.cli_args import EvaluatorConfig
+    from areal.api.io_struct import FinetuneSpec
+    from areal.utils.evaluator import Evaluator
+
+    from areal_hex_plugin.areal.trainer import evaluates
+
+    config = EvaluatorConfig(
+        experiment_name="e", trial_name="t", fileroot="/tmp", freq_epochs=freq_epochs, freq_steps=freq_steps,
+        freq_secs=None, eval_before_train=before,
+    )  # fmt: skip
+    spec = FinetuneSpec(total_train_epochs=2, dataset_size=20, train_batch_size=4)
+    evaluator, calls = Evaluator(config, spec), []
+    for global_step in range(spec.total_train_steps):
+        epoch, step = divmod(global_step, spec.steps_per_epoch)
+        evaluator.evaluate(lambda g=global_step: calls.append(g), epoch, step, global_step)
+    upstream_evaluates = bool(calls) and has_valid_data  # upstream's _evaluate needs a validation set
+    assert evaluates(config, has_valid_data) == upstream_evaluates, calls

@@ -13,7 +13,7 @@ from areal_hex_plugin.costmodel.calibration import RANGES
 from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.planner.refit_replan import THRESHOLD
 from areal_hex_plugin.schemas import load_schema
-from areal_hex_plugin.sim.online import simulate_truth
+from areal_hex_plugin.sim.online import read_truth, simulate_truth
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
 
@@ -145,3 +145,41 @@ def test_a_bad_truth_exits_2_with_one_message(extra, factors, field, tmp_path, c
 def test_refit_every_needs_truth(capsys):
     assert main(["simulate", str(TINY), "--refit-every", "5"]) == 2
     assert "--refit-every" in capsys.readouterr().err
+
+
+def test_a_truth_profile_s_catalog_figures_are_the_machines(tmp_path):
+    """Issue 34's 3x case replayed: the recipe declares CPU-BIG's memory bandwidth 3x too low, the truth's
+    ``gpu_catalog`` gives the right figure. The machines run at the true figure, the refit recovers it and the
+    loop the gap to the plan made with it."""
+    true_tb_per_s = load_recipe(TINY, []).catalog.get("CPU-BIG", "test").hbm_tb_per_s
+    recipe = load_recipe(TINY, [f"hex.gpu_catalog.CPU-BIG.hbm_tb_per_s={true_tb_per_s / 3}"])
+    path = tmp_path / "truth.json"
+    path.write_text(
+        json.dumps(
+            {
+                "format": "areal-hex-profile/1",
+                "gpu_types": {"CPU-BIG": {}},
+                "gpu_catalog": {"CPU-BIG": {"hbm_tb_per_s": true_tb_per_s}},
+            }
+        )
+    )
+    truth = read_truth(str(path), recipe)
+    assert truth.figure("CPU-BIG", "hbm_tb_per_s") == pytest.approx(true_tb_per_s)
+    report = simulate_truth(recipe, plan_recipe(recipe), truth, STEPS)
+    assert report.gap > THRESHOLD and report.recovered >= GOAL, (report.gap, report.recovered)
+
+
+def test_a_bad_truth_catalog_figure_exits_2_naming_it(tmp_path, capsys):
+    path = tmp_path / "truth.json"
+    path.write_text(
+        json.dumps(
+            {
+                "format": "areal-hex-profile/1",
+                "gpu_types": {"CPU-BIG": {}},
+                "gpu_catalog": {"CPU-BIG": {"hbm_tb_per_s": -1}},
+            }
+        )
+    )
+    assert main(["simulate", str(TINY), "--truth", str(path), "--steps", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "--truth" in err and "hbm_tb_per_s" in err and "Traceback" not in err
