@@ -31,8 +31,9 @@ over ``PRIOR_SPREAD``), so a few noisy steps move a factor a little, not to its 
 1. per GPU type that generates: ``hbm_fraction`` and ``infer_mfu`` to its servers' tokens/s at their running
    requests (``decode_overhead_s`` held, as ``fit_profile`` holds it);
 2. ``train_mfu`` of the training types (one multiplier on all of them) to the step's training seconds;
-3. ``update_gb_per_s`` and ``update_fixed_s`` of each type the update involves (a multiplier pair per type, fitted
-   one type after another, twice round) to the update's seconds, per receiving pool where the run times them.
+3. ``update_gb_per_s`` and ``update_fixed_s`` of each type the update involves (a multiplier pair per type: one
+   pair for all of them first, then one type after another, twice round) to the update's seconds, per receiving
+   pool where the run times them.
 
 Between 1 and 2, a figure the recipe declares in its own ``hex.gpu_catalog`` (a belief, unlike the shipped,
 sourced specs) is fitted where the factor that scales it cannot explain the run inside its range
@@ -338,7 +339,7 @@ def refit(
         points.append({"what": "train_s", "gpu_type": ", ".join(train_types), "measured": measured.train_s,
                        "before": before, "model": layout.train_s(cm.with_calibration(cal))})  # fmt: skip
 
-    # 3. Weight update: a multiplier on each type's update factors, one type after another (twice round).
+    # 3. Weight update: a multiplier on each type's update factors, all together, then one type after another.
     sync_types = sorted(
         {*train_types, *(pool_type[s.pool] for stages, _ in layout.replicas for s in stages)}
         | {pool_type[p] for p in layout.colocated}
@@ -358,15 +359,20 @@ def refit(
             trial_cm = cm.with_calibration(trial)
             return [layout.sync_s(trial_cm, pool, senders) for pool in measured.sync_s]
 
-        for t in [*sync_types, *sync_types]:
+        # First one pair for every type together (the whole update pays the slowest type's fixed cost, so no
+        # type alone can move it), then each type's own from there.
+        for group in [sync_types, *([t] for t in [*sync_types, *sync_types])]:
 
-            def sync_loss(rate: float, fixed: float, t=t, scales=scales) -> float:
-                trial = {**scales, t: (rate, fixed)}
+            def sync_loss(rate: float, fixed: float, group=group, scales=scales) -> float:
+                trial = {**scales, **dict.fromkeys(group, (rate, fixed))}
                 pairs = zip(model(with_scales(trial)), measured.sync_s.values(), strict=True)
                 return _loss(pairs, [k for pair in trial.values() for k in pair])
 
-            bounds = tuple(_scale_bounds(prior, [t], f) for f in UPDATE)
-            scales = {**scales, t: grid_search(sync_loss, bounds, **GRID, start=scales[t])}
+            bounds = tuple(_scale_bounds(prior, group, f) for f in UPDATE)
+            scales = {
+                **scales,
+                **dict.fromkeys(group, grid_search(sync_loss, bounds, **GRID, start=scales[group[0]])),
+            }
         before = model(cal)
         cal = with_scales(scales)
         for t in sync_types:

@@ -84,26 +84,28 @@ def test_a_profiles_catalog_figures_are_checked_and_plan_exits_2_with_one_messag
 def test_a_profiles_catalog_figure_replaces_the_recipes_in_every_model_and_plan(tmp_path):
     """A refit figure (``gpu_catalog``) takes the place of the recipe's ``hex.gpu_catalog`` figure: in the
     recipe's calibration with its source, in a cost model built on it, and in the plan."""
-    declared = recipe("ci/tiny.yaml", "hex.gpu_catalog.CPU-BIG.hbm_tb_per_s=0.00002")
-    profile = _with_catalog(tmp_path, {"CPU-BIG": {"hbm_tb_per_s": 0.0001}})
+    true = recipe("ci/tiny.yaml").catalog.get("CPU-BIG", "t").hbm_tb_per_s  # the recipe's own figure
+    low = true / 5
+    declared = recipe("ci/tiny.yaml", f"hex.gpu_catalog.CPU-BIG.hbm_tb_per_s={low}")
+    profile = _with_catalog(tmp_path, {"CPU-BIG": {"hbm_tb_per_s": true}})
     refit = recipe(
-        "ci/tiny.yaml", "hex.gpu_catalog.CPU-BIG.hbm_tb_per_s=0.00002", f"hex.calibration.profile={profile}"
+        "ci/tiny.yaml", f"hex.gpu_catalog.CPU-BIG.hbm_tb_per_s={low}", f"hex.calibration.profile={profile}"
     )
-    assert refit.calibration.figure("CPU-BIG", "hbm_tb_per_s") == 0.0001
+    assert refit.calibration.figure("CPU-BIG", "hbm_tb_per_s") == true
     assert refit.calibration.source("CPU-BIG", "hbm_tb_per_s") == "profile refit.json"
     cm = CostModel(refit.cluster, refit.workload, refit.calibration)
-    assert cm.cluster.pool("big").gpu.hbm_tb_per_s == 0.0001
-    assert cm.catalog_cluster.pool("big").gpu.hbm_tb_per_s == 0.00002
+    assert cm.cluster.pool("big").gpu.hbm_tb_per_s == true
+    assert cm.catalog_cluster.pool("big").gpu.hbm_tb_per_s == low
     stages = (RolloutStage("big", 1),)
     assert (
         cm.rollout(stages).step_time_s
         < CostModel(declared.cluster, declared.workload).rollout(stages).step_time_s
     )
-    assert cm.with_calibration(Calibration()).cluster.pool("big").gpu.hbm_tb_per_s == 0.00002
+    assert cm.with_calibration(Calibration()).cluster.pool("big").gpu.hbm_tb_per_s == low
     plan = plan_recipe(refit)
     shares = {g.pool: g.share for g in plan.rollout.replicas}
     assert shares == {g.pool: g.share for g in plan_recipe(recipe("ci/tiny.yaml")).rollout.replicas}
     # The plan says which figure it used in place of the recipe's, and where it came from.
-    said = "CPU-BIG hbm_tb_per_s 0.0001 (in place of hex.gpu_catalog's) from profile refit.json"
+    said = f"CPU-BIG hbm_tb_per_s {true:.4g} (in place of hex.gpu_catalog's) from profile refit.json"
     assert said in plan.predicted.sources["rollout"] and said in plan.predicted.sources["train"]
     assert "hbm_tb_per_s" not in plan_recipe(declared).predicted.sources["rollout"]

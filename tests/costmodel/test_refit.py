@@ -191,3 +191,24 @@ def test_a_declared_figure_that_the_factors_explain_does_not_move(faster):
         RANGES["hbm_fraction"].low < fit.factors[t]["hbm_fraction"] < RANGES["hbm_fraction"].high
         for t in ("CPU-BIG", "CPU-SMALL")
     )
+
+
+def test_an_update_every_type_does_faster_than_believed_is_fitted_from_the_whole_update():
+    # Both CPU types believe a 1.5 s fixed cost per update; both really take 0.15 s. The whole update pays the
+    # slowest type's fixed cost, so moving one type's factors alone changes nothing (the CPU e2e's case: the
+    # live run times the whole update only): the types must move together.
+    recipe = load_recipe(REPO / "recipes" / "ci" / "tiny.yaml", [])
+    plan = plan_recipe(recipe)
+    layout = plan_layout(plan, recipe.hex.transport)
+    truth = recipe.calibration
+    for gpu_type in ("CPU-BIG", "CPU-SMALL"):
+        truth = truth.with_factors(gpu_type, {"update_fixed_s": 0.15}, "truth")
+    true_cm = CostModel(recipe.cluster, recipe.workload, truth)
+    window = MeasurementWindow()
+    for _ in range(6):
+        window.add(_step(true_cm, plan, layout))
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    fit = refit(cm, layout, window.measured(), "t1")
+    (point,) = [p for p in fit.points if p["what"] == "sync_s"]
+    assert point["before"] > 5 * point["measured"]
+    assert point["model"] == pytest.approx(point["measured"], rel=0.1), point

@@ -28,6 +28,8 @@ from tests.e2e.wandb_log import history
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "ci" / "tiny.yaml"
+# The CPU e2e's true catalog: HEX_STANDIN_TRUTH paces the stand-in servers by it (tests/e2e/sglang_server.py).
+TRUTH = REPO / "tests" / "e2e" / "truth.yaml"
 MARK = "HEX_E2E_RUN"
 TOKEN = "e2e-token-0123456789abcdef"
 RELAY_CHUNK_BYTES = yaml.safe_load(RECIPE.read_text())["hex"]["relay"]["chunk_mb"] << 20

@@ -10,6 +10,13 @@ ranks would: column-parallel projections per rank then gathered, row-parallel on
 added up (the all-reduce), the vocabulary-parallel embedding as masked per-rank lookups added up. At most
 ``--max-running-requests`` requests decode at once; the others wait, as in SGLang's queue.
 
+Its speed is set by a "true" catalog kept apart from the recipe's ``hex.gpu_catalog`` (the run's belief):
+with ``HEX_STANDIN_TRUTH=FILE`` (``recipe:`` the recipe giving the shapes, ``gpu_catalog:`` the true figures; e.g.
+``tests/e2e/truth.yaml``) each token it makes takes at least 1 / the cost model's tokens/s of its server's shape
+(pool ``HEX_POOL``, ``--tp-size``) on that catalog at the requests decoding then, so it decodes at the true
+model's speed wherever the CPU computes faster. ``/metrics``'s ``gen_throughput`` is its tokens/s over the time
+it spent decoding them (as SGLang's, counted over its decode iterations): the speed the online refit fits.
+
 ``python -m tests.e2e.sglang_server --model-path M --host H --port P ...`` takes SGLang's launcher flags and ignores
 those it has no use for; ``HexSGLangBackend`` runs it in place of SGLang when a rollout worker has
 ``HEX_SGLANG_SERVER_MODULE=tests.e2e.sglang_server``.
@@ -35,10 +42,13 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import yaml
 from flask import jsonify, request
 
 from areal_hex_plugin.transport.sinks import TensorParallelSink, shard_dim
@@ -52,6 +62,9 @@ LENGTHS_FILE_ENV = "HEX_STANDIN_LENGTHS_FILE"
 # pool P (its HEX_POOL) answers none of its requests and, once N are open, claims "<file>.held" (its PID and log),
 # holding them until it is killed. One server claims it per run; one started after the claim (a relaunch) serves.
 HOLD_FILE_ENV = "HEX_STANDIN_HOLD_FILE"
+# A YAML file of the true catalog the server's decode is paced by (see the module doc).
+TRUTH_ENV = "HEX_STANDIN_TRUTH"
+REPO = Path(__file__).resolve().parents[2]
 # /metrics: gen_throughput counts the tokens decoded over this many seconds.
 THROUGHPUT_S = 2.0
 
@@ -63,6 +76,24 @@ def forced_length() -> int | None:
         return int(Path(path).read_text()) if path else None
     except (OSError, ValueError):
         return None
+
+
+def true_token_s(path: str | Path, pool: str, tp: int) -> Callable[[int], float]:
+    """Seconds per token of a server of ``pool`` at ``tp`` with n requests decoding, on the true catalog at
+    ``path``: 1 / the cost model's tokens/s of that shape at n."""
+    from areal_hex_plugin.costmodel import CostModel
+    from areal_hex_plugin.costmodel.refit import server_tokens_per_s
+    from areal_hex_plugin.specs.recipe import load_recipe
+
+    truth = yaml.safe_load(Path(path).read_text())
+    figures = [
+        f"hex.gpu_catalog.{t}.{k}={v}" for t, spec in truth["gpu_catalog"].items() for k, v in spec.items()
+    ]
+    recipe = load_recipe(Path(path).parent / truth["recipe"], figures, base_dir=REPO)
+    if pool not in {p.name for p in recipe.cluster.pools}:
+        raise ValueError(f"{TRUTH_ENV}={path}: no pool {pool!r} in {truth['recipe']} (HEX_POOL names it)")
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    return cache(lambda n: 1.0 / server_tokens_per_s(cm, (pool, tp, 1), max(1, n)))
 
 
 def weights_digest(named_tensors) -> str:
@@ -187,6 +218,7 @@ class SGLangCPUServer(SGLangStandIn):
         max_running_requests: int | None = None,
         flags: dict | None = None,
         hold: RequestHold | None = None,
+        token_s: Callable[[int], float] | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -202,7 +234,10 @@ class SGLangCPUServer(SGLangStandIn):
         self._epoch = 0  # bumped by pause, abort and load: requests started before it end with "abort"
         self._slots = threading.BoundedSemaphore(max_running_requests) if max_running_requests else None
         self._decoding = 0  # requests decoding now (SGLang's num_running_reqs)
-        self._token_times: deque[float] = deque()  # when each token of the last THROUGHPUT_S seconds was made
+        self._token_s = token_s  # the true seconds per token at n decoding (true_token_s); None: unpaced
+        self._due = 0.0  # when the last token ends on the true model's clock (_pace)
+        # When each token of the last THROUGHPUT_S seconds was made, and the seconds spent making it.
+        self._token_times: deque[tuple[float, float]] = deque()
         # Prompt + output of every aborted request: upstream resubmits exactly that to finish it.
         self._resumable: Counter[tuple[int, ...]] = Counter()
         self.flags = {"tp_size": tp_size, "max_running_requests": max_running_requests, **(flags or {})}
@@ -253,12 +288,13 @@ class SGLangCPUServer(SGLangStandIn):
 
     def _metrics(self):
         """SGLang's Prometheus gauges (``--enable-metrics``): running requests and the decode tokens/s of the
-        last ``THROUGHPUT_S`` seconds."""
+        last ``THROUGHPUT_S`` seconds, over the time spent decoding them."""
         with self._lock:
             now = time.monotonic()
-            while self._token_times and self._token_times[0] < now - THROUGHPUT_S:
+            while self._token_times and self._token_times[0][0] < now - THROUGHPUT_S:
                 self._token_times.popleft()
-            running, rate = self._decoding, len(self._token_times) / THROUGHPUT_S
+            busy = sum(seconds for _, seconds in self._token_times)
+            running, rate = self._decoding, len(self._token_times) / busy if busy > 0 else 0.0
         labels = '{model_name="stand-in",tp_rank="0"}'
         return f"sglang:num_running_reqs{labels} {running}\nsglang:gen_throughput{labels} {rate}\n"
 
@@ -388,15 +424,19 @@ class SGLangCPUServer(SGLangStandIn):
         stops = set(params.get("stop_token_ids") or [])
         if not params.get("ignore_eos"):
             stops.add(self._eos)
-        cache, step_ids = None, torch.tensor([input_ids])
+        kv, step_ids = None, torch.tensor([input_ids])
         forced = forced_length()
         for _ in range(int(params.get("max_new_tokens", 16))):
             with self._lock, torch.no_grad():
                 if self._epoch != epoch:
                     raise _Aborted
-                out = self._lm(input_ids=step_ids, past_key_values=cache, use_cache=True)
-                self._token_times.append(time.monotonic())
-            cache, logits = out.past_key_values, out.logits[0, -1].float()
+                started = time.monotonic()
+                out = self._lm(input_ids=step_ids, past_key_values=kv, use_cache=True)
+                if self._token_s is not None:
+                    self._pace(started, self._token_s(self._decoding))
+                now = time.monotonic()
+                self._token_times.append((now, now - started))
+            kv, logits = out.past_key_values, out.logits[0, -1].float()
             token, logprob = self._sample(logits, temperature, top_k, top_p)
             tokens.append(token)
             logprobs.append(logprob)
@@ -404,6 +444,13 @@ class SGLangCPUServer(SGLangStandIn):
                 return tokens, logprobs, {"type": "stop", "matched": token}
             step_ids = torch.tensor([[token]])
         return tokens, logprobs, finish
+
+    def _pace(self, started: float, seconds: float) -> None:
+        """Sleep until this token's end on the true model's clock: ``seconds`` after the last token's end there
+        while tokens follow back to back (so a late wake-up is made up by the next token), else after
+        ``started``."""
+        self._due = (self._due if started - self._due < seconds else started) + seconds
+        time.sleep(max(0.0, self._due - time.monotonic()))
 
     def _sample(
         self, logits: torch.Tensor, temperature: float, top_k: int, top_p: float
@@ -457,7 +504,9 @@ def main(argv: list[str] | None = None) -> None:
         # The devices its worker was given: by the scheduler, and by the plan.
         "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "planned_gpu_ids": os.environ.get("HEX_GPU_IDS"),
+        "truth": os.environ.get(TRUTH_ENV),
     }
+    truth = flags["truth"]
     server = SGLangCPUServer(
         args.model_path,
         args.host,
@@ -468,6 +517,7 @@ def main(argv: list[str] | None = None) -> None:
         max_running_requests=args.max_running_requests,
         flags=flags,
         hold=RequestHold(os.environ.get(HOLD_FILE_ENV), pool, log_path),
+        token_s=true_token_s(truth, pool, args.tp_size) if truth else None,
     )
     signal.signal(signal.SIGTERM, lambda *_: server.close())
     server.serve_forever()

@@ -218,3 +218,35 @@ def test_a_rollout_worker_gets_the_whole_staleness_budget(tmp_path):
                 engine.destroy()
     finally:
         server.close()
+
+
+def test_a_standin_paced_by_a_true_catalog_decodes_at_the_true_models_speed(tmp_path):
+    """With the CPU e2e's true catalog (tests/e2e/truth.yaml), a CPU-BIG tp1 server makes tokens at the cost
+    model's tokens/s for its shape at the requests decoding, at 4 requests and at 1 (the CPU alone makes them
+    several times faster), and /metrics reports that speed, as the online refit reads it. (The first and last
+    tokens of a batch decode with fewer requests running, at their slower speed: hence the bands.)"""
+    from areal_hex_plugin.areal.server_stats import read_server
+    from tests.e2e.run import TRUTH
+    from tests.e2e.sglang_server import THROUGHPUT_S, SGLangCPUServer, true_token_s
+
+    token_s = true_token_s(TRUTH, "big", 1)
+    server = SGLangCPUServer(
+        str(write_model(tmp_path / "model", seed=0)), max_running_requests=8, token_s=token_s
+    )
+    body = {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}}
+    url = f"http://{server.address}/generate"
+    try:
+        for n in (4, 1):
+            started = time.monotonic()
+            with ThreadPoolExecutor(n) as pool:
+                answers = list(pool.map(lambda _: requests.post(url, json=body, timeout=60), range(n)))
+            elapsed = time.monotonic() - started
+            made = sum(a.json()["meta_info"]["completion_tokens"] for a in answers)
+            true = 1 / token_s(n)
+            assert 0.75 <= made / elapsed / true <= 1.05, (n, made / elapsed, true)
+            _, reported = read_server(server.address)
+            assert 0.75 <= reported / true <= 1.05, (n, reported, true)
+            if n > 1:
+                time.sleep(THROUGHPUT_S)  # the next speed alone in /metrics' window
+    finally:
+        server.close()

@@ -116,12 +116,20 @@ def test_an_assumed_factor_widens_the_interval_by_its_range():
     assert plan.objective.tie_band == TIE_FLOOR  # ranges move every plan on a type together: no wider tie
 
 
+# ci/tiny's earlier, faster catalog (before its figures were set for the paced CPU stand-in, tests/e2e/truth.yaml).
+TINY_FAST = (
+    "hex.gpu_catalog.CPU-BIG.tflops_bf16=2.0",
+    "hex.gpu_catalog.CPU-BIG.hbm_tb_per_s=0.0001",
+    "hex.gpu_catalog.CPU-SMALL.hbm_tb_per_s=0.00002",
+)
+
+
 def test_pick_fastest_spends_the_budget_the_default_does_not():
-    """ci/tiny asks for ``pick: fastest`` (11 $/h, both types); the default takes 2 CPU-BIG at 6 $/h, 5% slower:
-    past the 2% band's edge (9 $/h) each step down keeps 98% of the tokens/s for over 5% less."""
+    """ci/tiny at its faster catalog with ``pick: fastest`` (11 $/h, both types); the default takes 2 CPU-BIG at
+    6 $/h, 5% slower: past the 2% band's edge (9 $/h) each step down keeps 98% of the tokens/s for over 5% less."""
     path = REPO / "recipes" / "ci" / "tiny.yaml"
-    _, fastest = _planned(path)
-    _, ceiling = _planned(path, "hex.objective.pick=cheapest_within_interval")
+    _, fastest = _planned(path, *TINY_FAST)
+    _, ceiling = _planned(path, *TINY_FAST, "hex.objective.pick=cheapest_within_interval")
     assert fastest.objective.pick == "fastest"
     assert ceiling.predicted.cost_per_hour < 0.6 * fastest.predicted.cost_per_hour
     assert (
