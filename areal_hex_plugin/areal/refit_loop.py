@@ -44,6 +44,7 @@ from areal_hex_plugin.outfiles import write_json
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.planner.refit_replan import Decision
 from areal_hex_plugin.planner.refit_worker import RefitJob, RefitOutcome, RefitWorker, WorkerDied
+from areal_hex_plugin.planner.replan import MachineDiff
 
 logger = logging.getLogger("HexRefit")
 
@@ -77,6 +78,14 @@ def residual_metrics(fit: Refit, cpu_s: float) -> dict[str, float]:
         out["hex/calibration/rms_log_error_before"] = math.sqrt(sum(before) / len(before))
     out["hex/calibration/cpu_s"] = cpu_s
     return out
+
+
+def describe_changes(diff: Sequence[MachineDiff], retuned: Sequence[str]) -> str:
+    """What a suggested plan changes: the machines that change role or layout, then the runtime settings it
+    retunes on the layouts it keeps (``Decision.retuned``)."""
+    moves = "; ".join(f"{d.host}: {d.before or '(new)'} -> {d.after or '(gone)'}" for d in diff)
+    parts = [f"{len(diff)} machines change role or layout ({moves})"] if diff else []
+    return "; ".join([*parts, *retuned]) or "nothing"
 
 
 def resume_command(argv: Sequence[str], plan_file: str, profile_file: str) -> str:
@@ -294,11 +303,10 @@ class OnlineRefit:
     def _suggest(self, decision: Decision) -> None:
         """Write the new plan and print the command that resumes on it."""
         decision.plan.save(self.replan_file)
-        moves = "; ".join(f"{d.host}: {d.before or '(new)'} -> {d.after or '(gone)'}" for d in decision.diff)
         logger.warning(
             f"re-plan suggested by the refit model: {decision.tokens_per_s:,.1f} tokens/s predicted against "
             f"{decision.running_tokens_per_s:,.1f} for the running plan ({decision.gain:+.1%}, over the "
-            f"{self.threshold:.0%} threshold), moving {len(decision.diff)} machines ({moves}). Role and layout "
+            f"{self.threshold:.0%} threshold): {describe_changes(decision.diff, decision.retuned)}. These "
             f"changes are not applied live: resume from the recover checkpoint on the new plan with\n  "
             f"{resume_command(self._argv, str(self.replan_file), str(self.profile_file))}"
         )

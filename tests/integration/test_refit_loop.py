@@ -20,7 +20,7 @@ import pytest
 
 from areal_hex_plugin.areal import refit_loop
 from areal_hex_plugin.areal.elastic import ElasticRollout
-from areal_hex_plugin.areal.refit_loop import PROFILE_FILE, REPLAN_FILE, OnlineRefit
+from areal_hex_plugin.areal.refit_loop import PROFILE_FILE, REPLAN_FILE, OnlineRefit, describe_changes
 from areal_hex_plugin.areal.routing import ShareRouter
 from areal_hex_plugin.areal.server_stats import ServerPoller, parse_metrics, read_server
 from areal_hex_plugin.costmodel import CostModel
@@ -28,6 +28,7 @@ from areal_hex_plugin.costmodel.calibration import read_profile
 from areal_hex_plugin.costmodel.refit import server_tokens_per_s
 from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.planner.refit_replan import plan_layout
+from areal_hex_plugin.planner.replan import MachineDiff
 from areal_hex_plugin.planner.reshare import ServerShape
 from areal_hex_plugin.sim.online import read_truth
 from areal_hex_plugin.specs.config import ElasticConfig
@@ -420,3 +421,14 @@ def test_without_the_refit_a_bandwidth_declared_3x_too_low_stays_wrong(refit_wor
     ratio, shares, planned, loop = _declared_3x_too_low(tmp_path, refit_worker, refit_every=11)
     assert not loop.refits and abs(ratio - 1) > 0.25
     assert any(abs(shares[p] - planned[p]) > 0.1 for p in planned), (shares, planned)
+
+
+def test_a_suggestion_says_what_it_changes_machines_or_runtime_settings() -> None:
+    """A suggested plan that only retunes the running layouts says which settings, not "0 machines ()"."""
+    moved = MachineDiff("node-3", "big", "rollout sglang:d1p1t1", "train fsdp:d3")
+    assert describe_changes([moved], []) == (
+        "1 machines change role or layout (node-3: rollout sglang:d1p1t1 -> train fsdp:d3)"
+    )
+    retuned = ("update window 2 -> 1 steps", "max_concurrent_rollouts 8 -> 6")
+    assert describe_changes([], retuned) == "update window 2 -> 1 steps; max_concurrent_rollouts 8 -> 6"
+    assert describe_changes([moved], retuned[:1]).endswith("-> train fsdp:d3); update window 2 -> 1 steps")
