@@ -46,8 +46,9 @@ from areal_hex_plugin.specs.workload import WorkloadSpec
 ESTIMATE_WORK = 3e-4
 # Candidate fleets of a split's rollout machines: every combination of the pools' fleets (each pool's bound and
 # price fleets, :meth:`Evaluator.pool_candidates`) up to this many, else this many of one bound for every pool (by
-# makespan) and a descent over each pool's fleets. Two pools of up to 8 fleets each are combined in full.
-ALL_COMBINATIONS = 64
+# makespan) and a descent over each pool's fleets. 36: two pools of 6 fleets each are combined in full; 64 cost the
+# 7B plan at 10,240 GPUs, where the search's work limit stops it, 23% of its tokens/s (benchmarks/planner.py).
+ALL_COMBINATIONS = 36
 CANDIDATES = 3
 # Prices of an in-flight sequence (tokens/s it must earn) at which each pool's fleet is also a candidate: the
 # staleness bound's budget of sequences priced, every price for all pools at once (see :meth:`Evaluator.fleets`).
