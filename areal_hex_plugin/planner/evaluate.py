@@ -44,9 +44,11 @@ from areal_hex_plugin.specs.workload import WorkloadSpec
 
 # Work charged per cost-model estimate computed (the search's clock, planner/cpsat.py).
 ESTIMATE_WORK = 3e-4
-# Candidate fleets of a split's rollout machines: every combination of the pools' fleets up to this many, else
-# this many of one bound for every pool (by makespan) and a descent over each pool's bounds.
-ALL_COMBINATIONS = 16
+# Candidate fleets of a split's rollout machines: every combination of the pools' fleets (each pool's bound and
+# price fleets, :meth:`Evaluator.pool_candidates`) up to this many, else this many of one bound for every pool (by
+# makespan) and a descent over each pool's fleets. 36: two pools of 6 fleets each are combined in full; 64 cost the
+# 7B plan at 10,240 GPUs, where the search's work limit stops it, 23% of its tokens/s (benchmarks/planner.py).
+ALL_COMBINATIONS = 36
 CANDIDATES = 3
 # Prices of an in-flight sequence (tokens/s it must earn) at which each pool's fleet is also a candidate: the
 # staleness bound's budget of sequences priced, every price for all pools at once (see :meth:`Evaluator.fleets`).
@@ -246,36 +248,43 @@ class Evaluator:
         Every replica also rebuilds its KV cache after each weight update, which the linear objective
         sum(y_psi * h_psi) cannot see. So each pool's program is solved once per bound on that rebuild time, with
         only the shapes within the bound (a pool may do best with fast-rebuilding shapes while another needs
-        speed). The candidates are every combination of the pools' fleets where there are at most ALL_COMBINATIONS,
-        else those of :meth:`_descent_candidates`; the split's score picks the candidate and its runtime together.
+        speed).
 
         The staleness bound caps the sequences in flight over all replicas, and under that cap the best fleet may
         be another mix of shapes (fewer, larger replicas whose batches fit it). The program with that budget is
         the Lagrangian one: each sequence in flight priced at lambda, every shape at its best cap of the menu
         (value h(cap) - lambda * cap), each pool's knapsack solved alone; for every lambda of PRICES, all pools'
-        fleets at it are one more candidate. The candidates do not depend on eta.
+        fleets at it are one candidate.
+
+        A pool's fleets of both programs are its candidates (:meth:`pool_candidates`): one pool may do best with
+        a price fleet beside another's bound fleet. The candidates are every combination of the pools' fleets
+        where there are at most ALL_COMBINATIONS, else those of :meth:`_descent_candidates`; the split's score
+        picks the candidate and its runtime together. The candidates do not depend on eta.
         """
         if counts in self._fleets:
             return self._fleets[counts]
         pools = [(pool.name, n) for pool, n in zip(self.cluster.pools, counts, strict=True) if n]
-        bounds = {name: sorted({c.recompute_s for c in self.replica_configs(name)}) for name, _ in pools}
-        # Each pool's distinct fleets over its bounds: where their combinations are few, all are candidates.
-        per_pool = [
-            list(
-                {
-                    self.pool_fleet(name, n, b).counts: self.pool_fleet(name, n, b) for b in bounds[name]
-                }.values()
-            )
-            for name, n in pools
-        ]
+        bounds = {name: self.bounds(name) for name, _ in pools}
+        per_pool = [self.pool_candidates(name, n) for name, n in pools]
         if math.prod(len(p) for p in per_pool) <= ALL_COMBINATIONS:
             candidates = [_fleet_of(list(c)) for c in product(*per_pool)]
         else:
-            candidates = self._descent_candidates(pools, bounds)
+            candidates = self._descent_candidates(pools, bounds, per_pool)
         candidates += [_fleet_of([self.pool_fleet(name, n, price=p) for name, n in pools]) for p in PRICES]
         self._fleets[counts] = list({f: None for f in candidates if f.groups})
         self._charge()
         return self._fleets[counts]
+
+    def bounds(self, pool_name: str) -> list[float]:
+        """The KV-rebuild bounds of a pool's program: its shapes' rebuild times."""
+        return sorted({c.recompute_s for c in self.replica_configs(pool_name)})
+
+    def pool_candidates(self, pool_name: str, machines: int) -> list[RolloutSolution]:
+        """A pool's distinct fleets on ``machines`` rollout machines: one per rebuild bound and one per price of
+        an in-flight sequence (where that price leaves it any replica)."""
+        solutions = [self.pool_fleet(pool_name, machines, b) for b in self.bounds(pool_name)]
+        solutions += [self.pool_fleet(pool_name, machines, price=p) for p in PRICES]
+        return list({s.counts: s for s in solutions if s.counts}.values())
 
     def runtimes(self, fleet: Fleet) -> list[Runtime]:
         """The runtime choices of a candidate fleet (:meth:`inflight.InFlight.runtimes`); memoised."""
@@ -286,11 +295,14 @@ class Evaluator:
         return self._runtimes[fleet]
 
     def _descent_candidates(
-        self, pools: list[tuple[str, int]], bounds: dict[str, list[float]]
+        self,
+        pools: list[tuple[str, int]],
+        bounds: dict[str, list[float]],
+        per_pool: list[list[RolloutSolution]],
     ) -> list[Fleet]:
         """The CANDIDATES fleets of one bound for every pool with the shortest makespan of a step with an update
-        (at the replicas' largest batches), and the fleet that each pool's own bound in turn reaches from the best
-        of them while that shortens the makespan."""
+        (at the replicas' largest batches), and the fleet that each pool's own candidates (``per_pool``) in turn
+        reach from the best of them while that shortens the makespan."""
         samples = self.workload.rl.samples_per_step
         mean = self.workload.output_lengths.mean
 
@@ -310,9 +322,9 @@ class Evaluator:
         improved = bool(chosen)
         while improved:
             improved = False
-            for i, (name, n) in enumerate(pools):
-                for bound in bounds[name]:
-                    solutions = [*chosen[:i], self.pool_fleet(name, n, bound), *chosen[i + 1 :]]
+            for i, own in enumerate(per_pool):
+                for solution in own:
+                    solutions = [*chosen[:i], solution, *chosen[i + 1 :]]
                     trial = makespan(solutions)
                     if trial < best * (1 - 1e-12):
                         best, chosen, improved = trial, solutions, True
