@@ -54,12 +54,20 @@ class Predicted:
     cost_per_hour: float = spec(help="$ per hour of the machines used", range=_DOLLARS)
     tokens_per_dollar: float = spec(help="tokens per $", range=between(0, 1e18))
     step_time_s: float = spec(help="seconds per training step", range=_SECONDS)
-    train_time_s: float = spec(help="seconds of training per step", range=_SECONDS)
+    train_time_s: float = spec(
+        help="seconds of training per step: the forward-only log-prob passes, then the update", range=_SECONDS
+    )
     rollout_time_s: float = spec(help="generation plus reward, per step", range=_SECONDS)
     weight_sync_s: float = spec(
         help="weight sync per step (one update every solver.window_steps steps, averaged)", range=_SECONDS
     )
     reward_s: float = spec(0.0, "reward per step", _SECONDS)
+    train_logp_s: float | None = spec(
+        None,
+        "of train_time_s, the forward-only log-prob passes (upstream's timeperf/recompute_logp and ref_logp; the "
+        "rest is timeperf/train_step)",
+        _SECONDS,
+    )
     tokens_per_s_low: float | None = spec(
         None,
         "low end of tokens_per_s's interval: the fit's residual spread and each assumed factor's range, "
@@ -454,6 +462,13 @@ def _check(plan: HexPlan, source: str) -> None:
             f"{source}.runtime", "is empty: the plan does not say which runtime it is for", _REPLAN
         )
     _check_interval(plan.predicted, f"{source}.predicted", ("tokens_per_s", "step_time_s"))
+    logp = plan.predicted.train_logp_s
+    if logp is not None and logp > plan.predicted.train_time_s * (1 + 1e-6) + 1e-4:
+        raise HexError(
+            f"{source}.predicted.train_logp_s",
+            f"is {logp:g}, more than the train time {plan.predicted.train_time_s:g} it is part of",
+            _REPLAN,
+        )
     for name, baseline in plan.baselines.items():
         _check_interval(baseline, f"{source}.baselines.{name}", ("tokens_per_s",))
     shares = sum(g.share for g in plan.rollout.replicas)

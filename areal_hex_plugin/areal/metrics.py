@@ -1,6 +1,7 @@
 """``hex/*`` metrics and the plan, logged through upstream's StatsLogger (upstream owns the wandb run).
 
-Per step: predicted vs measured rollout wait, train and weight-sync time, measured tokens/s (generated tokens
+Per step: predicted vs measured rollout wait, train time (and its two phases: the forward-only log-prob passes and
+the update) and weight-sync time, measured tokens/s (generated tokens
 over the wall time between commits), tokens/s per rollout pool (by the samples each pool finished) and tokens
 per dollar at the plan's $/h. The plan goes into the run config and, once, into a ``wandb.Table``.
 """
@@ -16,11 +17,22 @@ from areal_hex_plugin.plan import HexPlan
 # Upstream's keys (areal 1.0.4): controller timings and the actor's generated-token count per step.
 MEASURED = {
     "rollout_s": "timeperf/rollout",
-    "train_s": "timeperf/train_step",
     "weight_sync_s": "timeperf/update_weights",
 }
+# The train phase as the cost model prices it: the forward-only log-prob passes, then the update.
+LOGP_PASSES = ("timeperf/ref_logp", "timeperf/recompute_logp")
+UPDATE = "timeperf/train_step"
 GENERATED_TOKENS = "ppo_actor/n_valid_tokens"
 PLAN_COLUMNS = ["pool", "host", "gpu_type", "role", "gpus"]
+
+
+def measured_train(data: dict[str, float]) -> dict[str, float]:
+    """A step's measured train phase: ``train_s`` (log-prob passes and update), ``logp_s`` and ``update_s``;
+    empty when upstream logged no update."""
+    if UPDATE not in data:
+        return {}
+    logp = sum(data.get(key, 0.0) for key in LOGP_PASSES)
+    return {"train_s": logp + data[UPDATE], "logp_s": logp, "update_s": data[UPDATE]}
 
 
 def step_metrics(plan: HexPlan, data: dict[str, float], step_s: float | None) -> dict[str, float]:
@@ -35,7 +47,11 @@ def step_metrics(plan: HexPlan, data: dict[str, float], step_s: float | None) ->
         "hex/predicted/tokens_per_dollar": p.tokens_per_dollar,
         "hex/cost_per_hour": p.cost_per_hour,
     }
+    if p.train_logp_s is not None:
+        out["hex/predicted/logp_s"] = p.train_logp_s
+        out["hex/predicted/update_s"] = p.train_time_s - p.train_logp_s
     out.update({f"hex/measured/{name}": data[key] for name, key in MEASURED.items() if key in data})
+    out.update({f"hex/measured/{name}": value for name, value in measured_train(data).items()})
     tokens = data.get(GENERATED_TOKENS)
     if tokens is not None and step_s:
         tokens_per_s = tokens / step_s

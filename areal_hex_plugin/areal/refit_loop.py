@@ -2,8 +2,8 @@
 
 Every training step (upstream's stats commit, on the training thread: cheap) adds what the step measured to a
 :class:`~areal_hex_plugin.costmodel.refit.MeasurementWindow`: each rollout server's decode tokens/s at its running
-requests (``areal/server_stats.py``), upstream's ``timeperf/train_step`` and, on a step that pushed weights,
-``timeperf/update_weights``. Every ``refit_every`` steps the window's medians go to the run's refit worker, a
+requests (``areal/server_stats.py``), the train phase (upstream's ``timeperf/recompute_logp``, ``ref_logp`` and
+``train_step``: what the model prices as train time) and, on a step that pushed weights, ``timeperf/update_weights``. Every ``refit_every`` steps the window's medians go to the run's refit worker, a
 process of its own at lowered priority that imports only the core (``planner/refit_worker.py``: never a training
 step, nor the trainer's process and its GIL); a thread of this process waits for its answer, then:
 
@@ -36,7 +36,7 @@ from typing import Any
 
 from areal.utils import logging
 
-from areal_hex_plugin.areal.metrics import MEASURED
+from areal_hex_plugin.areal.metrics import MEASURED, measured_train
 from areal_hex_plugin.costmodel.calibration import Calibration
 from areal_hex_plugin.costmodel.refit import Measured, MeasurementWindow, Refit, ServerSample, StepSample
 from areal_hex_plugin.errors import HexError
@@ -182,7 +182,7 @@ class OnlineRefit:
         window_steps = max(1, self._plan().solver.window_steps)
         pushed = (global_step + 1) % window_steps == 0  # the version after it is a multiple of the window
         sync = data.get(MEASURED["weight_sync_s"]) if pushed else None
-        return StepSample(servers, data.get(MEASURED["train_s"]), sync)
+        return StepSample(servers, measured_train(data).get("train_s"), sync)
 
     def _start(self) -> None:
         measured = self.window.measured()

@@ -6,9 +6,10 @@ trains on ``workload.tokens_per_step`` tokens the way areal 1.0.4's ``RLTrainer`
 (``trainer/rl_trainer.py``): one forward-only pass for the proximal log-probs when
 ``actor.should_compute_prox_logp()`` (``recompute_logprob``, or the decoupled loss; ``rl.forward_passes``, plus
 the reference model's), then ``actor.ppo_update`` over ``ppo_n_minibatches`` minibatches, one optimizer step each
-(``trainer/ppo/actor.py``). Per token a pass costs ``2 x params`` FLOPs plus causal attention over the token's
-mean attended context: forward, backward (2x) and, with ``actor.gradient_checkpointing``, the forward again
-inside the backward. Micro-batches hold at most ``actor.mb_spec.max_tokens_per_mb`` tokens (a longer sequence
+(``trainer/ppo/actor.py``); upstream times the two apart (``timeperf/recompute_logp``, ``ref_logp``, then
+``train_step``), so an estimate names the log-prob passes' share (``TrainEstimate.logp_s``). Per token a pass
+costs ``2 x params`` FLOPs plus causal attention over the token's mean attended context: forward, backward (2x)
+and, with ``actor.gradient_checkpointing``, the forward again inside the backward. Micro-batches hold at most ``actor.mb_spec.max_tokens_per_mb`` tokens (a longer sequence
 gets one of its own; unset, a minibatch is one micro-batch). FSDP gathers bf16 parameters
 twice and reduce-scatters fp32 gradients per micro-batch (upstream shards over one dp mesh, across machines too);
 a pipeline, and every layout of a Megatron actor (``actor.backend=megatron``, one stage too), runs on
@@ -80,6 +81,9 @@ class TrainEstimate:
     layers: tuple[int, ...] = ()
     memory_gb_per_gpu: tuple[float, ...] = ()
     breakdown: dict[str, float] = field(default_factory=dict, hash=False)  # seconds per step by part
+    # Of step_time_s, the forward-only log-prob passes (upstream times them apart: timeperf/recompute_logp and
+    # ref_logp); the rest is the update (timeperf/train_step). Their compute and TP traffic on the slowest stage.
+    logp_s: float = 0.0
 
     @property
     def n_gpus(self) -> int:
@@ -133,9 +137,8 @@ class _StageCost:
     time: float  # seconds per step: max(compute + TP traffic, DP traffic) + optimizer
     work: float  # compute + TP traffic (what repeats per micro-batch in the pipeline)
     memory_gb: float
-    parts: tuple[
-        float, float, float, float, float
-    ]  # compute, tp_comm, dp_comm, optimizer seconds; GB per GPU
+    # compute, tp_comm, dp_comm, optimizer, the forward-only passes' share of compute + tp_comm (s); GB per GPU
+    parts: tuple[float, float, float, float, float, float]
     microbatch_tokens: float
 
 
@@ -169,7 +172,7 @@ def estimate_train(
             f"layers {list(layers)} do not split {workload.model.layers} over the stages", gpus
         )
     costs = step.stage_costs(layers)
-    time, parts = step.step_time(costs)
+    time, parts, logp = step.step_time(costs)
     memory = tuple(c.memory_gb for c in costs)
     model, pp = workload.model, len(stages)
     for i, (pool, mem) in enumerate(zip(step.pools, memory, strict=True)):
@@ -185,7 +188,9 @@ def estimate_train(
                 layers,
                 memory,
             )
-    return TrainEstimate(True, "", time, workload.tokens_per_step / time, gpus, tuple(layers), memory, parts)
+    return TrainEstimate(
+        True, "", time, workload.tokens_per_step / time, gpus, tuple(layers), memory, parts, logp
+    )
 
 
 def size_mfu(train_mfu: float, hidden: int) -> float:
@@ -276,7 +281,7 @@ class _Step:
             # Every part is affine in the layer count from AFFINE_FROM layers on.
             a, b = self._cost(i, AFFINE_FROM).parts, self._cost(i, AFFINE_FROM + 1).parts
             parts = tuple(x + (n - AFFINE_FROM) * (y - x) for x, y in zip(a, b, strict=True))
-        compute, tp_comm, dp_comm, optimizer, memory_gb = parts
+        compute, tp_comm, dp_comm, optimizer, _, memory_gb = parts
         return _StageCost(
             time=max(compute + tp_comm, dp_comm) + optimizer,
             work=compute + tp_comm,
@@ -285,9 +290,9 @@ class _Step:
             microbatch_tokens=self.mb_tokens[i],
         )
 
-    def _stage(self, i: int, n: int, p: int) -> tuple[float, float, float, float, float]:
-        """Stage i holding n layers (p parameters): compute, TP traffic, DP traffic and optimizer seconds per
-        step, and GB per GPU."""
+    def _stage(self, i: int, n: int, p: int) -> tuple[float, float, float, float, float, float]:
+        """Stage i holding n layers (p parameters): compute, TP traffic, DP traffic, optimizer seconds per step
+        and the forward-only passes' share of compute and TP traffic, and GB per GPU."""
         model, rl = self.workload.model, self.workload.rl
         s, pool, eff = self.stages[i], self.pools[i], self.effs[i]
         pp = len(self.stages)
@@ -298,17 +303,19 @@ class _Step:
         attn_fwd = 4 * self.attended * model.heads * model.dim_per_head * n  # per token
         fwd = 2 * dense + attn_fwd
         # Forward, backward (2x), recompute under checkpointing; plus forward-only log-prob passes.
-        flops = self.tokens * ((3 + recompute) * fwd + forward_passes * fwd)
-        compute = flops / (s.n_gpus * pool.gpu.flops * size_mfu(eff.train_mfu, model.hidden))
+        passes = 3 + recompute + forward_passes
+        compute = (
+            self.tokens * passes * fwd / (s.n_gpus * pool.gpu.flops * size_mfu(eff.train_mfu, model.hidden))
+        )
+        logp = compute * forward_passes / passes
 
         tp_comm = 0.0
         if s.tp > 1:
             link = gpu_link(pool, self.calibration)
             # 2 all-reduces per layer forward, 2 backward, 2 recompute; per extra forward pass 2.
-            per_token = (
-                (4 + 2 * recompute + 2 * forward_passes) * n * model.hidden * 2 * 2 * (s.tp - 1) / s.tp
-            )
-            tp_comm = self.tokens / s.dp * per_token / link
+            all_reduces = 4 + 2 * recompute + 2 * forward_passes
+            tp_comm = self.tokens / s.dp * all_reduces * n * model.hidden * 2 * 2 * (s.tp - 1) / s.tp / link
+            logp += tp_comm * 2 * forward_passes / all_reduces
 
         micro, minibatches = self.micro[i], self.minibatches
         megatron = pp > 1 or rl.megatron  # FSDP has no pipeline parallelism
@@ -353,17 +360,18 @@ class _Step:
         in_flight = min(pp - i, micro) if pp > 1 else 1  # 1F1B keeps up to pp - i micro-batches' checkpoints
         acts = train_activation_bytes(model, n, mb_tokens, s.tp, last, rl.gradient_checkpointing)
         acts += (in_flight - 1) * mb_tokens * model.hidden * 2 * n
-        return compute, tp_comm, dp_comm, optimizer, (state + acts) / GB
+        return compute, tp_comm, dp_comm, optimizer, logp, (state + acts) / GB
 
     def _step_s(self, time: list[float], work: list[float]) -> float:
         """The step from the stages' times and per-micro-batch works."""
         return max(max(time) + max(work) * self._bubble, self.pp_comm)
 
-    def step_time(self, costs: list[_StageCost]) -> tuple[float, dict[str, float]]:
+    def step_time(self, costs: list[_StageCost]) -> tuple[float, dict[str, float], float]:
+        """The step, its parts (the slowest stage's) and that stage's log-prob passes."""
         slowest = max(range(len(costs)), key=lambda i: costs[i].time)
         bubble = max(c.work for c in costs) * self._bubble
         step = self._step_s([c.time for c in costs], [c.work for c in costs])
-        compute, tp_comm, dp_comm, optimizer, _ = costs[slowest].parts
+        compute, tp_comm, dp_comm, optimizer, logp, _ = costs[slowest].parts
         parts = {
             "compute": compute,
             "tp_comm": tp_comm,
@@ -372,7 +380,7 @@ class _Step:
             "pp_comm": self.pp_comm,
             "bubble": bubble,
         }
-        return step, parts
+        return step, parts, logp
 
     def _room(self, i: int, usable: float, total: int) -> int:
         """The most layers (up to ``total``, the model's) stage i holds within ``usable`` GB per GPU; 0 if not

@@ -625,6 +625,7 @@ class Planner:
             tokens_per_dollar=round(rate * 3600 / best.cost_per_hour, 1),
             step_time_s=round(best.step_s, 4),
             train_time_s=round(best.train_s, 4),
+            train_logp_s=round(best.train.estimate.logp_s, 4) if best.train else None,
             rollout_time_s=round(best.rollout_s, 4),
             weight_sync_s=round(best.sync_s / best.window, 4),
             reward_s=round(best.reward_s, 4),

@@ -8,7 +8,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One training step as the trainer saw it (upstream's timeperf/rollout, train_step, update_weights)."""
+    """One training step as the trainer saw it (upstream's timeperf/rollout; recompute_logp, ref_logp and
+    train_step; update_weights)."""
 
     start_s: float  # the previous weight update finished (or t = 0)
     rollout_wait_s: float  # waiting for the batch

@@ -76,6 +76,24 @@ def test_logprob_recompute_is_a_forward_pass():
     assert on.breakdown["compute"] / off.breakdown["compute"] == pytest.approx(5 / 4, rel=1e-6)
 
 
+def test_the_log_prob_phase_is_what_the_forward_only_pass_adds():
+    """Upstream times the proximal log-prob pass apart from the update (``timeperf/recompute_logp`` before
+    ``timeperf/train_step``): the model's share of it is what the pass adds to the step, worked out by pricing
+    the step without it (one GPU: no data-parallel traffic for the pass to hide behind); with no pass it is 0.
+    The 14B TP layout checks the pass's TP all-reduces are in the phase too."""
+    for name, stages in ((PAPER_7B, (TrainStage("h800", 1, 1),)), (PAPER_14B, (TrainStage("h800", 1, 8),))):
+        on, off = (
+            estimate_train(cm.cluster, cm.workload, cm.calibration, stages, check_memory=False)
+            for cm in (
+                cost_model(name),
+                cost_model(name, "actor.recompute_logprob=false", "actor.use_decoupled_loss=false"),
+            )
+        )
+        assert on.logp_s > 0
+        assert on.logp_s == pytest.approx(on.step_time_s - off.step_time_s, rel=1e-6)
+        assert off.logp_s == 0
+
+
 def test_a_training_step_has_no_fixed_seconds():
     """Every second of a step is named work: FLOPs, traffic over a link, the optimizer through HBM."""
     cm = cost_model(PAPER_7B)

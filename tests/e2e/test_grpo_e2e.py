@@ -192,6 +192,11 @@ def check_run(run: Run, scheduler: str, steps: int, leftovers: bool = True) -> d
     staleness = []
     for step, row in enumerate(rows):
         assert any(k.startswith("hex/predicted/") for k in row) and "hex/measured/tokens_per_s" in row
+        # The train phase as the model prices it: the decoupled loss's log-prob pass, then the update.
+        assert row["hex/measured/logp_s"] > 0 and row["hex/predicted/logp_s"] > 0, row
+        assert row["hex/measured/train_s"] == pytest.approx(
+            row["hex/measured/logp_s"] + row["hex/measured/update_s"]
+        )
         low, high = row[STALENESS_MIN], row[STALENESS_MAX]
         assert step % window <= low <= high <= eta, (step, low, high, eta)
         staleness.append((low, high))

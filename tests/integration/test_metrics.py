@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,23 @@ def test_step_metrics_compare_prediction_and_measurement() -> None:
     assert m["hex/measured/tokens_per_dollar"] == pytest.approx(2000.0 * 3600 / 10.0)
     assert m["hex/pool/big/tokens_per_s"] == pytest.approx(1500.0)
     assert m["hex/pool/small/tokens_per_s"] == pytest.approx(500.0)
+
+
+def test_the_train_phase_is_the_log_prob_passes_and_the_update_as_upstream_times_them() -> None:
+    """Upstream times the log-prob passes (``recompute_logp``, ``ref_logp``) apart from the update
+    (``train_step``); the model's train time holds all three, so the measured train time is their sum and each
+    phase is logged beside the plan's share of it."""
+    plan = two_type_plan()
+    plan = replace(plan, predicted=replace(plan.predicted, train_time_s=6.0, train_logp_s=1.5))
+    data = {**STEP, "timeperf/recompute_logp": 1.25, "timeperf/ref_logp": 0.5}
+    m = step_metrics(plan, data, step_s=10.0)
+    assert m["hex/measured/train_s"] == pytest.approx(7.25)
+    assert m["hex/measured/logp_s"] == pytest.approx(1.75)
+    assert m["hex/measured/update_s"] == 5.5
+    assert m["hex/predicted/logp_s"] == 1.5 and m["hex/predicted/update_s"] == 4.5
+    # A run without the pass (no decoupled loss, no recompute): the update is the whole train phase.
+    m = step_metrics(plan, STEP, step_s=10.0)
+    assert m["hex/measured/train_s"] == 5.5 and m["hex/measured/logp_s"] == 0.0
 
 
 def test_without_token_counts_only_predictions_and_timings_are_logged() -> None:

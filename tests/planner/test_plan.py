@@ -138,6 +138,7 @@ def test_a_plan_saved_before_intervals_loads_without_one_and_one_with_round_trip
         (lambda p: p.update(tokens_per_s_low=None), "plan.predicted.tokens_per_s_low"),
         (lambda p: p.update(tokens_per_s_high=None), "plan.predicted.tokens_per_s_high"),
         (lambda p: p.update(step_time_s=p["step_time_s_high"] * 2), "plan.predicted.step_time_s_high"),
+        (lambda p: p.update(train_logp_s=p["train_time_s"] * 1.5), "plan.predicted.train_logp_s"),
     ],
 )
 def test_an_interval_that_does_not_hold_its_prediction_is_refused(edit, field):
