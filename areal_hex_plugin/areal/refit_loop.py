@@ -32,7 +32,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal.utils import logging
 
@@ -45,6 +45,9 @@ from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.planner.refit_replan import Decision
 from areal_hex_plugin.planner.refit_worker import RefitJob, RefitOutcome, RefitWorker, WorkerDied
 from areal_hex_plugin.planner.replan import MachineDiff
+
+if TYPE_CHECKING:
+    from areal_hex_plugin.areal.server_stats import ServerReading
 
 logger = logging.getLogger("HexRefit")
 
@@ -96,12 +99,27 @@ def resume_command(argv: Sequence[str], plan_file: str, profile_file: str) -> st
     return shlex.join([sys.executable, "-m", "areal_hex_plugin.driver", *args])
 
 
+def server_figures(readings: dict[int, ServerReading]) -> dict[str, float]:
+    """Each server's step figures as ``hex/server/<rank>/*``: decode tokens/s, running requests, seconds per
+    decode iteration and (where SGLang exposes it) the KV pool's used fraction."""
+    out = {}
+    for rank, r in readings.items():
+        figures = {
+            "tokens_per_s": r.tokens_per_s,
+            "running": r.running,
+            "decode_iteration_s": r.decode_iteration_s,
+            "kv_usage": r.kv_usage,
+        }
+        out.update({f"hex/server/{rank}/{k}": v for k, v in figures.items() if v is not None})
+    return out
+
+
 class OnlineRefit:
     """The window of a run's measurements, the refit worker and the thread that waits for it (see the module
     doc).
 
     ``plan()`` gives the running plan, ``servers()`` each server rank's (pool, tp, pp) and ``take_servers()`` each
-    rank's median (running, tokens/s) since the last step (``ServerPoller.take``). ``apply_shares(calibration,
+    rank's median reading since the last step (``ServerPoller.take``). ``apply_shares(calibration,
     reason)`` re-solves the live shares under a refit (the elastic run's path; it records the change) and says
     whether they moved; None when ``auto_replan`` is off. ``worker`` runs each refit and decision (by default
     one of its own)."""
@@ -111,7 +129,7 @@ class OnlineRefit:
         recipe,
         plan: Callable[[], HexPlan],
         servers: Callable[[], Sequence[tuple[str, int, int]]],
-        take_servers: Callable[[], dict[int, tuple[float, float]]],
+        take_servers: Callable[[], dict[int, ServerReading]],
         *,
         folder: str | Path,
         run: str,
@@ -155,14 +173,18 @@ class OnlineRefit:
         None: the steps this loop saw) into the window; every ``every`` steps a refit goes to the worker.
         Returns the metrics of the refits that ended before this step; never raises into the training step."""
         self.steps += 1
+        readings: dict[int, ServerReading] = {}
         try:
-            self.window.add(self.sample(data, self.steps - 1 if global_step is None else global_step))
+            readings = self._take_servers()
+            self.window.add(
+                self.sample(data, self.steps - 1 if global_step is None else global_step, readings)
+            )
         except Exception as error:  # a measurement only: the step goes on, unmeasured
             logger.warning(
                 f"step {self.steps} is not measured for the refit ({type(error).__name__}: {error})"
             )
         with self._lock:
-            out, self._pending = self._pending, {}
+            out, self._pending = {**server_figures(readings), **self._pending}, {}
         if self.steps % self.every == 0:
             try:
                 self._start()
@@ -170,13 +192,15 @@ class OnlineRefit:
                 logger.warning(f"step {self.steps}: no refit ({type(error).__name__}: {error})")
         return out
 
-    def sample(self, data: dict[str, float], global_step: int) -> StepSample:
-        """What step ``global_step`` measured: the servers' medians, the train step and (a step that pushed
-        weights) the update."""
+    def sample(
+        self, data: dict[str, float], global_step: int, readings: dict[int, ServerReading]
+    ) -> StepSample:
+        """What step ``global_step`` measured: the servers' medians (``readings``), the train phase and (a step
+        that pushed weights) the update."""
         shapes = list(self._servers())
         servers = tuple(
-            ServerSample(*shapes[rank], running, rate)
-            for rank, (running, rate) in self._take_servers().items()
+            ServerSample(*shapes[rank], r.running, r.tokens_per_s)
+            for rank, r in readings.items()
             if rank < len(shapes)
         )
         window_steps = max(1, self._plan().solver.window_steps)

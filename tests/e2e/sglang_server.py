@@ -67,6 +67,8 @@ TRUTH_ENV = "HEX_STANDIN_TRUTH"
 REPO = Path(__file__).resolve().parents[2]
 # /metrics: gen_throughput counts the tokens decoded over this many seconds.
 THROUGHPUT_S = 2.0
+# --max-total-tokens by default: the KV pool its token_usage gauge is a fraction of.
+KV_POOL_TOKENS = 65_536
 
 
 def forced_length() -> int | None:
@@ -216,6 +218,7 @@ class SGLangCPUServer(SGLangStandIn):
         seed: int = 1,
         tp_size: int = 1,
         max_running_requests: int | None = None,
+        max_total_tokens: int = KV_POOL_TOKENS,
         flags: dict | None = None,
         hold: RequestHold | None = None,
         token_s: Callable[[int], float] | None = None,
@@ -234,13 +237,20 @@ class SGLangCPUServer(SGLangStandIn):
         self._epoch = 0  # bumped by pause, abort and load: requests started before it end with "abort"
         self._slots = threading.BoundedSemaphore(max_running_requests) if max_running_requests else None
         self._decoding = 0  # requests decoding now (SGLang's num_running_reqs)
+        self._kv_tokens = 0  # tokens whose keys and values the decoding requests hold
+        self._kv_pool = max_total_tokens
         self._token_s = token_s  # the true seconds per token at n decoding (true_token_s); None: unpaced
         self._due = 0.0  # when the last token ends on the true model's clock (_pace)
         # When each token of the last THROUGHPUT_S seconds was made, and the seconds spent making it.
         self._token_times: deque[tuple[float, float]] = deque()
         # Prompt + output of every aborted request: upstream resubmits exactly that to finish it.
         self._resumable: Counter[tuple[int, ...]] = Counter()
-        self.flags = {"tp_size": tp_size, "max_running_requests": max_running_requests, **(flags or {})}
+        self.flags = {
+            "tp_size": tp_size,
+            "max_running_requests": max_running_requests,
+            "max_total_num_tokens": max_total_tokens,
+            **(flags or {}),
+        }
         super().__init__(tp_size=tp_size, host=host, port=port, start=False)
         self._names = set(self._lm.state_dict())
         self.model.load(0, self._lm.state_dict().items())
@@ -287,16 +297,20 @@ class SGLangCPUServer(SGLangStandIn):
             self._epoch += 1
 
     def _metrics(self):
-        """SGLang's Prometheus gauges (``--enable-metrics``): running requests and the decode tokens/s of the
-        last ``THROUGHPUT_S`` seconds, over the time spent decoding them."""
+        """SGLang's Prometheus gauges (``--enable-metrics``): running requests, the decode tokens/s of the last
+        ``THROUGHPUT_S`` seconds over the time spent decoding them, and the KV pool's used fraction (the tokens
+        the running requests hold over ``--max-total-tokens``: the stand-in keeps a cache per request, no
+        shared pool)."""
         with self._lock:
             now = time.monotonic()
             while self._token_times and self._token_times[0][0] < now - THROUGHPUT_S:
                 self._token_times.popleft()
             busy = sum(seconds for _, seconds in self._token_times)
             running, rate = self._decoding, len(self._token_times) / busy if busy > 0 else 0.0
+            usage = self._kv_tokens / self._kv_pool
         labels = '{model_name="stand-in",tp_rank="0"}'
-        return f"sglang:num_running_reqs{labels} {running}\nsglang:gen_throughput{labels} {rate}\n"
+        gauges = {"num_running_reqs": running, "gen_throughput": rate, "token_usage": usage}
+        return "".join(f"sglang:{name}{labels} {value}\n" for name, value in gauges.items())
 
     # -- control endpoints --------------------------------------------------------------------------------
 
@@ -408,6 +422,7 @@ class SGLangCPUServer(SGLangStandIn):
         tokens, logprobs, finish = [], [], {"type": "length", "length": params.get("max_new_tokens", 16)}
         with self._lock:
             self._decoding += 1
+            self._kv_tokens += len(input_ids)
         try:
             tokens, logprobs, finish = self._decode(input_ids, params, epoch, tokens, logprobs, finish)
         except _Aborted:
@@ -415,6 +430,7 @@ class SGLangCPUServer(SGLangStandIn):
         finally:
             with self._lock:
                 self._decoding -= 1
+                self._kv_tokens -= len(input_ids) + len(tokens)
         return tokens, logprobs, finish, version
 
     def _decode(self, input_ids, params, epoch, tokens, logprobs, finish):
@@ -438,7 +454,9 @@ class SGLangCPUServer(SGLangStandIn):
                 self._token_times.append((now, now - started))
             kv, logits = out.past_key_values, out.logits[0, -1].float()
             token, logprob = self._sample(logits, temperature, top_k, top_p)
-            tokens.append(token)
+            with self._lock:
+                tokens.append(token)
+                self._kv_tokens += 1
             logprobs.append(logprob)
             if token in stops or len(tokens) == forced:
                 return tokens, logprobs, {"type": "stop", "matched": token}
@@ -486,6 +504,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tp-size", type=int, default=1)
     parser.add_argument("--pp-size", type=int, default=1)
     parser.add_argument("--max-running-requests", type=int, default=None)
+    parser.add_argument("--max-total-tokens", type=int, default=KV_POOL_TOKENS)
     parser.add_argument("--mem-fraction-static", type=float, default=None)
     parser.add_argument("--attention-backend", default=None)
     args, _ = parser.parse_known_args(argv)
@@ -515,6 +534,7 @@ def main(argv: list[str] | None = None) -> None:
         args.random_seed,
         tp_size=args.tp_size,
         max_running_requests=args.max_running_requests,
+        max_total_tokens=args.max_total_tokens,
         flags=flags,
         hold=RequestHold(os.environ.get(HOLD_FILE_ENV), pool, log_path),
         token_s=true_token_s(truth, pool, args.tp_size) if truth else None,

@@ -253,6 +253,17 @@ def check_refit(run: Run, rows: list[dict]) -> dict:
         for key, factor in factors.items():
             assert RANGES[factor].low <= row[key] <= RANGES[factor].high, (key, row[key])
     assert set(read_profile(run.trial / PROFILE_FILE)) == set(CPU_GPUS)
+    # Each server's step figures as read from its /metrics: decode speed, the decode iteration it implies and
+    # the KV pool's used fraction (the stand-in's cache per request: a small fraction, never 0 while busy).
+    for rank in (0, 1):
+        busy = [row for row in rows if f"hex/server/{rank}/tokens_per_s" in row]
+        assert busy, [sorted(r) for r in rows]
+        for row in busy:
+            figures = {k.rsplit("/", 1)[1]: v for k, v in row.items() if k.startswith(f"hex/server/{rank}/")}
+            assert figures["decode_iteration_s"] == pytest.approx(
+                figures["running"] / figures["tokens_per_s"]
+            )
+            assert 0 < figures["kv_usage"] < 1, figures
     step_s = [row["hex/measured/step_s"] for row in rows]
     last = rows[refits[-1]]
     return {

@@ -143,7 +143,7 @@ def test_tp2_standin_generates_from_its_shards(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from areal_hex_plugin.areal.server_stats import read_server
-    from tests.e2e.sglang_server import SGLangCPUServer
+    from tests.e2e.sglang_server import KV_POOL_TOKENS, SGLangCPUServer
 
     model_dir = write_model(tmp_path / "model", seed=0)
     new_dir = write_model(tmp_path / "model-new", seed=1)
@@ -185,8 +185,10 @@ def test_tp2_standin_generates_from_its_shards(tmp_path):
             )
             time.sleep(1.0)
             assert not second.done()
-            running, rate = read_server(server.address)  # SGLang's /metrics, as the online refit reads it
-            assert running == 1.0 and rate > 0
+            reading = read_server(server.address)  # SGLang's /metrics, as the online refit reads it
+            assert reading.running == 1.0 and reading.tokens_per_s > 0
+            # The one running request holds its prompt and the tokens made so far in the 65,536-token pool.
+            assert len(prompt) / KV_POOL_TOKENS < reading.kv_usage < 100_000 / KV_POOL_TOKENS
             requests.post(f"{address}/abort_request", json={}, timeout=5)
             assert first.result().json()["meta_info"]["finish_reason"]["type"] == "abort"
             assert second.result().json()["meta_info"]["finish_reason"]["type"] in ("stop", "length")
@@ -244,7 +246,7 @@ def test_a_standin_paced_by_a_true_catalog_decodes_at_the_true_models_speed(tmp_
             made = sum(a.json()["meta_info"]["completion_tokens"] for a in answers)
             true = 1 / token_s(n)
             assert 0.75 <= made / elapsed / true <= 1.05, (n, made / elapsed, true)
-            _, reported = read_server(server.address)
+            reported = read_server(server.address).tokens_per_s
             assert 0.75 <= reported / true <= 1.05, (n, reported, true)
             if n > 1:
                 time.sleep(THROUGHPUT_S)  # the next speed alone in /metrics' window

@@ -22,7 +22,7 @@ from areal_hex_plugin.areal import refit_loop
 from areal_hex_plugin.areal.elastic import ElasticRollout
 from areal_hex_plugin.areal.refit_loop import PROFILE_FILE, REPLAN_FILE, OnlineRefit, describe_changes
 from areal_hex_plugin.areal.routing import ShareRouter
-from areal_hex_plugin.areal.server_stats import ServerPoller, parse_metrics, read_server
+from areal_hex_plugin.areal.server_stats import ServerPoller, ServerReading, parse_metrics, read_server
 from areal_hex_plugin.costmodel import CostModel
 from areal_hex_plugin.costmodel.calibration import read_profile
 from areal_hex_plugin.costmodel.refit import server_tokens_per_s
@@ -45,6 +45,8 @@ sglang:gen_throughput{{model_name="m",tp_rank="0",dp_rank="0"}} {rate}
 sglang:gen_throughput{{model_name="m",tp_rank="1",dp_rank="0"}} {rate}
 # TYPE sglang:num_running_reqs gauge
 sglang:num_running_reqs{{model_name="m",tp_rank="0",dp_rank="0"}} {running}
+# TYPE sglang:token_usage gauge
+sglang:token_usage{{model_name="m",tp_rank="0",dp_rank="0"}} {kv}
 sglang:generation_tokens_total{{model_name="m"}} 7.5e+06
 """
 
@@ -71,8 +73,8 @@ class _Server:
         threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
         self.address = f"127.0.0.1:{self.httpd.server_address[1]}"
 
-    def serve(self, running: float, rate: float) -> None:
-        self.pages["/metrics"] = PAGE.format(running=running, rate=rate)
+    def serve(self, running: float, rate: float, kv: float = 0.5) -> None:
+        self.pages["/metrics"] = PAGE.format(running=running, rate=rate, kv=kv)
 
 
 @pytest.fixture
@@ -90,19 +92,27 @@ def servers():
 
 
 def test_sglang_gauges_sum_over_data_parallel_ranks_and_skip_tensor_parallel_repeats() -> None:
-    page = PAGE.format(running=12, rate=800.0) + 'sglang:gen_throughput{dp_rank="1",tp_rank="0"} 200\n'
+    """Counts and rates add up over data-parallel ranks; a KV pool's used fraction is their mean (each rank has
+    a pool of its own, of one size)."""
+    page = PAGE.format(running=12, rate=800.0, kv=0.2) + (
+        'sglang:gen_throughput{dp_rank="1",tp_rank="0"} 200\nsglang:token_usage{dp_rank="1",tp_rank="0"} 0.4\n'
+    )
     gauges = parse_metrics(page)
     assert gauges["sglang:gen_throughput"] == 1000.0 and gauges["sglang:num_running_reqs"] == 12.0
+    assert gauges["sglang:token_usage"] == pytest.approx(0.3)
 
 
 def test_a_server_is_read_from_its_metrics_else_its_server_info_else_not(servers) -> None:
     with_metrics, with_info, bare = servers(3)
-    with_metrics.serve(running=24, rate=1500.0)
+    with_metrics.serve(running=24, rate=1500.0, kv=0.625)
     with_info.pages["/get_server_info"] = json.dumps({"internal_states": [{"last_gen_throughput": 640.5}]})
-    assert read_server(with_metrics.address) == (24.0, 1500.0)
-    assert read_server(with_info.address) == (None, 640.5)
-    assert read_server(bare.address) == (None, None)
-    assert read_server("127.0.0.1:9") == (None, None)  # nothing listens
+    reading = read_server(with_metrics.address)
+    assert reading == ServerReading(24.0, 1500.0, 0.625)
+    # Each running request gains one token per decode iteration: 24 tokens per iteration at 1,500 tokens/s.
+    assert reading.decode_iteration_s == pytest.approx(24 / 1500)
+    assert read_server(with_info.address) == ServerReading(None, 640.5, None)
+    assert read_server(bare.address) == ServerReading(None, None, None)
+    assert read_server("127.0.0.1:9") == ServerReading(None, None, None)  # nothing listens
 
 
 def test_the_poller_takes_each_busy_servers_medians_and_counts_in_flight_where_unexposed(servers) -> None:
@@ -111,10 +121,11 @@ def test_the_poller_takes_each_busy_servers_medians_and_counts_in_flight_where_u
     idle.serve(running=0, rate=0.0)
     poller = ServerPoller(lambda: [a.address, b.address, idle.address], in_flight=lambda rank: 5)
     try:
-        for running, rate in ((8, 900.0), (10, 1000.0), (12, 5000.0)):
-            a.serve(running, rate)
+        for running, rate, kv in ((8, 900.0, 0.1), (10, 1000.0, 0.9), (12, 5000.0, 0.3)):
+            a.serve(running, rate, kv)
             poller.poll_once()
-        assert poller.take() == {0: (10.0, 1000.0), 1: (5.0, 300.0)}  # medians; an idle server is left out
+        # Medians; an idle server is left out; a server that does not expose a figure has none.
+        assert poller.take() == {0: ServerReading(10.0, 1000.0, 0.3), 1: ServerReading(5.0, 300.0, None)}
         assert poller.take() == {}  # each reading counts once
     finally:
         poller.stop()
@@ -160,7 +171,18 @@ def test_the_loop_refits_what_the_servers_serve_and_writes_a_profile_the_next_ru
             loop.join()
     finally:
         poller.stop()
-    assert [r["step"] for r in loop.refits] == [5, 10] and not logged[4]  # a refit's figures log a step later
+    # A refit's figures log a step later.
+    assert [r["step"] for r in loop.refits] == [5, 10] and not any("calibration" in k for k in logged[4])
+    # Every step logs each server's figures as read: decode tokens/s, running requests, the decode iteration
+    # (running / tokens/s) and the KV pool's used fraction.
+    for rank, server in enumerate(fleet):
+        served = parse_metrics(server.pages["/metrics"])
+        running, rate = served["sglang:num_running_reqs"], served["sglang:gen_throughput"]
+        for step in logged:
+            assert step[f"hex/server/{rank}/running"] == running
+            assert step[f"hex/server/{rank}/tokens_per_s"] == rate
+            assert step[f"hex/server/{rank}/decode_iteration_s"] == pytest.approx(running / rate)
+            assert step[f"hex/server/{rank}/kv_usage"] == 0.5
     window = plan.solver.window_steps  # an update only on the steps that push weights (global steps from 0)
     assert window > 1 and [s.sync_s is not None for s in loop.window.samples] == [
         (k + 1) % window == 0 for k in range(2, 10)
@@ -246,7 +268,8 @@ def test_a_refit_that_changes_the_answer_suggests_the_plan_and_the_command(
     layout = plan_layout(plan, recipe.hex.transport)
     groups = [(g.pool, g.tp, g.pp, g.concurrency) for g in plan.rollout.replicas for _ in range(g.count)]
     served = {
-        i: (float(c), server_tokens_per_s(cm, (p, tp, pp), c)) for i, (p, tp, pp, c) in enumerate(groups)
+        i: ServerReading(float(c), server_tokens_per_s(cm, (p, tp, pp), c))
+        for i, (p, tp, pp, c) in enumerate(groups)
     }
     data = {"timeperf/train_step": layout.train_s(cm), "timeperf/update_weights": layout.sync_s(cm)}
     loop = _loop(
@@ -275,7 +298,7 @@ def _true_figures(recipe, plan, cm: CostModel):
     """What the run measures where ``cm`` is the truth: each server rank's (running, tokens/s) at its planned
     running requests, and a step's upstream figures (train and update seconds)."""
     groups = [g for g in plan.rollout.replicas for _ in range(g.count)]
-    served = {i: (float(g.concurrency), server_tokens_per_s(cm, (g.pool, g.tp, g.pp), g.concurrency))
+    served = {i: ServerReading(float(g.concurrency), server_tokens_per_s(cm, (g.pool, g.tp, g.pp), g.concurrency))
               for i, g in enumerate(groups)}  # fmt: skip
     layout = plan_layout(plan, recipe.hex.transport)
     return served, {"timeperf/train_step": layout.train_s(cm), "timeperf/update_weights": layout.sync_s(cm)}
@@ -302,7 +325,8 @@ def test_the_refit_runs_in_a_worker_process_and_a_worker_that_dies_keeps_the_run
         loop.join()
         assert "ended before it answered" in loop.refits[0]["kept"]
         assert loop.calibration is recipe.calibration
-        assert loop.on_step(data) == {"hex/calibration/failed": 1.0}
+        logged = loop.on_step(data)
+        assert {k: v for k, v in logged.items() if "calibration" in k} == {"hex/calibration/failed": 1.0}
         for _ in range(3):
             loop.on_step(data)
         mine = time.process_time()
