@@ -27,6 +27,7 @@ from typing import Any
 
 from areal_hex_plugin.costmodel import CostModel
 from areal_hex_plugin.costmodel.calibration import (
+    RANGES,
     Calibration,
     read_profile,
     read_profile_sources,
@@ -46,6 +47,19 @@ EVERY = 5
 CONVERGED = 0.05
 # Steps at the end of the run the recovered gap is measured over (a step's tokens/s varies by 10-20%).
 LAST = 10
+# Factors that are costs: a type "30% better" has them 30% smaller.
+COSTS = {"update_fixed_s", "decode_overhead_s"}
+
+
+def factors_off(calibration: Calibration, gpu_type: str, change: float) -> Calibration:
+    """``calibration`` with every factor of ``gpu_type`` ``change`` better (+) or worse (-), kept in its physical
+    range: a truth for ``simulate --truth`` where a recipe believes ``calibration``."""
+    eff = calibration.for_gpu(gpu_type)
+    k = 1 + change
+    factors = {
+        f: min(max(getattr(eff, f) * (1 / k if f in COSTS else k), r.low), r.high) for f, r in RANGES.items()
+    }
+    return calibration.with_factors(gpu_type, factors, f"truth: {change:+.0%}")
 
 
 def read_truth(path: str, recipe) -> Calibration:

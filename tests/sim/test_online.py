@@ -9,30 +9,21 @@ import jsonschema
 import pytest
 
 from areal_hex_plugin.cli import main
-from areal_hex_plugin.costmodel.calibration import RANGES
 from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.planner.refit_replan import THRESHOLD
 from areal_hex_plugin.schemas import load_schema
-from areal_hex_plugin.sim.online import read_truth, simulate_truth
+from areal_hex_plugin.sim.online import factors_off, read_truth, simulate_truth
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
 
 TINY = REPO / "recipes" / "ci" / "tiny.yaml"
-# Factors that are costs: a type "30% better" has them 30% smaller.
-COSTS = {"update_fixed_s", "decode_overhead_s"}
 STEPS = 30
 GOAL = 0.8
 
 
 def off_by(recipe, gpu_type: str, change: float):
-    """The recipe's calibration with every factor of ``gpu_type`` ``change`` better (+) or worse (-), kept in
-    its physical range: what the machines really do when the recipe believes the shipped figures."""
-    eff = recipe.calibration.for_gpu(gpu_type)
-    k = 1 + change
-    factors = {
-        f: min(max(getattr(eff, f) * (1 / k if f in COSTS else k), r.low), r.high) for f, r in RANGES.items()
-    }
-    return recipe.calibration.with_factors(gpu_type, factors, f"truth: {change:+.0%}")
+    """What the machines really do when the recipe believes its calibration: ``gpu_type`` ``change`` off."""
+    return factors_off(recipe.calibration, gpu_type, change)
 
 
 @pytest.fixture(scope="module")
