@@ -14,6 +14,7 @@ import sys
 
 from areal_hex_plugin.commands.common import refuse_several_recipes
 from areal_hex_plugin.errors import HexError
+from areal_hex_plugin.fast_exit import freeze_heap_at_exit
 
 
 def split_argv(argv: list[str]) -> tuple[str, list[str]]:
@@ -235,6 +236,7 @@ EXIT_S = 60  # at most this long from main's end to the process's: upstream's te
 
 if __name__ == "__main__":
     code = main()
+    freeze_heap_at_exit()  # the run's end is the process's (fast_exit.py)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.alarm(EXIT_S)  # the kernel ends the process if interpreter exit hangs; no thread can start then
     sys.exit(code)

@@ -29,6 +29,7 @@ from areal.utils import logging
 
 from areal_hex_plugin.areal.routing import ShareRouter
 from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE
+from areal_hex_plugin.fast_exit import freeze_heap_at_exit
 from areal_hex_plugin.transport.sglang_adapter import RelayReceiverMixin
 
 # A rollout worker env var (set it in the recipe's rollout scheduling_spec env_vars): the Python module to run as
@@ -343,6 +344,7 @@ class HexRemoteSGLangEngine(RelayReceiverMixin, RemoteSGLangEngine):
     def __init__(self, config) -> None:
         super().__init__(config)
         self._engine = RemoteInfEngine(config, HexSGLangBackend())
+        freeze_heap_at_exit()  # upstream's worker then exits within its grace (fast_exit.py)
 
     def initialize(self, engine_id=None, addr=None, train_data_parallel_size: int | None = None):
         """Upstream's, except that a rollout worker's executor (started by the controller, which gives no data

@@ -23,6 +23,7 @@ from areal.engine.megatron_engine import MegatronPPOActor
 
 from areal_hex_plugin.areal.megatron_layout import layer_stage, planned_layers, stage_layout
 from areal_hex_plugin.areal.plugin import swapped
+from areal_hex_plugin.fast_exit import freeze_heap_at_exit
 from areal_hex_plugin.transport.train_side import RelayTrainSide
 
 
@@ -52,6 +53,7 @@ def planned_layer_splits(layers: tuple[int, ...]):
 
 class HexMegatronPPOActor(MegatronPPOActor):
     def initialize(self, *args, **kwargs):
+        freeze_heap_at_exit()  # upstream's worker then exits within its grace (fast_exit.py)
         layers = planned_layers(os.environ)
         if not layers:
             return super().initialize(*args, **kwargs)

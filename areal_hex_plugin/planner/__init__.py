@@ -1,6 +1,22 @@
 """The two-phase heterogeneity-aware scheduler: phase 1 (training search, rollout CP-SAT), phase 2 (Eq. (3)
-repartition CP-SAT) in a gamma-bisection / EM loop, plus exhaustive mode, objectives and baselines."""
+repartition CP-SAT) in a gamma-bisection / EM loop, plus exhaustive mode, objectives and baselines.
 
-from areal_hex_plugin.planner.recipe_planner import PlanRequest, plan_recipe
+Imports are lazy: ``from areal_hex_plugin.planner import plan_recipe`` loads the solvers (OR-Tools, which imports
+pandas) only then, so a module that needs only the planner's data (``planner.caps``, for a rollout worker) does not.
+"""
 
-__all__ = ["PlanRequest", "plan_recipe"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {"PlanRequest": "recipe_planner", "plan_recipe": "recipe_planner"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

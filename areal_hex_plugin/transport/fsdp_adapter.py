@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from areal.engine.fsdp_engine import FSDPPPOActor
 
+from areal_hex_plugin.fast_exit import freeze_heap_at_exit
 from areal_hex_plugin.transport.protocol import MAX_PARTS
 from areal_hex_plugin.transport.train_side import RelayTrainSide
 
@@ -86,6 +87,20 @@ def send_version(engine, side: RelayTrainSide, meta) -> None:
 
 class HexFSDPPPOActor(RelayTrainSide, FSDPPPOActor):
     """Keep ``weight_update_mode: xccl`` in the recipe; the controller configures the route before updates."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        freeze_heap_at_exit()  # upstream's worker then exits within its grace (fast_exit.py)
+        self._hex_destroyed = False
+
+    def destroy(self) -> None:
+        # Upstream's worker destroys its engines again at SIGTERM after the controller did: that second destroy
+        # frees nothing but runs two full collections (1-2 s of the worker's 3 s grace). Once more after a new
+        # initialize.
+        if self._hex_destroyed and not self.initialized:
+            return
+        super().destroy()
+        self._hex_destroyed = True
 
     def hex_parts(self) -> int:
         return fsdp_parts()

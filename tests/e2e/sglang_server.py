@@ -51,6 +51,7 @@ import torch.nn.functional as F
 import yaml
 from flask import jsonify, request
 
+from areal_hex_plugin.fast_exit import freeze_heap_at_exit
 from areal_hex_plugin.transport.sinks import TensorParallelSink, shard_dim
 from tests.transport.sglang_standin import SGLangStandIn
 
@@ -540,6 +541,7 @@ def main(argv: list[str] | None = None) -> None:
         token_s=true_token_s(truth, pool, args.tp_size) if truth else None,
     )
     signal.signal(signal.SIGTERM, lambda *_: server.close())
+    freeze_heap_at_exit()  # its worker stops it, then waits on its exit (fast_exit.py)
     server.serve_forever()
 
 

@@ -51,3 +51,17 @@ def test_the_blocker_really_blocks():
     )
     assert proc.returncode != 0
     assert "blocked: torch" in proc.stderr
+
+
+# The plugin's modules that upstream's rollout worker imports besides upstream's own (areal/engines.py's imports):
+# the solver (OR-Tools, which imports pandas: some 400 modules, 0.3 s and 40k objects) is the driver's alone.
+WORKER_MODULES = ["areal_hex_plugin.areal.worker_slots", "areal_hex_plugin.areal.routing"]
+
+
+def test_a_worker_imports_no_solver():
+    solver_blocker = BLOCKER.replace(
+        '{"areal", "torch", "sglang", "ray", "wandb", "transformers"}', '{"ortools", "pandas"}'
+    )
+    code = solver_blocker + "\n".join(f"import {m}" for m in WORKER_MODULES)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
