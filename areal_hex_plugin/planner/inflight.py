@@ -364,26 +364,37 @@ class InFlight:
         # Caps cut to m batches, for m = 1 .. ahead(eta, 1), largest m and caps first (ties keep larger caps); each
         # distinct fleet numbered once (hashing fleets is most of this method's time).
         ids: dict[Groups, int] = {}
+        by_caps: dict[tuple[int, ...], int] = {}  # caps already throttled: the same caps, the same fleet
         by_batches: list[list[int]] = []
         most = ahead(eta, 1)
         for batches in range(most, 0, -1):
             sequences = self.cm.staleness_sequences(batches)
-            capped = (self.capped(groups, f, sequences) for f in self.fractions())
-            by_batches.append(list(dict.fromkeys(ids.setdefault(c, len(ids)) for c in capped)))
+            numbered = []
+            for f in self.fractions():
+                caps = self.caps(groups, f, sequences)
+                if caps not in by_caps:
+                    by_caps[caps] = ids.setdefault(self.throttle(groups, caps), len(ids))
+                numbered.append(by_caps[caps])
+            by_batches.append(list(dict.fromkeys(numbered)))
         fleets = list(ids)
+        runs: dict[tuple[int, bool], Groups] = {}  # :func:`as_run` depends on the window only through drains
         out = []
         for window in windows(eta, rl.max_update_window):
             samples = rl.samples_per_step * window
+            drained = drains(eta, window)
             # The window keeps up to ahead(eta, window) batches in flight. Caps are ranked by rollout seconds, in a
             # window that drains too (there the first batch's wait, a step's share of ``longest_s``, differs by
             # caps as well, but only where training is the longer phase); caps whose admission cannot replace a
             # batch during training apart per batches in flight (their wait depends on those and on training).
             best: dict[float | None, Runtime] = {}
             kept = by_batches[most - ahead(eta, window) :]
-            admitted = [fleets[k] for k in dict.fromkeys(k for ks in kept for k in ks)]
+            admitted = list(dict.fromkeys(k for ks in kept for k in ks))
             if self.clocked:
                 charge(len(admitted) * SCORE_WORK)
-            for fleet in (as_run(self.cm, f, window) for f in admitted):
+            for k in admitted:
+                fleet = runs.get((k, drained))
+                if fleet is None:
+                    fleet = runs[k, drained] = as_run(self.cm, fleets[k], window)
                 held = runtime_of(self.cm, fleet, window, math.inf)
                 known = best.get(kind(held))
                 if known and split_floor(fleet, samples, mean) / window + reward_s >= known.rollout_s:
