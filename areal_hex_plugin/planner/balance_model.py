@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from areal_hex_plugin.planner.cpsat import budget_cents, found, solve_model
+from areal_hex_plugin.planner.cpsat import Model, budget_cents, found, solve_model
 from areal_hex_plugin.planner.split import Split
 from areal_hex_plugin.specs.cluster import Cluster
 
@@ -54,7 +54,7 @@ def _build(cluster: Cluster, req: BalanceRequest):
         or not any(max(t) > 0 for t in req.rollout_rate)
     ):
         return None
-    model = cp_model.CpModel()
+    model = Model()
     train, rollout, train_terms, rollout_terms = [], [], [], []
     for pool, limit, f, g in zip(cluster.pools, req.limits, req.train_rate, req.rollout_rate, strict=True):
         t = model.new_int_var(0, limit, f"t_{pool.name}")
