@@ -31,15 +31,17 @@ class BalanceRequest:
 
 def solve_balance(
     cluster: Cluster, request: BalanceRequest, time_limit_s: float, num_workers: int, seed: int
-) -> Split | None:
+) -> tuple[Split | None, float]:
+    """The split (None where none fits) and the work its solve charged to the search's clock."""
     built = _build(cluster, request)
     if built is None:
-        return None
+        return None, 0.0
     model, train, rollout = built
     solver, status = solve_model(model, time_limit_s, num_workers, seed)
     if not found(status):
-        return None
-    return Split(tuple(solver.value(t) for t in train), tuple(solver.value(r) for r in rollout))
+        return None, solver.deterministic_time
+    split = Split(tuple(solver.value(t) for t in train), tuple(solver.value(r) for r in rollout))
+    return split, solver.deterministic_time
 
 
 def _scaled(table: tuple[float, ...], top: float) -> list[int]:

@@ -31,12 +31,17 @@ def solve_model(
     time, and a wall-clock limit only as a backstop far beyond it; the work done goes on the search's clock."""
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = num_workers
-    solver.parameters.max_deterministic_time = max(0.01, min(DETERMINISTIC_LIMIT, work_limit))
+    solver.parameters.max_deterministic_time = deterministic_limit(work_limit)
     solver.parameters.max_time_in_seconds = WALL_BACKSTOP_S
     solver.parameters.random_seed = seed
     status = solver.solve(model)
     charge(solver.deterministic_time)
     return solver, status
+
+
+def deterministic_limit(work_limit: float) -> float:
+    """The deterministic time a solve may use where the search has ``work_limit`` of work left."""
+    return max(0.01, min(DETERMINISTIC_LIMIT, work_limit))
 
 
 def found(status: int) -> bool:

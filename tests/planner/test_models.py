@@ -155,7 +155,8 @@ def test_balance_model_maximises_the_step_rate_then_saves_money():
     train = ((0.0, 3.0, 5.0, 5.0), (0.0, 0.5, 0.9, 1.2, 1.4))
     rollout = ((0.0, 1.0, 2.0, 3.0), (0.0, 1.2, 2.4, 3.6, 4.8))
     request = BalanceRequest((3, 4), 150.0, train, rollout)
-    split = solve_balance(cluster, request, 10.0, 1, 0)
+    split, work = solve_balance(cluster, request, 10.0, 1, 0)
+    assert work > 0
 
     def key(s: Split):
         rate = min(sum(f[t] for f, t in zip(train, s.train, strict=True)),
