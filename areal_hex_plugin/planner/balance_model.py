@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from areal_hex_plugin.planner.cpsat import budget_cents, found, solve_model
+from areal_hex_plugin.planner.cpsat import Model, budget_cents, found, solve_model
 from areal_hex_plugin.planner.split import Split
 from areal_hex_plugin.specs.cluster import Cluster
 
@@ -31,15 +31,17 @@ class BalanceRequest:
 
 def solve_balance(
     cluster: Cluster, request: BalanceRequest, time_limit_s: float, num_workers: int, seed: int
-) -> Split | None:
+) -> tuple[Split | None, float]:
+    """The split (None where none fits) and the work its solve charged to the search's clock."""
     built = _build(cluster, request)
     if built is None:
-        return None
+        return None, 0.0
     model, train, rollout = built
     solver, status = solve_model(model, time_limit_s, num_workers, seed)
     if not found(status):
-        return None
-    return Split(tuple(solver.value(t) for t in train), tuple(solver.value(r) for r in rollout))
+        return None, solver.deterministic_time
+    split = Split(tuple(solver.value(t) for t in train), tuple(solver.value(r) for r in rollout))
+    return split, solver.deterministic_time
 
 
 def _scaled(table: tuple[float, ...], top: float) -> list[int]:
@@ -54,7 +56,7 @@ def _build(cluster: Cluster, req: BalanceRequest):
         or not any(max(t) > 0 for t in req.rollout_rate)
     ):
         return None
-    model = cp_model.CpModel()
+    model = Model()
     train, rollout, train_terms, rollout_terms = [], [], [], []
     for pool, limit, f, g in zip(cluster.pools, req.limits, req.train_rate, req.rollout_rate, strict=True):
         t = model.new_int_var(0, limit, f"t_{pool.name}")

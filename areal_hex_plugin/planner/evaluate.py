@@ -128,6 +128,8 @@ class Evaluator:
     _seen: dict[Split, Evaluation] = field(default_factory=dict)
     # Per-pool rate curves of the search's rate tables ((pool, kind, limit) -> count -> rate), once per solve.
     curves: dict[tuple[int, str, int], dict[int, float]] = field(default_factory=dict)
+    # The search's repartitions ((request, deterministic limit) -> split and the work charged), once per solve.
+    balances: dict[tuple, tuple[Split | None, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.inflight = InFlight(self.cm, self.clocked)

@@ -42,7 +42,9 @@ only slows a replica), without the integer shares, the KV rebuilds or the weight
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, replace
+from itertools import chain
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
 from areal_hex_plugin.costmodel.model import admission_room, tight_step_s
@@ -243,34 +245,64 @@ def best_split(
     def time(g: int, k: int) -> float:
         return _group_time(groups[g][0], k, mean_tokens, updates)
 
-    def most(g: int, t: float) -> int:
-        return _most(groups[g][0], t, mean_tokens, updates)
-
     # The optimum lies between the relaxation's makespan (samples split continuously) and that of one split with
     # every group at least one sample (the rest in proportion to speed): only the group times in between are
     # candidates, a few per group however many the samples, and reaching them is monotone in time.
     low = split_floor(groups, samples, mean_tokens, updates)
     rest = largest_remainder(samples - len(groups), [c.tokens_per_s * y for c, y in groups])
     high = max(time(g, -(-(x + 1) // y)) for g, ((_, y), x) in enumerate(zip(groups, rest, strict=True)))
+    tops = [_most(c, high, mean_tokens, updates) for c, _ in groups]
 
     def first(g: int) -> int:
         """The first candidate sample count of group g: up to ``flat`` samples it waits for its longest sample
         alone (one time for them all), and none below the floor's count."""
         c = groups[g][0]
         flat = int(c.longest_s * c.tokens_per_s / mean_tokens)
-        return max(1, most(g, low), min(flat, most(g, high)))
+        return max(1, _most(c, low, mean_tokens, updates), min(flat, tops[g]))
 
-    times = sorted(time(g, k) for g in range(len(groups)) for k in range(first(g), most(g, high) + 1))
+    firsts = [first(g) for g in range(len(groups))]
+    if len(groups) == 1:
+        # One group reaches T iff its replicas each finish ``need`` samples by T: that count's time is the least
+        # candidate that reaches, and the group takes every sample.
+        need = -(-samples // groups[0][1])
+        if firsts[0] <= need <= tops[0]:
+            return time(0, need), (samples,)
+    # Group g's candidate times, sample counts firsts[g] .. tops[g]: no time up to ``high`` lets it finish more
+    # than tops[g], so the most it finishes within a time from its first candidate on is a count of these.
+    own = [_times(c, a, b, mean_tokens, updates) for (c, _), a, b in zip(groups, firsts, tops, strict=True)]
+
+    def most(g: int, t: float) -> int:
+        """:func:`_most` of group g, for times up to ``high``."""
+        if own[g] and t >= own[g][0]:
+            return firsts[g] - 1 + bisect_right(own[g], t)
+        return _most(groups[g][0], t, mean_tokens, updates)
+
+    def reached(t: float) -> bool:
+        """:func:`reaches` for times up to ``high``."""
+        counts = [most(g, t) for g in range(len(groups))]
+        return min(counts) >= 1 and sum(k * y for k, (_, y) in zip(counts, groups, strict=True)) >= samples
+
+    times = sorted(chain.from_iterable(own))
     lo, hi = 0, len(times) - 1  # times[hi] is reachable: at most high, and the group reaching high has it
     while lo < hi:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if reaches(groups, samples, mean_tokens, times[mid], updates) else (mid + 1, hi)
+        lo, hi = (lo, mid) if reached(times[mid]) else (mid + 1, hi)
     best = times[lo]
     shares = [most(g, best) * y for g, (_, y) in enumerate(groups)]
     for g in reversed(range(len(groups))):  # give back what exceeds the samples; no group's time grows
         back = min(sum(shares) - samples, shares[g] - 1)
         shares[g] -= back
     return best, tuple(shares)
+
+
+def _times(c: ReplicaConfig, first: int, last: int, mean_tokens: float, updates: int) -> list[float]:
+    """:func:`_group_time` for each sample count from ``first`` (at least one) to ``last``, inlined: it is most of
+    :func:`best_split`'s work."""
+    h, longest, rebuild = c.tokens_per_s, c.longest_s, updates * c.recompute_s
+    # max(x, longest) without the call: x unless longest is larger.
+    return [
+        (longest if longest > (x := k * mean_tokens / h) else x) + rebuild for k in range(first, last + 1)
+    ]
 
 
 class InFlight:
@@ -332,26 +364,37 @@ class InFlight:
         # Caps cut to m batches, for m = 1 .. ahead(eta, 1), largest m and caps first (ties keep larger caps); each
         # distinct fleet numbered once (hashing fleets is most of this method's time).
         ids: dict[Groups, int] = {}
+        by_caps: dict[tuple[int, ...], int] = {}  # caps already throttled: the same caps, the same fleet
         by_batches: list[list[int]] = []
         most = ahead(eta, 1)
         for batches in range(most, 0, -1):
             sequences = self.cm.staleness_sequences(batches)
-            capped = (self.capped(groups, f, sequences) for f in self.fractions())
-            by_batches.append(list(dict.fromkeys(ids.setdefault(c, len(ids)) for c in capped)))
+            numbered = []
+            for f in self.fractions():
+                caps = self.caps(groups, f, sequences)
+                if caps not in by_caps:
+                    by_caps[caps] = ids.setdefault(self.throttle(groups, caps), len(ids))
+                numbered.append(by_caps[caps])
+            by_batches.append(list(dict.fromkeys(numbered)))
         fleets = list(ids)
+        runs: dict[tuple[int, bool], Groups] = {}  # :func:`as_run` depends on the window only through drains
         out = []
         for window in windows(eta, rl.max_update_window):
             samples = rl.samples_per_step * window
+            drained = drains(eta, window)
             # The window keeps up to ahead(eta, window) batches in flight. Caps are ranked by rollout seconds, in a
             # window that drains too (there the first batch's wait, a step's share of ``longest_s``, differs by
             # caps as well, but only where training is the longer phase); caps whose admission cannot replace a
             # batch during training apart per batches in flight (their wait depends on those and on training).
             best: dict[float | None, Runtime] = {}
             kept = by_batches[most - ahead(eta, window) :]
-            admitted = [fleets[k] for k in dict.fromkeys(k for ks in kept for k in ks)]
+            admitted = list(dict.fromkeys(k for ks in kept for k in ks))
             if self.clocked:
                 charge(len(admitted) * SCORE_WORK)
-            for fleet in (as_run(self.cm, f, window) for f in admitted):
+            for k in admitted:
+                fleet = runs.get((k, drained))
+                if fleet is None:
+                    fleet = runs[k, drained] = as_run(self.cm, fleets[k], window)
                 held = runtime_of(self.cm, fleet, window, math.inf)
                 known = best.get(kind(held))
                 if known and split_floor(fleet, samples, mean) / window + reward_s >= known.rollout_s:

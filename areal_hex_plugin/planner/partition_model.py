@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from areal_hex_plugin.planner.cpsat import budget_cents, found, solve_model
+from areal_hex_plugin.planner.cpsat import Model, budget_cents, found, solve_model
 from areal_hex_plugin.planner.split import Split
 from areal_hex_plugin.specs.cluster import Cluster
 
@@ -44,7 +44,7 @@ def solve_partition(
 
 def _build(cluster: Cluster, req: PartitionRequest) -> tuple[cp_model.CpModel, list, list]:
     pools = cluster.pools
-    model = cp_model.CpModel()
+    model = Model()
     train = [model.new_int_var(0, m, f"t_{p.name}") for p, m in zip(pools, req.limits, strict=True)]
     rollout = [model.new_int_var(0, m, f"r_{p.name}") for p, m in zip(pools, req.limits, strict=True)]
     for t, r, m in zip(train, rollout, req.limits, strict=True):

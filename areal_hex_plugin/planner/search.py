@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from itertools import combinations, groupby, islice
 
 from areal_hex_plugin.planner.balance_model import BalanceRequest, solve_balance
-from areal_hex_plugin.planner.cpsat import clock
+from areal_hex_plugin.planner.cpsat import charge, clock, deterministic_limit
 from areal_hex_plugin.planner.evaluate import Evaluation, Evaluator
 from areal_hex_plugin.planner.partition_model import PartitionRequest, solve_partition
 from areal_hex_plugin.planner.split import Split, shared_choices, shared_splits
@@ -360,7 +360,7 @@ def _alternate(
         train_rate, rollout_rate = _rates(ev, current, limits, train_pools)
         request = BalanceRequest(limits, budget, train_rate, rollout_rate)
         limit = max(0.05, min(ev.solver.time_limit_s, deadline - clock()))
-        split = solve_balance(ev.cluster, request, limit, ev.solver.num_workers, ev.solver.seed)
+        split = _balance(ev, request, limit)
         if split is None or split in seen:
             break
         seen.add(split)
@@ -369,6 +369,21 @@ def _alternate(
             best = better(best, e, ev.tokens_per_step)
         current = split
     return best, iterations
+
+
+def _balance(ev: Evaluator, request: BalanceRequest, limit: float) -> Split | None:
+    """:func:`solve_balance`, memoised per solve: an alternation often repeats a request (its second tables are
+    its first where the split's counts lie on the rate curves' grid), and one worker solves the same model the
+    same deterministic way, so a repeat gets the first split and charges the first's work again (more workers
+    race: a repeat gets the first's split)."""
+    key = (request, deterministic_limit(limit))
+    if key in ev.balances:
+        split, work = ev.balances[key]
+        charge(work)
+        return split
+    split, work = solve_balance(ev.cluster, request, limit, ev.solver.num_workers, ev.solver.seed)
+    ev.balances[key] = (split, work)
+    return split
 
 
 def _rates(ev: Evaluator, split: Split | None, limits: tuple[int, ...], train_pools: frozenset[int] | None):

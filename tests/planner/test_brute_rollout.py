@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from itertools import product
 
 from areal_hex_plugin.planner.brute_rollout import pool_fleets, reaches
 from areal_hex_plugin.planner.inflight import best_split, window_rollout_s
+from areal_hex_plugin.planner.inflight import reaches as split_reaches
 from areal_hex_plugin.planner.rollout_model import ReplicaConfig
 
 
@@ -38,6 +40,34 @@ def test_best_split_is_the_least_makespan_of_every_integer_split():
         time, shares = best_split(groups, samples, mean)
         assert sum(shares) == samples and min(shares) >= 1
         assert makespan(groups, shares, mean) == time == min(makespan(groups, x, mean) for x in splits)
+
+
+def test_best_split_is_the_least_group_time_that_reaches_with_long_samples_and_large_windows():
+    """best_split's shortcuts (one group: the time of ceil(samples / y) samples each; several: each group's count
+    within a time read off its own candidate times) give the least group time that ``reaches``, scanned in full,
+    where replicas wait for a longest sample (flat group times) and windows hold hundreds of samples."""
+    rng = random.Random(11)
+    for _ in range(100):
+        groups = tuple(
+            (replace(c, longest_s=rng.choice((0.0, rng.uniform(0, 600)))), y)
+            for c, y in _random_groups(rng, 3)
+        )
+        samples, mean = rng.randint(len(groups), 300), rng.uniform(100, 2000)
+        time, shares = best_split(groups, samples, mean)
+        times = (
+            max(k * mean / c.tokens_per_s, c.longest_s) + c.recompute_s
+            for c, _ in groups
+            for k in range(1, samples + 1)
+        )
+        assert time == min(t for t in times if split_reaches(groups, samples, mean, t))
+        assert sum(shares) == samples and min(shares) >= 1
+        assert (
+            max(
+                max(math.ceil(x / y) * mean / c.tokens_per_s, c.longest_s) + c.recompute_s
+                for (c, y), x in zip(groups, shares, strict=True)
+            )
+            == time
+        )
 
 
 def test_shares_in_proportion_to_speed_are_not_the_best_split():

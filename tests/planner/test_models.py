@@ -8,12 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from areal_hex_plugin.costmodel import CostModel
 from areal_hex_plugin.planner.balance_model import BalanceRequest, solve_balance
-from areal_hex_plugin.planner.evaluate import prune_dominated
+from areal_hex_plugin.planner.cpsat import clock
+from areal_hex_plugin.planner.evaluate import Evaluator, prune_dominated
 from areal_hex_plugin.planner.inflight import window_rollout_s
 from areal_hex_plugin.planner.partition_model import PartitionRequest, solve_partition
 from areal_hex_plugin.planner.rollout_model import ReplicaConfig, largest_remainder, solve_rollout
-from areal_hex_plugin.planner.search import _first_stride
+from areal_hex_plugin.planner.search import _balance, _first_stride
 from areal_hex_plugin.planner.split import Split, all_splits, count_splits
 from areal_hex_plugin.planner.train_search import tp_degrees
 from tests.planner.helpers import recipe_with_pools
@@ -155,7 +157,7 @@ def test_balance_model_maximises_the_step_rate_then_saves_money():
     train = ((0.0, 3.0, 5.0, 5.0), (0.0, 0.5, 0.9, 1.2, 1.4))
     rollout = ((0.0, 1.0, 2.0, 3.0), (0.0, 1.2, 2.4, 3.6, 4.8))
     request = BalanceRequest((3, 4), 150.0, train, rollout)
-    split = solve_balance(cluster, request, 10.0, 1, 0)
+    split, _ = solve_balance(cluster, request, 10.0, 1, 0)
 
     def key(s: Split):
         rate = min(sum(f[t] for f, t in zip(train, s.train, strict=True)),
@@ -165,6 +167,23 @@ def test_balance_model_maximises_the_step_rate_then_saves_money():
     feasible = [s for s in all_splits((3, 4)) if s.cost_per_hour(cluster) <= 150.0]
     assert key(split) == max(key(s) for s in feasible)
     assert split.train[0] <= 2  # a third H800 machine adds nothing to training
+
+
+def test_a_repeated_repartition_gets_the_first_split_and_charges_its_work_again():
+    """The alternation's repartitions are memoised per solve (search._balance): a repeat returns what a fresh solve
+    returns and puts the same work on the search's clock, which decides where a work limit stops the search."""
+    recipe = recipe_with_pools([("H800-PCIe", 8, 3), ("H20", 8, 4)])
+    cm = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    ev = Evaluator(cm, recipe.cluster, recipe.workload, recipe.solver)
+    train = ((0.0, 3.0, 5.0, 5.0), (0.0, 0.5, 0.9, 1.2, 1.4))
+    rollout = ((0.0, 1.0, 2.0, 3.0), (0.0, 1.2, 2.4, 3.6, 4.8))
+    request = BalanceRequest((3, 4), 150.0, train, rollout)
+    fresh, work = solve_balance(recipe.cluster, request, 10.0, 1, 0)
+    for _ in range(2):
+        before = clock()
+        assert _balance(ev, request, 10.0) == fresh
+        assert clock() - before == pytest.approx(work, rel=1e-9)
+    assert len(ev.balances) == 1 and work > 0
 
 
 def test_split_space_and_moves():
