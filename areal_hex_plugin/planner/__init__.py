@@ -7,16 +7,10 @@ pandas) only then, so a module that needs only the planner's data (``planner.cap
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from areal_hex_plugin.lazy_exports import lazy_exports
 
 _EXPORTS = {"PlanRequest": "recipe_planner", "plan_recipe": "recipe_planner"}
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -6,8 +6,7 @@ adapters (which import upstream AReaL) only when they are asked for.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from areal_hex_plugin.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "Endpoint": "route",
@@ -39,9 +38,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
