@@ -1,9 +1,8 @@
 """``hex/*`` metrics and the plan, logged through upstream's StatsLogger (upstream owns the wandb run).
 
 Per step: predicted vs measured rollout wait, train time (and its two phases: the forward-only log-prob passes and
-the update) and weight-sync time, measured tokens/s (generated tokens
-over the wall time between commits), tokens/s per rollout pool (by the samples each pool finished) and tokens
-per dollar at the plan's $/h. The plan goes into the run config and, once, into a ``wandb.Table``.
+the update) and weight-sync time, measured tokens/s (generated tokens over the wall time between commits),
+tokens/s per rollout pool (by the samples each pool finished) and tokens per dollar at the plan's $/h. The plan goes into the run config and, once, into a ``wandb.Table``.
 """
 
 from __future__ import annotations

@@ -2,10 +2,12 @@
 
 Every training step (upstream's stats commit, on the training thread: cheap) adds what the step measured to a
 :class:`~areal_hex_plugin.costmodel.refit.MeasurementWindow`: each rollout server's decode tokens/s at its running
-requests (``areal/server_stats.py``), the train phase (upstream's ``timeperf/recompute_logp``, ``ref_logp`` and
-``train_step``: what the model prices as train time) and, on a step that pushed weights, ``timeperf/update_weights``. Every ``refit_every`` steps the window's medians go to the run's refit worker, a
-process of its own at lowered priority that imports only the core (``planner/refit_worker.py``: never a training
-step, nor the trainer's process and its GIL); a thread of this process waits for its answer, then:
+requests (``areal/server_stats.py``; each step also logs every server's figures, :func:`server_figures`), the
+train phase (upstream's ``timeperf/recompute_logp``, ``ref_logp`` and ``train_step``: what the model prices as
+train time) and, on a step that pushed weights, ``timeperf/update_weights``. Every ``refit_every`` steps the
+window's medians go to the run's refit worker, a process of its own at lowered priority that imports only the
+core (``planner/refit_worker.py``: never a training step, nor the trainer's process and its GIL); a thread of this
+process waits for its answer, then:
 
 1. the refit of the factors of the GPU types in play (``costmodel/refit.py``; the recipe's calibration the prior)
    is logged as wandb ``hex/calibration/<type>/<factor>`` and each point's residual, and written to
@@ -171,7 +173,8 @@ class OnlineRefit:
     def on_step(self, data: dict[str, float], global_step: int | None = None) -> dict[str, float]:
         """One training step's figures (upstream's committed ``data`` at its ``global_step``, counted from 0;
         None: the steps this loop saw) into the window; every ``every`` steps a refit goes to the worker.
-        Returns the metrics of the refits that ended before this step; never raises into the training step."""
+        Returns the step's server figures and the metrics of the refits that ended before this step; never raises
+        into the training step."""
         self.steps += 1
         readings: dict[int, ServerReading] = {}
         try:
