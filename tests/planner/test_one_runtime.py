@@ -7,6 +7,7 @@ for 7B."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -15,7 +16,9 @@ from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.planner.fit_baselines import as_measured, measured_phases, setting_from
 from areal_hex_plugin.planner.sensitivity import Held, Rules
 from areal_hex_plugin.sim.baselines import baseline_phases, homogeneous
+from areal_hex_plugin.sim.engine import simulate
 from areal_hex_plugin.sim.inputs import sim_spec
+from areal_hex_plugin.sim.online import LAST, factors_off
 from areal_hex_plugin.sim.reproduce import paper_request
 from areal_hex_plugin.specs.workload import RLSettings
 from tests.conftest import REPO
@@ -81,11 +84,6 @@ def test_the_baselines_check_and_reproduce_price_the_measured_runs_alike(measure
 def test_the_simulator_runs_a_plan_with_a_window_of_eta_plus_one_as_planned():
     """Found replaying issue 34's table (``benchmarks/refit_replay.py``, tiny with CPU-BIG +30%): the plan the
     planner makes there is a window of 2 steps at eta 1, and the simulator runs it 12% below its prediction."""
-    from dataclasses import replace
-
-    from areal_hex_plugin.sim.engine import simulate
-    from areal_hex_plugin.sim.online import LAST, factors_off
-
     tiny = recipe("ci/tiny.yaml")
     truth = replace(tiny, calibration=factors_off(tiny.calibration, "CPU-BIG", 0.3))
     plan = plan_recipe(truth)
