@@ -10,7 +10,8 @@ window's delta batches, eta + 1 - delta more may be admitted before its update, 
 (:func:`ahead`). With none (delta = eta + 1) the trainer's last step of the window needs every admitted rollout:
 admission stops, the pipeline drains until the longest sample ends (no request is left to interrupt), the last
 step trains with nothing generating, and the next window starts empty, its first batch waiting for its longest
-sample. With one, the batch trained last and the one generating meanwhile cannot both be admitted and the same
+sample and, where a replica's share of it exceeds its in-flight cap, the samples queued beyond the cap
+(:func:`first_batch_s`). With one, the batch trained last and the one generating meanwhile cannot both be admitted and the same
 happens. Such windows (:func:`drains`) pay for it (``RolloutEstimate.drain_s``, :func:`serial_rollout_s`); the
 planner ignored it before, and the simulator (``sim/engine.py``: upstream's ``StalenessManager`` with the driver's
 versions) was 15 to 28% slower than the plans of the paper and mixed recipes, which chose delta = eta + 1.
@@ -70,6 +71,7 @@ class Runtime:
     drained: bool = False  # the pipeline drains before each update (:func:`drains`)
     batches: float = 0.0  # consumer batches of rollouts in flight
     room: float = math.inf  # batches admission may replace during the window's last training (< 1: tight)
+    fill_s: float = 0.0  # where it drains: its first batch from empty (:func:`first_batch_s`)
 
     def step_s(self, train_s: float, sync_s: float) -> float:
         """The step with one weight sync of ``sync_s`` per window."""
@@ -79,17 +81,16 @@ class Runtime:
 def serial_rollout_s(runtime: Runtime, train_s: float) -> float:
     """The rollout seconds per step the trainer waits through. Where the window drains, each window starts empty
     and nothing overlaps its ends: the last step trains after the drain (no room is left to generate until the
-    update), and the first waits for its batch's longest sample (its replicas' drain beyond their batch's work,
-    :func:`as_run`), so a window takes at least its generation, drain and one training step, and at least its
-    training and that first wait. Where admission cannot replace a batch during the window's last training
-    (``room`` < 1), that step waits for what its batch lacks (``tight_step_s``)."""
+    update), and the first waits for its batch from empty (:func:`first_batch_s`), so a window takes at least its
+    generation, drain and one training step, and at least its training and that first wait. Where admission
+    cannot replace a batch during the window's last training (``room`` < 1), that step waits for what its batch
+    lacks (``tight_step_s``)."""
     if not runtime.drained:
         if runtime.room >= 1:
             return runtime.rollout_s
         last = tight_step_s(runtime.rollout_s, train_s, runtime.batches, runtime.room)
         return ((runtime.window - 1) * max(runtime.rollout_s, train_s) + last) / runtime.window
-    fill = max((c.longest_s + c.drain_s for c, _ in runtime.groups), default=0.0)  # :func:`as_run`'s
-    return max(runtime.rollout_s + train_s / runtime.window, train_s + fill / runtime.window)
+    return max(runtime.rollout_s + train_s / runtime.window, train_s + runtime.fill_s / runtime.window)
 
 
 def windows(eta: int, most: int = 0) -> range:
@@ -121,7 +122,25 @@ def runtime_of(cm: CostModel, groups: Groups, window: int, rollout_s: float, adm
         batches = cm.batches_in_flight(sum(c.concurrency * y for c, y in groups))
     eta = rl.max_head_offpolicyness
     room = admission_room(eta, window, batches)
-    return Runtime(window, groups, rollout_s, drains(eta, window), batches, room)
+    drained = drains(eta, window)
+    fill = first_batch_s(groups, rl.samples_per_step, cm.workload.output_lengths.mean) if drained else 0.0
+    return Runtime(window, groups, rollout_s, drained, batches, room, fill)
+
+
+def first_batch_s(groups: Groups, samples: int, mean_tokens: float) -> float:
+    """Seconds the first batch of ``samples`` of a window that drains takes: the window starts empty, so each
+    replica (as :func:`as_run` gives it: its longest sample ``longest_s + drain_s``) generates its share of the
+    batch from nothing, split in proportion to speed. Up to its cap the share runs at once and ends with its
+    longest sample; the samples beyond the cap enter as slots free, at the replica's rate, before the last of them
+    starts its longest sample."""
+    parts = largest_remainder(samples, [c.tokens_per_s * y for c, y in groups])
+    return max(
+        (
+            c.longest_s + c.drain_s + max(0, -(-x // y) - c.concurrency) * mean_tokens / c.tokens_per_s
+            for (c, y), x in zip(groups, parts, strict=True)
+        ),
+        default=0.0,
+    )
 
 
 def as_run(cm: CostModel, groups: Groups, window: int) -> Groups:

@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 
 from areal_hex_plugin.planner import plan_recipe
-from areal_hex_plugin.planner.inflight import Runtime, ahead, drains, windows
+from areal_hex_plugin.planner.inflight import Runtime, ahead, drains, first_batch_s, windows
 from areal_hex_plugin.planner.report import _runtime
 from areal_hex_plugin.planner.rollout_model import ReplicaConfig
 from areal_hex_plugin.sim.agreement import TOLERANCE
@@ -61,10 +61,10 @@ def test_windows_with_fewer_than_two_batches_of_room_drain_and_pay_for_it(paper_
     # As inflight.as_run gives a draining window's replica: the work its batch has left (10 s), which the
     # longest sample outlasts by the drain.
     config = ReplicaConfig(group.pool, group.tp, group.pp, 1000.0, 8, longest_s=10.0, drain_s=50.0)
-    runtime = Runtime(9, ((config, 2),), 40.0, drained=True)
+    runtime = Runtime(9, ((config, 2),), 40.0, drained=True, fill_s=60.0)
     # Rollout-bound: generation (with the drain) and the last step's training are serial.
     assert runtime.step_s(train_s=36.0, sync_s=9.0) == pytest.approx(1.0 + 40.0 + 36.0 / 9)
-    # Training-bound: the window's first step waits for its batch's longest sample.
+    # Training-bound: the window's first step waits for its batch from empty.
     assert runtime.step_s(train_s=45.0, sync_s=9.0) == pytest.approx(1.0 + 45.0 + 60.0 / 9)
     assert dataclasses.replace(runtime, drained=False).step_s(train_s=45.0, sync_s=9.0) == 46.0
 
@@ -88,3 +88,22 @@ def test_the_plan_says_when_its_window_drains(paper_1_5b):
     assert (tiny.staleness.max_head_offpolicyness, tiny.solver.window_steps) == (1, 2)
     assert "the pipeline drains to its longest sample before each update" in _runtime(tiny)
     assert "drains" not in _runtime(paper_1_5b[1])
+
+
+def test_a_window_that_drains_waits_for_its_first_batch_from_empty():
+    """Found replaying issue 34's table (tiny, CPU-BIG +30%, eta 1, window 2): the first batch of a window that
+    drains was priced as its longest sample alone, but where a replica's share of the batch exceeds its in-flight
+    cap the samples beyond it queue. Hand-worked: replicas at 1,000 tokens/s holding 8 sequences, whose longest
+    sample takes 60 s (10 s of the batch's work and a 50 s drain), samples of 500 tokens on average."""
+    fast = ReplicaConfig("a", 1, 1, 1000.0, 8, longest_s=10.0, drain_s=50.0)
+    # 16 samples on two replicas: 8 each, all at once: the longest sample.
+    assert first_batch_s(((fast, 2),), 16, 500.0) == pytest.approx(60.0)
+    # 40 samples: 20 each, 12 beyond the cap at 0.5 s each before the last cohort's longest sample.
+    assert first_batch_s(((fast, 2),), 40, 500.0) == pytest.approx(60.0 + 6.0)
+    # Beside a replica a quarter as fast (8 of the 40 samples, none beyond its cap, a 100 s longest sample), the
+    # fast pair takes 32: 8 beyond the cap each, 4 s.
+    slow = ReplicaConfig("b", 1, 1, 250.0, 8, longest_s=40.0, drain_s=60.0)
+    assert first_batch_s(((fast, 2), (slow, 2)), 40, 500.0) == pytest.approx(100.0)
+    assert first_batch_s(((fast, 2), (slow, 1)), 90, 500.0) == pytest.approx(
+        max(60.0 + 32 * 0.5, 100.0 + 2 * 2.0)
+    )
