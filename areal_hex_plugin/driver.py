@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import NoReturn
 
 from areal_hex_plugin.commands.common import refuse_several_recipes
 from areal_hex_plugin.errors import HexError
@@ -59,6 +60,7 @@ def run(argv: list[str]) -> int:
         print(f"areal-hex: {session.finished}", file=sys.stderr)
         return 0
     announce(session)
+    session.restarts = True  # a re-plan applied at a checkpoint: main goes on from it (restart)
     return _train(session, scheduler_factory(session), path, overrides)
 
 
@@ -117,6 +119,7 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
     from areal.dataset import get_custom_dataset
     from areal.utils.hf_utils import load_hf_tokenizer
 
+    from areal_hex_plugin.areal.auto_replan import Restart
     from areal_hex_plugin.areal.run_guard import RunGuard, RunStopped, WorkerDied, closed
     from areal_hex_plugin.areal.trainer import PLAN_FILE, HexPPOTrainer
     from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, TRAIN_ROLE
@@ -133,6 +136,7 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
             split="test", dataset_config=config.valid_dataset, tokenizer=tokenizer
         )
     lost: list[str] = []
+    restart: Restart | None = None
     slots = session.placement.slots
     starting = (
         f"areal-hex: upstream AReaL is starting {len(slots[TRAIN_ROLE])} training workers and "
@@ -157,6 +161,11 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
                     eval_workflow=config.hex.workflow if valid_dataset is not None else None,
                     eval_workflow_kwargs=workflow_kwargs(config, temperature=0.6),
                 )
+                guard.ending(0)
+            except (
+                Restart
+            ) as replanned:  # after the recover checkpoint: the trainer closes, then main goes on
+                restart = replanned
                 guard.ending(0)
             except RunStopped as stopped:
                 guard.ending(stopped.exit_code, stopped.error)
@@ -186,6 +195,8 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
         guard.close()  # no process of the run outlives it
     if lost:
         raise lost_error
+    if restart is not None:
+        raise restart
     return 0
 
 
@@ -201,12 +212,41 @@ def forget_workers(trainer) -> None:
         print(f"areal-hex: letting go of the run's workers: {error}", file=sys.stderr, flush=True)
 
 
+def restart(argv: list[str], replanned) -> NoReturn:
+    """Go on from the recover checkpoint of a re-plan the run applied (``areal/auto_replan.py``): this process
+    becomes the driver again, with ``argv`` on the new plan and the refit profile."""
+    import os
+    import shlex
+
+    from areal_hex_plugin.areal.auto_replan import restart_args
+
+    command = [
+        sys.executable,
+        "-m",
+        "areal_hex_plugin.driver",
+        *restart_args(argv, replanned.plan_file, replanned.profile_file),
+    ]
+    print(
+        f"areal-hex: re-planned ({replanned.change.reason}); going on from the recover checkpoint of step "
+        f"{replanned.step}:\n  {shlex.join(command)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    os.execv(sys.executable, command)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The driver; a run that applies a re-plan at a recover checkpoint goes on in this process (:func:`restart`:
+    it never returns then)."""
+    from areal_hex_plugin.areal.auto_replan import Restart
     from areal_hex_plugin.areal.run_guard import RunEnded
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return run(argv)
+    except Restart as replanned:
+        restart(argv, replanned)
     except TrainingLost as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_LOST
