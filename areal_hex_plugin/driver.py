@@ -227,8 +227,8 @@ def restart(argv: list[str], replanned) -> NoReturn:
         *restart_args(argv, replanned.plan_file, replanned.profile_file),
     ]
     print(
-        f"areal-hex: re-planned ({replanned.change.reason}); going on from the recover checkpoint of step "
-        f"{replanned.step}:\n  {shlex.join(command)}",
+        f"areal-hex: re-planned ({replanned.change.reason}); going on from the recover checkpoint after step "
+        f"{replanned.step + 1}:\n  {shlex.join(command)}",
         file=sys.stderr,
         flush=True,
     )

@@ -54,7 +54,8 @@ def why_not(auto_replan: bool, most: int, recover_mode: str, plan: HexPlan) -> s
 
 def applied_plan(running: HexPlan, decision: Decision, refit_step: int, step: int, most: int) -> HexPlan:
     """``decision``'s plan with the running plan's changes and this one (kind :data:`AUTO_KIND`): which machines
-    move, why, and the recover checkpoint (global step ``step``) the run goes on from."""
+    move, why, and the recover checkpoint the run goes on from (of global step ``step``, counted from 0 as
+    upstream's loop counts; its log says step ``step + 1``)."""
     number = applied_so_far(running) + 1
     new = decision.plan
     change = PlanChange(
@@ -63,8 +64,8 @@ def applied_plan(running: HexPlan, decision: Decision, refit_step: int, step: in
         reason=f"refit at step {refit_step}: the refit model plans {decision.tokens_per_s:,.0f} tokens/s against "
         f"the running plan's {decision.running_tokens_per_s:,.0f} ({decision.gain:+.1%}, over the "
         f"{decision.threshold:.0%} threshold): {describe_changes(decision.diff, decision.retuned)}; applied at the "
-        f"recover checkpoint of step {step}, the run restarted on this plan (automatic re-plan {number} of at "
-        f"most {most})",
+        f"recover checkpoint after step {step + 1} (global step {step}), the run restarted on this plan (automatic "
+        f"re-plan {number} of at most {most})",
         step=step,
         tokens_per_s_before=round(decision.running_tokens_per_s, 3),
         tokens_per_s_after=round(decision.tokens_per_s, 3),
@@ -78,7 +79,9 @@ class Restart(Exception):  # noqa: N818 (a request, as StopIteration is)
     ``plan_file`` with the refit profile at ``profile_file``."""
 
     def __init__(self, plan_file: str, profile_file: str, step: int, change: PlanChange) -> None:
-        super().__init__(f"re-planned at the recover checkpoint of step {step}: going on on {plan_file}")
+        super().__init__(
+            f"re-planned at the recover checkpoint after step {step + 1}: going on on {plan_file}"
+        )
         self.plan_file, self.profile_file, self.step, self.change = plan_file, profile_file, step, change
 
 

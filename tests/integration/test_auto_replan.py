@@ -108,7 +108,7 @@ def test_the_applied_plan_records_the_change_and_counts_toward_the_bound(
     assert "big-1: train stage 0 dp2 tp1 -> rollout tp1pp1 x1" in change.reason
     assert "small-0: rollout tp2pp1 x1 -> idle" in change.reason
     assert (
-        "recover checkpoint of step 6" in change.reason
+        "recover checkpoint after step 7 (global step 6)" in change.reason
         and "automatic re-plan 1 of at most 1" in change.reason
     )
     assert {g.pool for g in new.rollout.replicas} == {"big"}
