@@ -144,3 +144,29 @@ def test_a_forced_dump_passes_upstreams_frequency_check_and_still_counts_the_ste
         assert handler.freq_ctl.state_dict() == inner.state_dict()
     assert handler.freq_ctl is inner and not handler.freq_ctl.check(epochs=0, steps=1)
     assert inner.state_dict()["step"]["steps"] == 3
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (
+            [],
+            "auto_replan: a re-plan that moves machines applies at the next recover checkpoint (at most 1 a trial",
+        ),
+        (
+            ["recover.mode=off"],
+            "auto_replan: only suggested: recover.mode is off: without recover checkpoints",
+        ),
+        (["hex.elastic.max_auto_replans=0"], "auto_replan: only suggested: this trial applied 0 re-plans"),
+    ],
+)
+def test_the_preflight_says_whether_re_plans_apply_at_a_checkpoint(
+    overrides, said, tmp_path, transport_token
+) -> None:
+    """``areal-hex check`` and the driver's pre-flight say what auto_replan will do with a re-plan that moves
+    machines, before anything starts: recover off is said at once, not found at step 0 of a restart."""
+    from areal_hex_plugin.areal.preflight import preflight
+
+    base = [f"cluster.fileroot={tmp_path / 'exp'}", "hex.elastic.auto_replan=true"]
+    passed = preflight(str(TINY), [*base, *overrides], offline=True).passed
+    assert any(line.startswith(said) for line in passed), passed
