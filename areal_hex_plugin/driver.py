@@ -4,11 +4,15 @@ Same shape as upstream's example scripts (and usable as an ``areal train run --d
 pre-flight of ``areal-hex check`` (``areal/preflight.py``) loads the recipe, takes the plan (``hex.plan_path``, or
 solves it now), rewrites the upstream config and checks the plan against the recipe's cluster and the live one, and
 hands back the run's session; the driver then trains with ``HexPPOTrainer`` on it and the recipe's ``hex.workflow``. ``hex.dry_run=true`` runs the same checks, prints the rewritten config and the
-placement and exits without starting anything. Bad input exits 2 with one message.
+placement and exits without starting anything. Bad input exits 2 with one message. A run that applies a refit's
+re-plan at a recover checkpoint (``hex.elastic.auto_replan``, ``areal/auto_replan.py``) goes on from it in the same
+process, on the new plan (:func:`restart`).
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import signal
 import sys
 from typing import NoReturn
@@ -102,7 +106,6 @@ def lost_training_hosts(trainer) -> list[str]:
 def resume_fix(recipe: str, overrides: list[str], config, lost: list[str], plan_file: str) -> str:
     """Pasteable commands: re-plan the run's plan (``plan_file``) without the ``lost`` hosts, then resume from
     upstream's recover checkpoint on the new plan with this run's overrides."""
-    import shlex
     from pathlib import Path
 
     new = str(Path(plan_file).with_name("hex_plan.replanned.json"))
@@ -136,7 +139,7 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
             split="test", dataset_config=config.valid_dataset, tokenizer=tokenizer
         )
     lost: list[str] = []
-    restart: Restart | None = None
+    replanned: Restart | None = None
     slots = session.placement.slots
     starting = (
         f"areal-hex: upstream AReaL is starting {len(slots[TRAIN_ROLE])} training workers and "
@@ -162,10 +165,9 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
                     eval_workflow_kwargs=workflow_kwargs(config, temperature=0.6),
                 )
                 guard.ending(0)
-            except (
-                Restart
-            ) as replanned:  # after the recover checkpoint: the trainer closes, then main goes on
-                restart = replanned
+            except Restart as applied:
+                # After the step's recover checkpoint: the trainer closes its workers, then main goes on.
+                replanned = applied
                 guard.ending(0)
             except RunStopped as stopped:
                 guard.ending(stopped.exit_code, stopped.error)
@@ -195,8 +197,8 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
         guard.close()  # no process of the run outlives it
     if lost:
         raise lost_error
-    if restart is not None:
-        raise restart
+    if replanned is not None:
+        raise replanned
     return 0
 
 
@@ -215,9 +217,6 @@ def forget_workers(trainer) -> None:
 def restart(argv: list[str], replanned) -> NoReturn:
     """Go on from the recover checkpoint of a re-plan the run applied (``areal/auto_replan.py``): this process
     becomes the driver again, with ``argv`` on the new plan and the refit profile."""
-    import os
-    import shlex
-
     from areal_hex_plugin.areal.auto_replan import restart_args
 
     command = [
