@@ -4,13 +4,18 @@ Same shape as upstream's example scripts (and usable as an ``areal train run --d
 pre-flight of ``areal-hex check`` (``areal/preflight.py``) loads the recipe, takes the plan (``hex.plan_path``, or
 solves it now), rewrites the upstream config and checks the plan against the recipe's cluster and the live one, and
 hands back the run's session; the driver then trains with ``HexPPOTrainer`` on it and the recipe's ``hex.workflow``. ``hex.dry_run=true`` runs the same checks, prints the rewritten config and the
-placement and exits without starting anything. Bad input exits 2 with one message.
+placement and exits without starting anything. Bad input exits 2 with one message. A run that applies a refit's
+re-plan at a recover checkpoint (``hex.elastic.auto_replan``, ``areal/auto_replan.py``) goes on from it in the same
+process, on the new plan (:func:`restart`).
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import signal
 import sys
+from typing import NoReturn
 
 from areal_hex_plugin.commands.common import refuse_several_recipes
 from areal_hex_plugin.errors import HexError
@@ -59,6 +64,7 @@ def run(argv: list[str]) -> int:
         print(f"areal-hex: {session.finished}", file=sys.stderr)
         return 0
     announce(session)
+    session.restarts = True  # a re-plan applied at a checkpoint: main goes on from it (restart)
     return _train(session, scheduler_factory(session), path, overrides)
 
 
@@ -100,7 +106,6 @@ def lost_training_hosts(trainer) -> list[str]:
 def resume_fix(recipe: str, overrides: list[str], config, lost: list[str], plan_file: str) -> str:
     """Pasteable commands: re-plan the run's plan (``plan_file``) without the ``lost`` hosts, then resume from
     upstream's recover checkpoint on the new plan with this run's overrides."""
-    import shlex
     from pathlib import Path
 
     new = str(Path(plan_file).with_name("hex_plan.replanned.json"))
@@ -117,6 +122,7 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
     from areal.dataset import get_custom_dataset
     from areal.utils.hf_utils import load_hf_tokenizer
 
+    from areal_hex_plugin.areal.auto_replan import Restart
     from areal_hex_plugin.areal.run_guard import RunGuard, RunStopped, WorkerDied, closed
     from areal_hex_plugin.areal.trainer import PLAN_FILE, HexPPOTrainer
     from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, TRAIN_ROLE
@@ -133,6 +139,7 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
             split="test", dataset_config=config.valid_dataset, tokenizer=tokenizer
         )
     lost: list[str] = []
+    replanned: Restart | None = None
     slots = session.placement.slots
     starting = (
         f"areal-hex: upstream AReaL is starting {len(slots[TRAIN_ROLE])} training workers and "
@@ -157,6 +164,10 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
                     eval_workflow=config.hex.workflow if valid_dataset is not None else None,
                     eval_workflow_kwargs=workflow_kwargs(config, temperature=0.6),
                 )
+                guard.ending(0)
+            except Restart as applied:
+                # After the step's recover checkpoint: the trainer closes its workers, then main goes on.
+                replanned = applied
                 guard.ending(0)
             except RunStopped as stopped:
                 guard.ending(stopped.exit_code, stopped.error)
@@ -186,6 +197,8 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
         guard.close()  # no process of the run outlives it
     if lost:
         raise lost_error
+    if replanned is not None:
+        raise replanned
     return 0
 
 
@@ -201,12 +214,38 @@ def forget_workers(trainer) -> None:
         print(f"areal-hex: letting go of the run's workers: {error}", file=sys.stderr, flush=True)
 
 
+def restart(argv: list[str], replanned) -> NoReturn:
+    """Go on from the recover checkpoint of a re-plan the run applied (``areal/auto_replan.py``): this process
+    becomes the driver again, with ``argv`` on the new plan and the refit profile."""
+    from areal_hex_plugin.areal.auto_replan import restart_args
+
+    command = [
+        sys.executable,
+        "-m",
+        "areal_hex_plugin.driver",
+        *restart_args(argv, replanned.plan_file, replanned.profile_file),
+    ]
+    print(
+        f"areal-hex: re-planned ({replanned.change.reason}); going on from the recover checkpoint after step "
+        f"{replanned.step + 1}:\n  {shlex.join(command)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    os.execv(sys.executable, command)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The driver; a run that applies a re-plan at a recover checkpoint goes on in this process (:func:`restart`:
+    it never returns then)."""
+    from areal_hex_plugin.areal.auto_replan import Restart
     from areal_hex_plugin.areal.run_guard import RunEnded
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return run(argv)
+    except Restart as replanned:
+        restart(argv, replanned)
     except TrainingLost as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_LOST

@@ -276,13 +276,14 @@ class PoolRole:
     split: int = spec(0, "machines split between training and rollout (some GPUs each)", _INDEX)
 
 
-CHANGE_KINDS = ("lost", "gained", "reshare", "drift", "replan")
+CHANGE_KINDS = ("lost", "gained", "reshare", "drift", "replan", "auto_replan")
 
 
 @dataclass(frozen=True)
 class PlanChange:
-    """One change to a running plan: a server lost or gained, shares re-solved for length drift, or a re-plan
-    (``areal-hex replan``). ``shares`` are the routing shares after it, per server (``pool/index``)."""
+    """One change to a running plan: a server lost or gained, shares re-solved for length drift, a re-plan
+    (``areal-hex replan``) or one the run applied at a recover checkpoint (``auto_replan``: the online refit's,
+    ``areal/auto_replan.py``). ``shares`` are the routing shares after it, per server (``pool/index``)."""
 
     kind: str = spec(help="what changed", choices=CHANGE_KINDS)
     hosts: list[str] = spec(

@@ -2,7 +2,8 @@
 
 ``recipes/ci/tiny.yaml`` on ``hex_local`` (the e2e tests' assets, ``tests/e2e/run.py``) with CPU-BIG's
 ``hbm_tb_per_s`` declared at a third of the true catalog's (``tests/e2e/truth.yaml``, which paces the SGLang
-stand-ins: ``HEX_STANDIN_TRUTH``), ``hex.elastic.auto_replan=true``, for ``--steps`` steps: the figure each refit
+stand-ins: ``HEX_STANDIN_TRUTH``), ``hex.elastic.auto_replan=true`` (``max_auto_replans=0``: the shares live, no
+restart on a re-plan), for ``--steps`` steps: the figure each refit
 fits and the live rollout shares per pool after the last re-share, beside the true figure and the shares the
 correct catalog plans; then the same run with the refit off (``hex.calibration.refit_every=0``). The goals (issue
 34): the figure within 25% of the true one by step 10, the shares within 10% of the correct plan's; the run with
@@ -80,7 +81,7 @@ def main() -> None:
     declared = f"hex.gpu_catalog.CPU-BIG.hbm_tb_per_s={true / 3}"
     correct = {g.pool: g.share for g in plan_recipe(load_recipe(RECIPE, [])).rollout.replicas}
     believed = {g.pool: g.share for g in plan_recipe(load_recipe(RECIPE, [declared])).rollout.replicas}
-    on = one_run(args.steps, (declared, "hex.elastic.auto_replan=true"))
+    on = one_run(args.steps, (declared, "hex.elastic.auto_replan=true", "hex.elastic.max_auto_replans=0"))
     off = one_run(args.steps, (declared, "hex.calibration.refit_every=0"))
 
     def met(run: dict) -> bool:

@@ -206,6 +206,20 @@ def nothing_to_train(config) -> str | None:
     )
 
 
+def auto_replan_line(config, plan) -> str:
+    """What ``hex.elastic.auto_replan`` does with a refit's re-plan that moves machines in this run of ``plan``."""
+    from areal_hex_plugin.areal.auto_replan import why_not
+
+    most = config.hex.elastic.max_auto_replans
+    why = why_not(True, most, config.recover.mode, plan)
+    if why is not None:
+        return f"auto_replan: only suggested: {why}"
+    return (
+        f"auto_replan: a re-plan that moves machines applies at the next recover checkpoint (at most {most} a "
+        "trial; the driver goes on from it on the new plan)"
+    )
+
+
 def check_live_inventory(session: HexSession) -> str:
     """The plan's machines against the live cluster ``scheduler.type`` runs on: its GPU types, and its hosts or
     as many machines of each type (hex_local: the GPUs of this machine)."""
@@ -320,6 +334,8 @@ def preflight(path: str, overrides: list[str], offline: bool = False, run: bool 
     passed.append(
         f"plan: {source}; ${plan.predicted.cost_per_hour:,.2f}/h, {plan.predicted.tokens_per_s:,.0f} tokens/s"
     )
+    if config.hex.elastic.auto_replan:
+        passed.append(auto_replan_line(config, plan))
     session = HexSession(recipe, config, plan, source, rewrite, passed, finished=nothing_to_train(config))
     if offline:
         session.notes.append("live inventory: not checked (--offline)")

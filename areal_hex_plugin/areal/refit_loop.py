@@ -17,10 +17,11 @@ process waits for its answer, then:
    most; its residuals are logged, its factors not); the next refit starts a new worker;
 2. the worker's re-plan decision under the refit model (``planner/refit_replan.py``): ``hex/replan/*`` gives the
    running plan's and the new plan's predicted tokens/s; where the new one wins by more than ``replan_threshold``
-   it is written to ``hex_replan.json`` and the log prints the command that resumes on it (role and layout
-   changes are only suggested);
+   it is written to ``hex_replan.json`` and the log prints the command that resumes on it;
 3. with ``hex.elastic.auto_replan``, the rollout shares are re-solved under the refit model here, through the
-   elastic run's re-share path (live objects), which records the change in the plan's ``changes``.
+   elastic run's re-share path (live objects), which records the change in the plan's ``changes``; and a
+   suggestion that moves machines between roles or layouts is handed to the trainer (:meth:`take_restart`), which
+   applies it at the next recover checkpoint (``auto_replan.py``), where the run may (``auto_restart``).
 
 Each refit's and decision's CPU seconds (the worker process's, all its threads) are logged as
 ``hex/calibration/cpu_s`` and ``hex/replan/cpu_s``. The run's end stops the worker.
@@ -38,15 +39,15 @@ from typing import TYPE_CHECKING, Any
 
 from areal.utils import logging
 
+from areal_hex_plugin.areal.auto_replan import restart_args, why_not
 from areal_hex_plugin.areal.metrics import MEASURED, measured_train
 from areal_hex_plugin.costmodel.calibration import Calibration
 from areal_hex_plugin.costmodel.refit import Measured, MeasurementWindow, Refit, ServerSample, StepSample
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.outfiles import write_json
 from areal_hex_plugin.plan import HexPlan
-from areal_hex_plugin.planner.refit_replan import Decision
+from areal_hex_plugin.planner.refit_replan import Decision, describe_changes
 from areal_hex_plugin.planner.refit_worker import RefitJob, RefitOutcome, RefitWorker, WorkerDied
-from areal_hex_plugin.planner.replan import MachineDiff
 
 if TYPE_CHECKING:
     from areal_hex_plugin.areal.server_stats import ServerReading
@@ -85,19 +86,9 @@ def residual_metrics(fit: Refit, cpu_s: float) -> dict[str, float]:
     return out
 
 
-def describe_changes(diff: Sequence[MachineDiff], retuned: Sequence[str]) -> str:
-    """What a suggested plan changes: the machines that change role or layout, then the runtime settings it
-    retunes on the layouts it keeps (``Decision.retuned``)."""
-    moves = "; ".join(f"{d.host}: {d.before or '(new)'} -> {d.after or '(gone)'}" for d in diff)
-    parts = [f"{len(diff)} machines change role or layout ({moves})"] if diff else []
-    return "; ".join([*parts, *retuned]) or "nothing"
-
-
 def resume_command(argv: Sequence[str], plan_file: str, profile_file: str) -> str:
     """This run's own command with ``hex.plan_path`` and ``hex.calibration.profile`` set to the refit's files."""
-    dropped = ("hex.plan_path=", "hex.calibration.profile=")
-    kept = [a for a in argv if not a.lstrip("+").startswith(dropped)]
-    args = [*kept, f"hex.plan_path={plan_file}", f"hex.calibration.profile={profile_file}"]
+    args = restart_args(argv, plan_file, profile_file)
     return shlex.join([sys.executable, "-m", "areal_hex_plugin.driver", *args])
 
 
@@ -123,8 +114,9 @@ class OnlineRefit:
     ``plan()`` gives the running plan, ``servers()`` each server rank's (pool, tp, pp) and ``take_servers()`` each
     rank's median reading since the last step (``ServerPoller.take``). ``apply_shares(calibration,
     reason)`` re-solves the live shares under a refit (the elastic run's path; it records the change) and says
-    whether they moved; None when ``auto_replan`` is off. ``worker`` runs each refit and decision (by default
-    one of its own)."""
+    whether they moved; None when ``auto_replan`` is off. ``auto_restart``: a suggestion that moves machines is
+    applied at the next recover checkpoint (:meth:`take_restart`); else ``no_restart`` says why it is only
+    suggested. ``worker`` runs each refit and decision (by default one of its own)."""
 
     def __init__(
         self,
@@ -142,6 +134,8 @@ class OnlineRefit:
         window: MeasurementWindow | None = None,
         on_stop: Callable[[], None] = lambda: None,
         worker: RefitWorker | None = None,
+        auto_restart: bool = False,
+        no_restart: str = "",
     ) -> None:
         self.recipe = recipe
         self._plan, self._servers, self._take_servers = plan, servers, take_servers
@@ -159,6 +153,9 @@ class OnlineRefit:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.worker = worker or RefitWorker()
+        self.auto_restart, self.no_restart = auto_restart, no_restart
+        self._restart: tuple[Decision, int] | None = None
+        self._restarting = False
 
     @property
     def profile_file(self) -> Path:
@@ -310,7 +307,7 @@ class OnlineRefit:
             "hex/replan/cpu_s": outcome.decision_cpu_s,
         }
         if decision.suggested:
-            self._suggest(decision)
+            out["hex/replan/restart"] = float(self._suggest(decision, step))
         if self._apply_shares is not None:
             moved = self._apply_shares(
                 outcome.fit.calibration, f"refit at step {step}: shares re-solved under the refit model"
@@ -327,16 +324,39 @@ class OnlineRefit:
             )
         return out
 
-    def _suggest(self, decision: Decision) -> None:
-        """Write the new plan and print the command that resumes on it."""
+    def _suggest(self, decision: Decision, step: int) -> bool:
+        """Write the new plan; hand one that moves machines to the trainer where the run may restart on it (True),
+        else print the command that resumes on it."""
         decision.plan.save(self.replan_file)
-        logger.warning(
+        said = (
             f"re-plan suggested by the refit model: {decision.tokens_per_s:,.1f} tokens/s predicted against "
             f"{decision.running_tokens_per_s:,.1f} for the running plan ({decision.gain:+.1%}, over the "
-            f"{self.threshold:.0%} threshold): {describe_changes(decision.diff, decision.retuned)}. These "
-            f"changes are not applied live: resume from the recover checkpoint on the new plan with\n  "
-            f"{resume_command(self._argv, str(self.replan_file), str(self.profile_file))}"
+            f"{self.threshold:.0%} threshold): {describe_changes(decision.diff, decision.retuned)}."
         )
+        with self._lock:
+            restart = self.auto_restart and bool(decision.diff) and not self._restarting
+            if restart:
+                self._restart = (decision, step)
+        if restart:
+            logger.warning(
+                f"{said} hex.elastic.auto_replan applies it at the next recover checkpoint: the run saves it, "
+                "stops and goes on from it on the new plan"
+            )
+            return True
+        why = f" ({self.no_restart})" if self.no_restart and decision.diff else ""
+        logger.warning(
+            f"{said} These changes are not applied live{why}: resume from the recover checkpoint on the new plan "
+            f"with\n  {resume_command(self._argv, str(self.replan_file), str(self.profile_file))}"
+        )
+        return False
+
+    def take_restart(self) -> tuple[Decision, int] | None:
+        """The suggested decision to apply at this step's recover checkpoint and the step of its refit, once;
+        after it no other is handed over (the run stops)."""
+        with self._lock:
+            pending, self._restart = self._restart, None
+            self._restarting = self._restarting or pending is not None
+        return pending
 
 
 def attach_refit(trainer) -> OnlineRefit | None:
@@ -353,7 +373,12 @@ def attach_refit(trainer) -> OnlineRefit | None:
         lambda: [f"{info.host}:{info.port}" for info in rollout.server_infos],
         lambda rank: rollout._router().outstanding[rank],
     )
-    elastic = trainer.hex_elastic
+    elastic, auto = trainer.hex_elastic, config.hex.elastic
+    no_restart = why_not(auto.auto_replan, auto.max_auto_replans, config.recover.mode, trainer.hex_plan)
+    if no_restart is None and not trainer.hex_session.restarts:
+        no_restart = "only the areal-hex driver restarts a run on a new plan"
+    if auto.auto_replan and no_restart:
+        logger.warning(f"hex.elastic.auto_replan: {no_restart}")
     loop = OnlineRefit(
         trainer.hex_session.recipe,
         lambda: trainer.hex_plan,
@@ -366,6 +391,8 @@ def attach_refit(trainer) -> OnlineRefit | None:
         apply_shares=elastic.recalibrate if elastic is not None and config.hex.elastic.auto_replan else None,
         argv=sys.argv[1:],
         on_stop=poller.stop,
+        auto_restart=no_restart is None,
+        no_restart=no_restart or "",
     )
     trainer.stats_logger.on_step.append(loop.on_step)
     poller.start()

@@ -37,6 +37,7 @@ class HexSession:
     inventory: LiveInventory | None = None  # the live cluster, as read once (None: not read)
     announced: bool = False  # what the run decided was printed (areal/startup.py)
     finished: str | None = None  # why the run has nothing left to train (its trial trained every step), if so
+    restarts: bool = False  # the driver goes on from a re-plan applied at a checkpoint (areal/auto_replan.py)
 
     @property
     def placement(self) -> Placement:

@@ -11,7 +11,9 @@ controller gets the plan's rollout pools and links. Upstream's stats logger is w
 servers lost and gained mid-run (and machines that join, ``areal-hex join``) and length drift are handled by
 :mod:`elastic` (``hex.elastic``); each change is appended to ``hex_plan.json``. Every
 ``hex.calibration.refit_every`` steps the cost model is refit from the run's own measurements beside the trainer
-(:mod:`refit_loop`).
+(:mod:`refit_loop`); with ``hex.elastic.auto_replan`` a re-plan it suggests that moves machines is applied at the
+next recover checkpoint, after which the step ends in :class:`~areal_hex_plugin.areal.auto_replan.Restart`
+(:mod:`auto_replan`).
 Weights go to the rollout servers every ``plan.solver.window_steps`` steps (:mod:`update_window`). Where upstream
 would never evaluate (:func:`evaluates`), no eval-rollout workers are started.
 """
@@ -28,6 +30,7 @@ from areal.trainer.rl_trainer import PPOTrainer
 from areal.utils import logging
 from areal.utils.stats_logger import StatsLogger
 
+from areal_hex_plugin.areal.auto_replan import Restart, applied_plan, applied_so_far, forced_dump
 from areal_hex_plugin.areal.elastic import attach_elastic
 from areal_hex_plugin.areal.launch import scheduler_factory
 from areal_hex_plugin.areal.metrics import HexStatsLog
@@ -87,6 +90,7 @@ class HexPPOTrainer(PPOTrainer):
         self._hex_plan_lock = threading.Lock()
         self.hex_elastic = attach_elastic(self)
         self.hex_refit = attach_refit(self)
+        self._hex_restart: Restart | None = None
 
     @property
     def hex_plan(self) -> HexPlan:
@@ -141,6 +145,41 @@ class HexPPOTrainer(PPOTrainer):
             settings = transport_settings(session.placement, session.recipe.cluster, self.config.hex.relay)
             actor.configure_hex_transport(settings)
         return actor
+
+    # -- re-plans applied at a recover checkpoint (auto_replan.py) ---------------------------------------
+
+    def _save_recover_checkpoint(self, epoch: int, epoch_step: int, global_step: int):
+        pending = self.hex_refit.take_restart() if getattr(self, "hex_refit", None) is not None else None
+        if pending is not None and global_step + 1 >= self._hex_total_steps():
+            logger.info("the refit's re-plan comes at the run's last step: nothing is left to train on it")
+            pending = None
+        if pending is None:
+            return super()._save_recover_checkpoint(epoch, epoch_step, global_step)
+        with forced_dump(self.recover_handler):
+            super()._save_recover_checkpoint(epoch, epoch_step, global_step)
+        self._hex_restart = self._hex_apply(*pending, global_step)
+
+    def _hex_total_steps(self) -> int:
+        """The steps upstream's loop trains: its epochs' steps, capped by ``total_train_steps``."""
+        steps = self.config.total_train_epochs * len(self.train_dataloader)
+        cap = self.config.total_train_steps
+        return steps if cap is None else min(steps, cap)
+
+    def _hex_apply(self, decision, refit_step: int, step: int) -> Restart:
+        """Record the refit's re-plan in the running plan and write the plan the run goes on with."""
+        plan = applied_plan(
+            self.hex_plan, decision, refit_step, step, self.config.hex.elastic.max_auto_replans
+        )
+        change = plan.changes[-1]
+        self.hex_record_change(change)
+        path = plan.save(self.hex_log_path(f"hex_plan.auto{applied_so_far(plan)}.json"))
+        logger.warning(f"{change.reason}: the run stops after this step and goes on on {path}")
+        return Restart(str(path), str(self.hex_refit.profile_file), step, change)
+
+    def _save_perf_tracer(self, step: int):
+        super()._save_perf_tracer(step)
+        if self._hex_restart is not None:  # the step's last act: the run stops after it
+            raise self._hex_restart
 
     def close(self):
         if getattr(self, "hex_refit", None) is not None:

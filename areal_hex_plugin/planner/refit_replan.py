@@ -14,6 +14,7 @@ believed keeps every machine's role and layout, but the rollout side should keep
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage, TrainStage
@@ -134,6 +135,14 @@ class Decision:
             "machines": [vars(d) for d in self.diff],
             "runtime": list(self.retuned),
         }
+
+
+def describe_changes(diff: Sequence[MachineDiff], retuned: Sequence[str]) -> str:
+    """What a suggested plan changes: the machines that change role or layout, then the runtime settings it
+    retunes on the layouts it keeps (``Decision.retuned``)."""
+    moves = "; ".join(f"{d.host}: {d.before or '(new)'} -> {d.after or '(gone)'}" for d in diff)
+    parts = [f"{len(diff)} machines change role or layout ({moves})"] if diff else []
+    return "; ".join([*parts, *retuned]) or "nothing"
 
 
 def runtime_changes(running: HexPlan, new: HexPlan) -> tuple[str, ...]:

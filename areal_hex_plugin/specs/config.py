@@ -352,8 +352,15 @@ class ElasticConfig:
     )
     auto_replan: bool = spec(
         False,
-        "apply the online refit's rollout shares live (re-solved under the refit model); a re-plan that moves "
-        "machines between roles or layouts is only suggested",
+        "apply the online refit's rollout shares live (re-solved under the refit model), and a re-plan that moves "
+        "machines between roles or layouts at the next recover checkpoint: the run saves it, stops and goes on "
+        "from it on the new plan (needs recover.mode on or auto; at most max_auto_replans times)",
+    )
+    max_auto_replans: int = spec(
+        1,
+        "with auto_replan: the re-plans a run (one trial, restarts included) applies on its own by restarting "
+        "from the recover checkpoint; past it, role and layout changes are only suggested; 0: never",
+        between(0, 100),
     )
 
 

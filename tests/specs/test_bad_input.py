@@ -187,6 +187,8 @@ CASES = [
         "hex.elastic.auto_replan",
     ),
     ("auto-replan-not-bool", None, ["hex.elastic.auto_replan=sometimes"], "hex.elastic.auto_replan"),
+    ("negative-max-auto-replans", None, ["hex.elastic.max_auto_replans=-1"], "hex.elastic.max_auto_replans"),
+    ("max-auto-replans-not-int", None, ["hex.elastic.max_auto_replans=1.5"], "hex.elastic.max_auto_replans"),
     ("override-without-equals", None, ["hex.solver.seed"], "override 'hex.solver.seed'"),
     ("override-unknown-key", None, ["hex.solver.sed=1"], "hex.solver.sed"),
     ("override-bad-type", None, ["hex.cluster.pools.0.machines=many"], "hex.cluster.pools[0].machines"),
