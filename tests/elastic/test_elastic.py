@@ -252,6 +252,20 @@ def test_a_relaunch_that_fails_leaves_the_server_out(rig, servers):
     ]
 
 
+def test_the_last_serving_server_stays_in_the_routing(rig):
+    """Found in a CI run on an overloaded machine: both servers failed their probes, the first was relaunched and
+    waited for the trainer's next version, the second was taken out too, and nothing served that version's
+    rollouts (the run hung until killed). The last server that serves is kept, whatever its probes say."""
+    elastic, router, changes, _, _ = rig
+    elastic._relaunch = None
+    elastic.mark_down(0, "test")
+    for _ in range(CONFIG.failures_to_down + 1):
+        elastic._after_probe(1, False)
+    elastic.mark_down(1, "a request failed and its server does not answer")
+    assert elastic.states == [DOWN, UP] and router.shares == [0.0, 1.0]
+    assert [c.kind for c in changes] == ["lost"] and elastic.counts["lost"] == 1
+
+
 def test_a_cancelled_sample_cancels_its_attempt(rig):
     elastic, router, _, _, _ = rig
     cancelled = []

@@ -163,6 +163,7 @@ class ElasticRollout:
         self._lengths: list[int] = []
         self._accepted: set[int] = set()  # samples (first task ids) accepted
         self._route_dirty = False
+        self._kept: set[int] = set()  # the last serving server, kept while it fails (:meth:`_keeps_last`)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -242,6 +243,8 @@ class ElasticRollout:
 
     def _after_probe(self, rank: int, ok: bool) -> None:
         with self._lock:
+            if ok:
+                self._kept.discard(rank)
             if self.health.record(rank, ok):
                 self.mark_down(rank, f"{self.health.failures[rank]} health probes failed")
 
@@ -276,7 +279,7 @@ class ElasticRollout:
 
     def mark_down(self, rank: int, reason: str) -> None:
         with self._lock:
-            if self.states[rank] == DOWN:
+            if self.states[rank] == DOWN or self._keeps_last(rank, reason):
                 return
             was_serving = self.states[rank] == UP
             before = self.policy.tokens_per_s(self.live())
@@ -302,6 +305,21 @@ class ElasticRollout:
             self._change("lost", [self.names[rank]], reason, before)
         if self._relaunch is not None and self.config.relaunch:
             threading.Thread(target=self._bring_back, args=(rank,), name="hex-relaunch", daemon=True).start()
+
+    def _keeps_last(self, rank: int, reason: str) -> bool:
+        """Whether ``rank`` is the last server that serves, kept in the routing whatever its probes say: without it
+        nothing generates, and a server relaunched or joining serves only from the trainer's next version, which
+        needs rollouts (on a loaded machine a slow server fails probes too). Said once per run of failures."""
+        live = self.live()
+        if not live[rank] or sum(live) > 1:
+            return False
+        if rank not in self._kept:
+            self._kept.add(rank)
+            logger.warning(
+                f"rollout server {self.names[rank]} {reason}, but it is the last one serving: it stays in the "
+                "routing (nothing else could serve the trainer's version)"
+            )
+        return True
 
     def _bring_back(self, rank: int) -> None:
         try:
