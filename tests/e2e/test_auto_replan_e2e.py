@@ -2,8 +2,8 @@
 driver on ``recipes/ci/tiny.yaml`` (hex_local, the CPU stand-in servers paced by ``tests/e2e/truth.yaml``).
 
 The recipe believes CPU-SMALL's bandwidth 15x what it is (``hex.gpu_catalog.CPU-SMALL.hbm_tb_per_s=3e-05``, the
-truth 2e-06), so the plan solved at start leaves big-2 idle and sends every sample to the tp2 server on
-CPU-SMALL. The refit at step 4 (``hex.calibration.refit_every=4``) fits the figure back from what that server
+truth 2e-06), so the plan solved at start leaves big-2 idle and sends every sample to CPU-SMALL's two tp1
+servers. The refit at step 4 (``hex.calibration.refit_every=4``) fits the figure back from what that server
 serves, and the refit model's plan puts big-2 back to rollout: a role change, so the run saves upstream's recover
 checkpoint at the end of the next step, records the change in the plan and stops, and the driver starts itself
 again on the new plan from that checkpoint, with no command pasted. The test checks that the run ends 0 having
