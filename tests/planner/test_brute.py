@@ -16,13 +16,12 @@ from areal_hex_plugin.planner.caps import PAPER, caps_for, recipe_caps, unmet
 from areal_hex_plugin.planner.evaluate import replica_stages
 from areal_hex_plugin.planner.inflight import (
     CAP_FRACTIONS,
-    Runtime,
     ahead,
     best_split,
     drains,
+    held_runtime,
     runtime_of,
     serial_rollout_s,
-    window_rollout,
     window_rollout_s,
     windows,
 )
@@ -102,22 +101,18 @@ def test_cli_exhaustive_says_what_it_enumerated_and_names_the_limit(capsys):
     assert "9 machines in one pool" in err and "8 machines per pool" in err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 33: the hand-built runtime here predates inflight.held_rollout_s (brute 18,093 vs 15,221 tokens/s); rebuild it from the one runtime",
-)
 def test_the_bounds_skip_no_better_plan():
     """Branch and bound against scoring every (split, layout, fleet, window, caps, integer split) of the brute
     force's space in full, fleets as every multiset of replica shapes on the split's rollout machines (and on a
-    shared machine's rollout GPUs: three machines in play, so machines may be split between the roles)."""
+    shared machine's rollout GPUs: three machines in play, so machines may be split between the roles), each
+    choice priced by the one runtime (``inflight.held_runtime``, as every command prices a held plan)."""
     recipe = recipe_with_pools(
         [("H20", 4, 1), ("L40S", 2, 2)], "1.5b", "rollout.max_head_offpolicyness=3", BRUTE_DEPTH
     )
     planner = Planner(recipe, PlanRequest(caps=PAPER))
     ev, brute = planner.ev, BruteForce(planner.ev)
     best, counted = brute.run(planner.limits, None)
-    rl, mean = ev.workload.rl, ev.workload.output_lengths.mean
-    reward = ev.cm.reward_s(rl.samples_per_step)
+    rl = ev.workload.rl
     splits = list(all_splits(planner.limits, shared_choices(ev.cluster, planner.limits)))
     assert any(s.shared for s in splits)
 
@@ -146,18 +141,7 @@ def test_the_bounds_skip_no_better_plan():
                     for m in range(1, ahead(rl.max_head_offpolicyness, window) + 1)
                     for f in CAP_FRACTIONS
                 }
-                eta = rl.max_head_offpolicyness
-                times[window] = [
-                    Runtime(
-                        window,
-                        c,
-                        window_rollout(
-                            c, best_split(c, rl.samples_per_step * window, mean)[0], window, eta, reward
-                        ),
-                        drains(eta, window),
-                    )
-                    for c in menu
-                ]
+                times[window] = [held_runtime(ev.cm, c, window) for c in menu]
             rollout[(counts, near), fleet] = times
     rates = []
     for split in splits:
