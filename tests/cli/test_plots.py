@@ -20,6 +20,7 @@ from areal_hex_plugin.sim.plot import COLORS, WINDOW_STEPS, _window, pool_order,
 from areal_hex_plugin.sim.result import row_order
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
+from tests.planner.helpers import recipe_with_pools
 
 MIX = REPO / "recipes/mixes/h100_rtx4090_qwen3-4b.yaml"
 PAPER_7B = REPO / "recipes/paper/7b.yaml"
@@ -52,17 +53,14 @@ def test_the_pareto_plot_has_units_the_budget_line_and_each_points_gpu_mix():
         assert any(label.startswith(f"{name}: {_gpus(b.gpus)}") for label in labels)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 33: the one-runtime 7B plan (16 H800 + 16 H20) no longer equals two baselines; the test needs a recipe with a tie",
-)
 def test_baselines_equal_to_the_chosen_plan_are_rings_around_its_star_and_say_so():
-    plan = plan_recipe(load_recipe(PAPER_7B))
+    # One GPU type (1.5B on 24 H800-PCIe): the homogeneous and the uniform baselines are the chosen plan itself.
+    plan = plan_recipe(recipe_with_pools([("H800-PCIe", 8, 3)], "1.5b"))
     chosen = (plan.predicted.cost_per_hour, plan.predicted.tokens_per_s)
     same = [
         n for n, b in plan.baselines.items() if (b.cost_per_hour, b.tokens_per_s) == pytest.approx(chosen)
     ]
-    assert len(same) == 2  # the 7B plan is 24 H800-PCIe: homogeneous-H800-PCIe and uniform are the same plan
+    assert same == ["homogeneous-H800-PCIe", "uniform"]
     ax = frontier_figure(plan).axes[0]
     at_chosen = [c for c in ax.collections if tuple(c.get_offsets()[0]) == pytest.approx(chosen)]
     assert [c.get_label().split(":")[0] for c in at_chosen] == ["chosen", *same]  # the star, then the rings
