@@ -187,10 +187,16 @@ def trained_steps(config) -> tuple[int, int] | None:
         done, per_epoch = int(last["global_step"]) + 1, int(last["steps_per_epoch"])
     except (OSError, ValueError, KeyError, TypeError):  # upstream would fail to load it: not ours to judge
         return None
+    return done, steps_asked(config, per_epoch)
+
+
+def steps_asked(config, per_epoch: int) -> int:
+    """The steps upstream's training loop trains: ``total_train_epochs`` x ``per_epoch``, capped by
+    ``total_train_steps``."""
     steps = int(config.total_train_epochs) * per_epoch
     if config.total_train_steps is not None:
         steps = min(steps, int(config.total_train_steps))
-    return done, steps
+    return steps
 
 
 def nothing_to_train(config) -> str | None:

@@ -35,6 +35,7 @@ from areal_hex_plugin.areal.elastic import attach_elastic
 from areal_hex_plugin.areal.launch import scheduler_factory
 from areal_hex_plugin.areal.metrics import HexStatsLog
 from areal_hex_plugin.areal.plugin import ROLLOUT_ENGINES, TRAIN_ENGINES, load, register, swapped
+from areal_hex_plugin.areal.preflight import steps_asked
 from areal_hex_plugin.areal.refit_loop import attach_refit
 from areal_hex_plugin.areal.rewrite import uses_relay
 from areal_hex_plugin.areal.session import HexSession, session_for
@@ -150,7 +151,7 @@ class HexPPOTrainer(PPOTrainer):
 
     def _save_recover_checkpoint(self, epoch: int, epoch_step: int, global_step: int):
         pending = self.hex_refit.take_restart() if getattr(self, "hex_refit", None) is not None else None
-        if pending is not None and global_step + 1 >= self._hex_total_steps():
+        if pending is not None and global_step + 1 >= steps_asked(self.config, len(self.train_dataloader)):
             logger.info("the refit's re-plan comes at the run's last step: nothing is left to train on it")
             pending = None
         if pending is None:
@@ -158,12 +159,6 @@ class HexPPOTrainer(PPOTrainer):
         with forced_dump(self.recover_handler):
             super()._save_recover_checkpoint(epoch, epoch_step, global_step)
         self._hex_restart = self._hex_apply(*pending, global_step)
-
-    def _hex_total_steps(self) -> int:
-        """The steps upstream's loop trains: its epochs' steps, capped by ``total_train_steps``."""
-        steps = self.config.total_train_epochs * len(self.train_dataloader)
-        cap = self.config.total_train_steps
-        return steps if cap is None else min(steps, cap)
 
     def _hex_apply(self, decision, refit_step: int, step: int) -> Restart:
         """Record the refit's re-plan in the running plan and write the plan the run goes on with."""
