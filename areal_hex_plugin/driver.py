@@ -3,8 +3,9 @@
 Same shape as upstream's example scripts (and usable as an ``areal train run --driver`` function on 2.x): the
 pre-flight of ``areal-hex check`` (``areal/preflight.py``) loads the recipe, takes the plan (``hex.plan_path``, or
 solves it now), rewrites the upstream config and checks the plan against the recipe's cluster and the live one, and
-hands back the run's session; the driver then trains with ``HexPPOTrainer`` on it and the recipe's ``hex.workflow``. ``hex.dry_run=true`` runs the same checks, prints the rewritten config and the
-placement and exits without starting anything. Bad input exits 2 with one message. A run that applies a refit's
+hands back the run's session; the driver then trains with ``HexPPOTrainer`` on it and the recipe's
+``hex.workflow``. ``hex.dry_run=true`` runs the same checks, prints the rewritten config and the placement and
+exits without starting anything. Bad input exits 2 with one message. A run that applies a refit's
 re-plan at a recover checkpoint (``hex.elastic.auto_replan``, ``areal/auto_replan.py``) goes on from it in the same
 process, on the new plan (:func:`restart`).
 """

@@ -11,8 +11,8 @@ window's delta batches, eta + 1 - delta more may be admitted before its update, 
 admission stops, the pipeline drains until the longest sample ends (no request is left to interrupt), the last
 step trains with nothing generating, and the next window starts empty, its first batch waiting for its longest
 sample and, where a replica's share of it exceeds its in-flight cap, the samples queued beyond the cap
-(:func:`first_batch_s`). With one, the batch trained last and the one generating meanwhile cannot both be admitted and the same
-happens. Such windows (:func:`drains`) pay for it (``RolloutEstimate.drain_s``, :func:`serial_rollout_s`); the
+(:func:`first_batch_s`). With one, the batch trained last and the one generating meanwhile cannot both be
+admitted and the same happens. Such windows (:func:`drains`) pay for it (``RolloutEstimate.drain_s``, :func:`serial_rollout_s`); the
 planner ignored it before, and the simulator (``sim/engine.py``: upstream's ``StalenessManager`` with the driver's
 versions) was 15 to 28% slower than the plans of the paper and mixed recipes, which chose delta = eta + 1.
 
