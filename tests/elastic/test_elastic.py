@@ -13,21 +13,13 @@ import pytest
 pytest.importorskip("areal")
 
 import torch  # noqa: E402
-from areal.infra.staleness_manager import StalenessManager  # noqa: E402
 
-from areal_hex_plugin.areal.elastic import DOWN, JOINING, UP, ElasticRollout, output_lengths  # noqa: E402
+from areal_hex_plugin.areal.elastic import DOWN, JOINING, UP, output_lengths  # noqa: E402
 from areal_hex_plugin.areal.join import Joined  # noqa: E402
-from areal_hex_plugin.areal.routing import ShareRouter  # noqa: E402
 from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, WorkerSlot  # noqa: E402
-from areal_hex_plugin.costmodel import CostModel  # noqa: E402
 from areal_hex_plugin.joins import JOIN_FILE, append_request  # noqa: E402
-from areal_hex_plugin.planner.reshare import ServerShape  # noqa: E402
-from areal_hex_plugin.specs.config import ElasticConfig  # noqa: E402
 from tests.elastic.plans import elastic_recipe, two_layout_plan  # noqa: E402
-from tests.transport.sglang_standin import SGLangStandIn  # noqa: E402
-
-CONFIG = ElasticConfig(health_interval_s=0.2, health_timeout_s=0.5, failures_to_down=2, drift_min_samples=4)
-SHAPES = [ServerShape("big", 1), ServerShape("small", 2)]
+from tests.elastic.rig import CONFIG, versioned_standin, wait  # noqa: E402
 
 
 @dataclass
@@ -41,76 +33,15 @@ class Result:
     trajectory: dict
 
 
-class _Version:
-    def get_version(self) -> int:
-        return 0
-
-
-@pytest.fixture
-def servers():
-    started = [SGLangStandIn(1), SGLangStandIn(2)]
-    yield started
-    for server in started:
-        server.close()
-
-
-def _versioned_standin() -> SGLangStandIn:
-    """A tp2 stand-in that answers SGLang's label of the loaded weights, as the e2e stand-in does."""
-    server = SGLangStandIn(2)
-    server.app.add_url_rule(
-        "/get_weight_version", "version", lambda: {"weight_version": server.weight_version}, methods=["GET"]
-    )
-    return server
-
-
-@pytest.fixture
-def rig(servers, tmp_path):
-    recipe = elastic_recipe()
-    router = ShareRouter([0.5, 0.5])
-    changes, relaunched = [], []
-    manager = StalenessManager(_Version(), 16, 8, 1)
-
-    def relaunch(rank):
-        server = _versioned_standin()
-        relaunched.append(server)
-        return server.address
-
-    elastic = ElasticRollout(
-        CONFIG,
-        CostModel(recipe.cluster, recipe.workload, recipe.calibration),
-        SHAPES,
-        ["big-2/0", "small-0/1"],
-        [s.address for s in servers],
-        set_shares=router.set_shares,
-        in_flight=lambda rank: router.outstanding[rank],
-        staleness=lambda: manager,
-        record=changes.append,
-        relaunch=relaunch,
-        lengths_file=str(tmp_path / "lengths.txt"),
-    )
-    yield elastic, router, changes, relaunched, manager
-    elastic.stop()
-    for server in relaunched:
-        server.close()
-
-
-def _wait(condition, seconds: float) -> float:
-    start = time.monotonic()
-    while not condition():
-        assert time.monotonic() - start < seconds, "timed out"
-        time.sleep(0.01)
-    return time.monotonic() - start
-
-
 def test_a_silent_server_leaves_the_routing_within_the_deadline(rig, servers):
     elastic, router, changes, relaunched, _ = rig
     elastic.start()
     time.sleep(0.3)
     assert elastic.states == [UP, UP]
     servers[1].close()
-    waited = _wait(lambda: elastic.states[1] != UP, elastic.deadline_s + 1)
+    waited = wait(lambda: elastic.states[1] != UP, elastic.deadline_s + 1)
     assert waited <= elastic.deadline_s
-    _wait(lambda: changes, 5)  # marked down under the lock; the shares and the change follow inside it
+    wait(lambda: changes, 5)  # marked down under the lock; the shares and the change follow inside it
     assert router.shares == [1.0, 0.0]
     (change,) = changes
     assert (change.kind, change.hosts, change.shares) == (
@@ -120,7 +51,7 @@ def test_a_silent_server_leaves_the_routing_within_the_deadline(rig, servers):
     )
     assert change.tokens_per_s_after < change.tokens_per_s_before
     # Relaunched on its machine: it joins the relay route but takes no request until it holds the version.
-    _wait(lambda: elastic.states[1] == JOINING, 5)
+    wait(lambda: elastic.states[1] == JOINING, 5)
     rerouted = []
     elastic._reroute = rerouted.append
     elastic.before_update()
@@ -225,7 +156,7 @@ def test_a_drift_logs_the_planners_suggestion_and_its_gain(rig, tmp_path):
     elastic.advisor.suggest = lambda workload: replan_for_lengths(recipe, plan, workload)
     elastic._lengths = [4] * 16
     assert "hex/elastic/replan_gain" not in elastic.step_metrics()
-    _wait(lambda: elastic.suggested_gain is not None, 30)
+    wait(lambda: elastic.suggested_gain is not None, 30)
     elastic._lengths = [4] * 16
     assert elastic.step_metrics()["hex/elastic/replan_gain"] == elastic.suggested_gain
 
@@ -303,7 +234,7 @@ def test_a_machine_that_joins_serves_once_it_holds_the_version(rig, tmp_path):
         asked.append((request, busy))
         if request.host == "small-9":
             raise RuntimeError("no such machine")
-        server = _versioned_standin()
+        server = versioned_standin()
         started.append(server)
         slot = WorkerSlot(ROLLOUT_ROLE, 2, "small", "CPU-SMALL", request.host, (5, 6), tp=2)
         return Joined((slot,), [server.address], router.add_server)
@@ -312,7 +243,7 @@ def test_a_machine_that_joins_serves_once_it_holds_the_version(rig, tmp_path):
     elastic.start()
     assert not joins.exists() and len(list(tmp_path.glob(f"{JOIN_FILE}.before-*"))) == 1
     assert append_request(joins, "small", "small-1") == 0
-    _wait(lambda: len(elastic.states) == 3, 5)
+    wait(lambda: len(elastic.states) == 3, 5)
     assert [(r.host, busy) for r, busy in asked] == [("small-1", {"big-2", "small-0"})]
     assert elastic.states == [UP, UP, JOINING] and router.shares[2] == 0
     # It joins the relay route at the next update, and the routing once it holds the committed version.
@@ -336,7 +267,7 @@ def test_a_machine_that_joins_serves_once_it_holds_the_version(rig, tmp_path):
     assert metrics["hex/elastic/joined"] == 1 and metrics["hex/elastic/live_servers"] == 3
     # A machine that does not come is recorded as lost; the run goes on.
     append_request(joins, "small", "small-9")
-    _wait(lambda: len(changes) == 2, 5)
+    wait(lambda: len(changes) == 2, 5)
     assert changes[1].kind == "lost" and "join request 1 failed: no such machine" in changes[1].reason
     assert elastic.summary()["joined"] == 1 and len(elastic.states) == 3
 
