@@ -276,14 +276,15 @@ class PoolRole:
     split: int = spec(0, "machines split between training and rollout (some GPUs each)", _INDEX)
 
 
-CHANGE_KINDS = ("lost", "gained", "reshare", "drift", "replan", "auto_replan")
+CHANGE_KINDS = ("lost", "gained", "reshare", "drift", "replan", "auto_replan", "relayout")
 
 
 @dataclass(frozen=True)
 class PlanChange:
     """One change to a running plan: a server lost or gained, shares re-solved for length drift, a re-plan
-    (``areal-hex replan``) or one the run applied at a recover checkpoint (``auto_replan``: the online refit's,
-    ``areal/auto_replan.py``). ``shares`` are the routing shares after it, per server (``pool/index``)."""
+    (``areal-hex replan``) or one the run applied on its own (``auto_replan``: the online refit's, live or at a
+    recover checkpoint, ``areal/auto_replan.py``), a machine moved by a live re-layout (``relayout``,
+    ``areal/elastic/relayout.py``). ``shares`` are the routing shares after it, per server (``pool/index``)."""
 
     kind: str = spec(help="what changed", choices=CHANGE_KINDS)
     hosts: list[str] = spec(

@@ -52,20 +52,29 @@ def why_not(auto_replan: bool, most: int, recover_mode: str, plan: HexPlan) -> s
     return None
 
 
-def applied_plan(running: HexPlan, decision: Decision, refit_step: int, step: int, most: int) -> HexPlan:
+def applied_plan(
+    running: HexPlan, decision: Decision, refit_step: int, step: int, most: int, live: bool = False
+) -> HexPlan:
     """``decision``'s plan with the running plan's changes and this one (kind :data:`AUTO_KIND`): which machines
-    move, why, and the recover checkpoint the run goes on from (of global step ``step``, counted from 0 as
-    upstream's loop counts; its log says step ``step + 1``)."""
+    move, why, and how: ``live`` (``elastic/relayout.py``) during global step ``step``, else at the recover
+    checkpoint the run goes on from (of global step ``step``, counted from 0 as upstream's loop counts; its log
+    says step ``step + 1``)."""
     number = applied_so_far(running) + 1
     new = decision.plan
+    if live:
+        how = f"applied live, machine by machine, during step {step + 1} (global step {step})"
+    else:
+        how = (
+            f"applied at the recover checkpoint after step {step + 1} (global step {step}), the run restarted on "
+            "this plan"
+        )
     change = PlanChange(
         kind=AUTO_KIND,
         hosts=sorted({d.host for d in decision.diff}),
         reason=f"refit at step {refit_step}: the refit model plans {decision.tokens_per_s:,.0f} tokens/s against "
         f"the running plan's {decision.running_tokens_per_s:,.0f} ({decision.gain:+.1%}, over the "
-        f"{decision.threshold:.0%} threshold): {describe_changes(decision.diff, decision.retuned)}; applied at the "
-        f"recover checkpoint after step {step + 1} (global step {step}), the run restarted on this plan (automatic "
-        f"re-plan {number} of at most {most})",
+        f"{decision.threshold:.0%} threshold): {describe_changes(decision.diff, decision.retuned)}; {how} "
+        f"(automatic re-plan {number} of at most {most})",
         step=step,
         tokens_per_s_before=round(decision.running_tokens_per_s, 3),
         tokens_per_s_after=round(decision.tokens_per_s, 3),

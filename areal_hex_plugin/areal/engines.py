@@ -166,9 +166,21 @@ class HexRolloutController(RolloutController):
         self.server_infos[rank] = LocalInfServerInfo(host=answer["host"], port=answer["port"], process=None)
         return f"{answer['host']}:{answer['port']}"
 
+    def hex_stop_server(self, rank: int) -> None:
+        """Stop server ``rank`` on its worker (upstream's ``teardown_server``): its GPUs are free, its worker idles
+        until the run ends (a live re-layout, ``areal/elastic/relayout.py``)."""
+        from areal.infra.utils.concurrent import run_async_task
+
+        run_async_task(
+            self.scheduler.async_call_engine,
+            self.workers[rank].id,
+            "teardown_server",
+            engine_name=self._engine_name(rank),
+        )
+
     def hex_start_servers(self, slots, role: str) -> tuple[list, list]:
-        """Start a worker, its engine and its server for each of ``slots`` (a machine that joins; ranks
-        ``slot.index`` on), under the scheduler role ``role``: their workers and server infos, not yet routed to
+        """Start a worker, its engine and its server for each of ``slots`` (a machine that joins or is laid out
+        anew; ranks ``slot.index`` on), under the scheduler role ``role``: their workers and server infos, not yet routed to
         (:meth:`hex_attach`)."""
         from areal.api import Job
         from areal.infra.utils.concurrent import run_async_task

@@ -76,9 +76,10 @@ def machine_slots(cm, plan, placement: Placement, request: JoinRequest, first_ra
     return slots, True
 
 
-def on_this_node(slots: tuple, placement: Placement, have: dict[str, int], index: int) -> tuple:
+def on_this_node(slots: tuple, placement: Placement, have: dict[str, int], where: str) -> tuple:
     """hex_local: a new machine's servers on this node's GPU ids that no worker of the run holds; this node must
-    have that many GPUs of the type beyond those (``HEX_LOCAL_GPUS`` declares them on a CPU machine)."""
+    have that many GPUs of the type beyond those (``HEX_LOCAL_GPUS`` declares them on a CPU machine). ``where``
+    names the request in the error."""
     taken: dict[str, set[int]] = defaultdict(set)
     for role_slots in placement.slots.values():
         for s in role_slots:
@@ -87,7 +88,7 @@ def on_this_node(slots: tuple, placement: Placement, have: dict[str, int], index
     need = sum(len(s.gpu_ids) for s in slots)
     if len(taken[gpu_type]) + need > have.get(gpu_type, 0):
         raise HexError(
-            tag(index),
+            where,
             f"this node has {have.get(gpu_type, 0)} {gpu_type} GPUs and the run holds {len(taken[gpu_type])}; "
             f"the machine needs {need} more",
             "free GPUs of that type on this node (hex_local lays every machine on it)",
@@ -112,9 +113,8 @@ def local_gpu_counts() -> dict[str, int]:
 def join_machine(trainer, request: JoinRequest, busy: set[str]) -> Joined:
     """Start ``request``'s machine's servers for ``trainer``'s rollout (``busy``: hosts with a server not lost)."""
     from areal_hex_plugin.areal.rewrite import flagged
-    from areal_hex_plugin.areal.transport_setup import with_servers
 
-    rollout, actor = trainer.rollout, trainer.actor
+    rollout = trainer.rollout
     if not getattr(rollout.scheduler, "hex_joins_machines", False):
         raise HexError(
             tag(request.index),
@@ -132,13 +132,23 @@ def join_machine(trainer, request: JoinRequest, busy: set[str]) -> Joined:
         cm, trainer.hex_plan, placement, request, len(rollout.workers), lambda s: flagged(s, trainer.config)
     )
     if new:
-        slots = on_this_node(slots, placement, local_gpu_counts(), request.index)
-    workers, infos = rollout.hex_start_servers(slots, f"{rollout._worker_role}-join{request.index}")
+        slots = on_this_node(slots, placement, local_gpu_counts(), tag(request.index))
+    return start_servers(trainer, slots, f"join{request.index}")
+
+
+def start_servers(trainer, slots: tuple[WorkerSlot, ...], name: str) -> Joined:
+    """Start ``slots``' servers for ``trainer``'s rollout, each on a worker of the scheduler role
+    ``<rollout role>-<name>``; attached (routing, relay pools) by the :class:`Joined`'s ``attach``."""
+    from areal_hex_plugin.areal.transport_setup import with_servers
+
+    rollout, actor = trainer.rollout, trainer.actor
+    workers, infos = rollout.hex_start_servers(slots, f"{rollout._worker_role}-{name}")
+    train = rollout.scheduler.placement.slots[TRAIN_ROLE]
 
     def attach() -> None:
         settings = getattr(actor, "hex_settings", None)
         if settings is not None:
-            with_servers(settings, slots, session.recipe.cluster, placement.slots[TRAIN_ROLE])
+            with_servers(settings, slots, trainer.hex_session.recipe.cluster, train)
         rollout.hex_attach(slots, workers, infos)
 
     return Joined(slots, [f"{info.host}:{info.port}" for info in infos], attach)

@@ -213,16 +213,30 @@ def nothing_to_train(config) -> str | None:
 
 
 def auto_replan_line(config, plan) -> str:
-    """What ``hex.elastic.auto_replan`` does with a refit's re-plan that moves machines in this run of ``plan``."""
-    from areal_hex_plugin.areal.auto_replan import why_not
+    """What ``hex.elastic.auto_replan`` does with a refit's re-plan that moves machines in this run of ``plan``:
+    live (``elastic/relayout.py``), at the next recover checkpoint, or only suggested."""
+    from areal_hex_plugin.areal.auto_replan import applied_so_far, why_not
+    from areal_hex_plugin.areal.elastic.relayout import live_why_not
 
-    most = config.hex.elastic.max_auto_replans
-    why = why_not(True, most, config.recover.mode, plan)
-    if why is not None:
-        return f"auto_replan: only suggested: {why}"
+    elastic = config.hex.elastic
+    most = elastic.max_auto_replans
+    at_checkpoint = why_not(True, most, config.recover.mode, plan)
+    if applied_so_far(plan) >= most:
+        return f"auto_replan: only suggested: {at_checkpoint}"
+    later = (
+        "applies at the next recover checkpoint (the driver goes on from it on the new plan)"
+        if at_checkpoint is None
+        else f"is only suggested: {at_checkpoint}"
+    )
+    live = live_why_not(config)
+    if live is not None:
+        return (
+            f"auto_replan: a re-plan that moves machines {later} (at most {most} a trial; not live: {live})"
+        )
     return (
-        f"auto_replan: a re-plan that moves machines applies at the next recover checkpoint (at most {most} a "
-        "trial; the driver goes on from it on the new plan)"
+        "auto_replan: a re-plan that only starts, stops or re-lays out rollout servers applies live, one machine at "
+        f"a time (the servers left keep {elastic.min_rollout_capacity:.0%} of the rollout capacity); any other "
+        f"{later} (at most {most} a trial)"
     )
 
 

@@ -19,9 +19,11 @@ process waits for its answer, then:
    running plan's and the new plan's predicted tokens/s; where the new one wins by more than ``replan_threshold``
    it is written to ``hex_replan.json`` and the log prints the command that resumes on it;
 3. with ``hex.elastic.auto_replan``, the rollout shares are re-solved under the refit model here, through the
-   elastic run's re-share path (live objects), which records the change in the plan's ``changes``; and a
-   suggestion that moves machines between roles or layouts is handed to the trainer (:meth:`take_restart`), which
-   applies it at the next recover checkpoint (``auto_replan.py``), where the run may (``auto_restart``).
+   elastic run's re-share path (live objects), which records the change in the plan's ``changes``; a suggestion
+   that only starts, stops or re-lays out rollout servers is applied live, one machine at a time, from this
+   thread (``live``: ``elastic/relayout.py``); any other suggestion that moves machines, or one the live path
+   could not finish, is handed to the trainer (:meth:`take_restart`), which applies it at the next recover
+   checkpoint (``auto_replan.py``), where the run may (``auto_restart``).
 
 Each refit's and decision's CPU seconds (the worker process's, all its threads) are logged as
 ``hex/calibration/cpu_s`` and ``hex/replan/cpu_s``. The run's end stops the worker.
@@ -34,6 +36,7 @@ import shlex
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -114,9 +117,10 @@ class OnlineRefit:
     ``plan()`` gives the running plan, ``servers()`` each server rank's (pool, tp, pp) and ``take_servers()`` each
     rank's median reading since the last step (``ServerPoller.take``). ``apply_shares(calibration,
     reason)`` re-solves the live shares under a refit (the elastic run's path; it records the change) and says
-    whether they moved; None when ``auto_replan`` is off. ``auto_restart``: a suggestion that moves machines is
-    applied at the next recover checkpoint (:meth:`take_restart`); else ``no_restart`` says why it is only
-    suggested. ``worker`` runs each refit and decision (by default one of its own)."""
+    whether they moved; None when ``auto_replan`` is off. ``live(decision, refit_step)`` applies a suggestion
+    live where it can (None), else says why not; None when the run cannot. ``auto_restart``: a suggestion that
+    moves machines is applied at the next recover checkpoint (:meth:`take_restart`); else ``no_restart`` says
+    why it is only suggested. ``worker`` runs each refit and decision (by default one of its own)."""
 
     def __init__(
         self,
@@ -130,6 +134,7 @@ class OnlineRefit:
         every: int,
         threshold: float,
         apply_shares: Callable[[Calibration, str], bool] | None = None,
+        live: Callable[[Decision, int], str | None] | None = None,
         argv: Sequence[str] = (),
         window: MeasurementWindow | None = None,
         on_stop: Callable[[], None] = lambda: None,
@@ -142,6 +147,7 @@ class OnlineRefit:
         self.folder = Path(folder)
         self.run, self.every, self.threshold = run, every, threshold
         self._apply_shares = apply_shares
+        self._live = live
         self._argv = list(argv)
         self._on_stop = on_stop
         self._warned = False
@@ -306,15 +312,18 @@ class OnlineRefit:
             "hex/replan/machines": float(len(decision.diff)),
             "hex/replan/cpu_s": outcome.decision_cpu_s,
         }
-        if decision.suggested:
-            out["hex/replan/restart"] = float(self._suggest(decision, step))
+        # The shares first: a live re-layout then weighs the servers under the refit model.
         if self._apply_shares is not None:
             moved = self._apply_shares(
                 outcome.fit.calibration, f"refit at step {step}: shares re-solved under the refit model"
             )
             out["hex/replan/shares_applied"] = float(moved)
             record["shares_applied"] = moved
-        elif any(
+        if decision.suggested:
+            applied = self._suggest(decision, step)
+            out["hex/replan/live"] = float(applied == "live")
+            out["hex/replan/restart"] = float(applied == "restart")
+        if self._apply_shares is None and any(
             abs(s - g.share) > 1e-3 for s, g in zip(decision.shares, plan.rollout.replicas, strict=True)
         ):
             shares = ", ".join(f"{s:.3f}" for s in decision.shares)
@@ -324,15 +333,21 @@ class OnlineRefit:
             )
         return out
 
-    def _suggest(self, decision: Decision, step: int) -> bool:
-        """Write the new plan; hand one that moves machines to the trainer where the run may restart on it (True),
-        else print the command that resumes on it."""
+    def _suggest(self, decision: Decision, step: int) -> str:
+        """Write the new plan; apply one that moves machines live where it can ("live"), else hand it to the
+        trainer where the run may restart on it ("restart"), else print the command that resumes on it ("")."""
         decision.plan.save(self.replan_file)
         said = (
             f"re-plan suggested by the refit model: {decision.tokens_per_s:,.1f} tokens/s predicted against "
             f"{decision.running_tokens_per_s:,.1f} for the running plan ({decision.gain:+.1%}, over the "
             f"{self.threshold:.0%} threshold): {describe_changes(decision.diff, decision.retuned)}."
         )
+        if decision.diff and self._live is not None and not self._restarting:
+            logger.warning(f"{said} hex.elastic.auto_replan applies it live, one machine at a time")
+            why = self._live(decision, step)
+            if why is None:
+                return "live"
+            logger.warning(f"the re-plan of the refit at step {step} is not applied live: {why}")
         with self._lock:
             restart = self.auto_restart and bool(decision.diff) and not self._restarting
             if restart:
@@ -342,13 +357,13 @@ class OnlineRefit:
                 f"{said} hex.elastic.auto_replan applies it at the next recover checkpoint: the run saves it, "
                 "stops and goes on from it on the new plan"
             )
-            return True
+            return "restart"
         why = f" ({self.no_restart})" if self.no_restart and decision.diff else ""
         logger.warning(
             f"{said} These changes are not applied live{why}: resume from the recover checkpoint on the new plan "
             f"with\n  {resume_command(self._argv, str(self.replan_file), str(self.profile_file))}"
         )
-        return False
+        return ""
 
     def take_restart(self) -> tuple[Decision, int] | None:
         """The suggested decision to apply at this step's recover checkpoint and the step of its refit, once;
@@ -362,6 +377,7 @@ class OnlineRefit:
 def attach_refit(trainer) -> OnlineRefit | None:
     """The online refit of the trainer's run (``hex.calibration.refit_every``), its servers read by a
     :class:`ServerPoller`; None when off or not a Hex rollout controller."""
+    from areal_hex_plugin.areal.elastic.relayout import apply_live, live_why_not
     from areal_hex_plugin.areal.engines import HexRolloutController
     from areal_hex_plugin.areal.server_stats import ServerPoller
 
@@ -388,7 +404,8 @@ def attach_refit(trainer) -> OnlineRefit | None:
         run=f"{config.experiment_name}/{config.trial_name}",
         every=every,
         threshold=config.hex.calibration.replan_threshold,
-        apply_shares=elastic.recalibrate if elastic is not None and config.hex.elastic.auto_replan else None,
+        apply_shares=elastic.recalibrate if elastic is not None and auto.auto_replan else None,
+        live=partial(apply_live, trainer) if auto.auto_replan and live_why_not(config) is None else None,
         argv=sys.argv[1:],
         on_stop=poller.stop,
         auto_restart=no_restart is None,

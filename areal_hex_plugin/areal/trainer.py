@@ -86,7 +86,7 @@ class HexPPOTrainer(PPOTrainer):
         super().__init__(config, train_dataset, valid_dataset)
         # After __init__: a resumed run pushes its weights inside it, whatever the window.
         rollouts = [r for r in (self.rollout, self.eval_rollout) if r is not None]
-        push_every(plan.solver.window_steps, self.actor, rollouts)
+        self._hex_window = push_every(plan.solver.window_steps, self.actor, rollouts)
         self.stats_logger = HexStatsLog(self.stats_logger, plan)
         self._hex_plan_lock = threading.Lock()
         self.hex_elastic = attach_elastic(self)
@@ -106,6 +106,25 @@ class HexPPOTrainer(PPOTrainer):
             session = self.hex_session
             session.plan = replace(session.plan, changes=[*session.plan.changes, change])
             save_plan_beside_config(self.config, session.plan)
+
+    def hex_replace_plan(self, new: Callable[[HexPlan], HexPlan]) -> None:
+        """The running plan becomes ``new(running plan)`` (a re-plan applied live, ``elastic/relayout.py``),
+        rewritten beside upstream's config; its update window and rollouts admitted at once hold from the next
+        step."""
+        with self._hex_plan_lock:
+            session = self.hex_session
+            session.plan = plan = new(session.plan)
+            save_plan_beside_config(self.config, plan)
+        self._hex_window.steps = plan.solver.window_steps
+        if self.hex_elastic is not None:
+            self.hex_elastic.policy.window = plan.solver.window_steps
+        admitted = plan.staleness.max_concurrent_rollouts
+        self.config.rollout.max_concurrent_rollouts = admitted
+        for rollout in (self.rollout, self.eval_rollout):
+            manager = getattr(rollout, "_staleness_manager", None)
+            if manager is not None:
+                manager.max_concurrent_rollouts = admitted
+        logger.warning(f"{plan.changes[-1].reason}: the run goes on on this plan")
 
     def hex_relaunches(self) -> bool:
         """A relaunched server can receive the current version only over the relay."""
@@ -177,10 +196,11 @@ class HexPPOTrainer(PPOTrainer):
             raise self._hex_restart
 
     def close(self):
-        if getattr(self, "hex_refit", None) is not None:
-            self.hex_refit.stop()
+        # The elastic run first: a live re-layout waiting in the refit's thread then ends at once.
         if getattr(self, "hex_elastic", None) is not None:
             self.hex_elastic.stop()
+        if getattr(self, "hex_refit", None) is not None:
+            self.hex_refit.stop()
         # Upstream destroys the rollout before the actor: stop the receivers (and free their staged weights) first.
         stop_receivers = getattr(self.actor, "stop_receivers", None)
         if stop_receivers is not None:

@@ -353,14 +353,33 @@ class ElasticConfig:
     auto_replan: bool = spec(
         False,
         "apply the online refit's rollout shares live (re-solved under the refit model), and a re-plan that moves "
-        "machines between roles or layouts at the next recover checkpoint: the run saves it, stops and goes on "
-        "from it on the new plan (needs recover.mode on or auto; at most max_auto_replans times)",
+        "machines between roles or layouts: live where it leaves training as it is (live_relayout), else at the "
+        "next recover checkpoint: the run saves it, stops and goes on from it on the new plan (needs recover.mode "
+        "on or auto); at most max_auto_replans times",
     )
     max_auto_replans: int = spec(
         1,
-        "with auto_replan: the re-plans a run (one trial, restarts included) applies on its own by restarting "
-        "from the recover checkpoint; past it, role and layout changes are only suggested; 0: never",
+        "with auto_replan: the re-plans a run (one trial, restarts included) applies on its own, live or by "
+        "restarting from the recover checkpoint; past it, role and layout changes are only suggested; 0: never",
         between(0, 100),
+    )
+    live_relayout: bool = spec(
+        True,
+        "with auto_replan: a re-plan that only starts, stops or re-lays out rollout servers is applied live, one "
+        "machine at a time (needs scheduler.type=hex_local and hex.transport=relay); false: at the next recover "
+        "checkpoint",
+    )
+    min_rollout_capacity: float = spec(
+        0.5,
+        "a live re-layout takes a machine out only while the servers left serve at least this fraction of the "
+        "rollout capacity (predicted tokens/s) the run had when it began",
+        between(0, 1),
+    )
+    relayout_wait_s: float = spec(
+        600.0,
+        "the longest a live re-layout waits for a machine to drain, or for the servers started before it to serve "
+        "(they serve from the trainer's next weight update)",
+        above(0, 86400, "s"),
     )
 
 

@@ -4,8 +4,9 @@ driver on ``recipes/ci/tiny.yaml`` (hex_local, the CPU stand-in servers paced by
 The recipe believes CPU-SMALL's bandwidth 15x what it is (``hex.gpu_catalog.CPU-SMALL.hbm_tb_per_s=3e-05``, the
 truth 2e-06), so the plan solved at start leaves big-2 idle and sends every sample to CPU-SMALL's two tp1
 servers. The refit at step 4 (``hex.calibration.refit_every=4``) fits the figure back from what that server
-serves, and the refit model's plan puts big-2 back to rollout: a role change, so the run saves upstream's recover
-checkpoint at the end of the next step, records the change in the plan and stops, and the driver starts itself
+serves, and the refit model's plan puts big-2 back to rollout. With ``hex.elastic.live_relayout=false`` (the
+live path is ``tests/elastic/test_relayout_e2e.py``) the run saves upstream's recover checkpoint at the end of the
+next step, records the change in the plan and stops, and the driver starts itself
 again on the new plan from that checkpoint, with no command pasted. The test checks that the run ends 0 having
 trained each step once (the restarted run begins at the step after the checkpoint), that the final plan runs
 big-2 as a rollout server and records the change with its reason, that big-2's server served after the restart,
@@ -39,7 +40,12 @@ def test_a_refit_that_moves_a_machine_restarts_the_run_on_the_new_plan_from_its_
     env = environment(
         tmp_path, new_mark(), {"HEX_LOCAL_GPUS": "CPU-BIG:3,CPU-SMALL:2", TRUTH_ENV: str(TRUTH)}
     )
-    extra = (BELIEF, "hex.elastic.auto_replan=true", "hex.calibration.refit_every=4")
+    extra = (
+        BELIEF,
+        "hex.elastic.auto_replan=true",
+        "hex.elastic.live_relayout=false",
+        "hex.calibration.refit_every=4",
+    )
     run = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, extra)
     assert run.returncode == 0, run.log[-4000:]
     # The driver restarted itself on the plan it wrote, with the refit profile, from the checkpoint after step S.
@@ -47,7 +53,8 @@ def test_a_refit_that_moves_a_machine_restarts_the_run_on_the_new_plan_from_its_
     assert restarted, run.log[-4000:]
     step, command = int(restarted.group(1)), restarted.group(2)
     assert command.endswith(
-        f"{BELIEF} hex.elastic.auto_replan=true hex.calibration.refit_every=4 hex.plan_path={run.trial}/"
+        f"{BELIEF} hex.elastic.auto_replan=true hex.elastic.live_relayout=false hex.calibration.refit_every=4 "
+        f"hex.plan_path={run.trial}/"
         f"hex_plan.auto1.json hex.calibration.profile={run.trial}/hex_profile.json"
     )
     assert 5 <= step < STEPS  # after the refit at step 4, with a step left to train

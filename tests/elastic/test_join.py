@@ -116,9 +116,13 @@ def test_the_servers_a_joining_machine_runs(laid_out):
     assert fresh[0].server_flags == back[0].server_flags
     # Re-shared at its cap, as the planned servers are (a joined server of a planned shape gets its share).
     assert Joined(fresh, [], lambda: None).shapes == [ServerShape("small", 2, 1, 4)]
-    assert [s.gpu_ids for s in on_this_node(fresh, placement, {"CPU-BIG": 3, "CPU-SMALL": 4}, 0)] == [(5, 6)]
-    with pytest.raises(HexError, match="has 2 CPU-SMALL GPUs and the run holds 2; the machine needs 2 more"):
-        on_this_node(fresh, placement, {"CPU-BIG": 3, "CPU-SMALL": 2}, 0)
+    assert [s.gpu_ids for s in on_this_node(fresh, placement, {"CPU-BIG": 3, "CPU-SMALL": 4}, "r")] == [
+        (5, 6)
+    ]
+    with pytest.raises(
+        HexError, match="join request 0: this node has 2 CPU-SMALL GPUs and the run holds 2; the"
+    ):
+        on_this_node(fresh, placement, {"CPU-BIG": 3, "CPU-SMALL": 2}, "join request 0")
     big, _ = slots("big-3", "big")
     assert [(s.host, s.tp, s.gpu_ids) for s in big] == [("big-3", 1, (0,))]
     with pytest.raises(HexError, match="big-0 trains in this run"):

@@ -81,6 +81,40 @@ def test_a_suggestion_that_moves_machines_is_handed_to_the_checkpoint_once(
     assert "applies it at the next recover checkpoint" in text and "not applied live" not in text
 
 
+def test_a_suggestion_the_run_applies_live_is_not_handed_to_the_checkpoint(
+    tiny, refit_worker, tmp_path
+) -> None:
+    """Where the run can apply it live (``elastic/relayout.py``) the loop does so, from its own thread, once the
+    shares were re-solved under the refit model; where the live path says why not, the checkpoint takes it."""
+    recipe, plan, truth = tiny
+    calls = []
+
+    def live(decision, step):
+        calls.append(("live", step, sorted(d.host for d in decision.diff)))
+        return None
+
+    def apply_shares(calibration, reason):
+        calls.append(("shares", reason))
+        return True
+
+    loop, logged, text = _run(
+        recipe, plan, truth, tmp_path, refit_worker, auto_restart=True, live=live, apply_shares=apply_shares
+    )
+    assert calls == [
+        ("shares", "refit at step 5: shares re-solved under the refit model"),
+        ("live", 5, ["small-0"]),
+    ]
+    assert logged[-1]["hex/replan/live"] == 1.0 and logged[-1]["hex/replan/restart"] == 0.0
+    assert loop.take_restart() is None and "applies it live, one machine at a time" in text
+
+    def refused(decision, step):
+        return "small-0 changes role (rollout tp2pp1 x1 -> train stage 0 dp3 tp1)"
+
+    loop, logged, text = _run(recipe, plan, truth, tmp_path, refit_worker, auto_restart=True, live=refused)
+    assert logged[-1]["hex/replan/live"] == 0.0 and logged[-1]["hex/replan/restart"] == 1.0
+    assert "is not applied live: small-0 changes role" in text and loop.take_restart()[1] == 5
+
+
 def test_without_restarts_the_same_suggestion_says_why_and_prints_the_command(
     tiny, refit_worker, tmp_path
 ) -> None:
@@ -148,20 +182,35 @@ def test_a_forced_dump_passes_upstreams_frequency_check_and_still_counts_the_ste
     [
         (
             [],
-            "auto_replan: a re-plan that moves machines applies at the next recover checkpoint (at most 1 a trial",
+            "auto_replan: a re-plan that only starts, stops or re-lays out rollout servers applies live, one "
+            "machine at a time (the servers left keep 50% of the rollout capacity); any other applies at the next "
+            "recover checkpoint (the driver goes on from it on the new plan) (at most 1 a trial)",
         ),
         (
-            ["recover.mode=off"],
-            "auto_replan: only suggested: recover.mode is off: without recover checkpoints",
+            ["hex.elastic.live_relayout=false"],
+            "auto_replan: a re-plan that moves machines applies at the next recover checkpoint (the driver goes on "
+            "from it on the new plan) (at most 1 a trial; not live: hex.elastic.live_relayout is false)",
+        ),
+        (
+            ["recover.mode=off", "hex.elastic.min_rollout_capacity=0.7"],
+            "auto_replan: a re-plan that only starts, stops or re-lays out rollout servers applies live, one "
+            "machine at a time (the servers left keep 70% of the rollout capacity); any other is only suggested: "
+            "recover.mode is off: without recover checkpoints",
+        ),
+        (
+            ["recover.mode=off", "hex.transport=upstream"],
+            "auto_replan: a re-plan that moves machines is only suggested: recover.mode is off: without recover "
+            "checkpoints",
         ),
         (["hex.elastic.max_auto_replans=0"], "auto_replan: only suggested: this trial applied 0 re-plans"),
     ],
 )
-def test_the_preflight_says_whether_re_plans_apply_at_a_checkpoint(
+def test_the_preflight_says_whether_re_plans_apply_live_or_at_a_checkpoint(
     overrides, said, tmp_path, transport_token
 ) -> None:
     """``areal-hex check`` and the driver's pre-flight say what auto_replan will do with a re-plan that moves
-    machines, before anything starts: recover off is said at once, not found at step 0 of a restart."""
+    machines, before anything starts: live, at a checkpoint or only suggested (recover off is said at once, not
+    found at step 0 of a restart)."""
     from areal_hex_plugin.areal.preflight import preflight
 
     base = [f"cluster.fileroot={tmp_path / 'exp'}", "hex.elastic.auto_replan=true"]

@@ -46,3 +46,18 @@ def test_a_window_of_three_pushes_every_third_version_and_the_rollout_serves_it(
 def test_a_window_of_one_is_upstreams_loop():
     pushed, versions = _run_steps(1, 3)
     assert pushed == [1, 2, 3] and versions == [1, 2, 3]
+
+
+def test_a_window_changed_mid_run_applies_from_the_next_step():
+    """A live re-layout's plan may change the window (``elastic/relayout.py``): 2 -> 1 after step 3."""
+    actor, rollout = _Actor(), RemoteSGLangEngine(InferenceEngineConfig())
+    window = push_every(2, actor, [rollout])
+    meta = WeightUpdateMeta(type="disk")
+    versions = []
+    for step in range(6):
+        if step == 3:
+            window.steps = 1
+        actor.update_weights(meta.with_version(step + 1))
+        rollout.set_version(step + 1)
+        versions.append(rollout.get_version())
+    assert actor.pushed == [2, 4, 5, 6] and versions == [0, 2, 2, 4, 5, 6]

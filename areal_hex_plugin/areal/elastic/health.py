@@ -1,8 +1,11 @@
-"""Each rollout server's health: up, down or joining, from its ``/health`` probes.
+"""Each rollout server's health: up, down or joining, from its ``/health`` probes; draining or retired while a
+live re-layout replaces it (``relayout.py``).
 
 ``failures_to_down`` failed probes in a row mark a server down, so it leaves the routing at most
 :attr:`ServerHealth.deadline_s` after it stops answering; a request that fails has its server probed at once.
-A relaunched or joined server is joining until it holds the trainer's committed version.
+A relaunched or joined server is joining until it holds the trainer's committed version. A draining server takes
+no new requests but finishes the ones it holds and still takes control calls; a retired one was stopped on
+purpose: it is never probed, called or relaunched again.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from dataclasses import dataclass
 
 from areal_hex_plugin.specs.config import ElasticConfig
 
-UP, DOWN, JOINING = "up", "down", "joining"
+UP, DOWN, JOINING, DRAINING, RETIRED = "up", "down", "joining", "draining", "retired"
+# States whose server takes no calls.
+GONE = (DOWN, RETIRED)
 
 
 def http_probe(address: str, timeout_s: float) -> bool:
@@ -62,12 +67,12 @@ class ServerHealth:
         return self._probe(self.addresses[rank], self.config.health_timeout_s)
 
     def to_probe(self) -> list[int]:
-        """The servers a probe round asks: every one not down."""
-        return [rank for rank, state in enumerate(self.states) if state != DOWN]
+        """The servers a probe round asks: every one not down or retired."""
+        return [rank for rank, state in enumerate(self.states) if state not in GONE]
 
     def record(self, rank: int, ok: bool) -> bool:
         """Count one probe of ``rank``; whether the server has now failed enough probes to be marked down."""
-        if self.states[rank] == DOWN:
+        if self.states[rank] in GONE:
             return False
         if ok:
             self.failures[rank], self._first_failure[rank] = 0, None

@@ -52,7 +52,15 @@ from typing import Any
 from areal.utils import logging
 
 from areal_hex_plugin.areal.elastic.drift import DriftAdvisor
-from areal_hex_plugin.areal.elastic.health import DOWN, JOINING, UP, ServerHealth, http_probe
+from areal_hex_plugin.areal.elastic.health import (
+    DRAINING,
+    GONE,
+    JOINING,
+    RETIRED,
+    UP,
+    ServerHealth,
+    http_probe,
+)
 from areal_hex_plugin.areal.elastic.shares import SharePolicy
 from areal_hex_plugin.joins import JOIN_FILE, JoinRequest, read_requests, tag
 from areal_hex_plugin.plan import PlanChange
@@ -158,6 +166,8 @@ class ElasticRollout:
         self._join, self._joins_file = join, joins_file  # join(request, busy hosts) -> areal.join.Joined
         self._joins_read = 0
         self._joined_by: dict[int, int] = {}  # rank -> the join request that started it
+        self._laid_out: set[int] = set()  # ranks started by a live re-layout (relayout.py)
+        self._retiring: set[int] = set()  # ranks a live re-layout drains and stops: never relaunched
         self._joiner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hex-join")  # one join at a time
         self._version_of = version_of
         self._lengths: list[int] = []
@@ -208,7 +218,9 @@ class ElasticRollout:
             "relaunched",
         )
         counts = {**self.counts, "reshares": self.policy.reshares}
-        return {key: counts.get(key, 0) for key in (*keys, "gained", "joined", "reshares", "changes")}
+        return {
+            key: counts.get(key, 0) for key in (*keys, "gained", "joined", "retired", "reshares", "changes")
+        }
 
     # -- life --------------------------------------------------------------------------------------------
 
@@ -250,15 +262,15 @@ class ElasticRollout:
 
     def confirm_failure(self, rank: int) -> bool:
         """A request on ``rank`` failed: probe it now; whether it is (now) lost."""
-        if self.states[rank] == DOWN:
+        if self.states[rank] in GONE:
             return True
         if self.health.probe(rank):
             return False
         self._after_probe(rank, False)
         # One more probe decides at once rather than at the next round.
-        if self.states[rank] != DOWN and not self.health.probe(rank):
+        if self.states[rank] not in GONE and not self.health.probe(rank):
             self.mark_down(rank, "a request failed and its server does not answer")
-        return self.states[rank] == DOWN
+        return self.states[rank] in GONE
 
     def lost_among(self, ranks: Sequence[int]) -> int:
         """Of these servers (a weight update failed to commit on them), how many are lost, each probed now."""
@@ -271,15 +283,12 @@ class ElasticRollout:
         return self.health.live()
 
     def reachable(self, rank: int) -> bool:
-        """Whether ``rank``'s worker and server take control calls (pause, version, stats): not lost."""
-        return self.states[rank] != DOWN
-
-    def is_down(self, rank: int) -> bool:
-        return self.states[rank] == DOWN
+        """Whether ``rank``'s worker and server take control calls (pause, version, stats): not lost or retired."""
+        return self.states[rank] not in GONE
 
     def mark_down(self, rank: int, reason: str) -> None:
         with self._lock:
-            if self.states[rank] == DOWN or self._keeps_last(rank, reason):
+            if self.states[rank] in GONE or self._keeps_last(rank, reason):
                 return
             was_serving = self.states[rank] == UP
             before = self.policy.tokens_per_s(self.live())
@@ -303,7 +312,7 @@ class ElasticRollout:
                 f"samples in flight go to the others; shares now {self._share_text()}"
             )
             self._change("lost", [self.names[rank]], reason, before)
-        if self._relaunch is not None and self.config.relaunch:
+        if self._relaunch is not None and self.config.relaunch and rank not in self._retiring:
             threading.Thread(target=self._bring_back, args=(rank,), name="hex-relaunch", daemon=True).start()
 
     def _keeps_last(self, rank: int, reason: str) -> bool:
@@ -354,7 +363,7 @@ class ElasticRollout:
             busy = {
                 name.split("/")[0]
                 for name, state in zip(self.names, self.states, strict=True)
-                if state != DOWN
+                if state not in GONE
             }
         logger.info(f"{tag(request.index)}: {request.host} (pool {request.pool}) joins; starting its servers")
         try:
@@ -365,17 +374,83 @@ class ElasticRollout:
                 before = self.policy.tokens_per_s(self.live())
                 self._change("lost", [request.host], f"{tag(request.index)} failed: {error}", before)
             return
-        with self._lock:
-            for shape, name, address in zip(joined.shapes, joined.names, joined.addresses, strict=True):
-                self.policy.add(shape)
-                self.names.append(name)
-                self._joined_by[self.health.add(address)] = request.index
-            joined.attach()
-            self._route_dirty = True
+        for rank in self.add_started(joined):
+            self._joined_by[rank] = request.index
         logger.info(
             f"{tag(request.index)}: servers {', '.join(joined.names)} started at {', '.join(joined.addresses)}; "
             "each takes requests once it holds the trainer's next committed version"
         )
+
+    def add_started(self, joined) -> list[int]:
+        """Servers started for this run (:class:`~areal_hex_plugin.areal.join.Joined`), attached to the controller
+        and the relay: joining, with share 0, until they hold the trainer's next committed version; their ranks."""
+        with self._lock:
+            ranks = []
+            for shape, name, address in zip(joined.shapes, joined.names, joined.addresses, strict=True):
+                self.policy.add(shape)
+                self.names.append(name)
+                ranks.append(self.health.add(address))
+            joined.attach()
+            self._route_dirty = True
+        return ranks
+
+    # -- live re-layouts (relayout.py) -------------------------------------------------------------------
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the run ended (:meth:`stop`)."""
+        return self._stop.is_set()
+
+    def in_flight(self, rank: int) -> int:
+        """The requests server ``rank`` holds now."""
+        return self._in_flight(rank)
+
+    def ranks_on(self, host: str) -> list[int]:
+        """The servers on ``host`` that are not lost or retired."""
+        return [
+            rank
+            for rank, name in enumerate(self.names)
+            if name.split("/")[0] == host and self.states[rank] not in GONE
+        ]
+
+    def capacity(self, without: Sequence[int] = ()) -> float:
+        """Predicted tokens/s of the servers that serve, ``without`` these."""
+        with self._lock:
+            live = self.live()
+            for rank in without:
+                live[rank] = False
+            return self.policy.tokens_per_s(live)
+
+    def drain(self, ranks: Sequence[int]) -> None:
+        """``ranks`` take no new requests (share 0, the others' shares re-solved) and finish the ones they hold."""
+        with self._lock:
+            for rank in ranks:
+                self._retiring.add(rank)
+                self.states[rank] = DRAINING
+            self.policy.resolve(self.live())
+
+    def retire(self, ranks: Sequence[int]) -> int:
+        """``ranks`` stopped on purpose: never probed, called or relaunched again; the samples they still hold go
+        out again to the others and the relay route leaves them out from the next update. Those samples' count."""
+        with self._lock:
+            held = sum(self._in_flight(rank) for rank in ranks if self.states[rank] == DRAINING)
+            for rank in ranks:
+                self._retiring.add(rank)
+                self.states[rank] = RETIRED
+            self.counts["retired"] += len(ranks)
+            self._route_dirty = True
+        return held
+
+    def started_by_relayout(self, joined) -> list[int]:
+        """Servers a live re-layout started (:meth:`add_started`); their ranks."""
+        ranks = self.add_started(joined)
+        self._laid_out.update(ranks)
+        return ranks
+
+    def record(self, kind: str, hosts: list[str], reason: str, before: float) -> None:
+        """Append a change to the plan's ``changes`` (the shares and tokens/s after it from now)."""
+        with self._lock:
+            self._change(kind, hosts, reason, before)
 
     def before_update(self) -> None:
         """Before a weight update: the relay route follows the servers that are not lost (joining ones included,
@@ -384,7 +459,7 @@ class ElasticRollout:
             if not self._route_dirty or self._reroute is None:
                 return
             self._route_dirty = False
-            reachable = [state != DOWN for state in self.states]
+            reachable = [state not in GONE for state in self.states]
         self._reroute(reachable)
 
     def on_version(self, version: int) -> None:
@@ -402,7 +477,9 @@ class ElasticRollout:
                 self.policy.resolve(self.live())
                 self.counts["gained"] += 1
                 request = self._joined_by.get(rank)
-                if request is None:
+                if rank in self._laid_out:
+                    how = f"started in its new layout (live re-layout), holds version {version}"
+                elif request is None:
                     how = f"relaunched, holds version {version}"
                 else:
                     self.counts["joined"] += 1
@@ -504,7 +581,7 @@ class ElasticRollout:
     async def _until_done_or_lost(self, task: asyncio.Future, picks: list[int]) -> bool:
         while not task.done():
             await asyncio.wait({task}, timeout=POLL_S)
-            if not task.done() and picks and self.states[picks[-1]] == DOWN:
+            if not task.done() and picks and self.states[picks[-1]] in GONE:
                 return True
         return False
 
