@@ -3,6 +3,7 @@ cost model and staleness manager; starting and stopping a server are the functio
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import replace
 
@@ -115,6 +116,11 @@ def test_a_machine_changes_layout_while_its_requests_finish(rig, servers, machin
         "refit at step 4: small-0 rollout tp2pp1 x1 -> rollout tp1pp1 x2: 1 server drained"
     )
     assert "0 samples went out again" in change.reason and "2 servers started" in change.reason
+    left, floor = (
+        float(x.replace(",", ""))
+        for x in re.findall(r"left served ([\d,]+) tokens/s, the floor ([\d,]+)", change.reason)[0]
+    )
+    assert left >= floor > 0
     assert change.shares["small-0/1"] == 0 and change.tokens_per_s_after > 0
     assert elastic.summary()["retired"] == 1
 

@@ -9,8 +9,8 @@ small-0's two servers are drained, stopped and replaced by one tp2 server on the
 version after. The test checks that the run ends 0 having trained each step once with no restart, that the plan
 it ends on is the refit model's (big-2 serving, small-0 one tp2 server) with each machine's move and the re-plan
 recorded, that the new servers' first load is a committed version and that they served, that the retired tp1
-servers got no request after they were stopped, that wandb shows ``hex/replan/live`` 1, and that no process is
-left.
+servers got no request after they were stopped, that wandb shows ``hex/replan/live`` 1, that the refits after
+it suggest nothing (no flapping), and that no process is left.
 """
 
 from __future__ import annotations
@@ -73,8 +73,11 @@ def test_a_refit_that_only_moves_rollout_servers_is_applied_live_machine_by_mach
         assert sum(r["event"] == "request" for r in logs[name]) > 0, name
     started = min(r["t"] for r in logs[small_tp2])
     assert all(r["t"] < started for name in stopped for r in logs[name] if r["event"] == "request")
-    rows = run.wandb_history()
+    rows = [row for row in run.wandb_history() if any(k.startswith("hex/measured/") for k in row)]
     assert any(r.get("hex/replan/live") == 1.0 for r in rows), [sorted(r) for r in rows][:2]
+    # No flapping: the refits after it, on the plan the refit model gave, find nothing better.
+    after = [r["hex/replan/suggested"] for r in rows[change["step"] + 1 :] if "hex/replan/suggested" in r]
+    assert after and set(after) == {0.0}, after
     assert processes_left(run.mark, wait_s=30) == []
     summary = {"run_s": round(run.seconds, 1), "changes": moved + [change]}
     (tmp_path / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -147,8 +147,9 @@ class Relayout:
         ranks = elastic.ranks_on(move.host)
         said = []
         if ranks:
-            if not self._until(lambda: elastic.capacity(without=ranks) >= floor):
-                left = elastic.capacity(without=ranks)
+            self._until(lambda: elastic.capacity(without=ranks) >= floor)
+            left = elastic.capacity(without=ranks)
+            if left < floor:
                 return (
                     f"without it the servers left would serve {left:,.0f} tokens/s, below the floor of {floor:,.0f} "
                     f"(hex.elastic.min_rollout_capacity={self.floor:g} of {floor / self.floor:,.0f})"
@@ -164,7 +165,8 @@ class Relayout:
             held = elastic.retire(ranks)
             said.append(
                 f"{_servers(len(ranks))} drained in {time.monotonic() - start:.1f} s and stopped ({held} samples "
-                "went out again to the others)"
+                f"went out again to the others; the servers left served {left:,.0f} tokens/s, the floor "
+                f"{floor:,.0f})"
             )
         if move.slots:
             try:
