@@ -7,7 +7,8 @@ restart on a re-plan), for ``--steps`` steps: the figure each refit
 fits and the live rollout shares per pool after the last re-share, beside the true figure and the shares the
 correct catalog plans; then the same run with the refit off (``hex.calibration.refit_every=0``). The goals (issue
 34): the figure within 25% of the true one by step 10, the shares within 10% of the correct plan's; the run with
-the refit off misses them.
+the refit off misses them. A third run with the correct catalog and ``auto_replan`` on (a re-plan it suggested
+would apply) must change nothing: no re-plan suggested, no machine moved, the shares where the plan put them.
 
 It is a benchmark, not a test: the stand-ins decode at the true speed only while the CPU has the headroom (on 2
 cores beside another e2e run they fell to about 2/3 of it, and the fit followed what they did). Run it on a quiet
@@ -61,6 +62,8 @@ def one_run(steps: int, overrides: tuple[str, ...]) -> dict:
             "run_s": round(run.seconds, 1),
             "fitted": [r[FIGURE] for r in rows if FIGURE in r],
             "shares": pool_shares(run.plan, reshares[-1]["shares"]) if reshares else planned,
+            "suggested": [r["hex/replan/suggested"] for r in rows if "hex/replan/suggested" in r],
+            "changes": [c["kind"] for c in run.plan.get("changes", [])],
         }
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -83,11 +86,17 @@ def main() -> None:
     believed = {g.pool: g.share for g in plan_recipe(load_recipe(RECIPE, [declared])).rollout.replicas}
     on = one_run(args.steps, (declared, "hex.elastic.auto_replan=true", "hex.elastic.max_auto_replans=0"))
     off = one_run(args.steps, (declared, "hex.calibration.refit_every=0"))
+    right = one_run(args.steps, ("hex.elastic.auto_replan=true",))
 
     def met(run: dict) -> bool:
         figure = bool(run["fitted"]) and abs(run["fitted"][-1] / true - 1) <= FIGURE_GOAL
         shares = all(abs(run["shares"].get(p, 0.0) - s) <= SHARE_GOAL * s for p, s in correct.items())
         return run["returncode"] == 0 and figure and shares
+
+    def unchanged(run: dict) -> bool:
+        shares = all(abs(run["shares"].get(p, 0.0) - s) <= SHARE_GOAL * s for p, s in correct.items())
+        moved = {"relayout", "auto_replan", "replan"} & set(run["changes"])
+        return run["returncode"] == 0 and not any(run["suggested"]) and not moved and shares
 
     emit(
         {
@@ -97,6 +106,7 @@ def main() -> None:
             "correct_shares": correct,
             "refit_on": {**on, "goals_met": met(on)},
             "refit_off": {**off, "goals_met": met(off)},
+            "correct_catalog": {**right, "no_change": unchanged(right)},
         },
         args.json,
     )
