@@ -13,7 +13,7 @@ pytest.importorskip("areal")
 
 from areal_hex_plugin.areal.elastic import DOWN, JOINING, UP  # noqa: E402
 from areal_hex_plugin.areal.elastic.health import DRAINING, RETIRED  # noqa: E402
-from areal_hex_plugin.areal.elastic.relayout import RELAYOUT_KIND, Move, Relayout, live_moves  # noqa: E402
+from areal_hex_plugin.areal.elastic.relayout import RELAYOUT, Move, Relayout, live_moves  # noqa: E402
 from areal_hex_plugin.areal.join import Joined  # noqa: E402
 from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, WorkerSlot  # noqa: E402
 from areal_hex_plugin.planner.replan import machine_diff  # noqa: E402
@@ -110,7 +110,7 @@ def test_a_machine_changes_layout_while_its_requests_finish(rig, servers, machin
     assert elastic.states == [UP, RETIRED, UP, UP] and router.shares[1] == 0
     assert router.shares[2] == pytest.approx(router.shares[3]) and router.shares[2] > 0
     kinds = [(c.kind, c.hosts) for c in changes]
-    assert kinds == [("gained", ["small-0/2"]), ("gained", ["small-0/3"]), (RELAYOUT_KIND, ["small-0"])]
+    assert kinds == [("gained", ["small-0/2"]), ("gained", ["small-0/3"]), (RELAYOUT, ["small-0"])]
     change = changes[-1]
     assert change.reason.startswith(
         "refit at step 4: small-0 rollout tp2pp1 x1 -> rollout tp1pp1 x2: 1 server drained"
@@ -159,7 +159,7 @@ def test_a_machine_waits_for_the_servers_started_before_it(rig, machines):
     ((moved),) = done
     assert (moved.hosts, moved.why_not) == (["big-3", "small-0"], None)
     assert machines.events == ["start big-3", "stop 1"] and elastic.states == [UP, RETIRED, UP]
-    assert router.shares[1] == 0 and [c.kind for c in changes] == ["gained", RELAYOUT_KIND, RELAYOUT_KIND]
+    assert router.shares[1] == 0 and [c.kind for c in changes] == ["gained", RELAYOUT, RELAYOUT]
     assert "servers started" not in changes[-1].reason and "drained" in changes[-1].reason
 
 
@@ -175,7 +175,7 @@ def test_a_server_that_does_not_start_stops_the_relayout(rig, machines):
     ]
     moved = Relayout(elastic, fail, machines.stop, floor=0.5, wait_s=1).apply(moves, "r")
     assert moved.hosts == [] and moved.why_not == "big-3: its servers did not start (no free GPU)"
-    assert [(c.kind, c.hosts) for c in changes] == [(RELAYOUT_KIND, ["big-3"])]
+    assert [(c.kind, c.hosts) for c in changes] == [(RELAYOUT, ["big-3"])]
     assert "did not start: no free GPU" in changes[0].reason and elastic.states == [UP, UP]
 
 

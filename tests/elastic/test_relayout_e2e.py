@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("areal")
 
 from areal_hex_plugin.areal.auto_replan import AUTO_KIND  # noqa: E402
-from areal_hex_plugin.areal.elastic.relayout import RELAYOUT_KIND  # noqa: E402
+from areal_hex_plugin.areal.elastic.relayout import RELAYOUT  # noqa: E402
 from tests.e2e.run import TRUTH, environment, new_mark, processes_left, run_driver  # noqa: E402
 from tests.e2e.sglang_server import TRUTH_ENV  # noqa: E402
 
@@ -51,7 +51,7 @@ def test_a_refit_that_only_moves_rollout_servers_is_applied_live_machine_by_mach
         ("big", 1, 1),
         ("small", 2, 1),
     ]
-    moved = [c for c in run.plan["changes"] if c["kind"] == RELAYOUT_KIND]
+    moved = [c for c in run.plan["changes"] if c["kind"] == RELAYOUT]
     assert [c["hosts"] for c in moved] == [["big-2"], ["small-0"]], run.plan["changes"]
     assert "big-2 idle -> rollout tp1pp1 x1: 1 server started" in moved[0]["reason"]
     assert "small-0 rollout tp1pp1 x2 -> rollout tp2pp1 x1: 2 servers drained" in moved[1]["reason"]

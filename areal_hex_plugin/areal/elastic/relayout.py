@@ -32,13 +32,13 @@ from dataclasses import dataclass, replace
 from areal.utils import logging
 
 from areal_hex_plugin.areal.elastic.health import GONE, JOINING
+from areal_hex_plugin.areal.elastic.rollout import RELAYOUT
 from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, WorkerSlot, placement_from_plan
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.planner.replan import MachineDiff
 
 logger = logging.getLogger("HexRelayout")
 
-RELAYOUT_KIND = "relayout"
 POLL_S = 0.05
 
 
@@ -172,18 +172,16 @@ class Relayout:
             try:
                 joined = self._start(move)
             except Exception as error:  # its GPUs are free; it stays out of the run
-                elastic.record(
-                    RELAYOUT_KIND, [move.host], f"{reason}: its servers did not start: {error}", before
-                )
+                elastic.record(RELAYOUT, [move.host], f"{reason}: its servers did not start: {error}", before)
                 return f"its servers did not start ({error})"
-            started = elastic.started_by_relayout(joined)
+            started = elastic.add_started(joined, RELAYOUT)
             serving = self._until(lambda: all(elastic.states[r] != JOINING for r in started))
             up = sum(elastic.states[r] not in GONE for r in started)
             said.append(
                 f"{_servers(len(started))} started"
                 + ("" if serving else f", {len(started) - up} not serving after {self.wait_s:g} s")
             )
-        elastic.record(RELAYOUT_KIND, [move.host], f"{reason}: {'; '.join(said)}", before)
+        elastic.record(RELAYOUT, [move.host], f"{reason}: {'; '.join(said)}", before)
         logger.info(f"live re-layout: {reason}: {'; '.join(said)}")
         return None
 

@@ -71,6 +71,8 @@ logger = logging.getLogger("HexElastic")
 
 # How often a waiting sample looks whether its server was lost.
 POLL_S = 0.1
+# What started a server a live re-layout started (``relayout.py``).
+RELAYOUT = "relayout"
 
 # Per attempt of one sample: the servers it picked, and the verdicts upstream gave it (held back until final).
 _attempt_picks: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("hex_attempt", default=None)
@@ -165,8 +167,8 @@ class ElasticRollout:
         self._relaunch, self._reroute = relaunch, reroute
         self._join, self._joins_file = join, joins_file  # join(request, busy hosts) -> areal.join.Joined
         self._joins_read = 0
-        self._joined_by: dict[int, int] = {}  # rank -> the join request that started it
-        self._laid_out: set[int] = set()  # ranks started by a live re-layout (relayout.py)
+        # rank -> what started it mid-run: a join request's index, or RELAYOUT (relayout.py)
+        self._started_by: dict[int, int | str] = {}
         self._retiring: set[int] = set()  # ranks a live re-layout drains and stops: never relaunched
         self._joiner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hex-join")  # one join at a time
         self._version_of = version_of
@@ -374,22 +376,23 @@ class ElasticRollout:
                 before = self.policy.tokens_per_s(self.live())
                 self._change("lost", [request.host], f"{tag(request.index)} failed: {error}", before)
             return
-        for rank in self.add_started(joined):
-            self._joined_by[rank] = request.index
+        self.add_started(joined, request.index)
         logger.info(
             f"{tag(request.index)}: servers {', '.join(joined.names)} started at {', '.join(joined.addresses)}; "
             "each takes requests once it holds the trainer's next committed version"
         )
 
-    def add_started(self, joined) -> list[int]:
-        """Servers started for this run (:class:`~areal_hex_plugin.areal.join.Joined`), attached to the controller
-        and the relay: joining, with share 0, until they hold the trainer's next committed version; their ranks."""
+    def add_started(self, joined, by: int | str) -> list[int]:
+        """Servers started for this run (:class:`~areal_hex_plugin.areal.join.Joined`) ``by`` a join request (its
+        index) or a live re-layout (:data:`RELAYOUT`), attached to the controller and the relay: joining, with share
+        0, until they hold the trainer's next committed version; their ranks."""
         with self._lock:
             ranks = []
             for shape, name, address in zip(joined.shapes, joined.names, joined.addresses, strict=True):
                 self.policy.add(shape)
                 self.names.append(name)
                 ranks.append(self.health.add(address))
+                self._started_by[ranks[-1]] = by
             joined.attach()
             self._route_dirty = True
         return ranks
@@ -441,12 +444,6 @@ class ElasticRollout:
             self._route_dirty = True
         return held
 
-    def started_by_relayout(self, joined) -> list[int]:
-        """Servers a live re-layout started (:meth:`add_started`); their ranks."""
-        ranks = self.add_started(joined)
-        self._laid_out.update(ranks)
-        return ranks
-
     def record(self, kind: str, hosts: list[str], reason: str, before: float) -> None:
         """Append a change to the plan's ``changes`` (the shares and tokens/s after it from now)."""
         with self._lock:
@@ -476,14 +473,14 @@ class ElasticRollout:
                 self.states[rank] = UP
                 self.policy.resolve(self.live())
                 self.counts["gained"] += 1
-                request = self._joined_by.get(rank)
-                if rank in self._laid_out:
+                by = self._started_by.get(rank)
+                if by == RELAYOUT:
                     how = f"started in its new layout (live re-layout), holds version {version}"
-                elif request is None:
+                elif by is None:
                     how = f"relaunched, holds version {version}"
                 else:
                     self.counts["joined"] += 1
-                    how = f"joined ({tag(request)}), holds version {version}"
+                    how = f"joined ({tag(by)}), holds version {version}"
                 logger.info(
                     f"rollout server {self.names[rank]} serves ({how}); shares now {self._share_text()}"
                 )
