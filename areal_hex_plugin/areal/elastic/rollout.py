@@ -1,4 +1,4 @@
-"""Elastic rollout: servers lost and gained while a run goes on, and output lengths that drift.
+"""Elastic rollout: servers lost, gained and re-laid out while a run goes on, and output lengths that drift.
 
 One :class:`ElasticRollout` per training rollout controller (``HexRolloutController``), in the driver's process,
 made of three parts each with a module of its own: the servers' health (``health.py``), their shares
@@ -25,6 +25,9 @@ made of three parts each with a module of its own: the servers' health (``health
   (``areal/join.py``: hex_local). They are added with share 0 and join the relay route at the next update; each
   takes requests once it reports the version the trainer committed, and the shares are then re-solved for the
   larger fleet. A join that fails is recorded as lost; requests written before the run started are set aside.
+- **Re-laid out.** A live re-layout (``relayout.py``, a refit's re-plan) drains a machine's servers (share 0;
+  they finish what they hold), retires them (stopped on purpose: never probed, called or relaunched again; what
+  they still hold goes out again) and starts its new servers as a joining machine's.
 - **Drift.** Each step's served output lengths (the trajectories' loss masks) are scored against the lengths the
   shares were solved for: when they move the predicted rollout time by more than ``drift_threshold``, the shares are
   re-solved with the measured lengths, and a re-plan suggestion is logged: the planner's plan for the measured
