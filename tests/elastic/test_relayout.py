@@ -13,7 +13,7 @@ pytest.importorskip("areal")
 
 from areal_hex_plugin.areal.elastic import DOWN, JOINING, UP  # noqa: E402
 from areal_hex_plugin.areal.elastic.health import DRAINING, RETIRED  # noqa: E402
-from areal_hex_plugin.areal.elastic.relayout import RELAYOUT, Move, Relayout, live_moves  # noqa: E402
+from areal_hex_plugin.areal.elastic.relayout import RELAYOUT, Move, Relayout, live_moves, steps  # noqa: E402
 from areal_hex_plugin.areal.join import Joined  # noqa: E402
 from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, WorkerSlot  # noqa: E402
 from areal_hex_plugin.planner.replan import machine_diff  # noqa: E402
@@ -37,12 +37,12 @@ class _Machines:
         self.stopped: list[int] = []
         self.events: list[str] = []
 
-    def start(self, move: Move) -> Joined:
-        servers = [versioned_standin(s.tp) for s in move.slots]
+    def start(self, move: Move, slots: tuple[WorkerSlot, ...]) -> Joined:
+        servers = [versioned_standin(s.tp) for s in slots]
         self.started.extend(servers)
-        self.events.append(f"start {move.host}")
+        self.events.append(f"start {move.host} {[s.gpu_ids for s in slots]}")
         first = len(self.elastic.names)
-        slots = tuple(replace(s, index=first + k) for k, s in enumerate(move.slots))
+        slots = tuple(replace(s, index=first + k) for k, s in enumerate(slots))
 
         def attach() -> None:
             for _ in slots:
@@ -57,6 +57,11 @@ class _Machines:
     def close(self) -> None:
         for server in self.started:
             server.close()
+
+    def relayout(self, floor: float, wait_s: float, start=None) -> Relayout:
+        # The rig's servers: big-2's on GPU 0 of big-2, small-0's tp2 on GPUs 0 and 1 of small-0.
+        gpus = [(0,), (0, 1)]
+        return Relayout(self.elastic, start or self.start, self.stop, gpus.__getitem__, floor, wait_s)
 
 
 @pytest.fixture
@@ -86,7 +91,7 @@ def test_a_machine_changes_layout_while_its_requests_finish(rig, servers, machin
         "rollout tp1pp1 x2",
         (_slot("small-0", "small", 1, (0,)), _slot("small-0", "small", 1, (1,))),
     )
-    relayout = Relayout(elastic, machines.start, machines.stop, floor=0.3, wait_s=10)
+    relayout = machines.relayout(floor=0.3, wait_s=10)
     done = []
     thread = threading.Thread(target=lambda: done.append(relayout.apply([move], "refit at step 4")))
     thread.start()
@@ -118,7 +123,7 @@ def test_a_machine_changes_layout_while_its_requests_finish(rig, servers, machin
     assert "0 samples went out again" in change.reason and "2 servers started" in change.reason
     left, floor = (
         float(x.replace(",", ""))
-        for x in re.findall(r"left served ([\d,]+) tokens/s, the floor ([\d,]+)", change.reason)[0]
+        for x in re.findall(r"left served at least ([\d,]+) tokens/s, the floor ([\d,]+)", change.reason)[0]
     )
     assert left >= floor > 0
     assert change.shares["small-0/1"] == 0 and change.tokens_per_s_after > 0
@@ -131,9 +136,7 @@ def test_a_machine_is_not_taken_out_below_the_floor(rig, machines):
     # Without small-0, big-2 alone serves this fraction of what both serve.
     alone = elastic.capacity(without=[1]) / elastic.capacity()
     assert 0 < alone < 1
-    moved = Relayout(elastic, machines.start, machines.stop, floor=alone + 0.05, wait_s=0.3).apply(
-        [move], "r"
-    )
+    moved = machines.relayout(floor=alone + 0.05, wait_s=0.3).apply([move], "r")
     assert (
         moved.hosts == [] and "below the floor" in moved.why_not and "min_rollout_capacity" in moved.why_not
     )
@@ -147,7 +150,7 @@ def test_a_machine_waits_for_the_servers_started_before_it(rig, machines):
     alone = elastic.capacity(without=[1]) / elastic.capacity()
     gained = Move("big-3", "idle", "rollout tp1pp1 x1", (_slot("big-3", "big", 1, (0,)),))
     stops = Move("small-0", "rollout tp2pp1 x1", "idle", ())
-    relayout = Relayout(elastic, machines.start, machines.stop, floor=alone + 0.05, wait_s=10)
+    relayout = machines.relayout(floor=alone + 0.05, wait_s=10)
     done = []
     thread = threading.Thread(target=lambda: done.append(relayout.apply([gained, stops], "refit at step 8")))
     thread.start()
@@ -158,7 +161,7 @@ def test_a_machine_waits_for_the_servers_started_before_it(rig, machines):
     thread.join(10)
     ((moved),) = done
     assert (moved.hosts, moved.why_not) == (["big-3", "small-0"], None)
-    assert machines.events == ["start big-3", "stop 1"] and elastic.states == [UP, RETIRED, UP]
+    assert machines.events == ["start big-3 [(0,)]", "stop 1"] and elastic.states == [UP, RETIRED, UP]
     assert router.shares[1] == 0 and [c.kind for c in changes] == ["gained", RELAYOUT, RELAYOUT]
     assert "servers started" not in changes[-1].reason and "drained" in changes[-1].reason
 
@@ -166,26 +169,51 @@ def test_a_machine_waits_for_the_servers_started_before_it(rig, machines):
 def test_a_server_that_does_not_start_stops_the_relayout(rig, machines):
     elastic, router, changes, _, _ = rig
 
-    def fail(move):
+    def fail(move, slots):
         raise RuntimeError("no free GPU")
 
-    moves = [
+    starts = [
         Move("big-3", "idle", "rollout tp1pp1 x1", (_slot("big-3", "big", 1, (0,)),)),
         Move("big-4", "idle", "rollout tp1pp1 x1", (_slot("big-4", "big", 1, (0,)),)),
     ]
-    moved = Relayout(elastic, fail, machines.stop, floor=0.5, wait_s=1).apply(moves, "r")
+    moved = machines.relayout(floor=0.3, wait_s=1, start=fail).apply(starts, "r")
     assert moved.hosts == [] and moved.why_not == "big-3: its servers did not start (no free GPU)"
-    assert [(c.kind, c.hosts) for c in changes] == [(RELAYOUT, ["big-3"])]
-    assert "did not start: no free GPU" in changes[0].reason and elastic.states == [UP, UP]
+    assert changes == [] and elastic.states == [UP, UP]  # nothing changed
+    # After its old server was taken out: recorded, the machine stays out, the others serve.
+    change = Move("small-0", "rollout tp2pp1 x1", "rollout tp1pp1 x2", (_slot("small-0", "small", 1, (0,)),))
+    moved = machines.relayout(floor=0.3, wait_s=1, start=fail).apply([change], "r")
+    assert moved.why_not == "small-0: its servers did not start (no free GPU)"
+    assert elastic.states == [UP, RETIRED] and router.shares == [1.0, 0.0]
+    ((kind, reason),) = [(c.kind, c.reason) for c in changes]
+    assert kind == RELAYOUT and reason.startswith(
+        "r: small-0 rollout tp2pp1 x1 -> rollout tp1pp1 x2: 1 server"
+    )
+    assert reason.endswith("; then its servers did not start (no free GPU)")
 
 
 def test_a_run_that_ends_stops_the_relayout(rig, machines):
     elastic, *_ = rig
     elastic.stop()
     move = Move("small-0", "rollout tp2pp1 x1", "idle", ())
-    moved = Relayout(elastic, machines.start, machines.stop, floor=0.1, wait_s=5).apply([move], "r")
+    moved = machines.relayout(floor=0.1, wait_s=5).apply([move], "r")
     assert moved.why_not == "small-0: the run ended" and machines.events == []
     assert DOWN not in elastic.states
+
+
+def test_a_machine_changes_layout_one_new_server_at_a_time():
+    """Eight tp1 servers on GPUs 0-7 become two tp2 servers on 0-3 and a tp4 on 4-7: each new server takes out
+    only the old servers on its GPUs; a new server on GPUs nobody holds starts first; old servers on GPUs no new
+    server uses go last."""
+    held = {rank: (rank,) for rank in range(8)}
+    new = [_slot("m", "big", 2, (0, 1)), _slot("m", "big", 2, (2, 3)), _slot("m", "big", 4, (4, 5, 6, 7))]
+    assert steps(range(8), new, held.__getitem__) == [
+        ((0, 1), (new[0],)),
+        ((2, 3), (new[1],)),
+        ((4, 5, 6, 7), (new[2],)),
+    ]
+    spare = _slot("m", "big", 1, (9,))
+    assert steps([0, 1], [new[0], spare], held.__getitem__)[0] == ((), (spare,))
+    assert steps([0, 1, 2], [spare], held.__getitem__) == [((), (spare,)), ((0, 1, 2), ())]
 
 
 # -- which re-plans apply live -------------------------------------------------------------------------------

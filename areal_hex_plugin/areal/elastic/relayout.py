@@ -8,10 +8,10 @@ whose servers change layout (two TP1 servers -> one TP2 on the same GPUs), one t
 :class:`Relayout` applies the moves in that order, one machine at a time:
 
 1. a machine that starts serving gets its servers as a machine that joins does (``areal/join.py``);
-2. a machine that changes layout is drained: its servers take no new requests (the others' shares re-solved) and
-   finish the ones they hold, for at most ``relayout_wait_s``; they are stopped (upstream's ``teardown_server``:
-   the GPUs are freed) and retired (samples still on them go out again to the others), and the new layout's
-   servers start on the same GPUs;
+2. a machine that changes layout does so one new server at a time (:func:`steps`): the old servers on its GPUs
+   are drained (they take no new requests, the others' shares re-solved, and finish the ones they hold, for at
+   most ``relayout_wait_s``), stopped (upstream's ``teardown_server``: the GPUs are freed) and retired (samples
+   still on them go out again to the others), and the new server starts on those GPUs;
 3. a machine that stops serving is drained and retired.
 
 Servers started serve once they hold the trainer's next committed version, as joining ones do. A machine is taken
@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from areal.utils import logging
 
-from areal_hex_plugin.areal.elastic.health import GONE, JOINING
+from areal_hex_plugin.areal.elastic.health import JOINING
 from areal_hex_plugin.areal.elastic.rollout import RELAYOUT
 from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, WorkerSlot, placement_from_plan
 from areal_hex_plugin.plan import HexPlan
@@ -49,7 +49,8 @@ def _servers(n: int) -> str:
 @dataclass(frozen=True)
 class Move:
     """What one machine does in a live re-layout: its role and layout before and after (``describe_role``) and the
-    servers it runs after, numbered by the new plan (GPU ids on the machine, from 0)."""
+    servers it runs after (GPU ids on the machine from 0, as the new plan numbers them; for a machine that serves
+    already, ``apply_live`` renumbers them to the ids its servers hold)."""
 
     host: str
     before: str
@@ -109,25 +110,26 @@ class Moved:
 
 class Relayout:
     """Applies :func:`live_moves`' moves to a run (see the module doc): ``elastic`` is its
-    :class:`~areal_hex_plugin.areal.elastic.ElasticRollout`, ``start(move)`` starts a move's servers (a
-    :class:`~areal_hex_plugin.areal.join.Joined`, not attached) and ``stop(rank)`` stops server ``rank``."""
+    :class:`~areal_hex_plugin.areal.elastic.ElasticRollout`; ``start(move, slots)`` starts servers for some of a
+    move's ``slots`` (a :class:`~areal_hex_plugin.areal.join.Joined`, not attached), ``stop(rank)`` stops server
+    ``rank`` and ``gpus(rank)`` gives its GPU ids, numbered as a move's slots are (a machine that changes layout)."""
 
     def __init__(
         self,
         elastic,
-        start: Callable[[Move], object],
+        start: Callable[[Move, tuple[WorkerSlot, ...]], object],
         stop: Callable[[int], None],
+        gpus: Callable[[int], tuple[int, ...]],
         floor: float,
         wait_s: float,
         poll_s: float = POLL_S,
     ) -> None:
-        self.elastic, self._start, self._stop = elastic, start, stop
+        self.elastic, self._start, self._stop, self._gpus = elastic, start, stop, gpus
         self.floor, self.wait_s, self.poll_s = floor, wait_s, poll_s
 
     def apply(self, moves: Sequence[Move], reason: str) -> Moved:
         """Move each machine in turn; ``reason`` (the refit's re-plan) goes into each change recorded."""
-        capacity = self.elastic.capacity()
-        floor = self.floor * capacity
+        floor = self.floor * self.elastic.capacity()
         moved: list[str] = []
         for move in moves:
             why = self._move(move, floor, f"{reason}: {move.host} {move.before} -> {move.after}")
@@ -140,49 +142,60 @@ class Relayout:
         return Moved(moved, None)
 
     def _move(self, move: Move, floor: float, reason: str) -> str | None:
+        """One machine, one server at a time (:func:`steps`); one change recorded."""
         elastic = self.elastic
-        if elastic.stopped:
-            return "the run ended"
         before = elastic.capacity()
-        ranks = elastic.ranks_on(move.host)
-        said = []
-        if ranks:
-            self._until(lambda: elastic.capacity(without=ranks) >= floor)
-            left = elastic.capacity(without=ranks)
-            if left < floor:
-                return (
-                    f"without it the servers left would serve {left:,.0f} tokens/s, below the floor of {floor:,.0f} "
-                    f"(hex.elastic.min_rollout_capacity={self.floor:g} of {floor / self.floor:,.0f})"
-                )
-            start = time.monotonic()
-            elastic.drain(ranks)
-            self._until(lambda: all(elastic.in_flight(rank) == 0 for rank in ranks))
-            for rank in ranks:
-                try:
-                    self._stop(rank)
-                except Exception as error:  # it may have died meanwhile: it is retired all the same
-                    logger.warning(f"cannot stop rollout server {elastic.names[rank]} ({error})")
-            held = elastic.retire(ranks)
-            said.append(
-                f"{_servers(len(ranks))} drained in {time.monotonic() - start:.1f} s and stopped ({held} samples "
-                f"went out again to the others; the servers left served {left:,.0f} tokens/s, the floor "
-                f"{floor:,.0f})"
+        done = _Done(floor)
+        for olds, slots in steps(elastic.ranks_on(move.host), move.slots, self._gpus):
+            if elastic.stopped:
+                return "the run ended"
+            why = self._take_out(olds, floor, done) if olds else None
+            if why is None and slots:
+                why = self._bring_in(move, slots, done)
+            if why is not None:
+                if done.started or done.stopped:  # the machine changed before it stopped
+                    elastic.record(RELAYOUT, [move.host], f"{reason}: {done}; then {why}", before)
+                return why
+        if done.started:
+            serving = self._until(lambda: all(elastic.states[r] != JOINING for r in done.started))
+            done.late = 0 if serving else sum(elastic.states[r] == JOINING for r in done.started)
+            done.wait_s = self.wait_s
+        elastic.record(RELAYOUT, [move.host], f"{reason}: {done}", before)
+        logger.info(f"live re-layout: {reason}: {done}")
+        return None
+
+    def _take_out(self, ranks: Sequence[int], floor: float, done: _Done) -> str | None:
+        """Drain ``ranks`` once the servers left keep the floor (waiting for those started before to serve), stop
+        and retire them."""
+        elastic = self.elastic
+        self._until(lambda: elastic.capacity(without=ranks) >= floor)
+        left = elastic.capacity(without=ranks)
+        if left < floor:
+            return (
+                f"without {', '.join(elastic.names[r] for r in ranks)} the servers left would serve {left:,.0f} "
+                f"tokens/s, below the floor of {floor:,.0f} (hex.elastic.min_rollout_capacity={self.floor:g} of "
+                f"{floor / self.floor:,.0f})"
             )
-        if move.slots:
+        start = time.monotonic()
+        elastic.drain(ranks)
+        self._until(lambda: all(elastic.in_flight(rank) == 0 for rank in ranks))
+        for rank in ranks:
             try:
-                joined = self._start(move)
-            except Exception as error:  # its GPUs are free; it stays out of the run
-                elastic.record(RELAYOUT, [move.host], f"{reason}: its servers did not start: {error}", before)
-                return f"its servers did not start ({error})"
-            started = elastic.add_started(joined, RELAYOUT)
-            serving = self._until(lambda: all(elastic.states[r] != JOINING for r in started))
-            up = sum(elastic.states[r] not in GONE for r in started)
-            said.append(
-                f"{_servers(len(started))} started"
-                + ("" if serving else f", {len(started) - up} not serving after {self.wait_s:g} s")
-            )
-        elastic.record(RELAYOUT, [move.host], f"{reason}: {'; '.join(said)}", before)
-        logger.info(f"live re-layout: {reason}: {'; '.join(said)}")
+                self._stop(rank)
+            except Exception as error:  # it may have died meanwhile: it is retired all the same
+                logger.warning(f"cannot stop rollout server {elastic.names[rank]} ({error})")
+        done.held += elastic.retire(ranks)
+        done.stopped += len(ranks)
+        done.drain_s = max(done.drain_s, time.monotonic() - start)
+        done.left = min(done.left, left)
+        return None
+
+    def _bring_in(self, move: Move, slots: tuple[WorkerSlot, ...], done: _Done) -> str | None:
+        try:
+            joined = self._start(move, slots)
+        except Exception as error:  # their GPUs are free; the machine serves with what it has
+            return f"its servers did not start ({error})"
+        done.started.extend(self.elastic.add_started(joined, RELAYOUT))
         return None
 
     def _until(self, done: Callable[[], bool]) -> bool:
@@ -193,6 +206,51 @@ class Relayout:
                 return False
             time.sleep(self.poll_s)
         return True
+
+
+def steps(
+    ranks: Sequence[int], slots: Sequence[WorkerSlot], gpus: Callable[[int], tuple[int, ...]]
+) -> list[tuple[tuple[int, ...], tuple[WorkerSlot, ...]]]:
+    """A machine's moves as (servers taken out, servers started) steps: new servers on GPUs no old server holds
+    start first, together; then each other new server once the old servers on its GPUs are out; then the old
+    servers left are taken out."""
+    held = {rank: set(gpus(rank)) for rank in ranks}
+    free = tuple(s for s in slots if not any(held[r] & set(s.gpu_ids) for r in ranks))
+    out = [((), free)] if free else []
+    left = list(ranks)
+    for slot in slots:
+        if slot not in free:
+            olds = tuple(r for r in left if held[r] & set(slot.gpu_ids))
+            left = [r for r in left if r not in olds]
+            out.append((olds, (slot,)))
+    return out + ([(tuple(left), ())] if left else [])
+
+
+@dataclass
+class _Done:
+    """What one machine's move did so far, said in its change's reason."""
+
+    floor: float
+    stopped: int = 0
+    held: int = 0
+    drain_s: float = 0.0
+    left: float = float("inf")
+    started: list[int] = field(default_factory=list)
+    late: int = 0
+    wait_s: float = 0.0
+
+    def __str__(self) -> str:
+        said = []
+        if self.stopped:
+            said.append(
+                f"{_servers(self.stopped)} drained (at most {self.drain_s:.1f} s) and stopped ({self.held} samples "
+                f"went out again to the others; the servers left served at least {self.left:,.0f} tokens/s, the "
+                f"floor {self.floor:,.0f})"
+            )
+        if self.started:
+            late = f", {self.late} not serving after {self.wait_s:g} s" if self.late else ""
+            said.append(f"{_servers(len(self.started))} started{late}")
+        return "; ".join(said) or "nothing"
 
 
 def live_why_not(config) -> str | None:
@@ -228,15 +286,16 @@ def apply_live(trainer, decision, refit_step: int) -> str | None:
     if why is not None:
         return why
     try:
-        gpus = {m.host: _gpu_ids(trainer, running, m.host) for m in moves if not m.starts}
+        moves = [m if m.starts else _numbered(trainer, running, m) for m in moves]
     except ValueError as error:
         return str(error)
-
-    def start(move: Move):
-        return _start(trainer, move, gpus.get(move.host))
-
     relayout = Relayout(
-        elastic, start, rollout.hex_stop_server, config.min_rollout_capacity, config.relayout_wait_s
+        elastic,
+        lambda move, slots: _start(trainer, move, slots),
+        rollout.hex_stop_server,
+        lambda rank: rollout._slots()[rank].gpu_ids,
+        config.min_rollout_capacity,
+        config.relayout_wait_s,
     )
     moved = relayout.apply(moves, f"refit at step {refit_step}")
     if moved.why_not is not None:
@@ -247,34 +306,35 @@ def apply_live(trainer, decision, refit_step: int) -> str | None:
     return None
 
 
-def _gpu_ids(trainer, running: HexPlan, host: str) -> dict[int, int]:
-    """The run's GPU id of each of ``host``'s rollout GPUs, numbered as ``running`` numbers them."""
+def _numbered(trainer, running: HexPlan, move: Move) -> Move:
+    """``move`` with its new servers on the run's ids of the machine's GPUs (``running`` numbers them from 0)."""
     slots = trainer.rollout._slots()
-    held = sorted(i for rank in trainer.hex_elastic.ranks_on(host) for i in slots[rank].gpu_ids)
-    (machine,) = (m for m in running.machines if m.host == host)
+    held = sorted(i for rank in trainer.hex_elastic.ranks_on(move.host) for i in slots[rank].gpu_ids)
+    (machine,) = (m for m in running.machines if m.host == move.host)
     planned = sorted(g.gpu for g in machine.gpus if g.role == "rollout")
     if len(held) != len(planned):
-        raise ValueError(f"{host}'s servers hold {len(held)} GPUs, the running plan gives it {len(planned)}")
-    return dict(zip(planned, held, strict=True))
+        raise ValueError(
+            f"{move.host}'s servers hold {len(held)} GPUs, the running plan gives it {len(planned)}"
+        )
+    ids = dict(zip(planned, held, strict=True))
+    missing = sorted({i for s in move.slots for i in s.gpu_ids} - set(ids))
+    if missing:
+        raise ValueError(f"the new layout uses GPUs {missing} of {move.host}, which served on {planned}")
+    return replace(
+        move, slots=tuple(replace(s, gpu_ids=tuple(ids[i] for i in s.gpu_ids)) for s in move.slots)
+    )
 
 
-def _start(trainer, move: Move, gpus: dict[int, int] | None):
-    """``move``'s servers started on its GPUs (a machine that starts serving: GPUs of this node no worker holds,
-    as a machine that joins gets), numbered after the run's servers."""
+def _start(trainer, move: Move, slots: tuple[WorkerSlot, ...]):
+    """``slots``' servers started, numbered after the run's servers; a machine that starts serving gets GPUs of
+    this node no worker holds, as a machine that joins does."""
     from areal_hex_plugin.areal.join import local_gpu_counts, on_this_node, start_servers
     from areal_hex_plugin.areal.rewrite import flagged
 
     rollout = trainer.rollout
     first = len(rollout.workers)
-    slots = tuple(replace(s, index=first + k, share=0.0) for k, s in enumerate(move.slots))
-    if gpus is None:
+    slots = tuple(replace(s, index=first + k, share=0.0) for k, s in enumerate(slots))
+    if move.starts:
         where = f"live re-layout of {move.host}"
         slots = on_this_node(slots, rollout.scheduler.placement, local_gpu_counts(), where)
-    else:
-        missing = sorted({i for s in slots for i in s.gpu_ids} - set(gpus))
-        if missing:
-            raise ValueError(
-                f"the new layout uses GPUs {missing}, where {move.host} served on {sorted(gpus)}"
-            )
-        slots = tuple(replace(s, gpu_ids=tuple(gpus[i] for i in s.gpu_ids)) for s in slots)
     return start_servers(trainer, flagged(slots, trainer.config), f"relayout{first}")
