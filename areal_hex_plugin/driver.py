@@ -124,7 +124,7 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
     from areal.utils.hf_utils import load_hf_tokenizer
 
     from areal_hex_plugin.areal.auto_replan import Restart
-    from areal_hex_plugin.areal.run_guard import RunGuard, RunStopped, WorkerDied, closed
+    from areal_hex_plugin.areal.run_guard import RunFailed, RunGuard, RunStopped, closed
     from areal_hex_plugin.areal.trainer import PLAN_FILE, HexPPOTrainer
     from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, TRAIN_ROLE
     from areal_hex_plugin.progress import working
@@ -148,6 +148,7 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
     )
     guard = RunGuard()
     guard.install()
+    session.end_run = guard.fail  # the elastic run's watcher says when no rollout server can serve
     trainer = None
     try:
         with working(starting):
@@ -173,13 +174,13 @@ def _train(session, make_scheduler, recipe: str, overrides: list[str]) -> int:
             except RunStopped as stopped:
                 guard.ending(stopped.exit_code, stopped.error)
                 raise
-            except (Exception, WorkerDied) as error:
+            except (Exception, RunFailed) as error:
                 cause = (
                     str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
                 )
                 failure = (
                     error.error
-                    if isinstance(error, WorkerDied)
+                    if isinstance(error, RunFailed)
                     else HexError("run", cause, "read the log above")
                 )
                 guard.ending(2, failure)

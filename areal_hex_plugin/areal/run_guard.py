@@ -8,7 +8,9 @@ and each worker starts its own (the SGLang servers). :class:`RunGuard`:
   upstream's scheduler started (``rpc_server``, or the shell it runs in, upstream's handle of it) that is gone
   while the run goes on raises :class:`WorkerDied` in the main thread, so the run ends within about ``interval_s`` (an elastic run
   copes with a lost rollout server, not with a lost worker: its server would go on, out of upstream's reach);
-- turns SIGTERM and SIGINT into :class:`RunStopped` in the main thread, so the trainer closes its workers;
+- turns SIGTERM and SIGINT into :class:`RunStopped` in the main thread, so the trainer closes its workers, and a
+  failure another thread says (:meth:`RunGuard.fail`: the elastic run finds that no rollout server can serve)
+  into :class:`RunFailed`;
 - once the run ends, gives the trainer a grace period to close (:data:`GRACE_S`, shorter after a failure), then
   says why the run ended, kills every process of the run it saw and ends the driver (a teardown that hangs on a
   dead worker); after a close it kills whatever is left. The run's processes are the workers and theirs, not the
@@ -41,7 +43,7 @@ RUN_ENV = "AREAL_HEX_RUN"  # the run's mark in the environment of every process 
 INTERVAL_S = 1.0
 GRACE_S = {"done": 300.0, "failed": 30.0}  # for the trainer to close its workers once the run ends
 KILL_WAIT_S = 3.0  # between SIGTERM and SIGKILL for what is left
-_WORKER_DIED = signal.SIGUSR2
+_RUN_FAILED = signal.SIGUSR2
 
 
 class RunEnded(BaseException):  # noqa: N818 (an interruption, as KeyboardInterrupt is)
@@ -52,7 +54,14 @@ class RunEnded(BaseException):  # noqa: N818 (an interruption, as KeyboardInterr
         self.error, self.exit_code = error, exit_code
 
 
-class WorkerDied(RunEnded):
+class RunFailed(RunEnded):
+    """Something the run cannot go on without failed (said from another thread: :meth:`RunGuard.fail`)."""
+
+    def __init__(self, error: HexError) -> None:
+        super().__init__(error, 2)
+
+
+class WorkerDied(RunFailed):
     """A worker of the run is gone while the run goes on."""
 
     def __init__(self, seen: Seen) -> None:
@@ -61,7 +70,7 @@ class WorkerDied(RunEnded):
             f"process {seen.pid} ({seen.role}) is gone while the run goes on",
             "read its log under the run's log folder (<role>.log); the run cannot go on without it",
         )
-        super().__init__(error, 2)
+        super().__init__(error)
 
 
 class RunStopped(RunEnded):
@@ -125,23 +134,33 @@ class RunGuard:
         os.environ[RUN_ENV] = self.mark
         self.seen: dict[tuple[int, float], Seen] = {}
         self.died: Seen | None = None
+        self.failed: RunFailed | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._main = threading.main_thread().ident
         self._timer: threading.Timer | None = None
 
     def install(self) -> None:
-        """Turn SIGTERM and SIGINT into :class:`RunStopped`, and a worker's death into :class:`WorkerDied`."""
+        """Turn SIGTERM and SIGINT into :class:`RunStopped`, and a failure (a worker's death, :meth:`fail`) into
+        :class:`RunFailed`."""
 
         def stopped(signum, frame):
             raise RunStopped(signum)
 
-        def died(signum, frame):
-            raise WorkerDied(self.died)
+        def failed(signum, frame):
+            raise self.failed
 
         signal.signal(signal.SIGTERM, stopped)
         signal.signal(signal.SIGINT, stopped)
-        signal.signal(_WORKER_DIED, died)
+        signal.signal(_RUN_FAILED, failed)
+
+    def fail(self, error: HexError) -> None:
+        """End the run for ``error`` (from any thread): :class:`RunFailed` is raised in the main thread."""
+        if self.failed is not None:
+            return
+        self.failed = RunFailed(error)
+        self._last_resort(2, error)  # should the main thread not end the run
+        signal.pthread_kill(self._main, _RUN_FAILED)
 
     def watch(self) -> None:
         """Start the watching thread, having seen the run's workers as they are now."""
@@ -252,8 +271,7 @@ class RunGuard:
             self._scan()
             for seen in list(self.seen.values()):
                 if seen.role is not None and not seen.alive() and not self._stop.is_set():
-                    self.died = seen
-                    died = WorkerDied(seen)
-                    self._last_resort(died.exit_code, died.error)  # should the main thread not end the run
-                    signal.pthread_kill(self._main, _WORKER_DIED)
+                    self.died, self.failed = seen, WorkerDied(seen)
+                    self._last_resort(2, self.failed.error)  # should the main thread not end the run
+                    signal.pthread_kill(self._main, _RUN_FAILED)
                     return

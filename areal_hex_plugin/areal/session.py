@@ -11,6 +11,7 @@ opened for their config, else one made from the loaded config (a scheduler or tr
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ class HexSession:
     announced: bool = False  # what the run decided was printed (areal/startup.py)
     finished: str | None = None  # why the run has nothing left to train (its trial trained every step), if so
     restarts: bool = False  # the driver goes on from a re-plan applied at a checkpoint (areal/auto_replan.py)
+    # The driver's way to end the run from another thread (RunGuard.fail); None under upstream's own script.
+    end_run: Callable[[HexError], None] | None = None
 
     @property
     def placement(self) -> Placement:

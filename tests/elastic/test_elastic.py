@@ -197,6 +197,32 @@ def test_the_last_serving_server_stays_in_the_routing(rig):
     assert [c.kind for c in changes] == ["lost"] and elastic.counts["lost"] == 1
 
 
+def test_a_last_server_that_stays_silent_ends_the_run_with_one_message(rig, servers):
+    """Kept while it fails, the last server that neither answers a probe nor finishes a sample for ``stall_s``
+    ends the run (nothing else could ever serve the trainer's next version): once, through the driver's
+    ``end_run``. One that answers again meanwhile starts its count afresh."""
+    elastic, router, changes, _, _ = rig
+    ended = []
+    elastic._relaunch, elastic._end_run, elastic.stall_s = None, ended.append, 0.6
+    elastic.mark_down(0, "test")
+    for _ in range(CONFIG.failures_to_down + 1):
+        elastic._after_probe(1, False)
+    elastic._after_probe(1, True)  # it answers again: no longer kept
+    time.sleep(0.7)
+    for _ in range(CONFIG.failures_to_down + 1):
+        elastic._after_probe(1, False)
+    assert ended == [] and elastic.states == [DOWN, UP]
+    servers[1].close()
+    elastic.start()
+    wait(lambda: ended, 10)
+    time.sleep(0.5)
+    (error,) = ended
+    assert error.field == "rollout servers" and error.problem.startswith(
+        "none can serve: small-0/1, the last one serving, has answered no health probe and finished no sample for"
+    )
+    assert "run the same command again" in error.fix and elastic.states == [DOWN, UP]
+
+
 def test_a_cancelled_sample_cancels_its_attempt(rig):
     elastic, router, _, _, _ = rig
     cancelled = []

@@ -152,3 +152,22 @@ def test_sigterm_becomes_run_stopped_with_its_exit_code(guard) -> None:
     assert stopped.value.exit_code == 128 + signal.SIGTERM
     assert "stopped by SIGTERM" in stopped.value.error.message
     assert not isinstance(stopped.value, Exception)  # through upstream's `except Exception` handlers
+
+
+def test_a_failure_said_from_another_thread_ends_the_run_in_the_main_thread(guard) -> None:
+    """The elastic run's watcher says no rollout server can serve: the main thread (upstream's loop, waiting for
+    rollouts) gets RunFailed with that error, through upstream's ``except Exception``."""
+    import threading
+
+    from areal_hex_plugin.areal.run_guard import RunFailed
+    from areal_hex_plugin.errors import HexError
+
+    error = HexError("rollout servers", "none serves", "restart the machine")
+    with pytest.raises(RunFailed) as failed:
+        threading.Thread(target=guard.fail, args=(error,)).start()
+        try:
+            _wait_for_exception(5.0)
+        except Exception:  # noqa: S110 (upstream's handlers let it through)
+            pytest.fail("RunFailed must not be an Exception")
+    assert failed.value.error is error and failed.value.exit_code == 2
+    assert not isinstance(failed.value, WorkerDied)

@@ -65,6 +65,7 @@ from areal_hex_plugin.areal.elastic.health import (
     http_probe,
 )
 from areal_hex_plugin.areal.elastic.shares import SharePolicy
+from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.joins import JOIN_FILE, JoinRequest, read_requests, tag
 from areal_hex_plugin.plan import PlanChange
 from areal_hex_plugin.planner.reshare import RESOLUTION, ServerShape
@@ -153,6 +154,8 @@ class ElasticRollout:
         window: int = 1,
         probe: Callable[[str, float], bool] = http_probe,
         version_of: Callable[[str, float], str | None] = served_version,
+        end_run: Callable[[HexError], None] | None = None,
+        stall_s: float | None = None,
     ) -> None:
         self.config = config
         self.health = ServerHealth(config, addresses, probe)
@@ -178,7 +181,12 @@ class ElasticRollout:
         self._lengths: list[int] = []
         self._accepted: set[int] = set()  # samples (first task ids) accepted
         self._route_dirty = False
-        self._kept: set[int] = set()  # the last serving server, kept while it fails (:meth:`_keeps_last`)
+        # The last serving server, kept while it fails (:meth:`_keeps_last`): since when; and each server's last
+        # accepted sample (monotonic seconds).
+        self._kept: dict[int, float] = {}
+        self._served_at: dict[int, float] = {}
+        self.stall_s = max(60.0, 10 * self.health.deadline_s) if stall_s is None else stall_s
+        self._end_run, self._ended = end_run, False
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -261,7 +269,7 @@ class ElasticRollout:
     def _after_probe(self, rank: int, ok: bool) -> None:
         with self._lock:
             if ok:
-                self._kept.discard(rank)
+                self._kept.pop(rank, None)
             if self.health.record(rank, ok):
                 self.mark_down(rank, f"{self.health.failures[rank]} health probes failed")
 
@@ -323,17 +331,39 @@ class ElasticRollout:
     def _keeps_last(self, rank: int, reason: str) -> bool:
         """Whether ``rank`` is the last server that serves, kept in the routing whatever its probes say: without it
         nothing generates, and a server relaunched or joining serves only from the trainer's next version, which
-        needs rollouts (on a loaded machine a slow server fails probes too). Said once per run of failures."""
+        needs rollouts (on a loaded machine a slow server fails probes too). Said once per run of failures; one
+        that neither answers nor finishes a sample for ``stall_s`` ends the run (:meth:`_stalled`)."""
         live = self.live()
         if not live[rank] or sum(live) > 1:
             return False
         if rank not in self._kept:
-            self._kept.add(rank)
+            self._kept[rank] = time.monotonic()
             logger.warning(
                 f"rollout server {self.names[rank]} {reason}, but it is the last one serving: it stays in the "
                 "routing (nothing else could serve the trainer's version)"
             )
+        else:
+            self._stalled(rank)
         return True
+
+    def _stalled(self, rank: int) -> None:
+        """The kept last server has answered no probe and finished no sample for ``stall_s``: nothing can serve,
+        so the run cannot go on; it ends with one message (``end_run``: the driver's; else it is logged)."""
+        silent = time.monotonic() - max(self._kept[rank], self._served_at.get(rank, 0.0))
+        if silent < self.stall_s or self._ended:
+            return
+        self._ended = True
+        error = HexError(
+            "rollout servers",
+            f"none can serve: {self.names[rank]}, the last one serving, has answered no health probe and finished "
+            f"no sample for {silent:.0f} s, and a server started now would serve only from the trainer's next "
+            "weight version, which needs rollouts",
+            "bring its machine back (or areal-hex join another), then run the same command again: the run goes on "
+            "from its last recover checkpoint",
+        )
+        logger.error(error.message)
+        if self._end_run is not None:
+            self._end_run(error)
 
     def _bring_back(self, rank: int) -> None:
         try:
@@ -563,6 +593,8 @@ class ElasticRollout:
                 if result is not None:
                     lengths = await asyncio.to_thread(output_lengths, result.trajectory)
                     with self._lock:
+                        if picks:
+                            self._served_at[picks[-1]] = time.monotonic()
                         self.counts["accepted"] += 1
                         self.counts["duplicates"] += sample in self._accepted
                         self._accepted.add(sample)
@@ -661,6 +693,7 @@ def attach_elastic(trainer) -> ElasticRollout | None:
         lengths_file=trainer.hex_log_path("hex_served_lengths.txt"),
         drift_samples=recipe.workload.rl.samples_per_step * trainer.hex_plan.solver.window_steps,
         window=trainer.hex_plan.solver.window_steps,
+        end_run=session.end_run,
     )
     elastic.shares = tuple(rollout._router().shares)
     if hasattr(
