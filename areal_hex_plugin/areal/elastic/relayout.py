@@ -278,6 +278,8 @@ def apply_live(trainer, decision, refit_step: int) -> str | None:
     config = trainer.config.hex.elastic
     elastic, rollout, running = trainer.hex_elastic, trainer.rollout, trainer.hex_plan
     why = live_why_not(trainer.config)
+    if why is None and trainer.eval_rollout is not None:
+        why = "the run evaluates, and its eval-rollout controller keeps the servers it started with"
     if why is None and applied_so_far(running) >= config.max_auto_replans:
         why = f"this trial applied {applied_so_far(running)} re-plans, hex.elastic.max_auto_replans"
     if why is not None or elastic is None:
