@@ -39,7 +39,6 @@ from areal_hex_plugin.planner.inflight import (
     Groups,
     Runtime,
     ahead,
-    as_run,
     best_split,
     choose,
     kind,
@@ -299,7 +298,7 @@ class RolloutSide:
             )
         menu = dict.fromkeys(c for caps in menus[: ahead(rl.max_head_offpolicyness, window)] for c in caps)
         for caps in menu:
-            capped = as_run(self.ev.cm, self.ev.inflight.throttle(fleet, caps), window)
+            capped = self.ev.inflight.as_run(self.ev.inflight.throttle(fleet, caps), window)
             held = runtime_of(self.ev.cm, capped, window, math.inf)
             known = self.best.get((held.window, kind(held)))
             if known and self._floor(speed(capped)) >= known[0].rollout_s:

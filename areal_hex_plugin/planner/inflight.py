@@ -331,6 +331,7 @@ class InFlight:
         self.cm = cm
         self.clocked = clocked  # its work goes on the search's clock
         self._throttled: dict[tuple[ReplicaConfig, int], ReplicaConfig] = {}
+        self._ran: dict[tuple[ReplicaConfig, bool], ReplicaConfig] = {}
 
     def throttled(self, config: ReplicaConfig, cap: int) -> ReplicaConfig:
         """``config`` with at most ``cap`` sequences in flight."""
@@ -350,6 +351,18 @@ class InFlight:
             )
             self._throttled[key] = found
         return found
+
+    def as_run(self, groups: Groups, window: int) -> Groups:
+        """:func:`as_run` on this cost model, each replica's config as run memoised (it depends on the window only
+        through :func:`drains`): the brute force asks it of every fleet at every cap."""
+        drained = drains(self.cm.workload.rl.max_head_offpolicyness, window)
+        out = []
+        for c, y in groups:
+            ran = self._ran.get((c, drained))
+            if ran is None:
+                ran = self._ran[c, drained] = as_run(self.cm, ((c, 1),), window)[0][0]
+            out.append((ran, y))
+        return tuple(out)
 
     def capped(self, groups: Groups, fraction: float, sequences: int) -> Groups:
         """Every replica at ``fraction`` of its batch, all cut in proportion to hold at most ``sequences``."""

@@ -6,13 +6,17 @@ Nothing here compares with a mixed-cluster result: those are predictions (``area
 
 from __future__ import annotations
 
+import io
 import json
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
 
 import pytest
 
 from areal_hex_plugin.costmodel.calibration import BUILTIN, RANGES
-from areal_hex_plugin.planner.fit_baselines import as_measured, fit_baselines, setting_from
+from areal_hex_plugin.planner.fit_baselines import as_measured, setting_from
 from areal_hex_plugin.sim.baselines import baseline_phases
+from tests.cli.test_documented_examples import EXAMPLES, _argv, run_documented
 from tests.conftest import REPO
 from tests.costmodel.helpers import recipe
 
@@ -27,11 +31,19 @@ def _recipes() -> dict:
 
 
 @pytest.fixture(scope="module")
-def fit():
-    """The fit ``areal-hex calibrate --baselines recipes/paper/baselines.json`` runs, on the paper's recipes."""
-    return fit_baselines(
-        BASELINES, {m: setting_from(r) for m, r in _recipes().items()}, name="baselines.json"
-    )
+def fit(tmp_path_factory) -> dict:
+    """What the documented ``areal-hex calibrate --baselines BASELINES --json OUT`` writes (the fit to the paper's
+    runs, on the paper's recipes), run once as documented: test_documented_examples leaves the example to this
+    module (a fit takes about 20 s of CI)."""
+    (documented,) = [command for _, command in EXAMPLES if command.startswith("calibrate")]
+    assert documented == "calibrate --baselines BASELINES --json OUT"
+    folder = tmp_path_factory.mktemp("calibrate")
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, redirect_stdout(out), redirect_stderr(err):
+        patch.chdir(REPO)  # the placeholders are paths in the repository
+        argv = _argv(documented, folder)
+        run_documented(argv, f"docs: areal-hex {documented}", lambda: (out.getvalue(), err.getvalue()))
+    return json.loads(Path(argv[argv.index("--json") + 1]).read_text())
 
 
 def test_every_factor_of_the_paper_profile_names_its_source():
@@ -102,13 +114,16 @@ def test_the_plan_on_the_measured_clusters_gives_the_measured_metric():
 @pytest.mark.slow
 def test_the_shipped_profile_is_what_the_fit_gives(fit):
     for gpu_type, factors in SHIPPED["gpu_types"].items():
-        assert fit.factors[gpu_type] == pytest.approx(factors, rel=1e-3), gpu_type
-    assert fit.sources == SHIPPED["sources"]
-    assert fit.gpus == SHIPPED["cluster_gpus"]
-    assert fit.setting.eta == SHIPPED["measured_setting"]["max_head_offpolicyness"]
-    assert [u["measurement"] for u in fit.unexplained] == [u["measurement"] for u in SHIPPED["unexplained"]]
+        assert fit["gpu_types"][gpu_type] == pytest.approx(factors, rel=1e-3), gpu_type
+    assert fit["sources"] == SHIPPED["sources"]
+    assert fit["cluster_gpus"] == SHIPPED["cluster_gpus"]
+    eta = fit["measured_setting"]["max_head_offpolicyness"]
+    assert eta == SHIPPED["measured_setting"]["max_head_offpolicyness"]
+    assert [u["measurement"] for u in fit["unexplained"]] == [
+        u["measurement"] for u in SHIPPED["unexplained"]
+    ]
     # Each point names the type whose factors it fitted: its misses are that type's interval (planner/interval.py).
-    assert [(p["phase"], p["gpu_type"]) for p in fit.points] == [
+    assert [(p["phase"], p["gpu_type"]) for p in fit["points"]] == [
         (p["phase"], p["gpu_type"]) for p in SHIPPED["points"]
     ]
 
@@ -120,8 +135,8 @@ def test_the_fit_names_what_no_physical_factors_explain_and_keeps_one_runtime(fi
     overlaps it and is 8-46% too fast). Three measurements need a factor outside its physical range (the H20/H800
     rollout ratios of Table 1 are flat over the models, 0.95-0.96, the model's 0.80-1.14); the fit keeps the
     factors inside and names them, with the value they would need."""
-    assert fit.setting.eta == dict.fromkeys(_recipes(), 1)
-    named = {u["measurement"]: u for u in fit.unexplained}
+    assert fit["measured_setting"]["max_head_offpolicyness"] == dict.fromkeys(_recipes(), 1)
+    named = {u["measurement"]: u for u in fit["unexplained"]}
     assert list(named) == [
         "h800 rollout_s of DeepSeek-R1-Distill-Qwen-14B (eta 1)",
         "Table 1 rollout tokens/s per GPU, h20 over h800, of DeepSeek-R1-Distill-Qwen-7B",
@@ -138,9 +153,9 @@ def test_the_h20_runs_and_table_1_agree_on_32_gpus(fit):
     runs' steps agree, within 15%, on 4 machines (32 GPUs), not on the 68 the budget buys: the points the fit
     computes now, not the ones stored in the profile; but for the one the fit names unexplained."""
     assert BASELINES["clusters"]["h20"]["gpus"] is None
-    assert fit.gpus == {"h800": 24, "h20": 32}
-    h20 = [p for p in fit.points if p["cluster"] == "h20"]
+    assert fit["cluster_gpus"] == {"h800": 24, "h20": 32}
+    h20 = [p for p in fit["points"] if p["cluster"] == "h20"]
     assert len([p for p in h20 if "(Table 1)" in p["phase"]]) == 2 * len(MODELS)
     for point in h20:
-        if _explained(point, fit.unexplained):
+        if _explained(point, fit["unexplained"]):
             assert point["model_value"] == pytest.approx(point["measured"], rel=0.15), point

@@ -19,7 +19,7 @@ def test_reproduce_writes_the_paper_tables_and_json(tmp_path, capsys):
     plots = tmp_path / "plots"
     plots.mkdir()
     out = plots / "out.json"
-    printed = run_documented(_argv(documented, plots), f"docs: areal-hex {documented}", capsys)
+    printed = run_documented(_argv(documented, plots), f"docs: areal-hex {documented}", capsys.readouterr)
     data = json.loads(out.read_text())
     for model in ("1.5B", "7B", "14B"):
         assert {"hex_tokens_per_s", "h800_tokens_per_s", "h20_tokens_per_s"} <= set(
