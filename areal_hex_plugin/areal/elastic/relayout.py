@@ -91,12 +91,12 @@ def _kept_caps(running: HexPlan, new: HexPlan, moved: set[str]) -> list[str]:
     caps = {(g.pool, g.tp, g.pp): g.concurrency for g in new.rollout.replicas}
     out = set()
     for m in running.machines:
-        for gpu in m.gpus if m.host not in moved else ():
-            if gpu.role == "rollout":
-                g = running.rollout.replicas[gpu.group or 0]
-                cap = caps.get((g.pool, g.tp, g.pp), g.concurrency)
-                if cap != g.concurrency:
-                    out.add(f"{m.host} tp{g.tp}pp{g.pp} {g.concurrency} -> {cap}")
+        if m.host in moved:
+            continue
+        for g in {running.rollout.replicas[gpu.group or 0] for gpu in m.gpus if gpu.role == "rollout"}:
+            cap = caps.get((g.pool, g.tp, g.pp), g.concurrency)
+            if cap != g.concurrency:
+                out.add(f"{m.host} tp{g.tp}pp{g.pp} {g.concurrency} -> {cap}")
     return sorted(out)
 
 
@@ -281,7 +281,10 @@ def apply_live(trainer, decision, refit_step: int) -> str | None:
     if why is None and trainer.eval_rollout is not None:
         why = "the run evaluates, and its eval-rollout controller keeps the servers it started with"
     if why is None and applied_so_far(running) >= config.max_auto_replans:
-        why = f"this trial applied {applied_so_far(running)} re-plans, hex.elastic.max_auto_replans"
+        why = (
+            f"this trial applied {applied_so_far(running)} re-plans on its own, hex.elastic.max_auto_replans="
+            f"{config.max_auto_replans}"
+        )
     if why is not None or elastic is None:
         return why or "no elastic run"
     moves, why = live_moves(decision.running, decision.plan, decision.diff)
