@@ -24,7 +24,14 @@ import pytest
 pytest.importorskip("areal")
 
 from areal_hex_plugin.areal.auto_replan import AUTO_KIND  # noqa: E402
-from tests.e2e.run import TRUTH, environment, new_mark, processes_left, run_driver  # noqa: E402
+from tests.e2e.run import (  # noqa: E402
+    PATIENT_PROBES,
+    TRUTH,
+    environment,
+    new_mark,
+    processes_left,
+    run_driver,
+)
 from tests.e2e.sglang_server import TRUTH_ENV  # noqa: E402
 from tests.e2e.wandb_log import history  # noqa: E402
 
@@ -45,6 +52,7 @@ def test_a_refit_that_moves_a_machine_restarts_the_run_on_the_new_plan_from_its_
         "hex.elastic.auto_replan=true",
         "hex.elastic.live_relayout=false",
         "hex.calibration.refit_every=4",
+        *PATIENT_PROBES,
     )
     run = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, extra)
     assert run.returncode == 0, run.log[-4000:]

@@ -43,6 +43,7 @@ from areal_hex_plugin.areal.refit_loop import PROFILE_FILE  # noqa: E402
 from areal_hex_plugin.costmodel.calibration import RANGES, read_profile  # noqa: E402
 from tests.e2e.run import (  # noqa: E402
     MARK,
+    PATIENT_PROBES,
     RELAY_CHUNK_BYTES,
     TOKEN,
     TRUTH,
@@ -304,7 +305,7 @@ def _report(scheduler: str, figures: dict) -> None:
 def test_grpo_learns_under_hex_local_and_the_same_command_again_ends_at_once(tmp_path: Path) -> None:
     gpus = ",".join(f"{gpu_type}:{m * g}" for gpu_type, (m, g) in CPU_GPUS.items())
     env = environment(tmp_path, new_mark(), {"HEX_LOCAL_GPUS": gpus, TRUTH_ENV: str(TRUTH)})
-    run = run_driver(tmp_path, "hex_local", LEARN_STEPS, env, TIMEOUT_S)
+    run = run_driver(tmp_path, "hex_local", LEARN_STEPS, env, TIMEOUT_S, PATIENT_PROBES)
     figures = check_run(run, "hex_local", LEARN_STEPS)
     figures["learning"] = check_learning(run)
     assert (
@@ -312,7 +313,7 @@ def test_grpo_learns_under_hex_local_and_the_same_command_again_ends_at_once(tmp
     )  # the recipe never evaluates: no eval-rollout workers
     # The same command again: the pre-flight reads the first run's recover info (every step trained) and the
     # driver ends without starting a worker, leaving nothing.
-    again = run_driver(tmp_path, "hex_local", LEARN_STEPS, env, TIMEOUT_S)
+    again = run_driver(tmp_path, "hex_local", LEARN_STEPS, env, TIMEOUT_S, PATIENT_PROBES)
     assert again.returncode == 0, again.log[-6000:]
     assert f"already trained its {LEARN_STEPS} steps" in again.log and "nothing was started" in again.log
     assert "upstream AReaL starts the workers" not in again.log and processes_left(run.mark, wait_s=30) == []
@@ -344,7 +345,7 @@ def test_grpo_under_hex_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
                 cluster.add_node(**_ray_node(gpu_type))
         cluster.wait_for_nodes()
         env = environment(tmp_path, mark, {"RAY_ADDRESS": cluster.address})
-        run = run_driver(tmp_path, "hex_ray", RAY_STEPS, env, TIMEOUT_S)
+        run = run_driver(tmp_path, "hex_ray", RAY_STEPS, env, TIMEOUT_S, PATIENT_PROBES)
         figures = check_run(run, "hex_ray", RAY_STEPS, leftovers=False)
         # Every worker of the run (Ray actor) and every server is gone; only Ray's own daemons and idle worker
         # pool (all carrying the mark) stay until the cluster shuts down.
