@@ -34,6 +34,14 @@ def applied_so_far(plan: HexPlan) -> int:
     return sum(c.kind == AUTO_KIND for c in plan.changes)
 
 
+def budget_spent(plan: HexPlan, most: int) -> str | None:
+    """Why the trial of ``plan`` applies no more re-plans on its own (``hex.elastic.max_auto_replans``)."""
+    done = applied_so_far(plan)
+    if done < most:
+        return None
+    return f"this trial applied {done} re-plans on its own, hex.elastic.max_auto_replans={most}"
+
+
 def why_not(auto_replan: bool, most: int, recover_mode: str, plan: HexPlan) -> str | None:
     """Why this run cannot apply a re-plan on its own (then it is only suggested); None when it can."""
     if not auto_replan:
@@ -43,13 +51,8 @@ def why_not(auto_replan: bool, most: int, recover_mode: str, plan: HexPlan) -> s
             f"recover.mode is {recover_mode}: without recover checkpoints the run would go on from step 0, so "
             "role and layout changes are only suggested (recover.mode=auto applies them at a checkpoint)"
         )
-    done = applied_so_far(plan)
-    if done >= most:
-        return (
-            f"this trial applied {done} re-plans on its own, hex.elastic.max_auto_replans={most}: role and "
-            "layout changes are only suggested"
-        )
-    return None
+    spent = budget_spent(plan, most)
+    return None if spent is None else f"{spent}: role and layout changes are only suggested"
 
 
 def applied_plan(

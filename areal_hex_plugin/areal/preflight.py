@@ -215,14 +215,15 @@ def nothing_to_train(config) -> str | None:
 def auto_replan_line(config, plan) -> str:
     """What ``hex.elastic.auto_replan`` does with a refit's re-plan that moves machines in this run of ``plan``:
     live (``elastic/relayout.py``), at the next recover checkpoint, or only suggested."""
-    from areal_hex_plugin.areal.auto_replan import applied_so_far, why_not
+    from areal_hex_plugin.areal.auto_replan import budget_spent, why_not
     from areal_hex_plugin.areal.elastic.relayout import live_why_not
 
     elastic = config.hex.elastic
     most = elastic.max_auto_replans
+    spent = budget_spent(plan, most)
+    if spent is not None:
+        return f"auto_replan: only suggested: {spent}"
     at_checkpoint = why_not(True, most, config.recover.mode, plan)
-    if applied_so_far(plan) >= most:
-        return f"auto_replan: only suggested: {at_checkpoint}"
     later = (
         "applies at the next recover checkpoint (the driver goes on from it on the new plan)"
         if at_checkpoint is None

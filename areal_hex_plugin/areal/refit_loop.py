@@ -23,7 +23,7 @@ process waits for its answer, then:
    that only starts, stops or re-lays out rollout servers is applied live, one machine at a time, from this
    thread (``live``: ``elastic/relayout.py``); any other suggestion that moves machines, or one the live path
    could not finish, is handed to the trainer (:meth:`take_restart`), which applies it at the next recover
-   checkpoint (``auto_replan.py``), where the run may (``auto_restart``).
+   checkpoint (``auto_replan.py``), where the run may (``no_restart`` None).
 
 Each refit's and decision's CPU seconds (the worker process's, all its threads) are logged as
 ``hex/calibration/cpu_s`` and ``hex/replan/cpu_s``. The run's end stops the worker.
@@ -116,11 +116,12 @@ class OnlineRefit:
 
     ``plan()`` gives the running plan, ``servers()`` each server rank's (pool, tp, pp) and ``take_servers()`` each
     rank's median reading since the last step (``ServerPoller.take``). ``apply_shares(calibration,
-    reason)`` re-solves the live shares under a refit (the elastic run's path; it records the change) and says
-    whether they moved; None when ``auto_replan`` is off. ``live(decision, refit_step)`` applies a suggestion
-    live where it can (None), else says why not; None when the run cannot. ``auto_restart``: a suggestion that
-    moves machines is applied at the next recover checkpoint (:meth:`take_restart`); else ``no_restart`` says
-    why it is only suggested. ``worker`` runs each refit and decision (by default one of its own)."""
+    reason, min_gain)`` re-solves the live shares under a refit (the elastic run's path; it records the change)
+    and says whether they moved (only where they serve more than the threshold faster); None when
+    ``auto_replan`` is off. ``live(decision, refit_step)`` applies a suggestion live where it can (None), else
+    says why not; None when the run cannot. ``no_restart``: why a suggestion that moves machines is only
+    suggested; None: it is applied at the next recover checkpoint (:meth:`take_restart`). ``worker`` runs each
+    refit and decision (by default one of its own)."""
 
     def __init__(
         self,
@@ -133,14 +134,13 @@ class OnlineRefit:
         run: str,
         every: int,
         threshold: float,
-        apply_shares: Callable[[Calibration, str], bool] | None = None,
+        apply_shares: Callable[[Calibration, str, float], bool] | None = None,
         live: Callable[[Decision, int], str | None] | None = None,
         argv: Sequence[str] = (),
         window: MeasurementWindow | None = None,
         on_stop: Callable[[], None] = lambda: None,
         worker: RefitWorker | None = None,
-        auto_restart: bool = False,
-        no_restart: str = "",
+        no_restart: str | None = "hex.elastic.auto_replan is false",
     ) -> None:
         self.recipe = recipe
         self._plan, self._servers, self._take_servers = plan, servers, take_servers
@@ -159,7 +159,7 @@ class OnlineRefit:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.worker = worker or RefitWorker()
-        self.auto_restart, self.no_restart = auto_restart, no_restart
+        self.no_restart = no_restart
         self._restart: tuple[Decision, int] | None = None
         self._restarting = False
 
@@ -315,7 +315,9 @@ class OnlineRefit:
         # The shares first: a live re-layout then weighs the servers under the refit model.
         if self._apply_shares is not None:
             moved = self._apply_shares(
-                outcome.fit.calibration, f"refit at step {step}: shares re-solved under the refit model"
+                outcome.fit.calibration,
+                f"refit at step {step}: shares re-solved under the refit model",
+                self.threshold,
             )
             out["hex/replan/shares_applied"] = float(moved)
             record["shares_applied"] = moved
@@ -349,7 +351,7 @@ class OnlineRefit:
                 return "live"
             logger.warning(f"the re-plan of the refit at step {step} is not applied live: {why}")
         with self._lock:
-            restart = self.auto_restart and bool(decision.diff) and not self._restarting
+            restart = self.no_restart is None and bool(decision.diff) and not self._restarting
             if restart:
                 self._restart = (decision, step)
         if restart:
@@ -408,8 +410,7 @@ def attach_refit(trainer) -> OnlineRefit | None:
         live=partial(apply_live, trainer) if auto.auto_replan and live_why_not(config) is None else None,
         argv=sys.argv[1:],
         on_stop=poller.stop,
-        auto_restart=no_restart is None,
-        no_restart=no_restart or "",
+        no_restart=no_restart,
     )
     trainer.stats_logger.on_step.append(loop.on_step)
     poller.start()

@@ -204,7 +204,7 @@ def window_rollout_s(
     weights = [y if even else c.tokens_per_s * y for c, y in groups]
     parts = largest_remainder(samples, weights)
     return max(
-        _group_time(c, math.ceil(x / y), mean_tokens, updates)
+        replica_time(c, math.ceil(x / y), mean_tokens, updates)
         for (c, y), x in zip(groups, parts, strict=True)
     )
 
@@ -220,7 +220,7 @@ def split_floor(groups: Groups, samples: int, mean_tokens: float, updates: int =
     return max(relaxed, min(c.longest_s + updates * c.recompute_s for c, _ in groups))
 
 
-def _group_time(c: ReplicaConfig, k: int, mean_tokens: float, updates: int) -> float:
+def replica_time(c: ReplicaConfig, k: int, mean_tokens: float, updates: int) -> float:
     """A replica's time for ``k`` samples, to the last bit: its tokens at its rate, but no earlier than the
     window's longest sample ends (the window's steps overlap their tails), plus one KV rebuild per update."""
     if k <= 0:
@@ -233,9 +233,9 @@ def _most(c: ReplicaConfig, t: float, mean_tokens: float, updates: int) -> int:
     if t < c.longest_s + updates * c.recompute_s:
         return 0
     k = max(0, int((t - updates * c.recompute_s) * c.tokens_per_s / mean_tokens))
-    while _group_time(c, k + 1, mean_tokens, updates) <= t:
+    while replica_time(c, k + 1, mean_tokens, updates) <= t:
         k += 1
-    while k > 0 and _group_time(c, k, mean_tokens, updates) > t:
+    while k > 0 and replica_time(c, k, mean_tokens, updates) > t:
         k -= 1
     return k
 
@@ -262,7 +262,7 @@ def best_split(
         return math.inf, ()
 
     def time(g: int, k: int) -> float:
-        return _group_time(groups[g][0], k, mean_tokens, updates)
+        return replica_time(groups[g][0], k, mean_tokens, updates)
 
     # The optimum lies between the relaxation's makespan (samples split continuously) and that of one split with
     # every group at least one sample (the rest in proportion to speed): only the group times in between are
@@ -315,7 +315,7 @@ def best_split(
 
 
 def _times(c: ReplicaConfig, first: int, last: int, mean_tokens: float, updates: int) -> list[float]:
-    """:func:`_group_time` for each sample count from ``first`` (at least one) to ``last``, inlined: it is most of
+    """:func:`replica_time` for each sample count from ``first`` (at least one) to ``last``, inlined: it is most of
     :func:`best_split`'s work."""
     h, longest, rebuild = c.tokens_per_s, c.longest_s, updates * c.recompute_s
     # max(x, longest) without the call: x unless longest is larger.

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
-from areal_hex_plugin.planner.inflight import as_run, best_split
+from areal_hex_plugin.planner.inflight import as_run, best_split, replica_time
 from areal_hex_plugin.planner.rollout_model import ReplicaConfig
 from areal_hex_plugin.specs.workload import LengthDistribution, WorkloadSpec
 
@@ -95,6 +95,40 @@ def reshare(
         for index in members[shape]:
             shares[index] = count / total / len(members[shape])
     return Reshare(tuple(shares), makespan)
+
+
+def split_makespan_s(
+    cm: CostModel,
+    servers: Sequence[ServerShape],
+    live: Sequence[bool],
+    shares: Sequence[float],
+    resolution: int = RESOLUTION,
+    window: int = 1,
+) -> float:
+    """The predicted seconds the ``live`` servers take to generate ``resolution`` samples split by ``shares``
+    (each server its share's samples, rounded up), scored as :func:`reshare` scores its own split."""
+    configs: dict[ServerShape, ReplicaConfig] = {}
+    worst = 0.0
+    for shape, up, share in zip(servers, live, shares, strict=True):
+        if not up or share <= 0:
+            continue
+        if shape not in configs:
+            ((configs[shape], _),) = as_run(cm, ((replica_config(cm, shape), 1),), window)
+        samples = math.ceil(share * resolution - 1e-9)
+        worst = max(worst, replica_time(configs[shape], samples, cm.workload.output_lengths.mean, 1))
+    return worst if worst > 0 else math.inf
+
+
+def reshare_gain(
+    cm: CostModel,
+    servers: Sequence[ServerShape],
+    live: Sequence[bool],
+    held: Sequence[float],
+    solved: Reshare,
+    window: int = 1,
+) -> float:
+    """How much faster the ``solved`` shares generate than the ``held`` ones under ``cm`` (0.1: 10%)."""
+    return split_makespan_s(cm, servers, live, held, window=window) / solved.makespan_s - 1
 
 
 def with_lengths(workload: WorkloadSpec, lengths: Sequence[int], source: str) -> WorkloadSpec:

@@ -6,7 +6,8 @@ Every ``every`` steps the loop refits the factors of the GPU types in play to wh
 update's seconds, the latter also per receiving pool as the true model gives it, sampled at every step's end; the first ``WARMUP_STEPS`` of a layout dropped, medians over the
 last ``WINDOW_STEPS``; the recipe's calibration the prior), then decides (``planner/refit_replan.py``):
 
-- the running layouts' shares re-solved under the refit model apply at once (the router's shares change);
+- the running layouts' shares re-solved under the refit model apply at once where they generate more than the
+  threshold faster than the shares held (the router's shares change; a refit's noise moves none), as a live run's do;
 - where the plan the refit model gives beats the running one by more than the threshold, its role and layout
   changes (or, on the same layouts, its update window, admission and in-flight caps) apply at the same step end
   as a re-plan and resume from a checkpoint taken there: the run restarts on the new plan, the rollouts in flight
@@ -37,6 +38,7 @@ from areal_hex_plugin.costmodel.refit import MeasurementWindow, ServerSample, St
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.planner.refit_replan import THRESHOLD, decide, plan_layout
+from areal_hex_plugin.planner.reshare import ServerShape, reshare, reshare_gain
 from areal_hex_plugin.sim.engine import _Loop, simulate
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.sim.result import StepRecord
@@ -223,14 +225,22 @@ def simulate_truth(
             )
             window.restart()
             loop = _Measured(true_recipe, current, seed + len(plans), window)
-        elif any(
-            abs(a - g.share) > 1e-3 for a, g in zip(decision.shares, current.rollout.replicas, strict=True)
-        ):
+        elif _reshare_gain(cm, current) > threshold:
             current = decision.reshared(step)
             loop.route(decision.shares)
             notes[-1].append("shares re-solved")
     done += [_shifted(s, offset) for s in loop.steps]
     return TruthReport(done[:steps], believed, best, notes[:steps], refits, every, plans)
+
+
+def _reshare_gain(cm: CostModel, plan: HexPlan) -> float:
+    """How much faster ``plan``'s servers generate under ``cm`` with their shares re-solved than with its own."""
+    groups = plan.rollout.replicas
+    servers = [ServerShape(g.pool, g.tp, g.pp, g.concurrency) for g in groups for _ in range(g.count)]
+    held = [g.share / g.count for g in groups for _ in range(g.count)]
+    live = [True] * len(servers)
+    window = plan.solver.window_steps
+    return reshare_gain(cm, servers, live, held, reshare(cm, servers, live, window=window), window)
 
 
 def _shifted(step: StepRecord, offset: float) -> StepRecord:

@@ -14,6 +14,7 @@ from areal_hex_plugin.planner.reshare import (
     drift,
     replica_config,
     reshare,
+    split_makespan_s,
     with_lengths,
 )
 from areal_hex_plugin.specs.recipe import load_recipe
@@ -58,6 +59,18 @@ def test_the_shares_are_the_least_makespan_of_every_split_over_the_live_servers(
     assert result.makespan_s == pytest.approx(best)
     x_big = round((result.shares[0] + result.shares[2]) * RESOLUTION)
     assert _brute_makespan(big, small, x_big, mean) == pytest.approx(best)
+
+
+@pytest.mark.parametrize("x_big", [2, 400, 700, 998])
+def test_a_split_held_is_scored_as_the_brute_force_scores_it(recipe, x_big: int):
+    """Any split (not only the best one) as the brute force scores it: what a re-share would gain over the
+    shares a run holds."""
+    cm = _cm(recipe)
+    big, small = replica_config(cm, SERVERS[0]), replica_config(cm, SERVERS[1])
+    shares = [x_big / 2 / RESOLUTION, (RESOLUTION - x_big) / RESOLUTION, x_big / 2 / RESOLUTION]
+    held = split_makespan_s(cm, SERVERS, [True, True, True], shares)
+    assert held == pytest.approx(_brute_makespan(big, small, x_big, cm.workload.output_lengths.mean))
+    assert held >= reshare(cm, SERVERS, [True, True, True]).makespan_s
 
 
 def test_a_dead_server_gets_nothing_and_the_rest_take_its_share(recipe):

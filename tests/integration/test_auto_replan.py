@@ -70,10 +70,10 @@ def test_a_suggestion_that_moves_machines_is_handed_to_the_checkpoint_once(
     tiny, refit_worker, tmp_path
 ) -> None:
     """CPU-SMALL 30% slower than believed: the refit model's plan leaves small-0 idle (a role change; big-2
-    generates alone). With ``auto_restart`` the loop hands the decision over once, for the trainer's
+    generates alone). With ``no_restart=None`` the loop hands the decision over once, for the trainer's
     next checkpoint, and says so."""
     recipe, plan, truth = tiny
-    loop, logged, text = _run(recipe, plan, truth, tmp_path, refit_worker, auto_restart=True)
+    loop, logged, text = _run(recipe, plan, truth, tmp_path, refit_worker, no_restart=None)
     assert logged[-1]["hex/replan/suggested"] == 1.0 and logged[-1]["hex/replan/restart"] == 1.0
     decision, step = loop.take_restart()
     assert step == 5 and {d.host: d.after for d in decision.diff} == {"small-0": "idle"}
@@ -93,12 +93,12 @@ def test_a_suggestion_the_run_applies_live_is_not_handed_to_the_checkpoint(
         calls.append(("live", step, sorted(d.host for d in decision.diff)))
         return None
 
-    def apply_shares(calibration, reason):
+    def apply_shares(calibration, reason, min_gain):
         calls.append(("shares", reason))
         return True
 
     loop, logged, text = _run(
-        recipe, plan, truth, tmp_path, refit_worker, auto_restart=True, live=live, apply_shares=apply_shares
+        recipe, plan, truth, tmp_path, refit_worker, no_restart=None, live=live, apply_shares=apply_shares
     )
     assert calls == [
         ("shares", "refit at step 5: shares re-solved under the refit model"),
@@ -110,7 +110,7 @@ def test_a_suggestion_the_run_applies_live_is_not_handed_to_the_checkpoint(
     def refused(decision, step):
         return "small-0 changes role (rollout tp2pp1 x1 -> train stage 0 dp3 tp1)"
 
-    loop, logged, text = _run(recipe, plan, truth, tmp_path, refit_worker, auto_restart=True, live=refused)
+    loop, logged, text = _run(recipe, plan, truth, tmp_path, refit_worker, no_restart=None, live=refused)
     assert logged[-1]["hex/replan/live"] == 0.0 and logged[-1]["hex/replan/restart"] == 1.0
     assert "is not applied live: small-0 changes role" in text and loop.take_restart()[1] == 5
 
@@ -130,7 +130,7 @@ def test_the_applied_plan_records_the_change_and_counts_toward_the_bound(
     tiny, refit_worker, tmp_path
 ) -> None:
     recipe, plan, truth = tiny
-    loop, _, _ = _run(recipe, plan, truth, tmp_path, refit_worker, auto_restart=True)
+    loop, _, _ = _run(recipe, plan, truth, tmp_path, refit_worker, no_restart=None)
     decision, refit_step = loop.take_restart()
     running = replace(plan, changes=[*plan.changes])
     new = applied_plan(running, decision, refit_step, step=6, most=1)
@@ -203,6 +203,10 @@ def test_a_forced_dump_passes_upstreams_frequency_check_and_still_counts_the_ste
             "checkpoints",
         ),
         (["hex.elastic.max_auto_replans=0"], "auto_replan: only suggested: this trial applied 0 re-plans"),
+        (  # the spent budget is said, whatever else would stop a restart
+            ["hex.elastic.max_auto_replans=0", "recover.mode=off"],
+            "auto_replan: only suggested: this trial applied 0 re-plans",
+        ),
     ],
 )
 def test_the_preflight_says_whether_re_plans_apply_live_or_at_a_checkpoint(

@@ -29,8 +29,8 @@ from areal_hex_plugin.costmodel.refit import server_tokens_per_s
 from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.planner.refit_replan import plan_layout
 from areal_hex_plugin.planner.replan import MachineDiff
-from areal_hex_plugin.planner.reshare import ServerShape
-from areal_hex_plugin.sim.online import read_truth
+from areal_hex_plugin.planner.reshare import ServerShape, reshare
+from areal_hex_plugin.sim.online import factors_off, read_truth
 from areal_hex_plugin.specs.config import ElasticConfig
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
@@ -394,6 +394,25 @@ def test_auto_replan_reshares_live_through_the_elastic_run_once_and_records_it(
     (change,) = changes
     assert change.kind == "reshare" and change.reason.startswith("refit at step 5")
     assert _pool_shares(router, plan)["small"] < plan.rollout.replicas[1].share  # slower than believed
+
+
+def test_a_refit_whose_shares_gain_less_than_the_threshold_moves_none(
+    tiny, refit_worker, tmp_path: Path
+) -> None:
+    """Every factor of CPU-SMALL 3% worse than believed (as a run's noise leaves a refit): the refit model's shares
+    differ from the plan's, but would serve a step well under the threshold (5%) faster, so none moves: a re-share
+    at every refit would follow the noise."""
+    recipe, plan, _ = tiny
+    true_recipe = replace(recipe, calibration=factors_off(recipe.calibration, "CPU-SMALL", -0.03))
+    loop, router, changes = _auto_replan_run(recipe, plan, true_recipe, tmp_path, refit_worker)
+    solved = reshare(
+        CostModel(recipe.cluster, recipe.workload, loop.calibration),
+        [ServerShape(g.pool, g.tp, g.pp, g.concurrency) for g in plan.rollout.replicas],
+        [True] * len(plan.rollout.replicas),
+    )
+    assert any(abs(a - g.share) > 1e-3 for a, g in zip(solved.shares, plan.rollout.replicas, strict=True))
+    assert [r.get("shares_applied") for r in loop.refits] == [False, False] and not changes
+    assert router.shares == [g.share / g.count for g in plan.rollout.replicas for _ in range(g.count)]
 
 
 def _declared_3x_too_low(tmp_path: Path, worker, refit_every: int = 5):

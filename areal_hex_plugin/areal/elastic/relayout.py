@@ -273,18 +273,15 @@ def apply_live(trainer, decision, refit_step: int) -> str | None:
     """Apply the refit's re-plan ``decision`` to ``trainer``'s run live (the module doc); the running plan then
     becomes the new one, the change recorded (kind ``auto_replan``). None when every machine moved; else why
     not, where nothing or only some machines moved."""
-    from areal_hex_plugin.areal.auto_replan import applied_plan, applied_so_far
+    from areal_hex_plugin.areal.auto_replan import applied_plan, budget_spent
 
     config = trainer.config.hex.elastic
     elastic, rollout, running = trainer.hex_elastic, trainer.rollout, trainer.hex_plan
     why = live_why_not(trainer.config)
     if why is None and trainer.eval_rollout is not None:
         why = "the run evaluates, and its eval-rollout controller keeps the servers it started with"
-    if why is None and applied_so_far(running) >= config.max_auto_replans:
-        why = (
-            f"this trial applied {applied_so_far(running)} re-plans on its own, hex.elastic.max_auto_replans="
-            f"{config.max_auto_replans}"
-        )
+    if why is None:
+        why = budget_spent(running, config.max_auto_replans)
     if why is not None or elastic is None:
         return why or "no elastic run"
     moves, why = live_moves(decision.running, decision.plan, decision.diff)

@@ -519,12 +519,13 @@ class ElasticRollout:
                 )
                 self._change("gained", [self.names[rank]], how, before)
 
-    def recalibrate(self, calibration, reason: str) -> bool:
+    def recalibrate(self, calibration, reason: str, min_gain: float = 0.0) -> bool:
         """An online refit (``areal/refit_loop.py``, ``hex.elastic.auto_replan``): the shares are re-solved under
-        ``calibration`` from now on and, where they move, applied and recorded; whether they moved."""
+        ``calibration`` from now on and, where they move and serve more than ``min_gain`` faster, applied and
+        recorded; whether they moved."""
         with self._lock:
             before = self.policy.tokens_per_s(self.live())
-            moved = self.policy.recalibrate(calibration, self.live())
+            moved = self.policy.recalibrate(calibration, self.live(), min_gain)
             if moved:
                 self._change("reshare", [], reason, before)
         if moved:

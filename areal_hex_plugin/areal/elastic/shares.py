@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from areal_hex_plugin.costmodel import CostModel
-from areal_hex_plugin.planner.reshare import RESOLUTION, ServerShape, reshare
+from areal_hex_plugin.planner.reshare import RESOLUTION, ServerShape, reshare, reshare_gain
 
 
 class SharePolicy:
@@ -37,18 +37,24 @@ class SharePolicy:
         if any(live):
             self.apply(reshare(self.cm, self.shapes, live, window=self.window).shares)
 
-    def recalibrate(self, calibration, live: Sequence[bool], moved: float = 1e-3) -> bool:
+    def recalibrate(
+        self, calibration, live: Sequence[bool], min_gain: float = 0.0, moved: float = 1e-3
+    ) -> bool:
         """Solve shares under ``calibration`` from now on (an online refit; the lengths stay the ones the shares
         were solved for), handed to the router when they differ from the ones the model before gives by more
-        than ``moved`` for any server (the plan's own shares, rounded to whole samples, are not a change)."""
+        than ``moved`` for any server (the plan's own shares, rounded to whole samples, are not a change) and,
+        under ``calibration``, generate more than ``min_gain`` faster than the shares held now (a refit's noise
+        moves no share)."""
         was, self.cm = self.cm, CostModel(self.cm.cluster, self.cm.workload, calibration)
         if not any(live):
             return False
         before = reshare(was, self.shapes, live, window=self.window).shares
-        shares = reshare(self.cm, self.shapes, live, window=self.window).shares
-        if all(abs(a - b) <= moved for a, b in zip(shares, before, strict=True)):
+        solved = reshare(self.cm, self.shapes, live, window=self.window)
+        if all(abs(a - b) <= moved for a, b in zip(solved.shares, before, strict=True)):
             return False
-        self.apply(shares)
+        if reshare_gain(self.cm, self.shapes, live, self.shares, solved, self.window) <= min_gain:
+            return False
+        self.apply(solved.shares)
         return True
 
     def add(self, shape: ServerShape) -> None:
