@@ -7,8 +7,12 @@ restart on a re-plan), for ``--steps`` steps: the figure each refit
 fits and the live rollout shares per pool after the last re-share, beside the true figure and the shares the
 correct catalog plans; then the same run with the refit off (``hex.calibration.refit_every=0``). The goals (issue
 34): the figure within 25% of the true one by step 10, the shares within 10% of the correct plan's; the run with
-the refit off misses them. A third run with the correct catalog and ``auto_replan`` on (a re-plan it suggested
-would apply) must change nothing: no re-plan suggested, no machine moved, the shares where the plan put them.
+the refit off misses them. A third run has the correct catalog and ``auto_replan`` on: the catalog is right about
+the servers but not about this CPU's trainer (nothing paces training; it runs at whatever the CPU does, about half
+the catalog's speed), so its refit moves the plan, and says why. A fourth run on the profile the third one learned
+(``hex_profile.json`` as ``hex.calibration.profile``, ``auto_replan`` on), the factors as right as this machine
+makes them, must change nothing: no re-plan suggested, no share or machine moved (issue 34's "correct factors make no
+change, no flapping").
 
 It is a benchmark, not a test: the stand-ins decode at the true speed only while the CPU has the headroom (on 2
 cores beside another e2e run they fell to about 2/3 of it, and the fit followed what they did). Run it on a quiet
@@ -44,7 +48,9 @@ def pool_shares(plan: dict, shares: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def one_run(steps: int, overrides: tuple[str, ...]) -> dict:
+def one_run(steps: int, overrides: tuple[str, ...], keep_profile: Path | None = None) -> dict:
+    """One driver run's figures; with ``keep_profile``, the profile its last refit wrote is copied there."""
+    from areal_hex_plugin.areal.refit_loop import PROFILE_FILE
     from tests.e2e.run import TRUTH, environment, new_mark, run_driver
     from tests.e2e.sglang_server import TRUTH_ENV
 
@@ -57,6 +63,9 @@ def one_run(steps: int, overrides: tuple[str, ...]) -> dict:
         rows = [r for r in run.wandb_history() if any(k.startswith("hex/measured/") for k in r)]
         reshares = [c for c in run.plan.get("changes", []) if c["kind"] == "reshare"]
         planned = {g["pool"]: g["share"] for g in run.plan["rollout"]["replicas"]}
+        if keep_profile is not None:
+            (profile,) = folder.glob(f"exp/logs/*/*/trial0/{PROFILE_FILE}")
+            shutil.copy(profile, keep_profile)
         return {
             "returncode": run.returncode,
             "run_s": round(run.seconds, 1),
@@ -86,7 +95,10 @@ def main() -> None:
     believed = {g.pool: g.share for g in plan_recipe(load_recipe(RECIPE, [declared])).rollout.replicas}
     on = one_run(args.steps, (declared, "hex.elastic.auto_replan=true", "hex.elastic.max_auto_replans=0"))
     off = one_run(args.steps, (declared, "hex.calibration.refit_every=0"))
-    right = one_run(args.steps, ("hex.elastic.auto_replan=true",))
+    learned = Path(tempfile.mkdtemp(prefix="hex-refit-learned-")) / "profile.json"
+    right = one_run(args.steps, ("hex.elastic.auto_replan=true",), keep_profile=learned)
+    again = one_run(args.steps, ("hex.elastic.auto_replan=true", f"hex.calibration.profile={learned}"))
+    shutil.rmtree(learned.parent, ignore_errors=True)
 
     def met(run: dict) -> bool:
         figure = bool(run["fitted"]) and abs(run["fitted"][-1] / true - 1) <= FIGURE_GOAL
@@ -94,9 +106,7 @@ def main() -> None:
         return run["returncode"] == 0 and figure and shares
 
     def unchanged(run: dict) -> bool:
-        shares = all(abs(run["shares"].get(p, 0.0) - s) <= SHARE_GOAL * s for p, s in correct.items())
-        moved = {"relayout", "auto_replan", "replan"} & set(run["changes"])
-        return run["returncode"] == 0 and not any(run["suggested"]) and not moved and shares
+        return run["returncode"] == 0 and not any(run["suggested"]) and set(run["changes"]) <= {"drift"}
 
     emit(
         {
@@ -107,6 +117,7 @@ def main() -> None:
             "refit_on": {**on, "goals_met": met(on)},
             "refit_off": {**off, "goals_met": met(off)},
             "correct_catalog": {**right, "no_change": unchanged(right)},
+            "learned_profile": {**again, "no_change": unchanged(again)},
         },
         args.json,
     )
