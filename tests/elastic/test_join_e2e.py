@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("areal")
 
 from areal_hex_plugin.cli import main  # noqa: E402
-from tests.e2e.run import environment, new_mark, processes_left, run_driver  # noqa: E402
+from tests.e2e.run import PATIENT_PROBES, environment, new_mark, processes_left, run_driver  # noqa: E402
 from tests.elastic.checks import committed_first_loads  # noqa: E402
 from tests.elastic.plans import LONGER, elastic_recipe, two_layout_plan  # noqa: E402
 
@@ -33,7 +33,9 @@ TIMEOUT_S = 600
 # A step takes 2-3 s here; the new machine's worker and server take 15-40 s to start on a busy machine, so it joins
 # with steps left.
 STEPS = 20
-ELASTIC = ("++hex.elastic.health_interval_s=0.5", "++hex.elastic.health_timeout_s=1.0")
+# Probes every 0.5 s notice the joined server holding the version soon; no server is lost here, so a starved one's
+# probe may take its time.
+ELASTIC = ("++hex.elastic.health_interval_s=0.5", *PATIENT_PROBES)
 
 
 def _records(path: Path) -> list[dict]:
