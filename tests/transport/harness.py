@@ -212,7 +212,11 @@ class Proxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            server = socket.create_connection((self.target.host, self.target.port))
+            try:
+                server = socket.create_connection((self.target.host, self.target.port))
+            except OSError:  # the target is gone: its client sees the connection closed, and others may follow
+                client.close()
+                continue
             self.connections.append((client, server))
             threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
