@@ -237,13 +237,14 @@ class SGLangCPUServer(SGLangStandIn):
         self._running.set()
         self._epoch = 0  # bumped by pause, abort and load: requests started before it end with "abort"
         self._slots = threading.BoundedSemaphore(max_running_requests) if max_running_requests else None
-        self._decoding = 0  # requests decoding now (SGLang's num_running_reqs)
+        self._decoding = 0  # requests decoding now
         self._kv_tokens = 0  # tokens whose keys and values the decoding requests hold
         self._kv_pool = max_total_tokens
         self._token_s = token_s  # the true seconds per token at n decoding (true_token_s); None: unpaced
         self._due = 0.0  # when the last token ends on the true model's clock (_pace)
-        # When each token of the last THROUGHPUT_S seconds was made, and the seconds spent making it.
-        self._token_times: deque[tuple[float, float]] = deque()
+        # When each token of the last THROUGHPUT_S seconds was made, the seconds spent making it and the requests
+        # decoding then.
+        self._token_times: deque[tuple[float, float, int]] = deque()
         # Prompt + output of every aborted request: upstream resubmits exactly that to finish it.
         self._resumable: Counter[tuple[int, ...]] = Counter()
         self.flags = {
@@ -298,16 +299,19 @@ class SGLangCPUServer(SGLangStandIn):
             self._epoch += 1
 
     def _metrics(self):
-        """SGLang's Prometheus gauges (``--enable-metrics``): running requests, the decode tokens/s of the last
-        ``THROUGHPUT_S`` seconds over the time spent decoding them, and the KV pool's used fraction (the tokens
-        the running requests hold over ``--max-total-tokens``: the stand-in keeps a cache per request, no
-        shared pool)."""
+        """SGLang's Prometheus gauges (``--enable-metrics``): the decode tokens/s of the last ``THROUGHPUT_S``
+        seconds over the time spent decoding them, the requests running over that time (its mean; SGLang logs both
+        for the same decode iterations, over which its batch barely moves, while the CI's outputs of a few tokens
+        move it every 0.1 s: the count at the moment of reading paired the speed of 5 requests with 7), and the
+        KV pool's used fraction (the tokens the running requests hold over ``--max-total-tokens``: the stand-in
+        keeps a cache per request, no shared pool)."""
         with self._lock:
             now = time.monotonic()
             while self._token_times and self._token_times[0][0] < now - THROUGHPUT_S:
                 self._token_times.popleft()
-            busy = sum(seconds for _, seconds in self._token_times)
-            running, rate = self._decoding, len(self._token_times) / busy if busy > 0 else 0.0
+            busy = sum(seconds for _, seconds, _ in self._token_times)
+            rate = len(self._token_times) / busy if busy > 0 else 0.0
+            running = sum(s * n for _, s, n in self._token_times) / busy if busy > 0 else self._decoding
             usage = self._kv_tokens / self._kv_pool
         labels = '{model_name="stand-in",tp_rank="0"}'
         gauges = {"num_running_reqs": running, "gen_throughput": rate, "token_usage": usage}
@@ -452,7 +456,7 @@ class SGLangCPUServer(SGLangStandIn):
                 if self._token_s is not None:
                     self._pace(started, self._token_s(self._decoding))
                 now = time.monotonic()
-                self._token_times.append((now, now - started))
+                self._token_times.append((now, now - started, self._decoding))
             kv, logits = out.past_key_values, out.logits[0, -1].float()
             token, logprob = self._sample(logits, temperature, top_k, top_p)
             with self._lock:
