@@ -242,9 +242,9 @@ class SGLangCPUServer(SGLangStandIn):
         self._kv_pool = max_total_tokens
         self._token_s = token_s  # the true seconds per token at n decoding (true_token_s); None: unpaced
         self._due = 0.0  # when the last token ends on the true model's clock (_pace)
-        # When each token of the last THROUGHPUT_S seconds was made, the seconds spent making it and the requests
-        # decoding then.
-        self._token_times: deque[tuple[float, float, int]] = deque()
+        # When each token of the last THROUGHPUT_S seconds was made, the seconds spent making it, and the requests
+        # decoding and the KV tokens they held then.
+        self._token_times: deque[tuple[float, float, int, int]] = deque()
         # Prompt + output of every aborted request: upstream resubmits exactly that to finish it.
         self._resumable: Counter[tuple[int, ...]] = Counter()
         self.flags = {
@@ -300,19 +300,23 @@ class SGLangCPUServer(SGLangStandIn):
 
     def _metrics(self):
         """SGLang's Prometheus gauges (``--enable-metrics``): the decode tokens/s of the last ``THROUGHPUT_S``
-        seconds over the time spent decoding them, the requests running over that time (its mean; SGLang logs both
-        for the same decode iterations, over which its batch barely moves, while the CI's outputs of a few tokens
-        move it every 0.1 s: the count at the moment of reading paired the speed of 5 requests with 7), and the
-        KV pool's used fraction (the tokens the running requests hold over ``--max-total-tokens``: the stand-in
-        keeps a cache per request, no shared pool)."""
+        seconds over the time spent decoding them, and over that time the requests running and the KV pool's used
+        fraction (the tokens the running requests hold over ``--max-total-tokens``: the stand-in keeps a cache per
+        request, no shared pool), as means. SGLang logs all three for the same decode iterations, over which its
+        batch barely moves; the CI's outputs of a few tokens move it every 0.1 s, and the count at the moment of
+        reading paired the speed of 5 requests with 7."""
         with self._lock:
             now = time.monotonic()
             while self._token_times and self._token_times[0][0] < now - THROUGHPUT_S:
                 self._token_times.popleft()
-            busy = sum(seconds for _, seconds, _ in self._token_times)
-            rate = len(self._token_times) / busy if busy > 0 else 0.0
-            running = sum(s * n for _, s, n in self._token_times) / busy if busy > 0 else self._decoding
-            usage = self._kv_tokens / self._kv_pool
+            busy = sum(seconds for _, seconds, _, _ in self._token_times)
+            if busy > 0:
+                rate = len(self._token_times) / busy
+                running = sum(s * n for _, s, n, _ in self._token_times) / busy
+                held = sum(s * kv for _, s, _, kv in self._token_times) / busy
+            else:
+                rate, running, held = 0.0, self._decoding, self._kv_tokens
+            usage = held / self._kv_pool
         labels = '{model_name="stand-in",tp_rank="0"}'
         gauges = {"num_running_reqs": running, "gen_throughput": rate, "token_usage": usage}
         return "".join(f"sglang:{name}{labels} {value}\n" for name, value in gauges.items())
@@ -456,7 +460,7 @@ class SGLangCPUServer(SGLangStandIn):
                 if self._token_s is not None:
                     self._pace(started, self._token_s(self._decoding))
                 now = time.monotonic()
-                self._token_times.append((now, now - started, self._decoding))
+                self._token_times.append((now, now - started, self._decoding, self._kv_tokens))
             kv, logits = out.past_key_values, out.logits[0, -1].float()
             token, logprob = self._sample(logits, temperature, top_k, top_p)
             with self._lock:

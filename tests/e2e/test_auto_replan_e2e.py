@@ -62,6 +62,7 @@ def test_a_refit_that_moves_a_machine_restarts_the_run_on_the_new_plan_from_its_
     step, command = int(restarted.group(1)), restarted.group(2)
     assert command.endswith(
         f"{BELIEF} hex.elastic.auto_replan=true hex.elastic.live_relayout=false hex.calibration.refit_every=4 "
+        f"{' '.join(PATIENT_PROBES)} "
         f"hex.plan_path={run.trial}/"
         f"hex_plan.auto1.json hex.calibration.profile={run.trial}/hex_profile.json"
     )

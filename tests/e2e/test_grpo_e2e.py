@@ -17,7 +17,7 @@ offline. The driver solves the plan at start, as a user's run does. Each run is 
 - upstream's logged staleness: every sample of a step whose version was not pushed is behind the policy by that
   many versions, none beyond eta, and some step trained off-policy;
 - a non-zero gradient at every step (no weight decay: the gradient alone moves the weights), unless every sample
-  of the step earned the reward (GRPO has no advantage to follow then; the learning run may get there);
+  of the step earned the same reward, all or none (GRPO has no advantage to follow then);
   ``hex/*`` in every logged step; no process left;
 - the online refit's ``hex/calibration/*`` and ``hex/replan/*`` at the step after each refit, every refit
   fitted with each type's factors (the stand-ins decode at the true catalog's speed, ``HEX_STANDIN_TRUTH`` =
@@ -201,8 +201,9 @@ def check_run(run: Run, scheduler: str, steps: int, leftovers: bool = True) -> d
         low, high = row[STALENESS_MIN], row[STALENESS_MAX]
         assert step % window <= low <= high <= eta, (step, low, high, eta)
         staleness.append((low, high))
-        # A step with no gradient is one whose every sample earned the reward (nothing left to learn there).
-        assert row[GRAD_NORM] > 0 or row[TASK_REWARD] == 1.0, (step, row[GRAD_NORM], row[TASK_REWARD])
+        # A step with no gradient is one whose every sample earned the same reward, all or none (GRPO's advantages
+        # are all 0 then; none at the initial policy's 1 in 4 over a step's samples is rare, not impossible).
+        assert row[GRAD_NORM] > 0 or row[TASK_REWARD] in (0.0, 1.0), (step, row[GRAD_NORM], row[TASK_REWARD])
     assert max(high for _, high in staleness) >= 1, staleness
     refit = check_refit(run, rows)
 
