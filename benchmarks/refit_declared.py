@@ -8,8 +8,9 @@ fits and the live rollout shares per pool after the last re-share, beside the tr
 correct catalog plans; then the same run with the refit off (``hex.calibration.refit_every=0``). The goals (issue
 34): the figure within 25% of the true one by step 10, the shares within 10% of the correct plan's; the run with
 the refit off misses them. A third run has the correct catalog and ``auto_replan`` on: the catalog is right about
-the servers but not about this CPU's trainer (nothing paces training; it runs at whatever the CPU does, about half
-the catalog's speed), so its refit moves the plan, and says why. A fourth run on the profile the third one learned
+the servers, but the recipe's factors are not right about this CPU (its weight update takes ~0.16 s against the
+believed ``update_fixed_s`` of 1.5 s; nothing paces the trainer, which runs at whatever the CPU does), so its
+refit suggests an update window of 1 instead of 2, and says why. A fourth run on the profile the third one learned
 (``hex_profile.json`` as ``hex.calibration.profile``, ``auto_replan`` on), the factors as right as this machine
 makes them, must change nothing: no re-plan suggested, no share or machine moved (issue 34's "correct factors make no
 change, no flapping").
