@@ -214,7 +214,9 @@ class Proxy:
                 return
             try:
                 server = socket.create_connection((self.target.host, self.target.port))
-            except OSError:  # the target is gone: its client sees the connection closed, and others may follow
+            except (
+                OSError
+            ):  # the target is gone: its client sees the connection closed, and others may follow
                 client.close()
                 continue
             self.connections.append((client, server))
