@@ -100,9 +100,23 @@ def closed(trainer) -> Iterator:
     trainer.close()
 
 
+def _started(proc: psutil.Process) -> float:
+    """When ``proc`` started, in a unit no clock step moves: on Linux its start in clock ticks since boot
+    (``/proc/<pid>/stat``); psutil's creation time adds a boot time that Linux recomputes from the wall clock, so
+    an NTP step moved it and a live worker read as another process. Elsewhere psutil's creation time."""
+    try:
+        with open(f"/proc/{proc.pid}/stat", "rb") as stat:
+            return float(stat.read().rsplit(b")", 1)[1].split()[19])
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            raise psutil.NoSuchProcess(proc.pid) from None
+        return proc.create_time()
+
+
 @dataclass(frozen=True)
 class Seen:
-    """A process of the run as first seen: its command line and, for a worker, its role."""
+    """A process of the run as first seen: when it started (:func:`_started`), its command line and, for a
+    worker, its role."""
 
     pid: int
     created: float
@@ -112,7 +126,7 @@ class Seen:
     def alive(self) -> bool:
         try:
             proc = psutil.Process(self.pid)
-            return proc.create_time() == self.created and proc.status() != psutil.STATUS_ZOMBIE
+            return _started(proc) == self.created and proc.status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
             return False
 
@@ -261,7 +275,7 @@ class RunGuard:
 
     def _remember(self, proc: psutil.Process, watched: bool) -> None:
         """Note ``proc`` as a process of the run (``watched``: with its worker role, if it is a worker)."""
-        key = (proc.pid, proc.create_time())
+        key = (proc.pid, _started(proc))
         if key not in self.seen:
             cmdline = " ".join(proc.cmdline())
             self.seen[key] = Seen(proc.pid, key[1], cmdline, _role(cmdline) if watched else None)

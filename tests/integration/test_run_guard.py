@@ -91,6 +91,25 @@ def test_a_dead_worker_ends_the_run_and_a_dead_child_of_one_does_not(guard) -> N
     actor.wait()
 
 
+def test_a_clock_step_does_not_kill_a_live_worker(guard, monkeypatch) -> None:
+    """psutil's creation time is the boot time plus ticks since boot, and Linux recomputes the boot time from the
+    wall clock: a clock step (NTP) moves it by seconds. A live worker is still alive then (a CI run under load
+    ended a healthy run: "process ... (actor) is gone while the run goes on", while upstream still used it)."""
+    actor = _worker("actor")
+    try:
+        guard.watch()
+        _seen_all(guard, 2)
+        stepped = psutil._pslinux.boot_time() + 1.0
+        monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: stepped)
+        assert all(seen.alive() for seen in guard.seen.values())
+        _wait_for_exception(1.0)  # the watcher's rounds see it alive too
+        assert guard.died is None
+    finally:
+        actor.kill()
+        actor.wait()
+        guard.stop_watching()
+
+
 def test_nothing_the_guard_saw_outlives_it_but_the_drivers_own_helpers_do(guard) -> None:
     workers = [_worker("actor"), _worker("rollout")]
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # as wandb's service
