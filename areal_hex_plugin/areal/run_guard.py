@@ -103,7 +103,7 @@ def closed(trainer) -> Iterator:
 def _started(proc: psutil.Process) -> float:
     """When ``proc`` started, in a unit no clock step moves: on Linux its start in clock ticks since boot
     (``/proc/<pid>/stat``); psutil's creation time adds a boot time that Linux recomputes from the wall clock, so
-    an NTP step moved it and a live worker read as another process. Elsewhere psutil's creation time."""
+    a clock step can move it, and a live worker then reads as another process. Elsewhere psutil's creation time."""
     try:
         with open(f"/proc/{proc.pid}/stat", "rb") as stat:
             return float(stat.read().rsplit(b")", 1)[1].split()[19])
