@@ -295,10 +295,10 @@ class OnlineRefit:
             )
             + f"; written to {self.profile_file}"
         )
-        metrics.update(self._decide(outcome, plan, step, record))
+        metrics.update(self._decide(outcome, step, record))
         return metrics
 
-    def _decide(self, outcome: RefitOutcome, plan: HexPlan, step: int, record: dict[str, Any]) -> dict:
+    def _decide(self, outcome: RefitOutcome, step: int, record: dict[str, Any]) -> dict:
         decision = outcome.decision
         if decision is None:
             logger.warning(f"refit at step {step}: no re-plan decision ({outcome.no_decision})")
@@ -325,9 +325,7 @@ class OnlineRefit:
             applied = self._suggest(decision, step)
             out["hex/replan/live"] = float(applied == "live")
             out["hex/replan/restart"] = float(applied == "restart")
-        if self._apply_shares is None and any(
-            abs(s - g.share) > 1e-3 for s, g in zip(decision.shares, plan.rollout.replicas, strict=True)
-        ):
+        if self._apply_shares is None and decision.share_gain > self.threshold:
             shares = ", ".join(f"{s:.3f}" for s in decision.shares)
             logger.info(
                 f"refit at step {step}: the refit model re-shares the replica groups to {shares}; "

@@ -24,7 +24,7 @@ from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.plan import HexPlan, PlanChange
 from areal_hex_plugin.planner.inflight import best_split, held_runtime, serial_rollout_s
 from areal_hex_plugin.planner.replan import MachineDiff, keep_roles, machine_diff, share_key
-from areal_hex_plugin.planner.reshare import ServerShape, replica_config
+from areal_hex_plugin.planner.reshare import ServerShape, plan_reshare_gain, replica_config
 
 # Gain of the new plan over the running one (both under the refit model) above which a re-plan is suggested:
 # about the refit prediction's own uncertainty, chosen with `simulate --truth` (docs/elastic.md): above the
@@ -88,6 +88,7 @@ class Decision:
     running_tokens_per_s: float  # the running layouts, shares re-solved
     tokens_per_s: float  # the new plan's
     shares: tuple[float, ...]  # the running layouts' re-solved shares
+    share_gain: float  # how much faster the running servers generate with their shares re-solved
     threshold: float
 
     @property
@@ -123,6 +124,7 @@ class Decision:
         return {
             "suggested": self.suggested,
             "gain": self.gain,
+            "share_gain": self.share_gain,
             "threshold": self.threshold,
             "tokens_per_s_before": self.running_tokens_per_s,
             "tokens_per_s_after": self.tokens_per_s,
@@ -189,5 +191,5 @@ def decide(
     new = replace(new, changes=[*running.changes, change])
     return Decision(
         running, new, machine_diff(running, new), current.tokens_per_s, scored.tokens_per_s, current.shares,
-        threshold,
+        plan_reshare_gain(cm, running), threshold,
     )  # fmt: skip

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage
+from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.planner.inflight import as_run, best_split, replica_time
 from areal_hex_plugin.planner.rollout_model import ReplicaConfig
 from areal_hex_plugin.specs.workload import LengthDistribution, WorkloadSpec
@@ -129,6 +130,17 @@ def reshare_gain(
 ) -> float:
     """How much faster the ``solved`` shares generate than the ``held`` ones under ``cm`` (0.1: 10%)."""
     return split_makespan_s(cm, servers, live, held, window=window) / solved.makespan_s - 1
+
+
+def plan_reshare_gain(cm: CostModel, plan: HexPlan) -> float:
+    """How much faster ``plan``'s servers generate under ``cm`` with their shares re-solved (as a live re-share
+    solves them) than with its own."""
+    groups = plan.rollout.replicas
+    servers = [ServerShape(g.pool, g.tp, g.pp, g.concurrency) for g in groups for _ in range(g.count)]
+    held = [g.share / g.count for g in groups for _ in range(g.count)]
+    live = [True] * len(servers)
+    window = plan.solver.window_steps
+    return reshare_gain(cm, servers, live, held, reshare(cm, servers, live, window=window), window)
 
 
 def with_lengths(workload: WorkloadSpec, lengths: Sequence[int], source: str) -> WorkloadSpec:

@@ -38,7 +38,6 @@ from areal_hex_plugin.costmodel.refit import MeasurementWindow, ServerSample, St
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.planner import plan_recipe
 from areal_hex_plugin.planner.refit_replan import THRESHOLD, decide, plan_layout
-from areal_hex_plugin.planner.reshare import ServerShape, reshare, reshare_gain
 from areal_hex_plugin.sim.engine import _Loop, simulate
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.sim.result import StepRecord
@@ -225,22 +224,12 @@ def simulate_truth(
             )
             window.restart()
             loop = _Measured(true_recipe, current, seed + len(plans), window)
-        elif _reshare_gain(cm, current) > threshold:
+        elif decision.share_gain > threshold:
             current = decision.reshared(step)
             loop.route(decision.shares)
             notes[-1].append("shares re-solved")
     done += [_shifted(s, offset) for s in loop.steps]
     return TruthReport(done[:steps], believed, best, notes[:steps], refits, every, plans)
-
-
-def _reshare_gain(cm: CostModel, plan: HexPlan) -> float:
-    """How much faster ``plan``'s servers generate under ``cm`` with their shares re-solved than with its own."""
-    groups = plan.rollout.replicas
-    servers = [ServerShape(g.pool, g.tp, g.pp, g.concurrency) for g in groups for _ in range(g.count)]
-    held = [g.share / g.count for g in groups for _ in range(g.count)]
-    live = [True] * len(servers)
-    window = plan.solver.window_steps
-    return reshare_gain(cm, servers, live, held, reshare(cm, servers, live, window=window), window)
 
 
 def _shifted(step: StepRecord, offset: float) -> StepRecord:

@@ -352,7 +352,8 @@ class ElasticConfig:
     )
     auto_replan: bool = spec(
         False,
-        "apply the online refit's rollout shares live (re-solved under the refit model), and a re-plan that moves "
+        "apply the online refit's rollout shares live (re-solved under the refit model; only where they generate "
+        "more than hex.calibration.replan_threshold faster than the shares held), and a re-plan that moves "
         "machines between roles or layouts: live where it leaves training as it is (live_relayout), else at the "
         "next recover checkpoint: the run saves it, stops and goes on from it on the new plan (needs recover.mode "
         "on or auto); at most max_auto_replans times",

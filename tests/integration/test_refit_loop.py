@@ -475,3 +475,27 @@ def test_a_suggestion_says_what_it_changes_machines_or_runtime_settings() -> Non
     retuned = ("update window 2 -> 1 steps", "max_concurrent_rollouts 8 -> 6")
     assert describe_changes([], retuned) == "update window 2 -> 1 steps; max_concurrent_rollouts 8 -> 6"
     assert describe_changes([moved], retuned[:1]).endswith("-> train fsdp:d3); update window 2 -> 1 steps")
+
+
+@pytest.mark.parametrize(("off", "said"), [(-0.1, False), (-0.3, True)], ids=["near", "wrong"])
+def test_without_auto_replan_the_log_names_a_reshare_only_over_the_threshold(
+    tiny, refit_worker, tmp_path: Path, off: float, said: bool
+) -> None:
+    """Without hex.elastic.auto_replan the refit only says what a re-share would do, and by the rule the live
+    re-share applies: a 10% miss moves the shares by a little (2-3% faster under the refit model) and names none,
+    a 30% one names one."""
+    recipe, plan, _ = tiny
+    truth = factors_off(recipe.calibration, "CPU-SMALL", off)
+    served, data = _true_figures(recipe, plan, CostModel(recipe.cluster, recipe.workload, truth))
+    loop = _loop(recipe, plan, tmp_path, lambda: served, worker=refit_worker)
+    lines = logging.handlers.BufferingHandler(100)
+    refit_loop.logger.addHandler(lines)
+    try:
+        for _ in range(5):
+            loop.on_step(data)
+        loop.join()
+    finally:
+        refit_loop.logger.removeHandler(lines)
+    gain = loop.refits[-1]["decision"]["share_gain"]
+    assert (gain > loop.threshold) is said, gain
+    assert any("re-shares the replica groups" in r.getMessage() for r in lines.buffer) is said
