@@ -30,6 +30,9 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "ci" / "tiny.yaml"
 # The CPU e2e's true catalog: HEX_STANDIN_TRUTH paces the stand-in servers by it (tests/e2e/sglang_server.py).
 TRUTH = REPO / "tests" / "e2e" / "truth.yaml"
+# The recipe believing CPU-SMALL's bandwidth 15x its truth (2e-06): the plan solved at start leaves big-2 idle and
+# runs two tp1 servers on small-0; a refit fits the figure back (the re-plan e2e's and the re-layout's belief).
+SMALL_BELIEVED_FAST = "hex.gpu_catalog.CPU-SMALL.hbm_tb_per_s=3e-05"
 MARK = "HEX_E2E_RUN"
 TOKEN = "e2e-token-0123456789abcdef"
 # For runs whose subject is not a lost server: a stand-in starved of CPU on a loaded 2-core machine can leave a

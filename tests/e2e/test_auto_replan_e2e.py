@@ -26,6 +26,7 @@ pytest.importorskip("areal")
 from areal_hex_plugin.areal.auto_replan import AUTO_KIND  # noqa: E402
 from tests.e2e.run import (  # noqa: E402
     PATIENT_PROBES,
+    SMALL_BELIEVED_FAST,
     TRUTH,
     environment,
     new_mark,
@@ -38,7 +39,6 @@ from tests.e2e.wandb_log import history  # noqa: E402
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TIMEOUT_S = 400
 STEPS = 7
-BELIEF = "hex.gpu_catalog.CPU-SMALL.hbm_tb_per_s=3e-05"
 
 
 def test_a_refit_that_moves_a_machine_restarts_the_run_on_the_new_plan_from_its_checkpoint(
@@ -48,7 +48,7 @@ def test_a_refit_that_moves_a_machine_restarts_the_run_on_the_new_plan_from_its_
         tmp_path, new_mark(), {"HEX_LOCAL_GPUS": "CPU-BIG:3,CPU-SMALL:2", TRUTH_ENV: str(TRUTH)}
     )
     extra = (
-        BELIEF,
+        SMALL_BELIEVED_FAST,
         "hex.elastic.auto_replan=true",
         "hex.elastic.live_relayout=false",
         "hex.calibration.refit_every=4",
@@ -61,7 +61,8 @@ def test_a_refit_that_moves_a_machine_restarts_the_run_on_the_new_plan_from_its_
     assert restarted, run.log[-4000:]
     step, command = int(restarted.group(1)), restarted.group(2)
     assert command.endswith(
-        f"{BELIEF} hex.elastic.auto_replan=true hex.elastic.live_relayout=false hex.calibration.refit_every=4 "
+        f"{SMALL_BELIEVED_FAST} hex.elastic.auto_replan=true hex.elastic.live_relayout=false "
+        "hex.calibration.refit_every=4 "
         f"{' '.join(PATIENT_PROBES)} "
         f"hex.plan_path={run.trial}/"
         f"hex_plan.auto1.json hex.calibration.profile={run.trial}/hex_profile.json"

@@ -17,11 +17,10 @@ from areal_hex_plugin.areal.elastic.relayout import RELAYOUT, Move, Relayout, li
 from areal_hex_plugin.areal.join import Joined  # noqa: E402
 from areal_hex_plugin.areal.worker_slots import ROLLOUT_ROLE, WorkerSlot  # noqa: E402
 from areal_hex_plugin.planner.replan import machine_diff  # noqa: E402
+from tests.e2e.run import SMALL_BELIEVED_FAST  # noqa: E402
 from tests.elastic.rig import versioned_standin, wait  # noqa: E402
 
 TINY = "recipes/ci/tiny.yaml"
-# The CI recipe believing CPU-SMALL 15x faster than it is: big-2 idle, small-0 two tp1 servers (the e2e's belief).
-BELIEF = "hex.gpu_catalog.CPU-SMALL.hbm_tb_per_s=3e-05"
 
 
 def _slot(host: str, pool: str, tp: int, gpus: tuple[int, ...]) -> WorkerSlot:
@@ -224,7 +223,7 @@ def believed_and_true():
     from areal_hex_plugin.planner import plan_recipe
     from areal_hex_plugin.specs.recipe import load_recipe
 
-    return plan_recipe(load_recipe(TINY, [BELIEF])), plan_recipe(load_recipe(TINY))
+    return plan_recipe(load_recipe(TINY, [SMALL_BELIEVED_FAST])), plan_recipe(load_recipe(TINY))
 
 
 def test_a_replan_that_leaves_training_is_applied_machine_by_machine(believed_and_true):

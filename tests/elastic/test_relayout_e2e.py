@@ -27,6 +27,7 @@ from areal_hex_plugin.areal.auto_replan import AUTO_KIND  # noqa: E402
 from areal_hex_plugin.areal.elastic.relayout import RELAYOUT  # noqa: E402
 from tests.e2e.run import (  # noqa: E402
     PATIENT_PROBES,
+    SMALL_BELIEVED_FAST,
     TRUTH,
     environment,
     new_mark,
@@ -38,14 +39,18 @@ from tests.e2e.sglang_server import TRUTH_ENV  # noqa: E402
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TIMEOUT_S = 600
 STEPS = 26
-BELIEF = "hex.gpu_catalog.CPU-SMALL.hbm_tb_per_s=3e-05"
 
 
 def test_a_refit_that_only_moves_rollout_servers_is_applied_live_machine_by_machine(tmp_path: Path) -> None:
     env = environment(
         tmp_path, new_mark(), {"HEX_LOCAL_GPUS": "CPU-BIG:3,CPU-SMALL:2", TRUTH_ENV: str(TRUTH)}
     )
-    extra = (BELIEF, "hex.elastic.auto_replan=true", "hex.calibration.refit_every=4", *PATIENT_PROBES)
+    extra = (
+        SMALL_BELIEVED_FAST,
+        "hex.elastic.auto_replan=true",
+        "hex.calibration.refit_every=4",
+        *PATIENT_PROBES,
+    )
     run = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, extra)
     assert run.returncode == 0, run.log[-4000:]
     assert "going on from the recover checkpoint" not in run.log
