@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -165,6 +165,27 @@ class HexRolloutController(RolloutController):
         )
         self.server_infos[rank] = LocalInfServerInfo(host=answer["host"], port=answer["port"], process=None)
         return f"{answer['host']}:{answer['port']}"
+
+    def hex_follow(self, rank: int, address: str) -> None:
+        """Send this controller's requests for server ``rank`` to ``address`` (``host:port``): the eval-rollout
+        controller following a server the training one relaunched (:meth:`hex_relaunch`)."""
+        from areal.infra.utils.concurrent import run_async_task
+
+        run_async_task(
+            self.scheduler.async_call_engine,
+            self.workers[rank].id,
+            "hex_follow_server",
+            engine_name=self._engine_name(rank),
+            addr=address,
+        )
+
+    def hex_route_like(self, shares: Sequence[float]) -> None:
+        """Route by the training controller's ``shares`` over the servers this controller has (eval-rollout's:
+        those the run began with): a lost or retired server gets none, a machine that joined serves training
+        only. Kept as it is where none of them has a share."""
+        own = list(shares[: len(self.workers)])
+        if any(share > 0 for share in own):
+            self._router().set_shares(own)
 
     def hex_stop_server(self, rank: int) -> None:
         """Stop server ``rank`` on its worker (upstream's ``teardown_server``): its GPUs are free, its worker idles
@@ -377,8 +398,15 @@ class HexRemoteSGLangEngine(RelayReceiverMixin, RemoteSGLangEngine):
             if info.process is None or info.process.poll() is None
         ]
         info = engine.launch_server(dict(server_args))
-        engine.addresses = [format_hostport(info.host, info.port)]
+        self.hex_follow_server(format_hostport(info.host, info.port))
         return {"host": info.host, "port": info.port}
+
+    def hex_follow_server(self, addr: str) -> None:
+        """Send requests to ``addr`` from now on: the server was relaunched there (on this worker, or beside this
+        eval-rollout worker); requests upstream pinned to the old address (a rid's) follow it too."""
+        engine = self._engine
+        engine.addresses, engine.server_idx = [addr], 0
+        engine.rid_to_address = dict.fromkeys(engine.rid_to_address, addr)
 
     @classmethod
     def as_controller(cls, config, scheduler):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from areal.trainer import rl_trainer
@@ -129,6 +129,20 @@ class HexPPOTrainer(PPOTrainer):
     def hex_relaunches(self) -> bool:
         """A relaunched server can receive the current version only over the relay."""
         return uses_relay(self.config)
+
+    def hex_relaunch_server(self, rank: int) -> str:
+        """Start rollout server ``rank`` again (:meth:`HexRolloutController.hex_relaunch`); the eval-rollout
+        engine beside it follows it to its new port. Its ``host:port``."""
+        address = self.rollout.hex_relaunch(rank)
+        if self.eval_rollout is not None:
+            self.eval_rollout.hex_follow(rank, address)
+        return address
+
+    def hex_set_shares(self, shares: Sequence[float]) -> None:
+        """Route rollouts by ``shares`` (one per server); evaluation follows over the servers it has."""
+        self.rollout._router().set_shares(shares)
+        if self.eval_rollout is not None:
+            self.eval_rollout.hex_route_like(shares)
 
     def hex_join(self, request, busy: set[str]):
         """Start the servers of a machine that joins (``areal-hex join``); :func:`join.join_machine`."""

@@ -8,6 +8,8 @@ The CI e2e run (``tests/e2e``: upstream's trainer, FSDP on 2 gloo ranks, the rel
 2. once the relaunched server has loaded a version, doubles the served output lengths (4 -> 8 tokens: the
    stand-in ends every generation after the number in ``HEX_STANDIN_LENGTHS_FILE``).
 
+The run evaluates every 2 steps (upstream's eval-rollout workers, beside the rollout workers, on the same servers).
+
 Checked: the run finishes its steps; the loss is detected within the stated deadline; every sample in flight on
 the lost server was resubmitted and each sample accepted once; the shares were re-solved for the survivor (the
 plan's ``changes``); the relaunched server loaded the version the trainer committed (same weights as the other
@@ -43,6 +45,7 @@ STEPS = 12
 INTERVAL_S, PROBE_TIMEOUT_S, FAILURES = 0.5, 1.0, 2
 DEADLINE_S = FAILURES * (INTERVAL_S + PROBE_TIMEOUT_S)
 HELD = 2  # requests the small server holds open, unanswered, when it is killed
+EVERY = 2  # steps between evaluations
 ELASTIC = (
     f"++hex.elastic.health_interval_s={INTERVAL_S}",
     f"++hex.elastic.health_timeout_s={PROBE_TIMEOUT_S}",
@@ -140,7 +143,13 @@ def test_a_server_lost_and_relaunched_and_lengths_that_double(tmp_path: Path) ->
     recipe = relocated_recipe(tmp_path / "recipe")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    extra = (f"hex.plan_path={plan_file}", "total_train_epochs=2", LONGER[0], *ELASTIC)
+    extra = (
+        f"hex.plan_path={plan_file}",
+        "total_train_epochs=2",
+        LONGER[0],
+        *ELASTIC,
+        f"evaluator.freq_steps={EVERY}",
+    )
     run = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, extra, recipe=recipe, cwd=elsewhere)
     watcher.done.set()
     assert run.returncode == 0, run.log[-6000:]
@@ -167,6 +176,15 @@ def test_a_server_lost_and_relaunched_and_lengths_that_double(tmp_path: Path) ->
     unfinished = sum(r["event"] == "request" for r in killed)
     assert HELD <= unfinished <= rl.n_samples * counts["in_flight_at_loss"], (unfinished, counts)
     figures["unfinished_requests_on_the_lost_server"] = unfinished
+
+    # Evaluation went on through the loss and the relaunch: it routed around the lost server and followed the
+    # relaunched one to its new port, so none of its requests failed.
+    evaluated = [r for r in run.wandb_history() if "eval-rollout/reward" in r]
+    assert len(evaluated) >= STEPS // EVERY - 1, len(evaluated)
+    failed = [
+        line for line in (run.trial / "eval-rollout.log").read_text().splitlines() if "failed with" in line
+    ]
+    assert not failed, failed[:3]
 
     # The plan records the changes: lost (the survivor takes everything), gained, then the drift re-balance.
     changes = run.plan["changes"]

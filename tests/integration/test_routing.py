@@ -189,6 +189,22 @@ def test_only_the_training_rollout_reports_per_pool_samples(tmp_path: Path) -> N
     assert controller.pool_sample_stats() == {}
 
 
+@pytest.mark.integration
+def test_evaluation_routes_like_training_over_the_servers_it_has(tmp_path: Path) -> None:
+    """The eval-rollout controller takes the training shares of its own servers: a lost one gets none, one that
+    joined (past its workers) is training's only; shares that leave it no server change nothing."""
+    controller = _controller(tmp_path)
+    controller._worker_role = "eval-rollout"
+    planned = controller._router().shares
+    controller.hex_route_like([0.2, 0.2, 0.0, 0.2, 0.2, 0.0, 0.2])  # server 2 lost, a seventh joined
+    shares = controller._router().shares
+    assert shares == pytest.approx([0.25, 0.25, 0.0, 0.25, 0.25, 0.0]) and planned[5] > 0
+    picked = {controller._router().choose() for _ in range(40)}
+    assert picked == {0, 1, 3, 4}
+    controller.hex_route_like([0.0] * 6 + [1.0])
+    assert controller._router().shares == shares
+
+
 ANSWER = "tests.integration.probe_engine.AnswerProbe"
 
 
