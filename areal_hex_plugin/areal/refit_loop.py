@@ -162,6 +162,7 @@ class OnlineRefit:
         self.no_restart = no_restart
         self._restart: tuple[Decision, int] | None = None
         self._restarting = False
+        self._relaid = False  # a re-plan applied live: the next step starts the window anew
 
     @property
     def profile_file(self) -> Path:
@@ -180,6 +181,10 @@ class OnlineRefit:
         into the training step."""
         self.steps += 1
         readings: dict[int, ServerReading] = {}
+        with self._lock:
+            relaid, self._relaid = self._relaid, False
+        if relaid:  # the old layout's steps would be fitted as the new one's
+            self.window.restart()
         try:
             readings = self._take_servers()
             self.window.add(
@@ -346,6 +351,8 @@ class OnlineRefit:
             logger.warning(f"{said} hex.elastic.auto_replan applies it live, one machine at a time")
             why = self._live(decision, step)
             if why is None:
+                with self._lock:
+                    self._relaid = True
                 return "live"
             logger.warning(f"the re-plan of the refit at step {step} is not applied live: {why}")
         with self._lock:

@@ -34,6 +34,7 @@ from areal_hex_plugin.sim.online import factors_off, read_truth
 from areal_hex_plugin.specs.config import ElasticConfig
 from areal_hex_plugin.specs.recipe import load_recipe
 from tests.conftest import REPO
+from tests.e2e.run import SMALL_BELIEVED_FAST
 
 TINY = REPO / "recipes" / "ci" / "tiny.yaml"
 TRUTH = REPO / "recipes" / "ci" / "tiny-truth.json"  # every factor of CPU-SMALL 30% worse than believed
@@ -499,3 +500,26 @@ def test_without_auto_replan_the_log_names_a_reshare_only_over_the_threshold(
     gain = loop.refits[-1]["decision"]["share_gain"]
     assert (gain > loop.threshold) is said, gain
     assert any("re-shares the replica groups" in r.getMessage() for r in lines.buffer) is said
+
+
+def test_a_replan_applied_live_starts_the_measurement_window_anew(refit_worker, tmp_path: Path) -> None:
+    """Once a re-plan moved machines live, the steps measured on the old layout leave the window (their servers,
+    update window and sync are the old plan's) and the new layout's warm up as a run's first steps do."""
+    recipe = load_recipe(TINY, [SMALL_BELIEVED_FAST])
+    plan = plan_recipe(recipe)
+    truth = load_recipe(TINY, [])
+    served, data = _true_figures(recipe, plan, CostModel(truth.cluster, truth.workload, truth.calibration))
+    applied: list[int] = []
+    loop = _loop(
+        recipe, plan, tmp_path, lambda: served, worker=refit_worker,
+        live=lambda decision, step: applied.append(step),  # every machine moved (None)
+    )  # fmt: skip
+    for _ in range(5):
+        loop.on_step(data)
+    loop.join()
+    assert applied == [5] and loop.window.samples, loop.refits[-1]
+    for _ in range(loop.window.warmup):
+        loop.on_step(data)
+        assert loop.window.samples == []
+    loop.on_step(data)
+    assert [step for step, _ in loop.window.kept] == [5 + loop.window.warmup + 1]
