@@ -181,8 +181,8 @@ class HexRolloutController(RolloutController):
 
     def hex_route_like(self, shares: Sequence[float]) -> None:
         """Route by the training controller's ``shares`` over the servers this controller has (eval-rollout's:
-        those the run began with): a lost or retired server gets none, a machine that joined serves training
-        only. Kept as it is where none of them has a share."""
+        a lost or retired server gets none; a server that joined once its eval worker is attached). Kept as it
+        is where none of them has a share."""
         own = list(shares[: len(self.workers)])
         if any(share > 0 for share in own):
             self._router().set_shares(own)
@@ -263,12 +263,66 @@ class HexRolloutController(RolloutController):
             placement = self.scheduler.placement
             rollout = (*placement.slots[ROLLOUT_ROLE], *slots)
             self.scheduler.placement = replace(placement, slots={**placement.slots, ROLLOUT_ROLE: rollout})
-            router = self._router()
-            for slot in slots:
-                self._hex_pools.append(slot.pool)
-                router.add_server()
             self.server_infos.extend(infos)
-            self.workers.extend(workers)
+            self._hex_add(slots, workers)
+
+    def hex_start_beside(self, role: str, slots, infos) -> list:
+        """Start an eval-rollout worker beside each worker of the scheduler role ``role`` (the training
+        controller's :meth:`hex_start_servers` for ``slots``), its engine sending requests to that worker's server
+        (``infos``): the workers, not yet routed to (:meth:`hex_attach_beside`)."""
+        from areal.api import Job
+        from areal.api.cli_args import SchedulingStrategy, SchedulingStrategyType
+        from areal.infra.utils.concurrent import run_async_task
+
+        own = f"{self._worker_role}-{role}"
+        job = Job(
+            replicas=len(slots),
+            tasks=[self.config.scheduling_spec[0]] * len(slots),
+            scheduling_strategy=SchedulingStrategy(type=SchedulingStrategyType.colocation, target=role),
+            role=own,
+        )
+        self._hex_join_roles = [*getattr(self, "_hex_join_roles", []), own]
+        engine = f"{self.inf_engine.__module__}.{self.inf_engine.__name__}"
+
+        async def start():
+            self.scheduler.create_workers(job=job)
+            workers = self.scheduler.get_workers(role=own)
+            named = [
+                (w, self._engine_name(s.index), s.index, i)
+                for w, s, i in zip(workers, slots, infos, strict=True)
+            ]
+            await asyncio.gather(
+                *(
+                    self.scheduler.create_engine(
+                        worker_id=w.id, engine=engine, engine_name=name, config=self.config
+                    )
+                    for w, name, _, _ in named
+                )
+            )
+            await asyncio.gather(
+                *(
+                    self.scheduler.async_call_engine(
+                        w.id, "initialize", engine_name=name, engine_id=str(rank), addr=f"{i.host}:{i.port}"
+                    )
+                    for w, name, rank, i in named
+                )
+            )
+            return workers
+
+        return run_async_task(start)
+
+    def hex_attach_beside(self, slots, workers) -> None:
+        """Add eval-rollout workers started beside servers that joined (:meth:`hex_start_beside`) as ranks
+        ``slot.index``: routed with share 0 until the training shares reach them (:meth:`hex_route_like`)."""
+        with self._hex_lock:
+            self._hex_add(slots, workers)
+
+    def _hex_add(self, slots, workers) -> None:
+        router = self._router()
+        for slot in slots:
+            self._hex_pools.append(slot.pool)
+            router.add_server()
+        self.workers.extend(workers)
 
     def pause(self):
         if self.hex_elastic is not None:  # before a weight update: the route leaves lost servers out

@@ -138,11 +138,14 @@ def join_machine(trainer, request: JoinRequest, busy: set[str]) -> Joined:
 
 def start_servers(trainer, slots: tuple[WorkerSlot, ...], name: str) -> Joined:
     """Start ``slots``' servers for ``trainer``'s rollout, each on a worker of the scheduler role
-    ``<rollout role>-<name>``; attached (routing, relay pools) by the :class:`Joined`'s ``attach``."""
+    ``<rollout role>-<name>`` (with an eval-rollout worker beside it where the run evaluates); attached (routing,
+    relay pools) by the :class:`Joined`'s ``attach``."""
     from areal_hex_plugin.areal.transport_setup import with_servers
 
-    rollout, actor = trainer.rollout, trainer.actor
-    workers, infos = rollout.hex_start_servers(slots, f"{rollout._worker_role}-{name}")
+    rollout, actor, evaluation = trainer.rollout, trainer.actor, trainer.eval_rollout
+    role = f"{rollout._worker_role}-{name}"
+    workers, infos = rollout.hex_start_servers(slots, role)
+    beside = evaluation.hex_start_beside(role, slots, infos) if evaluation is not None else None
     train = rollout.scheduler.placement.slots[TRAIN_ROLE]
 
     def attach() -> None:
@@ -150,5 +153,7 @@ def start_servers(trainer, slots: tuple[WorkerSlot, ...], name: str) -> Joined:
         if settings is not None:
             with_servers(settings, slots, trainer.hex_session.recipe.cluster, train)
         rollout.hex_attach(slots, workers, infos)
+        if beside is not None:
+            evaluation.hex_attach_beside(slots, beside)
 
     return Joined(slots, [f"{info.host}:{info.port}" for info in infos], attach)

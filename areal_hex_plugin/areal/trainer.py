@@ -144,6 +144,14 @@ class HexPPOTrainer(PPOTrainer):
         if self.eval_rollout is not None:
             self.eval_rollout.hex_route_like(shares)
 
+    def hex_in_flight(self, rank: int) -> int:
+        """Requests server ``rank`` holds now, evaluation's included (a live re-layout's drain waits for both)."""
+        held = self.rollout._router().outstanding[rank]
+        if self.eval_rollout is not None:
+            outstanding = self.eval_rollout._router().outstanding
+            held += outstanding[rank] if rank < len(outstanding) else 0
+        return held
+
     def hex_join(self, request, busy: set[str]):
         """Start the servers of a machine that joins (``areal-hex join``); :func:`join.join_machine`."""
         from areal_hex_plugin.areal.join import join_machine

@@ -395,9 +395,8 @@ class SGLangCPUServer(SGLangStandIn):
         with self._lock:
             resumed = self._resumable[key] > 0
             self._resumable[key] -= resumed
-        self._log(
-            event="request", resumed=resumed
-        )  # on arrival: a new request, or the rest of an aborted one
+        # On arrival: a new request, or the rest of an aborted one (its temperature tells evaluation's apart).
+        self._log(event="request", resumed=resumed, temperature=params.get("temperature"))
         self._hold.wait()
         with self._slots or contextlib.nullcontext():  # SGLang's max_running_requests: the rest wait
             tokens, logprobs, finish, version = self._run(body["input_ids"], params)

@@ -9,6 +9,8 @@ Checked: the run finishes its steps; the new server runs on the node's free CPU-
 layout; its first load is a version the trainer committed, with the very weights the other servers loaded for it,
 before its first request, and it serves nothing else; the plan records a ``gained`` change naming the join request
 with shares over three servers, and wandb ``hex/elastic/joined``; every sample is accepted once and none rejected.
+The run evaluates every 4 steps (upstream's eval-rollout workers, one beside each rollout worker): an eval-rollout
+worker starts beside the new server, and no evaluation request fails.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ STEPS = 20
 # Probes every 0.5 s notice the joined server holding the version soon; no server is lost here, so a starved one's
 # probe may take its time.
 ELASTIC = ("++hex.elastic.health_interval_s=0.5", *PATIENT_PROBES)
+EVAL_EVERY = 4  # steps between evaluations
 
 
 def _records(path: Path) -> list[dict]:
@@ -74,7 +77,12 @@ def test_a_machine_joins_and_serves_the_current_version(tmp_path: Path) -> None:
     joiner = Joiner(tmp_path)
     joiner.start()
     run = run_driver(
-        tmp_path, "hex_local", STEPS, env, TIMEOUT_S, (f"hex.plan_path={plan_file}", *LONGER, *ELASTIC)
+        tmp_path,
+        "hex_local",
+        STEPS,
+        env,
+        TIMEOUT_S,
+        (f"hex.plan_path={plan_file}", *LONGER, *ELASTIC, f"evaluator.freq_steps={EVAL_EVERY}"),
     )
     joiner.done.set()
     assert run.returncode == 0, run.log[-6000:]
@@ -113,6 +121,18 @@ def test_a_machine_joins_and_serves_the_current_version(tmp_path: Path) -> None:
     figures["shares"] = gain["shares"]
     last = [r for r in run.wandb_history() if "hex/elastic/joined" in r][-1]
     assert last["hex/elastic/joined"] == 1 and last["hex/elastic/live_servers"] == 3, last
+
+    # Evaluation went on: an eval-rollout worker beside the new server, evaluation routed by the shares over the
+    # three (the driver evaluates at temperature 0.6, trains at 1.0), and none of its requests failed.
+    assert re.search(r"Forked worker eval-rollout-rollout-join0/0 created", run.log), run.log[-3000:]
+    figures["joined_eval_requests"] = sum(r["event"] == "request" and r["temperature"] == 0.6 for r in new)
+    assert figures["joined_eval_requests"] > 0, figures
+    evaluated = [r for r in run.wandb_history() if "eval-rollout/reward" in r]
+    assert len(evaluated) >= STEPS // EVAL_EVERY - 1, len(evaluated)
+    failed = [
+        line for line in (run.trial / "eval-rollout.log").read_text().splitlines() if "failed with" in line
+    ]
+    assert not failed, failed[:3]
 
     # Each sample accepted once, none rejected; every step ran.
     (summary,) = re.findall(r"hex elastic summary: (\{.*\})", run.log)

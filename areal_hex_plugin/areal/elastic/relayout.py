@@ -112,7 +112,8 @@ class Relayout:
     """Applies :func:`live_moves`' moves to a run (see the module doc): ``elastic`` is its
     :class:`~areal_hex_plugin.areal.elastic.ElasticRollout`; ``start(move, slots)`` starts servers for some of a
     move's ``slots`` (a :class:`~areal_hex_plugin.areal.join.Joined`, not attached), ``stop(rank)`` stops server
-    ``rank`` and ``gpus(rank)`` gives its GPU ids, numbered as a move's slots are (a machine that changes layout)."""
+    ``rank`` and ``gpus(rank)`` gives its GPU ids, numbered as a move's slots are (a machine that changes layout);
+    ``held(rank)``, the requests server ``rank`` holds (a drain waits for none; default ``elastic.in_flight``)."""
 
     def __init__(
         self,
@@ -123,8 +124,10 @@ class Relayout:
         floor: float,
         wait_s: float,
         poll_s: float = POLL_S,
+        held: Callable[[int], int] | None = None,
     ) -> None:
         self.elastic, self._start, self._stop, self._gpus = elastic, start, stop, gpus
+        self._held = held or elastic.in_flight
         self.floor, self.wait_s, self.poll_s = floor, wait_s, poll_s
 
     def apply(self, moves: Sequence[Move], reason: str) -> Moved:
@@ -178,7 +181,7 @@ class Relayout:
             )
         start = time.monotonic()
         elastic.drain(ranks)
-        self._until(lambda: all(elastic.in_flight(rank) == 0 for rank in ranks))
+        self._until(lambda: all(self._held(rank) == 0 for rank in ranks))
         for rank in ranks:
             try:
                 self._stop(rank)
@@ -278,8 +281,6 @@ def apply_live(trainer, decision, refit_step: int) -> str | None:
     config = trainer.config.hex.elastic
     elastic, rollout, running = trainer.hex_elastic, trainer.rollout, trainer.hex_plan
     why = live_why_not(trainer.config)
-    if why is None and trainer.eval_rollout is not None:
-        why = "the run evaluates, and its eval-rollout controller keeps the servers it started with"
     if why is None:
         why = budget_spent(running, config.max_auto_replans)
     if why is not None or elastic is None:
@@ -298,6 +299,7 @@ def apply_live(trainer, decision, refit_step: int) -> str | None:
         lambda rank: rollout._slots()[rank].gpu_ids,
         config.min_rollout_capacity,
         config.relayout_wait_s,
+        held=trainer.hex_in_flight,
     )
     moved = relayout.apply(moves, f"refit at step {refit_step}")
     if moved.why_not is not None:
