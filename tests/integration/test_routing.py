@@ -205,6 +205,30 @@ def test_evaluation_routes_like_training_over_the_servers_it_has(tmp_path: Path)
     assert controller._router().shares == shares
 
 
+@pytest.mark.integration
+def test_a_drain_counts_the_requests_evaluation_holds(tmp_path: Path) -> None:
+    """A live re-layout stops a server once it holds no request: training's and evaluation's (the eval-rollout
+    controller routes over the same servers; a server that joined may have none of its requests)."""
+    from types import SimpleNamespace
+
+    from areal_hex_plugin.areal.trainer import HexPPOTrainer
+
+    training, evaluation = _controller(tmp_path / "t"), _controller(tmp_path / "e")
+    evaluation._worker_role = "eval-rollout"
+    picked = [training._router().choose() for _ in range(6)] + [
+        evaluation._router().choose() for _ in range(6)
+    ]
+    trainer = SimpleNamespace(rollout=training, eval_rollout=evaluation)
+    held = [HexPPOTrainer.hex_in_flight(trainer, rank) for rank in range(6)]
+    assert held == [picked.count(rank) for rank in range(6)] and sum(held) == 12
+    training._router().add_server()  # a server that joined, beside no eval worker yet
+    assert HexPPOTrainer.hex_in_flight(trainer, 6) == 0
+    trainer.eval_rollout = None
+    assert [
+        HexPPOTrainer.hex_in_flight(trainer, rank) for rank in range(6)
+    ] == training._router().outstanding[:6]
+
+
 ANSWER = "tests.integration.probe_engine.AnswerProbe"
 
 
