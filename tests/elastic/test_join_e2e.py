@@ -129,9 +129,9 @@ def test_a_machine_joins_and_serves_the_current_version(tmp_path: Path) -> None:
     assert figures["joined_eval_requests"] > 0, figures
     evaluated = [r for r in run.wandb_history() if "eval-rollout/reward" in r]
     assert len(evaluated) >= STEPS // EVAL_EVERY - 1, len(evaluated)
-    failed = [
-        line for line in (run.trial / "eval-rollout.log").read_text().splitlines() if "failed with" in line
-    ]
+    logs = sorted(run.trial.glob("eval-rollout*.log"))  # the workers started with the run and the one beside
+    assert len(logs) == 2, logs
+    failed = [line for log in logs for line in log.read_text().splitlines() if "failed with" in line]
     assert not failed, failed[:3]
 
     # Each sample accepted once, none rejected; every step ran.
