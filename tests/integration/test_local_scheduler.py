@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import types
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,22 @@ def test_factory_reads_nvidia_smi_and_can_share_gpus(tmp_path: Path, monkeypatch
     scheduler = scheduler_factory(session_of(config, plan))()
     ids = {i for slots in scheduler.placement.slots.values() for s in slots for i in s.gpu_ids}
     assert ids == {0, 1} and scheduler.gpu_devices == [0, 1]
+
+
+def test_a_worker_is_found_while_another_thread_adds_a_role(tmp_path: Path) -> None:
+    """A join or live re-layout adds a scheduler role from its own thread while the trainer's RPCs look their
+    workers up (upstream iterates the role dict itself: "dictionary changed size during iteration")."""
+    scheduler = _scheduler(tmp_path)
+
+    class AddsARoleWhenRead:
+        @property
+        def worker(self):
+            scheduler._workers["rollout-join-1"] = []  # the other thread's create_workers, mid-lookup
+            return types.SimpleNamespace(id="actor/0")
+
+    scheduler._workers = {"actor": [AddsARoleWhenRead()], "rollout": []}
+    try:
+        assert scheduler._find_worker_by_id("rollout/9") is None
+        assert "rollout-join-1" in scheduler._workers
+    finally:
+        scheduler._workers = {}  # no process behind them to delete at exit

@@ -49,6 +49,14 @@ class HexLocalScheduler(PlannedRollout, LocalScheduler):
         finally:
             self._planned_ids = None
 
+    def _find_worker_by_id(self, worker_id: str):
+        # Over a copy: a join or a live re-layout adds a role from its own thread while RPCs look workers up.
+        for workers in list(self._workers.values()):
+            for info in workers:
+                if info.worker.id == worker_id:
+                    return info
+        return None
+
     def _allocate_gpus(self, num_gpus: int) -> list[int]:
         if self._planned_ids is None:
             return super()._allocate_gpus(num_gpus)
