@@ -215,24 +215,10 @@ class HexRolloutController(RolloutController):
             scheduling_strategy=self.config.scheduling_strategy,
             role=role,
         )
-        self._hex_join_roles = [*getattr(self, "_hex_join_roles", []), role]
-        engine = f"{self.inf_engine.__module__}.{self.inf_engine.__name__}"
 
         async def start():
-            self.scheduler.create_workers(job=job)
-            workers = self.scheduler.get_workers(role=role)
+            workers = await self._hex_workers_with_engines(job, slots)
             pairs = list(zip(workers, slots, strict=True))
-            await asyncio.gather(
-                *(
-                    self.scheduler.create_engine(
-                        worker_id=w.id,
-                        engine=engine,
-                        engine_name=self._engine_name(s.index),
-                        config=self.config,
-                    )
-                    for w, s in pairs
-                )
-            )
             infos = await asyncio.gather(
                 *(
                     self.scheduler.async_call_engine(
@@ -244,14 +230,7 @@ class HexRolloutController(RolloutController):
                     for w, s in pairs
                 )
             )
-            await asyncio.gather(
-                *(
-                    self.scheduler.async_call_engine(
-                        w.id, "initialize", engine_name=self._engine_name(s.index), engine_id=str(s.index)
-                    )
-                    for w, s in pairs
-                )
-            )
+            await self._hex_initialize(workers, slots)
             return workers, list(infos)
 
         return run_async_task(start)
@@ -281,35 +260,42 @@ class HexRolloutController(RolloutController):
             scheduling_strategy=SchedulingStrategy(type=SchedulingStrategyType.colocation, target=role),
             role=own,
         )
-        self._hex_join_roles = [*getattr(self, "_hex_join_roles", []), own]
-        engine = f"{self.inf_engine.__module__}.{self.inf_engine.__name__}"
 
         async def start():
-            self.scheduler.create_workers(job=job)
-            workers = self.scheduler.get_workers(role=own)
-            named = [
-                (w, self._engine_name(s.index), s.index, i)
-                for w, s, i in zip(workers, slots, infos, strict=True)
-            ]
-            await asyncio.gather(
-                *(
-                    self.scheduler.create_engine(
-                        worker_id=w.id, engine=engine, engine_name=name, config=self.config
-                    )
-                    for w, name, _, _ in named
-                )
-            )
-            await asyncio.gather(
-                *(
-                    self.scheduler.async_call_engine(
-                        w.id, "initialize", engine_name=name, engine_id=str(rank), addr=f"{i.host}:{i.port}"
-                    )
-                    for w, name, rank, i in named
-                )
-            )
+            workers = await self._hex_workers_with_engines(job, slots)
+            await self._hex_initialize(workers, slots, [f"{i.host}:{i.port}" for i in infos])
             return workers
 
         return run_async_task(start)
+
+    async def _hex_workers_with_engines(self, job, slots) -> list:
+        """Create ``job``'s workers (a role this controller deletes at its end) and on each an engine named for
+        its slot."""
+        self._hex_join_roles = [*getattr(self, "_hex_join_roles", []), job.role]
+        self.scheduler.create_workers(job=job)
+        workers = self.scheduler.get_workers(role=job.role)
+        engine = f"{self.inf_engine.__module__}.{self.inf_engine.__name__}"
+        await asyncio.gather(
+            *(
+                self.scheduler.create_engine(
+                    worker_id=w.id, engine=engine, engine_name=self._engine_name(s.index), config=self.config
+                )
+                for w, s in zip(workers, slots, strict=True)
+            )
+        )
+        return workers
+
+    async def _hex_initialize(self, workers, slots, addrs: Sequence[str] | None = None) -> None:
+        """Initialize each worker's engine as rank ``slot.index``; with ``addrs``, each sends to its address."""
+        at = [{"addr": a} for a in addrs] if addrs is not None else [{}] * len(slots)
+        await asyncio.gather(
+            *(
+                self.scheduler.async_call_engine(
+                    w.id, "initialize", engine_name=self._engine_name(s.index), engine_id=str(s.index), **kw
+                )
+                for w, s, kw in zip(workers, slots, at, strict=True)
+            )
+        )
 
     def hex_attach_beside(self, slots, workers) -> None:
         """Add eval-rollout workers started beside servers that joined (:meth:`hex_start_beside`) as ranks
