@@ -277,6 +277,19 @@ def test_a_refit_that_changes_the_answer_suggests_the_plan_and_the_command(
         recipe, plan, tmp_path, lambda: served, argv=["--config", str(MIX), "hex.plan_path=old.json"],
         worker=refit_worker,
     )  # fmt: skip
+    said = _refit_after_five_steps(loop, data)
+    metrics = loop.on_step(data)
+    assert metrics["hex/replan/suggested"] == 1.0 and metrics["hex/replan/gain"] > 0.05
+    assert metrics["hex/replan/tokens_per_s_after"] > metrics["hex/replan/tokens_per_s_before"]
+    suggested = json.loads((tmp_path / REPLAN_FILE).read_text())
+    assert suggested["changes"][-1]["kind"] == "replan" and suggested["changes"][-1]["step"] == 5
+    text = "\n".join(said)
+    assert f"hex.plan_path={tmp_path / REPLAN_FILE}" in text and "old.json" not in text
+    assert f"hex.calibration.profile={tmp_path / PROFILE_FILE}" in text and "not applied live" in text
+
+
+def _refit_after_five_steps(loop: OnlineRefit, data: dict) -> list[str]:
+    """Feed ``data`` for 5 steps and wait for the refit they start: what the refit loop logged meanwhile."""
     said = logging.handlers.BufferingHandler(100)
     refit_loop.logger.addHandler(said)  # upstream's logging reconfigures the root: the module's own logger
     try:
@@ -285,14 +298,7 @@ def test_a_refit_that_changes_the_answer_suggests_the_plan_and_the_command(
         loop.join()
     finally:
         refit_loop.logger.removeHandler(said)
-    metrics = loop.on_step(data)
-    assert metrics["hex/replan/suggested"] == 1.0 and metrics["hex/replan/gain"] > 0.05
-    assert metrics["hex/replan/tokens_per_s_after"] > metrics["hex/replan/tokens_per_s_before"]
-    suggested = json.loads((tmp_path / REPLAN_FILE).read_text())
-    assert suggested["changes"][-1]["kind"] == "replan" and suggested["changes"][-1]["step"] == 5
-    text = "\n".join(r.getMessage() for r in said.buffer)
-    assert f"hex.plan_path={tmp_path / REPLAN_FILE}" in text and "old.json" not in text
-    assert f"hex.calibration.profile={tmp_path / PROFILE_FILE}" in text and "not applied live" in text
+    return [record.getMessage() for record in said.buffer]
 
 
 def _true_figures(recipe, plan, cm: CostModel):
@@ -489,17 +495,10 @@ def test_without_auto_replan_the_log_names_a_reshare_only_over_the_threshold(
     truth = factors_off(recipe.calibration, "CPU-SMALL", off)
     served, data = _true_figures(recipe, plan, CostModel(recipe.cluster, recipe.workload, truth))
     loop = _loop(recipe, plan, tmp_path, lambda: served, worker=refit_worker)
-    lines = logging.handlers.BufferingHandler(100)
-    refit_loop.logger.addHandler(lines)
-    try:
-        for _ in range(5):
-            loop.on_step(data)
-        loop.join()
-    finally:
-        refit_loop.logger.removeHandler(lines)
+    lines = _refit_after_five_steps(loop, data)
     gain = loop.refits[-1]["decision"]["share_gain"]
     assert (gain > loop.threshold) is said, gain
-    assert any("re-shares the replica groups" in r.getMessage() for r in lines.buffer) is said
+    assert any("re-shares the replica groups" in line for line in lines) is said
 
 
 def test_a_replan_applied_live_starts_the_measurement_window_anew(refit_worker, tmp_path: Path) -> None:
