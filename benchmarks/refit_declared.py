@@ -15,8 +15,10 @@ refit suggests an update window of 1 instead of 2, and says why. A fourth run on
 makes them, must change nothing: no re-plan suggested, no share or machine moved (issue 34's "correct factors make no
 change, no flapping").
 
-It is a benchmark, not a test: the stand-ins decode at the true speed only while the CPU has the headroom (on 2
-cores beside another e2e run they fell to about 2/3 of it, and the fit followed what they did). Run it on a quiet
+The first case is also a CI test (``tests/e2e/test_refit_declared_e2e.py``) at a pace the stand-ins keep on a
+loaded machine (``tests/e2e/truth-slow.yaml``); here the stand-ins run at the CI truth's pace, which they keep only
+while the CPU has the headroom (on 2 cores beside another e2e run they fell to about 2/3 of it, and the fit followed
+what they did), and the no-change runs depend on the trainer's speed, which nothing paces. Run it on a quiet
 machine from the repository root:
 
     .venv/bin/python benchmarks/refit_declared.py --json refit_declared.json
@@ -39,16 +41,6 @@ FIGURE = "hex/calibration/CPU-BIG/hbm_tb_per_s"
 FIGURE_GOAL, SHARE_GOAL = 0.25, 0.10
 
 
-def pool_shares(plan: dict, shares: dict[str, float]) -> dict[str, float]:
-    """Per pool, the shares of its servers (named ``host/rank``, ranks in the plan's replica order)."""
-    pool_of = [g["pool"] for g in plan["rollout"]["replicas"] for _ in range(g["count"])]
-    out: dict[str, float] = {}
-    for name, share in shares.items():
-        pool = pool_of[int(name.rsplit("/", 1)[1])]
-        out[pool] = round(out.get(pool, 0.0) + share, 4)
-    return out
-
-
 def one_run(steps: int, overrides: tuple[str, ...], keep_profile: Path | None = None) -> dict:
     """One driver run's figures; with ``keep_profile``, the profile its last refit wrote is copied there."""
     from areal_hex_plugin.areal.refit_loop import PROFILE_FILE
@@ -62,8 +54,6 @@ def one_run(steps: int, overrides: tuple[str, ...], keep_profile: Path | None = 
         )
         run = run_driver(folder, "hex_local", steps, env, 900, overrides)
         rows = [r for r in run.wandb_history() if any(k.startswith("hex/measured/") for k in r)]
-        reshares = [c for c in run.plan.get("changes", []) if c["kind"] == "reshare"]
-        planned = {g["pool"]: g["share"] for g in run.plan["rollout"]["replicas"]}
         if keep_profile is not None:
             (profile,) = folder.glob(f"exp/logs/*/*/trial0/{PROFILE_FILE}")
             shutil.copy(profile, keep_profile)
@@ -71,7 +61,7 @@ def one_run(steps: int, overrides: tuple[str, ...], keep_profile: Path | None = 
             "returncode": run.returncode,
             "run_s": round(run.seconds, 1),
             "fitted": [r[FIGURE] for r in rows if FIGURE in r],
-            "shares": pool_shares(run.plan, reshares[-1]["shares"]) if reshares else planned,
+            "shares": run.shares_per_pool(),
             "suggested": [r["hex/replan/suggested"] for r in rows if "hex/replan/suggested" in r],
             "changes": [c["kind"] for c in run.plan.get("changes", [])],
         }

@@ -89,6 +89,20 @@ class Run:
         (run_file,) = self.folder.glob("exp/logs/*/*/trial0/wandb/offline-run-*/run-*.wandb")
         return history(run_file)
 
+    def shares_per_pool(self) -> dict[str, float]:
+        """Each pool's share of the samples as the run ended: the last recorded change's (its shares by server,
+        named ``host/rank``, ranks in the plan's replica order), else the plan's."""
+        groups = self.plan["rollout"]["replicas"]
+        changed = [c["shares"] for c in self.plan.get("changes", []) if c.get("shares")]
+        if not changed:
+            return {g["pool"]: g["share"] for g in groups}
+        pool_of = [g["pool"] for g in groups for _ in range(g["count"])]
+        out: dict[str, float] = {}
+        for name, share in changed[-1].items():
+            pool = pool_of[int(name.rsplit("/", 1)[1])]
+            out[pool] = round(out.get(pool, 0.0) + share, 4)
+        return out
+
     def per_pool(self, event: str, keep) -> Counter:
         """How many records of ``event`` that ``keep`` accepts each pool's servers logged."""
         done: Counter = Counter()
