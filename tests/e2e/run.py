@@ -90,16 +90,18 @@ class Run:
         return history(run_file)
 
     def shares_per_pool(self) -> dict[str, float]:
-        """Each pool's share of the samples as the run ended: the last recorded change's (its shares by server,
-        named ``host/rank``, ranks in the plan's replica order), else the plan's."""
-        groups = self.plan["rollout"]["replicas"]
-        changed = [c["shares"] for c in self.plan.get("changes", []) if c.get("shares")]
-        if not changed:
-            return {g["pool"]: g["share"] for g in groups}
-        pool_of = [g["pool"] for g in groups for _ in range(g["count"])]
+        """Each pool's share of the samples as the run ended: the last change the live run recorded (its shares
+        by server, named ``host/rank``; a re-plan's are by replica group), else the plan's."""
+        changes = self.plan.get("changes", [])
+        live = [
+            c["shares"] for c in changes if c.get("shares") and c["kind"] not in ("replan", "auto_replan")
+        ]
+        if not live:
+            return {g["pool"]: g["share"] for g in self.plan["rollout"]["replicas"]}
+        pool_of = {m["host"]: m["pool"] for m in self.plan["machines"]}
         out: dict[str, float] = {}
-        for name, share in changed[-1].items():
-            pool = pool_of[int(name.rsplit("/", 1)[1])]
+        for name, share in live[-1].items():
+            pool = pool_of[name.rsplit("/", 1)[0]]
             out[pool] = round(out.get(pool, 0.0) + share, 4)
         return out
 
