@@ -29,7 +29,7 @@ from tests.e2e.sglang_server import TRUTH_ENV  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TIMEOUT_S = 600
-STEPS = 11  # refits at steps 5 and 10 (the recipe's hex.calibration.refit_every)
+STEPS = 11  # refits at steps 5 and 10 (hex.calibration.refit_every: 5, the default)
 TRUTH = Path(__file__).with_name("truth-slow.yaml")
 FIGURE = "hex/calibration/CPU-BIG/hbm_tb_per_s"
 FIGURE_BAND, SHARE_BAND = 0.25, 0.10  # issue 34: the figure within 25%, the shares within 10%, by step 10
@@ -61,9 +61,8 @@ def test_a_bandwidth_declared_3x_too_low_is_refit_and_the_shares_follow(tmp_path
     extra = (*declared, "hex.elastic.auto_replan=true", "hex.elastic.max_auto_replans=0", *PATIENT_PROBES)
     run = run_driver(tmp_path, "hex_local", STEPS, env, TIMEOUT_S, extra)
     assert run.returncode == 0, run.log[-4000:]
-    assert {
-        g["pool"]: g["share"] for g in run.plan["rollout"]["replicas"]
-    } == believed  # the run started on it
+    started_on = {g["pool"]: g["share"] for g in run.plan["rollout"]["replicas"]}
+    assert started_on == believed, started_on
 
     rows = [r for r in run.wandb_history() if any(k.startswith("hex/measured/") for k in r)]
     # A refit's figures are logged with the step after it: (the refit's step, the figure) for the refits to step 10.
