@@ -115,6 +115,7 @@ def test_factory_reads_nvidia_smi_and_can_share_gpus(tmp_path: Path, monkeypatch
     assert ids == {0, 1} and scheduler.gpu_devices == [0, 1]
 
 
+@pytest.mark.integration
 def test_a_worker_is_found_while_another_thread_adds_a_role(tmp_path: Path) -> None:
     """A join or live re-layout adds a scheduler role from its own thread while the trainer's RPCs look their
     workers up (upstream iterates the role dict itself: "dictionary changed size during iteration")."""
