@@ -187,6 +187,11 @@ class HexRolloutController(RolloutController):
         if any(share > 0 for share in own):
             self._router().set_shares(own)
 
+    def hex_in_flight(self, rank: int) -> int:
+        """The requests this controller has at server ``rank`` now (0 for a server it does not route to)."""
+        outstanding = self._router().outstanding
+        return outstanding[rank] if rank < len(outstanding) else 0
+
     def hex_stop_server(self, rank: int) -> None:
         """Stop server ``rank`` on its worker (upstream's ``teardown_server``): its GPUs are free, its worker idles
         until the run ends (a live re-layout, ``areal/elastic/relayout.py``)."""

@@ -394,7 +394,7 @@ def attach_refit(trainer) -> OnlineRefit | None:
         return None
     poller = ServerPoller(
         lambda: [f"{info.host}:{info.port}" for info in rollout.server_infos],
-        lambda rank: rollout._router().outstanding[rank],
+        rollout.hex_in_flight,
     )
     elastic, auto = trainer.hex_elastic, config.hex.elastic
     no_restart = why_not(auto.auto_replan, auto.max_auto_replans, config.recover.mode, trainer.hex_plan)

@@ -146,11 +146,8 @@ class HexPPOTrainer(PPOTrainer):
 
     def hex_in_flight(self, rank: int) -> int:
         """Requests server ``rank`` holds now, evaluation's included (a live re-layout's drain waits for both)."""
-        held = self.rollout._router().outstanding[rank]
-        if self.eval_rollout is not None:
-            outstanding = self.eval_rollout._router().outstanding
-            held += outstanding[rank] if rank < len(outstanding) else 0
-        return held
+        evaluation = self.eval_rollout.hex_in_flight(rank) if self.eval_rollout is not None else 0
+        return self.rollout.hex_in_flight(rank) + evaluation
 
     def hex_join(self, request, busy: set[str]):
         """Start the servers of a machine that joins (``areal-hex join``); :func:`join.join_machine`."""

@@ -683,7 +683,7 @@ def attach_elastic(trainer) -> ElasticRollout | None:
         [f"{s.host}/{rank}" for rank, s in enumerate(slots)],
         [f"{info.host}:{info.port}" for info in rollout.server_infos],
         set_shares=trainer.hex_set_shares,
-        in_flight=lambda rank: rollout._router().outstanding[rank],
+        in_flight=rollout.hex_in_flight,
         staleness=lambda: rollout._staleness_manager,
         record=trainer.hex_record_change,
         relaunch=trainer.hex_relaunch_server if trainer.hex_relaunches() else None,
