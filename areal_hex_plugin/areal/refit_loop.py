@@ -16,10 +16,13 @@ process waits for its answer, then:
    log error), or whose worker dies, keeps the running model and plan, and says why (the measurement it misses
    most; its residuals are logged, its factors not); the next refit starts a new worker;
 2. the worker's re-plan decision under the refit model (``planner/refit_replan.py``): ``hex/replan/*`` gives the
-   running plan's and the new plan's predicted tokens/s; where the new one wins by more than ``replan_threshold``
-   it is written to ``hex_replan.json`` and the log prints the command that resumes on it;
+   running plan's and the new plan's predicted tokens/s; where the new one wins by more than the refit
+   prediction's uncertainty (``replan_threshold``, or the window's own where its steps scatter more:
+   ``refit_replan.change_threshold``; ``hex/replan/threshold``) it is written to ``hex_replan.json`` and the log
+   prints the command that resumes on it;
 3. with ``hex.elastic.auto_replan``, the rollout shares are re-solved under the refit model here, through the
-   elastic run's re-share path (live objects), which records the change in the plan's ``changes``; a suggestion
+   elastic run's re-share path (live objects), which records the change in the plan's ``changes``, where they
+   gain more than that same threshold; a suggestion
    that only starts, stops or re-lays out rollout servers is applied live, one machine at a time, from this
    thread (``live``: ``elastic/relayout.py``); any other suggestion that moves machines, or one the live path
    could not finish, is handed to the trainer (:meth:`take_restart`), which applies it at the next recover
@@ -49,7 +52,7 @@ from areal_hex_plugin.costmodel.refit import Measured, MeasurementWindow, Refit,
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.outfiles import write_json
 from areal_hex_plugin.plan import HexPlan
-from areal_hex_plugin.planner.refit_replan import Decision, describe_changes
+from areal_hex_plugin.planner.refit_replan import Decision, change_threshold, describe_changes
 from areal_hex_plugin.planner.refit_worker import RefitJob, RefitOutcome, RefitWorker, WorkerDied
 
 if TYPE_CHECKING:
@@ -269,7 +272,8 @@ class OnlineRefit:
     def _refit(self, measured: Measured, step: int, record: dict[str, Any]) -> dict[str, float]:
         plan = self._plan()
         try:
-            job = RefitJob(self.recipe, self.run, self.threshold, plan, self.calibration, measured, step)
+            threshold = change_threshold(self.threshold, measured)
+            job = RefitJob(self.recipe, self.run, threshold, plan, self.calibration, measured, step)
             outcome = self.worker.run(job)
         except Exception as error:  # the worker died, or the job could not reach it: this refit failed
             record["kept"] = (
@@ -316,13 +320,15 @@ class OnlineRefit:
             "hex/replan/gain": decision.gain if math.isfinite(decision.gain) else 0.0,
             "hex/replan/machines": float(len(decision.diff)),
             "hex/replan/cpu_s": outcome.decision_cpu_s,
+            "hex/replan/share_gain": decision.share_gain,
+            "hex/replan/threshold": decision.threshold,
         }
         # The shares first: a live re-layout then weighs the servers under the refit model.
         if self._apply_shares is not None:
             moved = self._apply_shares(
                 outcome.fit.calibration,
                 f"refit at step {step}: shares re-solved under the refit model",
-                self.threshold,
+                decision.threshold,
             )
             out["hex/replan/shares_applied"] = float(moved)
             record["shares_applied"] = moved
@@ -330,7 +336,7 @@ class OnlineRefit:
             applied = self._suggest(decision, step)
             out["hex/replan/live"] = float(applied == "live")
             out["hex/replan/restart"] = float(applied == "restart")
-        if self._apply_shares is None and decision.share_gain > self.threshold:
+        if self._apply_shares is None and decision.share_gain > decision.threshold:
             shares = ", ".join(f"{s:.3f}" for s in decision.shares)
             logger.info(
                 f"refit at step {step}: the refit model re-shares the replica groups to {shares}; "
@@ -345,7 +351,7 @@ class OnlineRefit:
         said = (
             f"re-plan suggested by the refit model: {decision.tokens_per_s:,.1f} tokens/s predicted against "
             f"{decision.running_tokens_per_s:,.1f} for the running plan ({decision.gain:+.1%}, over the "
-            f"{self.threshold:.0%} threshold): {describe_changes(decision.diff, decision.retuned)}."
+            f"{decision.threshold:.0%} threshold): {describe_changes(decision.diff, decision.retuned)}."
         )
         if decision.diff and self._live is not None and not self._restarting:
             logger.warning(f"{said} hex.elastic.auto_replan applies it live, one machine at a time")

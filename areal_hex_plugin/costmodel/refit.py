@@ -68,6 +68,8 @@ WARMUP_STEPS = 2
 WINDOW_STEPS = 10
 # A step's median is known to about 5% (log error); a factor is believed within about 50% of the prior's value.
 MEASURED_SPREAD = 0.05
+# Standard errors of a median in the refit prediction's uncertainty (Measured.uncertainty): about a 95% band.
+UNCERTAINTY_Z = 2.0
 PRIOR_SPREAD = math.log(1.5)
 GRID = {"points": 12, "refine": 4}
 
@@ -122,6 +124,8 @@ class Measured:
     sync_s: dict[str, float]  # per receiving pool, "" the whole update
     steps: int
     first_step: int  # the window's first step (counted from 1)
+    # The refit prediction's relative uncertainty from the window's own scatter (see MeasurementWindow.measured).
+    uncertainty: float = 0.0
 
 
 def _usable(x: float | None) -> bool:
@@ -152,7 +156,11 @@ class MeasurementWindow:
         return [sample for _, sample in self.kept]
 
     def measured(self) -> Measured:
-        """The medians (a frozen snapshot: take it in the thread that adds, fit in another)."""
+        """The medians (a frozen snapshot: take it in the thread that adds, fit in another), and how well the
+        window knows them: ``uncertainty`` is ``UNCERTAINTY_Z`` standard errors of the least certain median the
+        fit reads (a server shape's tokens/s and running requests together: the fit pairs their medians; the
+        train step; an update), from the steps' scatter (:func:`median_standard_error`). A change the refit
+        model finds must gain more than that: on a few noisy steps the medians move by as much."""
         servers: dict[tuple[str, int, int], list[ServerSample]] = {}
         for step in self.samples:
             for s in step.servers:
@@ -164,6 +172,14 @@ class MeasurementWindow:
             for pool, seconds in (("", step.sync_s), *step.pool_sync_s):
                 if _usable(seconds):
                     sync.setdefault(pool, []).append(seconds)
+        errors = [
+            math.hypot(
+                median_standard_error([s.tokens_per_s for s in v]),
+                median_standard_error([s.running for s in v]),
+            )
+            for v in servers.values()
+        ]
+        errors += [median_standard_error(v) for v in (train, *sync.values())]
         return Measured(
             servers={
                 k: (statistics.median(s.running for s in v), statistics.median(s.tokens_per_s for s in v))
@@ -173,7 +189,20 @@ class MeasurementWindow:
             sync_s={pool: statistics.median(v) for pool, v in sorted(sync.items())},
             steps=len(self.kept),
             first_step=self.kept[0][0] if self.kept else self.step + 1,
+            uncertainty=UNCERTAINTY_Z * max(errors, default=0.0),
         )
+
+
+def median_standard_error(values: Sequence[float]) -> float:
+    """The relative standard error of the median of ``values`` (positive): their logs' spread, 1.4826 times their
+    median absolute deviation (a standard deviation a few wild steps do not move), times sqrt(pi / 2) / sqrt(n),
+    the median's error for n draws; 0 for fewer than two."""
+    if len(values) < 2:
+        return 0.0
+    logs = [math.log(v) for v in values]
+    centre = statistics.median(logs)
+    spread = 1.4826 * statistics.median(abs(x - centre) for x in logs)
+    return spread * math.sqrt(math.pi / 2 / len(values))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from areal_hex_plugin.costmodel import CostModel, RolloutStage, TrainStage
 from areal_hex_plugin.costmodel.calibration import Calibration
-from areal_hex_plugin.costmodel.refit import RunLayout
+from areal_hex_plugin.costmodel.refit import Measured, RunLayout
 from areal_hex_plugin.costmodel.weightsync import strategy_for
 from areal_hex_plugin.plan import HexPlan, PlanChange
 from areal_hex_plugin.planner.inflight import best_split, held_runtime, serial_rollout_s
@@ -31,6 +31,13 @@ from areal_hex_plugin.planner.reshare import ServerShape, plan_reshare_gain, rep
 # largest gain a refit finds where the true factors plan nothing better (0.4% on the paper recipes) plus the
 # runtime model's error between two runtimes of one layout in the simulator (2.1% on the 1.5B recipe, H20 -30%).
 THRESHOLD = 0.03
+
+
+def change_threshold(floor: float, measured: Measured) -> float:
+    """The gain a refit's change (a re-share or a re-plan) must beat: ``floor`` (``hex.calibration.
+    replan_threshold``), or the refit prediction's uncertainty where the window's steps scatter more
+    (:attr:`Measured.uncertainty`): on noisy steps a change that gains less is the noise's."""
+    return max(floor, measured.uncertainty)
 
 
 def plan_layout(plan: HexPlan, transport: str) -> RunLayout:

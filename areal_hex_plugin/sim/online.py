@@ -7,7 +7,9 @@ update's seconds, the latter also per receiving pool as the true model gives it,
 last ``WINDOW_STEPS``; the recipe's calibration the prior), then decides (``planner/refit_replan.py``):
 
 - the running layouts' shares re-solved under the refit model apply at once where they generate more than the
-  threshold faster than the shares held (the router's shares change; a refit's noise moves none), as a live run's do;
+  threshold faster than the shares held (the router's shares change; a refit's noise moves none), as a live run's do
+  (the threshold, as there, is the window's own uncertainty where its steps scatter more:
+  ``refit_replan.change_threshold``);
 - where the plan the refit model gives beats the running one by more than the threshold, its role and layout
   changes (or, on the same layouts, its update window, admission and in-flight caps) apply at the same step end
   as a re-plan and resume from a checkpoint taken there: the run restarts on the new plan, the rollouts in flight
@@ -37,7 +39,7 @@ from areal_hex_plugin.costmodel.calibration import (
 from areal_hex_plugin.costmodel.refit import MeasurementWindow, ServerSample, StepSample, refit
 from areal_hex_plugin.plan import HexPlan
 from areal_hex_plugin.planner import plan_recipe
-from areal_hex_plugin.planner.refit_replan import THRESHOLD, decide, plan_layout
+from areal_hex_plugin.planner.refit_replan import THRESHOLD, change_threshold, decide, plan_layout
 from areal_hex_plugin.sim.engine import _Loop, simulate
 from areal_hex_plugin.sim.inputs import sim_spec
 from areal_hex_plugin.sim.result import StepRecord
@@ -207,7 +209,7 @@ def simulate_truth(
         cpu = time.process_time() - started
         cm = cm.with_calibration(fit.calibration)
         started = time.process_time()
-        decision = decide(recipe, current, fit.calibration, threshold, step)
+        decision = decide(recipe, current, fit.calibration, change_threshold(threshold, measured), step)
         refits.append({"step": step, "cpu_s": cpu, "replan_cpu_s": time.process_time() - started,
                        "factors": fit.factors, "rms_log_error": fit.rms_log_error, "points": fit.points,
                        "decision": decision.to_dict()})  # fmt: skip
@@ -224,7 +226,7 @@ def simulate_truth(
             )
             window.restart()
             loop = _Measured(true_recipe, current, seed + len(plans), window)
-        elif decision.share_gain > threshold:
+        elif decision.share_gain > decision.threshold:
             current = decision.reshared(step)
             loop.route(decision.shares)
             notes[-1].append("shares re-solved")

@@ -241,7 +241,9 @@ class CalibrationConfig:
     # runtime error there (2.1%).
     replan_threshold: float = spec(
         0.03,
-        "suggest a re-plan when the plan the refit model gives beats the running one by more than this fraction",
+        "suggest a re-plan (or, with hex.elastic.auto_replan, re-share) when the refit model's answer beats the "
+        "running one by more than this fraction, or by more than the refit's own uncertainty where its steps "
+        "scatter more (hex/replan/threshold)",
         above(0, 10),
     )
 
