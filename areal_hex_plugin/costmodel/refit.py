@@ -32,8 +32,8 @@ over ``PRIOR_SPREAD``), so a few noisy steps move a factor a little, not to its 
    requests (``decode_overhead_s`` held, as ``fit_profile`` holds it);
 2. ``train_mfu`` of the training types (one multiplier on all of them) to the step's training seconds;
 3. ``update_gb_per_s`` and ``update_fixed_s`` of each type the update involves (a multiplier pair per type: one
-   pair for all of them first, then one type after another, twice round) to the update's seconds, per receiving
-   pool where the run times them.
+   pair for all of them first, then, where the run times each receiving pool's update, one type after another,
+   twice round) to the update's seconds.
 
 Between 1 and 2, a figure the recipe declares in its own ``hex.gpu_catalog`` (a belief, unlike the shipped,
 sourced specs) is fitted where the factor that scales it cannot explain the run inside its range
@@ -389,8 +389,12 @@ def refit(
             return [layout.sync_s(trial_cm, pool, senders) for pool in measured.sync_s]
 
         # First one pair for every type together (the whole update pays the slowest type's fixed cost, so no
-        # type alone can move it), then each type's own from there.
-        for group in [sync_types, *([t] for t in [*sync_types, *sync_types])]:
+        # type alone can move it), then, where the run times a pool's own update, each type's own from there. The
+        # whole update alone cannot tell the types apart: fitted one by one from it, a type whose fixed cost it
+        # does not pay falls back to the prior's, and the refit would believe one pool's update costlier than
+        # another's on no evidence.
+        apart = bool(measured.sync_s.keys() - {""})
+        for group in [sync_types, *([t] for t in [*sync_types, *sync_types] if apart)]:
 
             def sync_loss(rate: float, fixed: float, group=group, scales=scales) -> float:
                 trial = {**scales, **dict.fromkeys(group, (rate, fixed))}

@@ -29,7 +29,7 @@ from areal_hex_plugin.costmodel import CostModel
 from areal_hex_plugin.costmodel.calibration import read_profile
 from areal_hex_plugin.costmodel.refit import server_tokens_per_s
 from areal_hex_plugin.planner import plan_recipe
-from areal_hex_plugin.planner.refit_replan import plan_layout
+from areal_hex_plugin.planner.refit_replan import THRESHOLD, plan_layout
 from areal_hex_plugin.planner.replan import MachineDiff
 from areal_hex_plugin.planner.reshare import ServerShape, reshare
 from areal_hex_plugin.sim.online import factors_off, read_truth
@@ -151,20 +151,29 @@ def _served(recipe, plan, truth, pool_servers) -> dict[str, float]:
     return {"timeperf/train_step": layout.train_s(cm), "timeperf/update_weights": layout.sync_s(cm)}
 
 
-def _loop(recipe, plan, folder: Path, take, every: int = 5, **kw) -> OnlineRefit:
+def _loop(recipe, plan, folder: Path, take, every: int = 5, threshold: float = 0.05, **kw) -> OnlineRefit:
     shapes = [(g.pool, g.tp, g.pp) for g in plan.rollout.replicas for _ in range(g.count)]
     return OnlineRefit(
-        recipe, lambda: plan, lambda: shapes, take, folder=folder, run="t1", every=every, threshold=0.05, **kw
+        recipe,
+        lambda: plan,
+        lambda: shapes,
+        take,
+        folder=folder,
+        run="t1",
+        every=every,
+        threshold=threshold,
+        **kw,
     )
 
 
 def test_the_loop_refits_what_the_servers_serve_and_writes_a_profile_the_next_run_reads(
     tiny, refit_worker, servers, tmp_path: Path
 ) -> None:
-    recipe, plan, truth = tiny
+    recipe, plan, _ = tiny
+    truth = factors_off(recipe.calibration, "CPU-SMALL", -0.5)  # every factor of CPU-SMALL half the belief
     fleet = servers(sum(g.count for g in plan.rollout.replicas))
     poller = ServerPoller(lambda: [s.address for s in fleet], in_flight=lambda rank: 0)
-    loop = _loop(recipe, plan, tmp_path, poller.take, worker=refit_worker)
+    loop = _loop(recipe, plan, tmp_path, poller.take, threshold=THRESHOLD, worker=refit_worker)
     data = _served(recipe, plan, truth, fleet)
     logged: list[dict[str, float]] = []
     try:
@@ -200,11 +209,12 @@ def test_the_loop_refits_what_the_servers_serve_and_writes_a_profile_the_next_ru
     assert metrics["hex/calibration/rms_log_error"] < 0.05 < metrics["hex/calibration/rms_log_error_before"]
     assert abs(metrics["hex/calibration/residual/rollout_tokens_per_s/small_tp2pp1"]) < 0.05
     assert 0 < metrics["hex/calibration/cpu_s"] < 1.0 and metrics["hex/calibration/failed"] == 0.0
-    # The truth's own plan leaves CPU-SMALL idle (its update's fixed cost is dearer than what it generates): the
-    # refit model, which puts the whole update's slower fixed cost on CPU-SMALL, suggests that plan.
-    assert metrics["hex/calibration/CPU-SMALL/update_fixed_s"] == pytest.approx(
-        truth.for_gpu("CPU-SMALL").update_fixed_s, rel=0.05
-    )
+    # The whole update's time cannot say which type's update is slower: both types' factors move alike, to what
+    # it takes. CPU-SMALL decodes at half the belief, and the refit model's plan leaves it idle (4.9% faster by it,
+    # over the default threshold).
+    fixed = [metrics[f"hex/calibration/{t}/update_fixed_s"] for t in ("CPU-BIG", "CPU-SMALL")]
+    assert fixed[0] == pytest.approx(fixed[1], rel=1e-6)
+    assert abs(metrics["hex/calibration/residual/sync_s/all"]) < 0.05
     assert metrics["hex/replan/suggested"] == 1.0 and metrics["hex/replan/tokens_per_s_after"] > 0
     assert metrics["hex/replan/cpu_s"] < 2.0
     # The profile beside the plan is a hex.calibration.profile the next run (and areal-hex plan) reads.
@@ -220,7 +230,8 @@ def test_the_loop_refits_what_the_servers_serve_and_writes_a_profile_the_next_ru
 def test_a_refit_that_fails_or_diverges_keeps_the_running_model(
     tiny, refit_worker, servers, tmp_path: Path
 ) -> None:
-    recipe, plan, truth = tiny
+    recipe, plan, _ = tiny
+    truth = factors_off(recipe.calibration, "CPU-SMALL", -0.5)  # every factor of CPU-SMALL half the belief
     fleet = servers(sum(g.count for g in plan.rollout.replicas))
     data = _served(recipe, plan, truth, fleet)
     for server in fleet:  # every server 1000 times slower than any factor in range allows
