@@ -15,11 +15,12 @@ refit suggests an update window of 1 instead of 2, and says why. A fourth run on
 makes them, must change nothing: no re-plan suggested, no share or machine moved (issue 34's "correct factors make no
 change, no flapping").
 
-The first case is also a CI test (``tests/e2e/test_refit_declared_e2e.py``) at a pace the stand-ins keep on a
-loaded machine (``tests/e2e/truth-slow.yaml``); here the stand-ins run at the CI truth's pace, which they keep only
-while the CPU has the headroom (on 2 cores beside another e2e run they fell to about 2/3 of it, and the fit followed
-what they did), and the no-change runs depend on the trainer's speed, which nothing paces. Run it on a quiet
-machine from the repository root:
+The first case and a no-change case are also CI tests (``tests/e2e/test_refit_declared_e2e.py``: the latter with the
+trainer's and update's factors this CPU has, ``MACHINE_FACTORS``) at a pace the stand-ins keep on a loaded machine
+(``tests/e2e/truth-slow.yaml``); here the stand-ins run at the CI truth's pace, which they keep only while the CPU
+has the headroom (on 2 cores beside another e2e run they fell to about 2/3 of it, and the fit followed what they
+did), and the no-change runs depend on the trainer's speed, which nothing paces. Run it on a quiet machine from the
+repository root:
 
     .venv/bin/python benchmarks/refit_declared.py --json refit_declared.json
 """
