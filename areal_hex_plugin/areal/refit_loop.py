@@ -320,7 +320,6 @@ class OnlineRefit:
             "hex/replan/gain": decision.gain if math.isfinite(decision.gain) else 0.0,
             "hex/replan/machines": float(len(decision.diff)),
             "hex/replan/cpu_s": outcome.decision_cpu_s,
-            "hex/replan/share_gain": decision.share_gain,
             "hex/replan/threshold": decision.threshold,
         }
         # The shares first: a live re-layout then weighs the servers under the refit model.

@@ -121,10 +121,7 @@ def test_correct_factors_make_no_change(tmp_path: Path) -> None:
 
     rows = [r for r in run.wandb_history() if any(k.startswith("hex/measured/") for k in r)]
     decided = [r for r in rows if "hex/replan/suggested" in r]
-    said = [
-        {k: r[k] for k in ("hex/replan/gain", "hex/replan/share_gain", "hex/replan/threshold")}
-        for r in decided
-    ]
+    said = [{k: r[k] for k in ("hex/replan/gain", "hex/replan/threshold")} for r in decided]
     assert len(decided) == 2, said  # the refits at steps 5 and 10 both decided
     assert not any(r["hex/replan/suggested"] or r["hex/replan/shares_applied"] for r in decided), said
     assert run.plan["changes"] == []
