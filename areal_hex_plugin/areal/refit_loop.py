@@ -22,11 +22,11 @@ process waits for its answer, then:
    prints the command that resumes on it;
 3. with ``hex.elastic.auto_replan``, the rollout shares are re-solved under the refit model here, through the
    elastic run's re-share path (live objects), which records the change in the plan's ``changes``, where they
-   gain more than that same threshold; a suggestion
-   that only starts, stops or re-lays out rollout servers is applied live, one machine at a time, from this
-   thread (``live``: ``elastic/relayout.py``); any other suggestion that moves machines, or one the live path
-   could not finish, is handed to the trainer (:meth:`take_restart`), which applies it at the next recover
-   checkpoint (``auto_replan.py``), where the run may (``no_restart`` None).
+   gain more than that same threshold; a suggestion that only starts, stops or re-lays out rollout servers is
+   applied live, one machine at a time, from this thread (``live``: ``elastic/relayout.py``); any other
+   suggestion that moves machines, or one the live path could not finish, is handed to the trainer
+   (:meth:`take_restart`), which applies it at the next recover checkpoint (``auto_replan.py``), where the run
+   may (``no_restart`` None).
 
 Each refit's and decision's CPU seconds (the worker process's, all its threads) are logged as
 ``hex/calibration/cpu_s`` and ``hex/replan/cpu_s``. The run's end stops the worker.
