@@ -230,8 +230,7 @@ def test_the_loop_refits_what_the_servers_serve_and_writes_a_profile_the_next_ru
 def test_a_refit_that_fails_or_diverges_keeps_the_running_model(
     tiny, refit_worker, servers, tmp_path: Path
 ) -> None:
-    recipe, plan, _ = tiny
-    truth = factors_off(recipe.calibration, "CPU-SMALL", -0.5)  # every factor of CPU-SMALL half the belief
+    recipe, plan, truth = tiny
     fleet = servers(sum(g.count for g in plan.rollout.replicas))
     data = _served(recipe, plan, truth, fleet)
     for server in fleet:  # every server 1000 times slower than any factor in range allows
