@@ -417,8 +417,8 @@ def fit_baselines(
     data: Mapping, settings: Mapping[str, Setting], calibration: Calibration | None = None, name: str = ""
 ) -> BaselineFit:
     """Fit every type's factors to ``data`` (checked by :func:`check_baselines`); ``settings`` maps each of its
-    model names to the recipe setting. Factors ``calibration`` already sources from a profile are kept; the
-    measured runs' staleness bound is the one of ``ETAS`` the reference's rollout seconds fit best."""
+    model names to the recipe setting. Factors ``calibration`` gives (a profile's, whatever source it states) are
+    kept; the measured runs' staleness bound is the one of ``ETAS`` the reference's rollout seconds fit best."""
     data = check_baselines(data)
     calibration = calibration or Calibration()
     where = name or "baselines"
@@ -462,8 +462,10 @@ def fit_baselines(
         c: tuple(v["rollout_layout"]) if v.get("rollout_layout") else None for c, v in clusters.items()
     }
 
+    given = calibration
+
     def kept(gpu_type: str, factors: tuple[str, ...]) -> bool:
-        return all(calibration.source(gpu_type, f).startswith("profile") for f in factors)
+        return not any(given.assumed(gpu_type, f) for f in factors)
 
     short = ", ".join(m.rsplit("-", 1)[-1] for m in models)
 

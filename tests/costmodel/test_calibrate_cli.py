@@ -36,8 +36,17 @@ def test_a_profile_alone_passes_through_with_its_sources(tmp_path, capsys):
     assert sources[("H20", "infer_mfu")] == "SGLang on one H20, 2026-12-01"
     assert sources[("H20", "train_mfu")] == "profile h20.json"
     assert sources[("H20", "hbm_fraction")].startswith("assumed default")
-    assert "SGLang on one H20" in capsys.readouterr().out
-    jsonschema.validate(json.loads(out.read_text()), load_schema("calibrate"))
+    printed = capsys.readouterr().out
+    assert "SGLang on one H20" in printed
+    written = json.loads(out.read_text())
+    jsonschema.validate(written, load_schema("calibrate"))
+    # Beside every profile: the rate measured decode kernels stream KV at, against the type's hbm_fraction.
+    checks = {c["gpu_type"]: c for c in written["kernel_checks"]}
+    assert checks["H20"]["hbm_fraction_source"].startswith("assumed default")
+    assert checks["H20"]["ratio"] == round(
+        checks["H20"]["kernel_fraction"] / checks["H20"]["hbm_fraction"], 3
+    )
+    assert "H20        kernels stream KV at 0.75 of HBM" in printed
 
 
 def test_the_shipped_paper_profile_is_valid():
@@ -72,3 +81,29 @@ def test_baselines_are_checked_where_they_enter():
         check_baselines(data)
     with pytest.raises(HexError, match="baselines file"):
         check_baselines({"format": "other"})
+
+
+@pytest.mark.slow
+def test_the_baseline_fit_keeps_a_profiles_factors_whatever_their_source(tmp_path):
+    """Factors a profile gives are kept by the baseline fit, whether the profile states their source or not; the
+    fit fits the rest (here H20's weight update)."""
+    profile = tmp_path / "h20.json"
+    given = {"hbm_fraction": 0.75, "infer_mfu": 0.5, "train_mfu": 0.2}
+    stated = "InferSim FlashInfer decode attention on H20"
+    profile.write_text(
+        json.dumps(
+            {
+                "format": PROFILE_FORMAT,
+                "gpu_types": {"H20": given},
+                "sources": {"H20": {"hbm_fraction": stated}},
+            }
+        )
+    )
+    out = tmp_path / "cal.json"
+    baselines = str(REPO / "recipes" / "paper" / "baselines.json")
+    assert main(["calibrate", "--baselines", baselines, "--profile", str(profile), "--json", str(out)]) == 0
+    written, sources = read_profile(out)["H20"], read_profile_sources(out)
+    assert {k: written[k] for k in given} == given
+    assert sources[("H20", "hbm_fraction")] == stated
+    assert sources[("H20", "infer_mfu")] == sources[("H20", "train_mfu")] == "profile h20.json"
+    assert sources[("H20", "update_gb_per_s")].startswith("fit to baselines.json")
