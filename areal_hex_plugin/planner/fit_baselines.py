@@ -328,20 +328,34 @@ def _bounds(factor: str, widen: float = 1.0) -> tuple[float, float]:
 
 
 def _fit_in_range(
-    loss, points, gpu_type: str, names: tuple[str, str], unexplained: list | None = None
+    loss,
+    points,
+    gpu_type: str,
+    names: tuple[str, str],
+    unexplained: list | None = None,
+    given: Calibration | None = None,
 ) -> tuple[float, float]:
-    """The pair of factors ``names`` minimising ``loss``, inside their physical ranges. ``points(a, b)`` lists
-    (label, model, measured) per measurement; where the best fit inside misses some by more than TOLERANCE and a
-    factor outside its range would fit better, each of those (furthest off first) is added to ``unexplained``
-    (None: not checked) with the value that factor would need."""
-    inside = grid_search(loss, (_bounds(names[0]), _bounds(names[1])), **GRID)
+    """The pair of factors ``names`` minimising ``loss``, inside their physical ranges; a factor ``given`` holds
+    (not its built-in assumption) stays at its value. ``points(a, b)`` lists (label, model, measured) per
+    measurement; where the best fit inside misses some by more than TOLERANCE, each of those (furthest off first) is
+    added to ``unexplained`` (None: not checked) with the value a factor outside its range would need, or, where
+    none would fit better, the factors no value of which explains it."""
+
+    def bounds(name: str, widen: float = 1.0) -> tuple[float, float]:
+        if given is not None and not given.assumed(gpu_type, name):
+            value = getattr(given.for_gpu(gpu_type), name)
+            return value, value
+        return _bounds(name, widen)
+
+    loss = cache(loss)  # a held factor repeats the grid's points
+    inside = grid_search(loss, (bounds(names[0]), bounds(names[1])), **GRID)
     misses = sorted(
         (x for x in points(*inside) if abs(x[1] / x[2] - 1) > TOLERANCE),
         key=lambda x: -abs(math.log(x[1] / x[2])),
     )
     if unexplained is None or not misses:
         return inside
-    wide = grid_search(loss, (_bounds(names[0], WIDEN), _bounds(names[1], WIDEN)), **GRID)
+    wide = grid_search(loss, (bounds(names[0], WIDEN), bounds(names[1], WIDEN)), **GRID)
     out = [(n, v) for n, v in zip(names, wide, strict=True) if v not in RANGES[n]]
     if out:
         name, value = out[0]
@@ -349,16 +363,19 @@ def _fit_in_range(
             f"the fit outside the ranges puts {name} at {value:.3g}, outside its physical range {RANGES[name]} "
             f"({RANGES[name].why})"
         )
-        unexplained += [
-            {
-                "measurement": label,
-                "measured": measured,
-                "model_value": model,
-                "gpu_type": gpu_type,
-                "needs": needs,
-            }
-            for label, model, measured in misses
-        ]
+    else:
+        free = " or ".join(dict.fromkeys(n for n in names if bounds(n)[0] < bounds(n)[1]))
+        needs = f"no value of {free} explains it, inside its range or {WIDEN:g}x beyond (the rest held)"
+    unexplained += [
+        {
+            "measurement": label,
+            "measured": measured,
+            "model_value": model,
+            "gpu_type": gpu_type,
+            "needs": needs,
+        }
+        for label, model, measured in misses
+    ]
     return inside
 
 
@@ -467,6 +484,11 @@ def fit_baselines(
     def kept(gpu_type: str, factors: tuple[str, ...]) -> bool:
         return not any(given.assumed(gpu_type, f) for f in factors)
 
+    def fitted(cal: Calibration, gpu_type: str, values: Mapping[str, float], source: str) -> Calibration:
+        """``cal`` with those of ``values`` that ``given`` leaves to the fit, from ``source``."""
+        free = {k: v for k, v in values.items() if given.assumed(gpu_type, k)}
+        return cal.with_factors(gpu_type, free, source)
+
     short = ", ".join(m.rsplit("-", 1)[-1] for m in models)
 
     # 1. The reference type: rollout and training on two machines and one.
@@ -516,13 +538,13 @@ def fit_baselines(
 
     if not kept(ref_type, roll):
         hbm, overhead = _fit_in_range(
-            partial(_points_loss, roll_points), roll_points, ref_type, roll, unexplained
+            partial(_points_loss, roll_points), roll_points, ref_type, roll, unexplained, given
         )
         source = (
             f"fit to {where}: {ref} rollout seconds per step of {short}, each at its fitted staleness bound"
         )
-        calibration = calibration.with_factors(
-            ref_type, {"hbm_fraction": hbm, "decode_overhead_s": overhead}, source
+        calibration = fitted(
+            calibration, ref_type, {"hbm_fraction": hbm, "decode_overhead_s": overhead}, source
         )
     by_eta = {m: roll_values(m, calibration) for m in models}
     eta_of.update({m: nearest(by_eta[m], measured(m, ref, "rollout_s")) for m in models})
@@ -581,10 +603,10 @@ def fit_baselines(
                 ref_pool, f"Table 1 rollout tokens/s per GPU, {cname} over {ref}, of",
             )  # fmt: skip
             found = _fit_in_range(
-                partial(_points_loss, roll_points), roll_points, gpu_type, roll, unexplained
+                partial(_points_loss, roll_points), roll_points, gpu_type, roll, unexplained, given
             )
             source = f"fit to {where}: Table 1 rollout cost ratio {cname} vs {ref} of {short}"
-            calibration = calibration.with_factors(gpu_type, dict(zip(roll, found, strict=True)), source)
+            calibration = fitted(calibration, gpu_type, dict(zip(roll, found, strict=True)), source)
         per_machine = settings[models[0]].cluster.pool(pool).gpus_per_machine
         counts = (
             [gpus[cname]]
@@ -643,11 +665,11 @@ def fit_baselines(
 
         rate, fixed = _fit_in_range(
             partial(_sync_loss, parts, data["models"], cname), sync_points, gpu_type,
-            ("update_gb_per_s", "update_fixed_s"), unexplained,
+            ("update_gb_per_s", "update_fixed_s"), unexplained, given,
         )  # fmt: skip
         source = f"fit to {where}: Table 2 {cname} weight-update seconds of {short}"
-        calibration = calibration.with_factors(
-            gpu_type, {"update_gb_per_s": rate, "update_fixed_s": fixed}, source
+        calibration = fitted(
+            calibration, gpu_type, {"update_gb_per_s": rate, "update_fixed_s": fixed}, source
         )
         for label, model_value, value in sync_points(rate, fixed):
             m = label.rsplit(" of ", 1)[1]

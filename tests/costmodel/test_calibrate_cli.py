@@ -85,10 +85,11 @@ def test_baselines_are_checked_where_they_enter():
 
 @pytest.mark.slow
 def test_the_baseline_fit_keeps_a_profiles_factors_whatever_their_source(tmp_path):
-    """Factors a profile gives are kept by the baseline fit, whether the profile states their source or not; the
-    fit fits the rest (here H20's weight update)."""
+    """Factors a profile gives are kept by the baseline fit, whether the profile states their source or not, and
+    where a pair is fitted together the one given holds while the other is fitted (here H20's infer_mfu beside the
+    given hbm_fraction); the fit fits the rest (H20's weight update)."""
     profile = tmp_path / "h20.json"
-    given = {"hbm_fraction": 0.75, "infer_mfu": 0.5, "train_mfu": 0.2}
+    given = {"hbm_fraction": 0.75, "train_mfu": 0.2}
     stated = "InferSim FlashInfer decode attention on H20"
     profile.write_text(
         json.dumps(
@@ -105,5 +106,11 @@ def test_the_baseline_fit_keeps_a_profiles_factors_whatever_their_source(tmp_pat
     written, sources = read_profile(out)["H20"], read_profile_sources(out)
     assert {k: written[k] for k in given} == given
     assert sources[("H20", "hbm_fraction")] == stated
-    assert sources[("H20", "infer_mfu")] == sources[("H20", "train_mfu")] == "profile h20.json"
+    assert sources[("H20", "train_mfu")] == "profile h20.json"
+    assert sources[("H20", "infer_mfu")].startswith("fit to baselines.json: Table 1 rollout cost ratio")
     assert sources[("H20", "update_gb_per_s")].startswith("fit to baselines.json")
+    # With H20's hbm_fraction held, no infer_mfu brings Table 1's flat rollout ratios within 15%: named, not hidden.
+    named = {u["measurement"]: u["needs"] for u in json.loads(out.read_text())["unexplained"]}
+    table_1 = "Table 1 rollout tokens/s per GPU, h20 over h800, of DeepSeek-R1-Distill-Qwen-"
+    assert named[table_1 + "7B"] == named[table_1 + "1.5B"]
+    assert named[table_1 + "7B"].startswith("no value of infer_mfu explains it")
