@@ -42,6 +42,18 @@ def _read(path: str, what: str) -> dict:
         raise HexError(what, f"{path} is not JSON", "point at the JSON file") from None
 
 
+def _print_kernel_checks(checks: list[dict], con) -> None:
+    """The KV rate measured decode kernels reach beside each type's ``hbm_fraction`` (nothing is fitted to it)."""
+    if not checks:
+        return
+    print(f"\nhbm_fraction beside measured decode-attention kernels ({checks[0]['source']})", file=con)
+    for c in checks:
+        kernels = ", ".join(f"{layout} {f:.2f}" for layout, f in c["kernels"].items())
+        print(f"  {c['gpu_type']:10} kernels stream KV at {c['kernel_fraction']:.2f} of HBM ({kernels}); "
+              f"hbm_fraction {c['hbm_fraction']:g} ({c['hbm_fraction_source']}): the model reads KV "
+              f"{c['ratio']:.2f}x slower than the kernels", file=con)  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     from areal_hex_plugin.costmodel.calibration import (
         PROFILE_FORMAT,
@@ -50,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         read_profile,
         read_profile_sources,
     )
+    from areal_hex_plugin.costmodel.kernel_checks import attention_checks
     from areal_hex_plugin.outfiles import check_writable, console, write_json
     from areal_hex_plugin.planner.fit_baselines import check_baselines, fit_baselines, setting_from
     from areal_hex_plugin.progress import working
@@ -87,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
             out["unexplained"] = fit.unexplained
             out["check"] = baseline_phases(recipes, calibration, data, fit.gpus, fit.setting.eta)
     out.update(calibration.profile(types))
+    out["kernel_checks"] = attention_checks(calibration)
     for t in types:
         print(f"{t}:", file=con)
         for key, value in out["gpu_types"][t].items():
@@ -102,5 +116,6 @@ def run(args: argparse.Namespace) -> int:
     for miss in out.get("unexplained", []):
         print(f"\ncannot explain {miss['measurement']}: {miss['measured']:g} measured, {miss['model_value']:.4g} "
               f"with every factor inside its range ({miss['needs']})", file=con)  # fmt: skip
+    _print_kernel_checks(out["kernel_checks"], con)
     print(f"\ncalibration written to {write_json(args.json, out)}", file=con)
     return 0
