@@ -107,12 +107,16 @@ def run(args: argparse.Namespace) -> int:
             edge = " [at an end of its range]" if value in (RANGES[key].low, RANGES[key].high) else ""
             print(f"  {key:18} {value:<10g} {out['sources'][t][key]}{edge}", file=con)
     if out["check"]:
-        print("\nPlanner vs measured on the measured clusters", file=con)
-        print(f"{'model':32}{'cluster':8}{'phase':15}{'measured':>10}{'model':>10}{'error':>8}", file=con)
+        print("\nPlanner vs measured on the measured clusters (the planner's own plan; split: GPUs training + "
+              "generating, which may differ from the run's)", file=con)  # fmt: skip
+        print(
+            f"{'model':32}{'cluster':8}{'phase':15}{'measured':>10}{'model':>10}{'error':>8}  split", file=con
+        )
         for row in out["check"]:
             error = row["model_value"] / row["measured"] - 1
+            split = " + ".join(str(sum(row["split"][role].values())) for role in ("train", "rollout"))
             print(f"{row['model']:32}{row['cluster']:8}{row['phase']:15}{row['measured']:10.1f}"
-                  f"{row['model_value']:10.1f}{error:+8.1%}", file=con)  # fmt: skip
+                  f"{row['model_value']:10.1f}{error:+8.1%}  {split}", file=con)  # fmt: skip
     for miss in out.get("unexplained", []):
         print(f"\ncannot explain {miss['measurement']}: {miss['measured']:g} measured, {miss['model_value']:.4g} "
               f"with every factor inside its range ({miss['needs']})", file=con)  # fmt: skip

@@ -84,7 +84,7 @@ def test_baselines_are_checked_where_they_enter():
 
 
 @pytest.mark.slow
-def test_the_baseline_fit_keeps_a_profiles_factors_whatever_their_source(tmp_path):
+def test_the_baseline_fit_keeps_a_profiles_factors_whatever_their_source(tmp_path, capsys):
     """Factors a profile gives are kept by the baseline fit, whether the profile states their source or not, and
     where a pair is fitted together the one given holds while the other is fitted (here H20's infer_mfu beside the
     given hbm_fraction); the fit fits the rest (H20's weight update)."""
@@ -114,3 +114,9 @@ def test_the_baseline_fit_keeps_a_profiles_factors_whatever_their_source(tmp_pat
     table_1 = "Table 1 rollout tokens/s per GPU, h20 over h800, of DeepSeek-R1-Distill-Qwen-"
     assert named[table_1 + "7B"] == named[table_1 + "1.5B"]
     assert named[table_1 + "7B"].startswith("no value of infer_mfu explains it")
+    # The check table says how the planner split each measured cluster (its own choice, not the run's).
+    printed = capsys.readouterr().out.splitlines()
+    for row in json.loads(out.read_text())["check"]:
+        split = f"{sum(row['split']['train'].values())} + {sum(row['split']['rollout'].values())}"
+        line = next(x for x in printed if x.startswith(f"{row['model']:32}{row['cluster']:8}{row['phase']} "))
+        assert line.endswith(f"  {split}"), line
