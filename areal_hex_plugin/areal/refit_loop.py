@@ -84,7 +84,9 @@ def residual_metrics(fit: Refit, cpu_s: float) -> dict[str, float]:
     for p in fit.points:
         where = p.get("server") or p.get("pool") or p.get("gpu_type", "")
         out[f"hex/calibration/residual/{p['what']}/{_key(where)}"] = math.log(p["model"] / p["measured"])
-    before = [math.log(p["before"] / p["measured"]) ** 2 for p in fit.points if p["before"] > 0]
+    before = [
+        math.log(p["before"] / p["measured"]) ** 2 for p in fit.points if p["before"] > 0 and "held" not in p
+    ]
     out["hex/calibration/rms_log_error"] = fit.rms_log_error
     if before:
         out["hex/calibration/rms_log_error_before"] = math.sqrt(sum(before) / len(before))
@@ -291,6 +293,10 @@ class OnlineRefit:
         self.calibration = fit.calibration
         metrics = {**factor_metrics(fit), **residual_metrics(fit, cpu), "hex/calibration/failed": 0.0}
         record.update(factors=fit.factors, figures=fit.figures, rms_log_error=fit.rms_log_error)
+        for why in fit.held:
+            logger.warning(f"refit at step {step}: {why}")
+        if fit.held:
+            record["held"] = fit.held
         try:
             write_json(self.profile_file, fit.profile(), PROFILE_FILE)
         except HexError as error:  # the refit still counts for this run

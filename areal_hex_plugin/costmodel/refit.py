@@ -264,8 +264,13 @@ class Refit:
 
     @property
     def rms_log_error(self) -> float:
-        """Root-mean-square of ln(refit model / measured) over the points (0.1 is about 10%)."""
-        return _rms(self.points)
+        """Root-mean-square of ln(refit model / measured) over the points it fitted (0.1 is about 10%)."""
+        return _rms(p for p in self.points if "held" not in p)
+
+    @property
+    def held(self) -> list[str]:
+        """The measurements no factor in range explains, each with why its phase keeps the running factors."""
+        return [f"{p['what']}: {p['held']}" for p in self.points if "held" in p]
 
     def profile(self) -> dict[str, Any]:
         """The refit as a profile JSON (``hex.calibration.profile``): factors, sources, and the residuals."""
@@ -361,12 +366,26 @@ def refit(
         low, high = _scale_bounds(prior, train_types, "train_mfu")
         k, _ = grid_search(lambda a, _: train_loss(a), ((low, high), (1.0, 1.0)), **GRID, start=(1.0, 1.0))
         before = layout.train_s(cm.with_calibration(cal))
-        cal = _scaled(cal, prior, train_types, {"train_mfu": k})
-        for t in train_types:
-            cal = cal.with_factors(t, {"train_mfu": cal.for_gpu(t).train_mfu}, f"{where}, train step seconds")
-        refit_types.update(train_types)
-        points.append({"what": "train_s", "gpu_type": ", ".join(train_types), "measured": measured.train_s,
-                       "before": before, "model": layout.train_s(cm.with_calibration(cal))})  # fmt: skip
+        trial = _scaled(cal, prior, train_types, {"train_mfu": k})
+        after = layout.train_s(cm.with_calibration(trial))
+        point = {"what": "train_s", "gpu_type": ", ".join(train_types), "measured": measured.train_s,
+                 "before": before, "model": after}  # fmt: skip
+        if abs(math.log(after / measured.train_s)) > DIVERGED:
+            # No train_mfu in range comes within a factor 2 (a trainer of another speed than the catalog's): the
+            # phase keeps the running model's train factors, and the other phases' refits stand.
+            point["model"] = before
+            point["held"] = (
+                f"no train_mfu in its range explains {measured.train_s:.3g} s (the model gives {after:.3g} s at "
+                f"best); the running train factors stay"
+            )
+        else:
+            cal = trial
+            for t in train_types:
+                cal = cal.with_factors(
+                    t, {"train_mfu": cal.for_gpu(t).train_mfu}, f"{where}, train step seconds"
+                )
+            refit_types.update(train_types)
+        points.append(point)
 
     # 3. Weight update: a multiplier on each type's update factors, all together, then one type after another.
     sync_types = sorted(

@@ -20,6 +20,7 @@ from areal_hex_plugin.costmodel.refit import (
     MeasurementWindow,
     ServerSample,
     StepSample,
+    diverged,
     median_standard_error,
     refit,
     server_tokens_per_s,
@@ -254,3 +255,39 @@ def test_a_whole_update_off_the_belief_moves_every_type_alike(fixed_s: float):
     (point,) = [p for p in fit.points if p["what"] == "sync_s"]
     assert max(point["before"], point["measured"]) > 2.5 * min(point["before"], point["measured"]), point
     assert point["model"] == pytest.approx(point["measured"], rel=0.1), point
+
+
+@pytest.mark.parametrize("k", [1 / 6, 10.0])
+def test_a_train_step_no_train_mfu_in_range_explains_keeps_the_running_train_factors_alone(run, k):
+    """A trainer 6x faster (10x slower) than the model gives at any train_mfu in range: that phase keeps the
+    running model's train factors, its point says why and leaves the residual, and the servers, measured as the
+    true model runs them 30% off the belief (faster), are refit all the same (diverged says nothing)."""
+    recipe, plan, layout = run
+    served = {recipe.cluster.pool(g.pool).gpu_type for g in plan.rollout.replicas}
+    truth = recipe.calibration
+    for gpu_type in served:
+        eff = truth.for_gpu(gpu_type)
+        truth = truth.with_factors(
+            gpu_type, {f: getattr(eff, f) * 1.3 for f in ("hbm_fraction", "infer_mfu")}
+        )
+    true_cm = CostModel(recipe.cluster, recipe.workload, truth)
+    prior = CostModel(recipe.cluster, recipe.workload, recipe.calibration)
+    window = MeasurementWindow()
+    for _ in range(10):
+        step = _step(true_cm, plan, layout)
+        window.add(replace(step, train_s=layout.train_s(prior) * k))
+    fit = refit(prior, layout, window.measured(), "t1")
+    assert diverged(fit) is None
+    trained = {recipe.cluster.pool(s.pool).gpu_type for s in plan.train.stages}
+    for gpu_type in trained:
+        assert fit.calibration.for_gpu(gpu_type).train_mfu == recipe.calibration.for_gpu(gpu_type).train_mfu
+        assert not fit.calibration.source(gpu_type, "train_mfu").startswith("refit")
+    (train,) = [p for p in fit.points if p["what"] == "train_s"]
+    assert train["model"] == pytest.approx(layout.train_s(prior)) and "held" in train
+    assert "no train_mfu in its range" in train["held"] and f"{train['measured']:.3g} s" in train["held"]
+    assert fit.held == [f"train_s: {train['held']}"]
+    servers = [p for p in fit.points if p["what"] == "rollout_tokens_per_s"]
+    assert servers and all(abs(p["before"] / p["measured"] - 1) > 0.1 for p in servers)
+    assert all(abs(p["model"] / p["measured"] - 1) < 0.02 for p in servers)
+    assert {t for t in served if fit.calibration.source(t, "hbm_fraction").startswith("refit")} == served
+    assert fit.rms_log_error < 0.05  # over what it fitted: the held train step is not in it
