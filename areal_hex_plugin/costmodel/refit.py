@@ -30,7 +30,9 @@ over ``PRIOR_SPREAD``), so a few noisy steps move a factor a little, not to its 
 
 1. per GPU type that generates: ``hbm_fraction`` and ``infer_mfu`` to its servers' tokens/s at their running
    requests (``decode_overhead_s`` held, as ``fit_profile`` holds it);
-2. ``train_mfu`` of the training types (one multiplier on all of them) to the step's training seconds;
+2. ``train_mfu`` of the training types (one multiplier on all of them) to the step's training seconds; where no
+   value in its range comes within a factor 2 (``DIVERGED``) of them, the phase keeps the running model's factors
+   and its point says so (``Refit.held``: it leaves the residual, and the other phases' refits stand);
 3. ``update_gb_per_s`` and ``update_fixed_s`` of each type the update involves (a multiplier pair per type: one
    pair for all of them first, then, where the run times each receiving pool's update, one type after another,
    twice round) to the update's seconds.
