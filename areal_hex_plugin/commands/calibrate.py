@@ -43,7 +43,8 @@ def _read(path: str, what: str) -> dict:
 
 
 def _print_kernel_checks(checks: list[dict], con) -> None:
-    """The KV rate measured decode kernels reach beside each type's ``hbm_fraction`` (nothing is fitted to it)."""
+    """The KV rate measured decode kernels reach beside the ``hbm_fraction`` of each type written that has them
+    (nothing is fitted to it)."""
     if not checks:
         return
     print(f"\nhbm_fraction beside measured decode-attention kernels ({checks[0]['source']})", file=con)
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             out["unexplained"] = fit.unexplained
             out["check"] = baseline_phases(recipes, calibration, data, fit.gpus, fit.setting.eta)
     out.update(calibration.profile(types))
-    out["kernel_checks"] = attention_checks(calibration)
+    out["kernel_checks"] = attention_checks(calibration, types)
     for t in types:
         print(f"{t}:", file=con)
         for key, value in out["gpu_types"][t].items():
