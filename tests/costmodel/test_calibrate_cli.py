@@ -120,3 +120,14 @@ def test_the_baseline_fit_keeps_a_profiles_factors_whatever_their_source(tmp_pat
         split = f"{sum(row['split']['train'].values())} + {sum(row['split']['rollout'].values())}"
         line = next(x for x in printed if x.startswith(f"{row['model']:32}{row['cluster']:8}{row['phase']} "))
         assert line.endswith(f"  {split}"), line
+
+
+def test_the_kernel_check_covers_only_the_types_written(tmp_path, capsys):
+    profile = tmp_path / "h100.json"
+    profile.write_text(json.dumps({"format": PROFILE_FORMAT, "gpu_types": {"H100": {"infer_mfu": 0.5}}}))
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--profile", str(profile), "--json", str(out)]) == 0
+    assert (
+        json.loads(out.read_text())["kernel_checks"] == []
+    )  # no measured kernels for H100; none for H20 shown
+    assert "decode-attention kernels" not in capsys.readouterr().out
