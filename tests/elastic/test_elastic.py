@@ -325,6 +325,27 @@ def test_a_server_lost_during_an_update_leaves_its_commit_set(rig, servers):
     assert elastic.counts["lost"] == 1 and elastic.states[1] != UP and actor.hex_last_report is report
 
 
+def test_a_server_lost_and_relaunched_at_once_is_still_counted_lost(rig, servers):
+    """The loss found by a failed commit counts as a loss even when the relaunch it starts has already brought
+    the rank back as joining (a race CI hit: the count read the state after the relaunch thread moved it)."""
+    elastic = rig[0]
+    mark_down = elastic.mark_down
+
+    def mark_down_then_relaunched(rank: int, reason: str):
+        marked = mark_down(rank, reason)
+        deadline = time.monotonic() + 10
+        while (
+            elastic.states[rank] == DOWN and time.monotonic() < deadline
+        ):  # the relaunch thread wins the race
+            time.sleep(0.01)
+        return marked
+
+    elastic.mark_down = mark_down_then_relaunched
+    servers[1].close()
+    assert elastic.lost_among([1]) == 1
+    assert elastic.states[1] == JOINING and elastic.counts["lost"] == 1
+
+
 class _HttpWorkers:
     """Upstream's scheduler as the controller uses it for a control call: each worker's engine makes the call on
     its server over HTTP (as upstream's RemoteSGLangEngine does), an unanswered call raising."""

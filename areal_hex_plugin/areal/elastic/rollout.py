@@ -266,24 +266,30 @@ class ElasticRollout:
             for rank, ok in zip(ranks, self._pool.map(self.health.probe, ranks), strict=True):
                 self._after_probe(rank, ok)
 
-    def _after_probe(self, rank: int, ok: bool) -> None:
+    def _after_probe(self, rank: int, ok: bool) -> bool:
+        """Count one probe of ``rank``; whether it marked the server down."""
         with self._lock:
             if ok:
                 self._kept.pop(rank, None)
             if self.health.record(rank, ok):
-                self.mark_down(rank, f"{self.health.failures[rank]} health probes failed")
+                return self.mark_down(rank, f"{self.health.failures[rank]} health probes failed")
+            return False
 
     def confirm_failure(self, rank: int) -> bool:
-        """A request on ``rank`` failed: probe it now; whether it is (now) lost."""
+        """A request on ``rank`` failed: probe it now; whether it is (now) lost. The answer is the marking's, not
+        the state read afterwards: a relaunch started by the marking may already have brought the rank back."""
         if self.states[rank] in GONE:
             return True
         if self.health.probe(rank):
             return False
-        self._after_probe(rank, False)
+        if self._after_probe(rank, False):
+            return True
         # One more probe decides at once rather than at the next round.
-        if self.states[rank] not in GONE and not self.health.probe(rank):
-            self.mark_down(rank, "a request failed and its server does not answer")
-        return self.states[rank] in GONE
+        if self.states[rank] in GONE:
+            return True
+        return not self.health.probe(rank) and self.mark_down(
+            rank, "a request failed and its server does not answer"
+        )
 
     def lost_among(self, ranks: Sequence[int]) -> int:
         """Of these servers (a weight update failed to commit on them), how many are lost, each probed now."""
@@ -299,10 +305,14 @@ class ElasticRollout:
         """Whether ``rank``'s worker and server take control calls (pause, version, stats): not lost or retired."""
         return self.states[rank] not in GONE
 
-    def mark_down(self, rank: int, reason: str) -> None:
+    def mark_down(self, rank: int, reason: str) -> bool:
+        """Take ``rank`` out of the routing (and relaunch it where configured); whether it is down now, False
+        where it is the last one serving and stays (:meth:`_keeps_last`)."""
         with self._lock:
-            if self.states[rank] in GONE or self._keeps_last(rank, reason):
-                return
+            if self.states[rank] in GONE:
+                return True
+            if self._keeps_last(rank, reason):
+                return False
             was_serving = self.states[rank] == UP
             before = self.policy.tokens_per_s(self.live())
             detection = self.health.mark_down(rank)
@@ -327,6 +337,7 @@ class ElasticRollout:
             self._change("lost", [self.names[rank]], reason, before)
         if self._relaunch is not None and self.config.relaunch and rank not in self._retiring:
             threading.Thread(target=self._bring_back, args=(rank,), name="hex-relaunch", daemon=True).start()
+        return True
 
     def _keeps_last(self, rank: int, reason: str) -> bool:
         """Whether ``rank`` is the last server that serves, kept in the routing whatever its probes say: without it
