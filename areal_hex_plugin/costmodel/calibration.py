@@ -40,7 +40,7 @@ from areal_hex_plugin.specs import typed
 from areal_hex_plugin.specs.catalog import FIGURES, GpuCatalog
 from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.config import CalibrationConfig, GpuTypeConfig
-from areal_hex_plugin.specs.files import read_json
+from areal_hex_plugin.specs.files import read_format
 
 PROFILE_FORMAT = "areal-hex-profile/1"
 
@@ -239,14 +239,16 @@ class Calibration:
 
 
 def _load_profile(path: str | Path, field_path: str) -> dict:
-    file = Path(path).expanduser()
-    data = read_json(file, field_path, "point at a file written by areal-hex profile")
-    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
-        raise HexError(
-            field_path, f"{file} is not an areal-hex profile", f"expected format {PROFILE_FORMAT!r}"
-        )
+    data = read_format(
+        path,
+        PROFILE_FORMAT,
+        field_path,
+        "an areal-hex profile",
+        "point at a file written by areal-hex profile",
+    )
     types = data.get("gpu_types")
     if not isinstance(types, dict) or not types:
+        file = Path(path).expanduser()
         raise HexError(field_path, f"{file} lists no gpu_types", "re-run areal-hex profile --gpu-type TYPE")
     return data
 

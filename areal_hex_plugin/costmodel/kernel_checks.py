@@ -22,7 +22,7 @@ from typing import Any
 from areal_hex_plugin.costmodel.calibration import Calibration
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs.catalog import build_catalog
-from areal_hex_plugin.specs.files import read_json
+from areal_hex_plugin.specs.files import read_format
 
 ATTENTION = Path(__file__).resolve().parent / "profiles" / "kernels" / "infersim_attention.json"
 FORMAT = "areal-hex-attention-kernels/1"
@@ -98,9 +98,7 @@ def _kernel(entry: object, where: str) -> AttentionKernel:
 def load_attention(path: Path = ATTENTION) -> AttentionTable:
     """The kernel file at ``path``, checked whole: every problem is a :class:`HexError` naming where it is."""
     where = str(path)
-    data = read_json(path, where, _FIX)
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise HexError(where, f"is not a decode-attention kernel file (format {FORMAT!r})", _FIX)
+    data = read_format(path, FORMAT, where, "a decode-attention kernel file", _FIX)
     source = data.get("source")
     if not isinstance(source, str) or not source:
         raise HexError(

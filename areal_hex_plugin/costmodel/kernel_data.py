@@ -17,7 +17,7 @@ from pathlib import Path
 
 from areal_hex_plugin.errors import HexError
 from areal_hex_plugin.specs.catalog import BUILTIN_GPUS, GpuCatalog
-from areal_hex_plugin.specs.files import read_json
+from areal_hex_plugin.specs.files import read_format
 from areal_hex_plugin.specs.models import ModelShape
 
 TABLE = Path(__file__).resolve().parent / "profiles" / "kernels" / "sglang.json"
@@ -77,9 +77,7 @@ def _grid(rows: object, shape: tuple[int, int], where: str) -> Grid:
 def load_table(path: Path = TABLE) -> KernelTable:
     """The table at ``path``, checked whole: every problem is a :class:`HexError` naming where it is."""
     where = str(path)
-    data = read_json(path, where, _FIX)
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise HexError(where, f"is not a kernel-data table (format {FORMAT!r})", _FIX)
+    data = read_format(path, FORMAT, where, "a kernel-data table", _FIX)
     systems, models, source = data.get("systems"), data.get("models"), data.get("source")
     if not isinstance(source, str) or not source:
         raise HexError(f"{where}: source", "must name the tool and version that measured the table", _FIX)

@@ -43,7 +43,7 @@ from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
-from areal_hex_plugin.costmodel.calibration import BUILTIN, RANGES, Calibration
+from areal_hex_plugin.costmodel.calibration import BUILTIN, PROFILE_FORMAT, RANGES, Calibration
 from areal_hex_plugin.costmodel.fit import grid_search
 from areal_hex_plugin.costmodel.model import CostModel
 from areal_hex_plugin.costmodel.rollout import RolloutStage
@@ -54,7 +54,7 @@ from areal_hex_plugin.planner.inflight import InFlight, held_rollout_s
 from areal_hex_plugin.planner.rollout_model import ReplicaConfig
 from areal_hex_plugin.specs.cluster import Cluster
 from areal_hex_plugin.specs.config import OutputLengthConfig
-from areal_hex_plugin.specs.files import read_json
+from areal_hex_plugin.specs.files import read_format
 from areal_hex_plugin.specs.rental import rent
 from areal_hex_plugin.specs.workload import LengthDistribution, RLSettings, WorkloadSpec
 
@@ -687,7 +687,13 @@ def fit_baselines(
 
 def measured_setting(profile: Path = BUILTIN / "paper.json") -> dict[str, Any]:
     """The measured runs' settings a fitted profile records (``measured_setting``, :meth:`MeasuredSetting.as_dict`)."""
-    data = read_json(profile, "hex.calibration.profile", "rerun areal-hex calibrate --baselines")
+    data = read_format(
+        profile,
+        PROFILE_FORMAT,
+        "hex.calibration.profile",
+        "an areal-hex profile",
+        "rerun areal-hex calibrate --baselines",
+    )
     return data["measured_setting"]
 
 

@@ -44,6 +44,11 @@ def test_profile_file_checks(tmp_path):
     bad.write_text(json.dumps({"format": "areal-hex-profile/1", "gpu_types": {}}))
     with pytest.raises(HexError, match="lists no gpu_types"):
         read_profile(bad)
+    bad.write_text(json.dumps({"format": "areal-hex-plan/1", "gpu_types": {"H20": {"infer_mfu": 0.5}}}))
+    with pytest.raises(
+        HexError, match=r"p.json is not an areal-hex profile \(format 'areal-hex-profile/1'\)"
+    ):
+        read_profile(bad)
 
 
 def test_unlisted_types_take_the_generic_defaults():
