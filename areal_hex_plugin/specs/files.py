@@ -52,12 +52,12 @@ def read_json(path: str | Path, field: str, fix: str) -> Any:
     return data
 
 
-def read_format(path: str | Path, format: str, field: str, what: str, fix: str) -> dict[str, Any]:
-    """The JSON object at ``path`` stating ``"format": format`` (:func:`read_json`'s checks first); anything else
+def read_format(path: str | Path, expected: str, field: str, what: str, fix: str) -> dict[str, Any]:
+    """The JSON object at ``path`` stating ``"format": expected`` (:func:`read_json`'s checks first); anything else
     is one :class:`HexError` naming ``field``: the file is not ``what``."""
     data = read_json(path, field, fix)
-    if not isinstance(data, dict) or data.get("format") != format:
+    if not isinstance(data, dict) or data.get("format") != expected:
         file = Path(path).expanduser()
         subject = "" if field == str(file) else f"{file} "  # a field that is the file's name says it already
-        raise HexError(field, f"{subject}is not {what} (format {format!r})", fix)
+        raise HexError(field, f"{subject}is not {what} (format {expected!r})", fix)
     return data
