@@ -124,6 +124,24 @@ def _status_kb(field: str, pid: str = "self") -> int:
     raise KeyError(field)
 
 
+def stop_process(pid: int, within_s: float = 10.0) -> None:
+    """SIGSTOP ``pid`` and return once every thread of it is stopped: the signal takes effect asynchronously, and on
+    a loaded machine a thread already woken (by a commit arriving) ran on for milliseconds after ``kill`` returned."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + within_s
+    while True:
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                stat = (task / "stat").read_text()
+                states.append(stat[stat.rfind(")") + 2])
+        if all(state in "tTZX" for state in states):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} not stopped within {within_s} s (thread states {states})")
+        time.sleep(0.005)
+
+
 @dataclass
 class Replica:
     process: mp.Process

@@ -20,7 +20,7 @@ from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
 from areal_hex_plugin.transport.sinks import MemorySink
 from areal_hex_plugin.transport.wire import TransportError
 from tests.transport import attacks
-from tests.transport.harness import TOKEN, ReplicaFleet, in_buckets, small_qwen2_state_dict
+from tests.transport.harness import TOKEN, ReplicaFleet, in_buckets, small_qwen2_state_dict, stop_process
 
 pytestmark = pytest.mark.integration
 
@@ -313,7 +313,7 @@ def test_paused_replicas_cost_one_deadline_and_never_commit_later(tmp_path):
             sender.send_bucket(list(_STATE.items()))
             sender.finish(commit=False)
             for replica in paused:
-                os.kill(replica.process.pid, signal.SIGSTOP)
+                stop_process(replica.process.pid)
             committing = threading.Thread(target=sender.commit, daemon=True)
             began = time.monotonic()
             committing.start()

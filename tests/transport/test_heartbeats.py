@@ -18,7 +18,7 @@ from areal_hex_plugin.transport.route import PoolRoute, Route
 from areal_hex_plugin.transport.sender import RelaySender, SenderConfig
 from areal_hex_plugin.transport.sinks import MemorySink
 from tests.transport import attacks
-from tests.transport.harness import TOKEN, ReplicaFleet, transport_records
+from tests.transport.harness import TOKEN, ReplicaFleet, stop_process, transport_records
 from tests.transport.trainers import TrainerProcess, state_of
 
 pytestmark = pytest.mark.integration
@@ -79,7 +79,7 @@ def test_a_restarted_trainer_takes_over_from_a_stopped_one_within_three_heartbea
         (replica,) = fleet.start([1])
         with TrainerProcess([replica.endpoint], heartbeat_s=HEARTBEAT_S, timeout_s=10.0) as lost:
             assert lost.send(1) == [str(replica.endpoint)]
-            os.kill(lost.pid, signal.SIGSTOP)  # its host is gone: no FIN, no RST, its socket stays open
+            stop_process(lost.pid)  # its host is gone: no FIN, no RST, its socket stays open
             stopped = time.monotonic()
             sender = _sender(replica.endpoint)
             try:
@@ -121,7 +121,7 @@ def test_the_trainer_closes_the_control_channel_of_a_stopped_replica_within_thre
         try:
             assert len(sender.send_version(1, [list(state_of(1).items())]).committed) == 2
             control = sender._pools["h20"].controls[stopped.endpoint]
-            os.kill(stopped.process.pid, signal.SIGSTOP)
+            stop_process(stopped.process.pid)
             began = time.monotonic()
             while not control.lost and time.monotonic() - began < BOUND_S + SLACK_S:
                 time.sleep(0.05)
@@ -184,7 +184,7 @@ def test_a_trainer_lost_during_a_long_load_is_taken_over_once_silent_and_the_loa
         with TrainerProcess([replica.endpoint], **config) as lost:
             lost.ask(1)
             _marked(marks, "began", 1, within_s=30.0)
-            os.kill(lost.pid, signal.SIGSTOP)  # its host is gone while the replica loads its version
+            stop_process(lost.pid)  # its host is gone while the replica loads its version
             sender = _sender(replica.endpoint, timeout_s=LOAD_S + SLACK_S)
             try:
                 asked_at = time.time()
