@@ -14,7 +14,8 @@ machines), the rest of a machine that cannot hold another server left idle.
 The step is scored by the planner's own evaluator (:meth:`Evaluator.score`), so it is priced by the same runtime as
 every plan, at upstream's settings as the config writes them rather than the ones a plan chooses: weights to the
 servers after every step, and admission capped at ``rollout.max_concurrent_rollouts`` (upstream takes
-``consumer_batch_size`` where it is unset), the servers taking every sequence it lets in.
+``consumer_batch_size`` where it is unset; a workload whose admission is fixed, a measured run's, keeps its own),
+the servers taking every sequence it lets in.
 """
 
 from __future__ import annotations
@@ -194,7 +195,9 @@ def _place_servers(
 def as_upstream(ev: Evaluator) -> Evaluator:
     """``ev`` at upstream's settings as written (see the module docstring), off the search's clock."""
     rl = ev.workload.rl
-    admitted = rl.max_concurrent_rollouts or rl.consumer_batch_size
+    # A workload whose admission is fixed (a measured run's, ``rl.max_admitted``) keeps it: the recipe's own
+    # ``max_concurrent_rollouts`` there is a placeholder, and its rivals are all priced at the fixed one.
+    admitted = rl.max_admitted or rl.max_concurrent_rollouts or rl.consumer_batch_size
     workload = replace(ev.workload, rl=replace(rl, max_update_window=1, max_admitted=admitted))
     cm = CostModel(ev.cluster, workload, ev.cm.calibration)
     return Evaluator(

@@ -33,8 +33,9 @@ the rollouts in flight, every rollout that ends is replaced and a step takes its
 waits for what its batch then lacks (``costmodel.model.tight_step_s``, :func:`serial_rollout_s`; its wait depends
 on the training time, so :meth:`InFlight.runtimes` keeps the best caps of either kind). This is the one runtime:
 the baseline fit prices the measured runs with it too (:func:`held_rollout_s`). AReaL's released runtime on 24
-H800 (7B, one batch admitted; the paper measured 419 s a step) is planned at 381 s a step at eta 1 and 276 s at
-eta 8, simulated at 406 s and 276 s (``tests/sim/test_overlap.py``).
+H800 (7B, one batch admitted; the paper measured 419 s a step) is planned at 381 s a step at eta 1 and 329 s at
+eta 8, simulated at 406 s and 368 s (``tests/sim/test_overlap.py``: the simulated replicas idle as their queues run
+dry in each step's tail, which the plan does not see).
 
 A fleet's rollout time per step is at least ``rollout_floor``: its samples at the replicas' full speed (a cap
 only slows a replica), without the integer shares, the KV rebuilds or the weight sync.

