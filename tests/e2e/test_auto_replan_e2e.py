@@ -2,17 +2,17 @@
 driver on ``recipes/ci/tiny.yaml`` (hex_local, the CPU stand-in servers paced by ``tests/e2e/truth.yaml``).
 
 The recipe believes CPU-SMALL's bandwidth 15x what it is (``hex.gpu_catalog.CPU-SMALL.hbm_tb_per_s=3e-05``, the
-truth 2e-06), so the plan solved at start leaves big-2 idle and sends every sample to CPU-SMALL's two tp1
-servers. The refit at step 6 (``hex.calibration.refit_every=6``: after the 2 warm-up steps a window of 4; on a
-loaded machine two steps' train phases differed 3.3-3.7x in runs here, and a 2-step window holding two such steps
-put the refit's uncertainty, the gain a change must beat, at +156-173%, about this test's gain) fits the figure
-back from what that server serves, and the refit model's plan puts big-2 back to rollout. With
-``hex.elastic.live_relayout=false`` (the live path is ``tests/elastic/test_relayout_e2e.py``) the run saves
-upstream's recover checkpoint at the end of the next step, records the change in the plan and stops, and the
-driver starts itself again on the new plan from that checkpoint, with no command pasted. The test checks that the run ends 0 having
-trained each step once (the restarted run begins at the step after the checkpoint), that the final plan runs
-big-2 as a rollout server and records the change with its reason, that big-2's server served after the restart,
-that wandb's offline rows of the first run show ``hex/replan/restart`` 1, and that no process is left.
+truth 2e-06), so the plan solved at start leaves big-2 idle and sends every sample to CPU-SMALL's two tp1 servers.
+The refit at step 6 (``hex.calibration.refit_every=6``: after the 2 warm-up steps a window of 4; on a loaded machine
+two steps' train phases differed 3.3-3.7x in runs here, and a 2-step window holding two such steps put the refit's
+uncertainty, the gain a change must beat, at +156-173%, about this test's gain) fits the figure back from what that
+server serves, and the refit model's plan puts big-2 back to rollout. With ``hex.elastic.live_relayout=false`` (the
+live path is ``tests/elastic/test_relayout_e2e.py``) the run saves upstream's recover checkpoint at the end of the
+next step, records the change in the plan and stops, and the driver starts itself again on the new plan from that
+checkpoint, with no command pasted. The test checks that the run ends 0 having trained each step once (the restarted
+run begins at the step after the checkpoint), that the final plan runs big-2 as a rollout server and records the
+change with its reason, that big-2's server served after the restart, that wandb's offline rows of the first run
+show ``hex/replan/restart`` 1, and that no process is left.
 """
 
 from __future__ import annotations
